@@ -1,0 +1,26 @@
+"""Framework adapters, installed as `bisectr.adapters` (one module per framework)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Adapter, OpListener
+
+
+def _registered() -> list[Adapter]:
+    from .paddle import PaddleAdapter
+    from .torch import TorchAdapter
+
+    return [TorchAdapter(), PaddleAdapter()]
+
+
+def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
+    """The adapter whose framework the model (or, for a plain function, its inputs) belongs to."""
+    adapters = _registered()
+    for candidate in [model, *inputs]:
+        for adapter in adapters:
+            if adapter.owns(candidate):
+                return adapter
+    return None
+
+
+__all__ = ["Adapter", "OpListener", "adapter_for"]

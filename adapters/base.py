@@ -1,0 +1,83 @@
+"""The narrow interface every framework adapter implements.
+
+An adapter knows how to talk to one framework and nothing about traces. The
+core (`bisectr.recording`) records, re-runs with patches and replays ops using
+only these methods, the way einops' backends hide each framework behind a few
+primitives.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Iterator, Protocol
+
+import numpy as np
+
+
+class OpListener(Protocol):
+    """What an adapter reports to while intercepting a forward pass."""
+
+    def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Handle one outermost framework API call; must call `fn(*args, **kwargs)` (or a substitute)."""
+
+    def enter_module(self, path: str) -> None:
+        """A module (layer) at `path` starts its forward."""
+
+    def exit_module(self) -> None:
+        """The innermost module's forward ended (also when it raised)."""
+
+
+class Adapter(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def owns(self, obj: Any) -> bool:
+        """Is `obj` a model, layer or tensor of this framework? Must not import the framework."""
+
+    @abstractmethod
+    def is_tensor(self, obj: Any) -> bool: ...
+
+    @abstractmethod
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        """A host copy of the values (bfloat16 widened to float32)."""
+
+    @abstractmethod
+    def from_numpy(self, values: np.ndarray, dtype: str, device: str) -> Any:
+        """A new tensor of the given framework dtype name on the given device."""
+
+    @abstractmethod
+    def dtype_name(self, tensor: Any) -> str:
+        """Framework-neutral dtype name: 'float32', 'bfloat16', 'int64', 'bool', ..."""
+
+    @abstractmethod
+    def device_name(self, tensor: Any) -> str: ...
+
+    @abstractmethod
+    def version(self, tensor: Any) -> int:
+        """A counter that changes when the tensor is modified in place."""
+
+    @abstractmethod
+    def assign(self, tensor: Any, values: np.ndarray) -> None:
+        """Overwrite the tensor's values in place."""
+
+    @abstractmethod
+    def named_leaves(self, model: Any) -> Iterator[tuple[str, Any]]:
+        """('param:NAME' | 'buffer:NAME', tensor) for the model's parameters and buffers."""
+
+    @abstractmethod
+    def intercept(self, model: Any, listener: OpListener) -> AbstractContextManager:
+        """While active, route every outermost op call and module entry/exit to `listener`,
+        with gradients off. Everything it installs is removed on exit, also after an exception."""
+
+    @abstractmethod
+    def internal_paths(self) -> tuple[str, ...]:
+        """Directories of the framework's own Python code (not user source)."""
+
+    def describe(self, model: Any, inputs: list[Any]) -> tuple[str, str]:
+        """(device, dtype) of the model: its first floating parameter, else its first input."""
+        tensors = [tensor for _, tensor in self.named_leaves(model)] + [x for x in inputs if self.is_tensor(x)]
+        floating = [t for t in tensors if self.dtype_name(t).startswith(("float", "bfloat", "complex"))]
+        chosen = (floating or tensors or [None])[0]
+        if chosen is None:
+            return "unknown", "unknown"
+        return self.device_name(chosen), self.dtype_name(chosen)

@@ -1,0 +1,125 @@
+"""PyTorch adapter: `TorchFunctionMode` sees every API call, global module hooks give paths."""
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import numpy as np
+
+from .base import Adapter, OpListener
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class TorchAdapter(Adapter):
+    name = "torch"
+
+    def owns(self, obj: Any) -> bool:
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(obj, (torch.nn.Module, torch.Tensor))
+
+    def is_tensor(self, obj: Any) -> bool:
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(obj, torch.Tensor)
+
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        torch = _torch()
+        tensor = tensor.detach()
+        if tensor.dtype == torch.bfloat16:
+            tensor = tensor.float()
+        if tensor.is_conj():
+            tensor = tensor.resolve_conj()
+        return tensor.cpu().numpy()
+
+    def from_numpy(self, values: np.ndarray, dtype: str, device: str) -> Any:
+        torch = _torch()
+        return torch.from_numpy(np.array(values, copy=True)).to(device=device, dtype=getattr(torch, dtype))
+
+    def dtype_name(self, tensor: Any) -> str:
+        return str(tensor.dtype).removeprefix("torch.")
+
+    def device_name(self, tensor: Any) -> str:
+        return str(tensor.device)
+
+    def version(self, tensor: Any) -> int:
+        return tensor._version
+
+    def assign(self, tensor: Any, values: np.ndarray) -> None:
+        torch = _torch()
+        with torch.no_grad():
+            tensor.copy_(torch.from_numpy(np.array(values, copy=True)))
+
+    def named_leaves(self, model: Any) -> Iterator[tuple[str, Any]]:
+        torch = _torch()
+        if isinstance(model, torch.nn.Module):
+            for name, tensor in model.named_parameters(remove_duplicate=True):
+                yield f"param:{name}", tensor
+            for name, tensor in model.named_buffers(remove_duplicate=True):
+                yield f"buffer:{name}", tensor
+
+    def internal_paths(self) -> tuple[str, ...]:
+        return (os.path.dirname(_torch().__file__) + os.sep,)
+
+    @contextmanager
+    def intercept(self, model: Any, listener: OpListener) -> Iterator[None]:
+        torch = _torch()
+        module_names = {id(m): name for name, m in model.named_modules()} if isinstance(model, torch.nn.Module) else {}
+        mode = _CallRouter(listener)
+
+        def on_enter(module: Any, args: Any) -> None:
+            listener.enter_module(module_names.get(id(module), type(module).__name__))
+
+        def on_exit(module: Any, args: Any, output: Any) -> None:
+            listener.exit_module()
+
+        pre_hook = torch.nn.modules.module.register_module_forward_pre_hook(on_enter)
+        post_hook = torch.nn.modules.module.register_module_forward_hook(on_exit, always_call=True)
+        try:
+            with torch.no_grad(), mode:
+                yield
+        finally:
+            pre_hook.remove()
+            post_hook.remove()
+
+
+def _make_router_class():
+    torch = _torch()
+    from torch.overrides import TorchFunctionMode, resolve_name
+
+    names: dict[Any, str] = {}
+
+    def op_name(func: Any) -> str:
+        name = names.get(func)
+        if name is None:
+            name = resolve_name(func) or getattr(func, "__qualname__", None) or repr(func)
+            name = name.removeprefix("torch.")
+            names[func] = name
+        return name
+
+    class CallRouter(TorchFunctionMode):
+        """Routes each outermost torch API call to the listener (the mode is off inside it)."""
+
+        def __init__(self, listener: OpListener):
+            super().__init__()
+            self.listener = listener
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return self.listener.call(op_name(func), func, args, kwargs or {})
+
+    return CallRouter
+
+
+_router_class = None
+
+
+def _CallRouter(listener: OpListener):
+    global _router_class
+    if _router_class is None:
+        _router_class = _make_router_class()
+    return _router_class(listener)

@@ -1,0 +1,117 @@
+"""Loading a model file and building its two sides.
+
+A model file defines zero-argument functions (by default `reference()` and
+`candidate()`), each returning `(model, inputs)`; `inputs` is a tuple of
+positional arguments or a dict of keyword arguments.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from .adapters import Adapter, adapter_for
+from .errors import BisectrError, ModelFileError, UserModelError
+
+_BISECTR_DIR = os.path.dirname(os.path.abspath(__file__))
+_ADAPTERS_DIR = os.path.dirname(os.path.abspath(sys.modules[Adapter.__module__].__file__))
+
+
+@dataclass
+class Side:
+    role: str  # "reference" or "candidate"
+    function: str
+    model_file: Path
+    model: Any
+    inputs: tuple | dict
+    adapter: Adapter
+
+    def input_items(self) -> list[tuple[str, Any]]:
+        if isinstance(self.inputs, dict):
+            return [(str(k), v) for k, v in self.inputs.items()]
+        return [(str(i), v) for i, v in enumerate(self.inputs)]
+
+    def forward(self) -> Any:
+        """Run the model once; the user's exceptions become `UserModelError`."""
+        call = (lambda: self.model(**self.inputs)) if isinstance(self.inputs, dict) else (lambda: self.model(*self.inputs))
+        return run_user_code(call, f"{self.model_file}: the {self.role} model returned by {self.function}() raised",
+                             self.adapter.internal_paths())
+
+
+def run_user_code(fn: Callable[[], Any], context: str, hidden_paths: tuple[str, ...] = ()) -> Any:
+    try:
+        return fn()
+    except BisectrError:
+        raise
+    except Exception as exc:  # the user's own error, shown with the user's frames only
+        raise UserModelError(f"{context} {type(exc).__name__}: {exc}", user_frames(exc, hidden_paths)) from None
+
+
+def user_frames(exc: BaseException, hidden_paths: tuple[str, ...] = ()) -> str:
+    """The traceback of `exc` without bisectr's frames or the framework's internals."""
+    hidden = (_BISECTR_DIR, _ADAPTERS_DIR, *hidden_paths)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(hidden)]
+    lines = traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc)
+    return "Traceback (user code):\n" + "".join(lines)
+
+
+def load_module(model_file: str | os.PathLike) -> ModuleType:
+    path = Path(model_file)
+    if not path.is_file():
+        raise ModelFileError(f"{path}: no such model file")
+    if path.suffix != ".py":
+        raise ModelFileError(f"{path}: a model file is a Python file (.py)")
+    name = f"bisectr_model_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise UserModelError(f"{path}: importing the model file raised {type(exc).__name__}: {exc}", user_frames(exc)) from None
+    return module
+
+
+def build_side(module: ModuleType, model_file: Path, role: str, function: str) -> Side:
+    factory = getattr(module, function, None)
+    if factory is None:
+        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
+        raise ModelFileError(f"{model_file}: defines no function {function}() for the {role} side"
+                             f" (functions defined: {', '.join(defined) or 'none'})")
+    if not callable(factory):
+        raise ModelFileError(f"{model_file}: {function} is not a function")
+    built = run_user_code(factory, f"{model_file}: {function}() raised")
+    if not (isinstance(built, tuple) and len(built) == 2):
+        raise ModelFileError(f"{model_file}: {function}() must return (model, inputs), got {_describe(built)}")
+    model, inputs = built
+    if not callable(model):
+        raise ModelFileError(f"{model_file}: {function}() returned a model that is not callable: {_describe(model)}")
+    if isinstance(inputs, list):
+        inputs = tuple(inputs)
+    if not isinstance(inputs, (tuple, dict)):
+        raise ModelFileError(f"{model_file}: {function}() must return inputs as a tuple of positional arguments "
+                             f"or a dict of keyword arguments, got {_describe(inputs)}")
+    values = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
+    adapter = adapter_for(model, values)
+    if adapter is None:
+        raise ModelFileError(f"{model_file}: cannot tell the framework of the {role} side: {function}() returned "
+                             f"a {_describe(model)} and inputs {[_describe(v) for v in values]}; "
+                             "expected a torch.nn.Module / paddle.nn.Layer, or torch / paddle tensors as inputs")
+    return Side(role, function, model_file, model, inputs, adapter)
+
+
+def load_sides(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate") -> tuple[Side, Side]:
+    path = Path(model_file)
+    module = load_module(path)
+    return build_side(module, path, "reference", reference), build_side(module, path, "candidate", candidate)
+
+
+def _describe(obj: Any) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__qualname__

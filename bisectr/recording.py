@@ -1,0 +1,348 @@
+"""Recording, patched re-runs and single-op replay, over any adapter.
+
+This is bisectr's interpreter: the one place where framework calls are executed
+on bisectr's behalf. `Recorder` builds a `Trace` from a forward pass;
+`PatchedRerun` runs the same forward again, checks it follows the recording op
+for op, and substitutes given values for chosen tensors; `replay_op` calls one
+recorded op again on substituted (optionally float64) inputs.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from .adapters import Adapter
+from .errors import TraceMismatchError
+from .ops import canonical_op
+from .store import TensorWriter
+from .structure import flatten_outputs, iter_tensors, map_tensors
+from .trace import OpNode, TensorInfo, Trace, fingerprint, tensor_stats
+
+_BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Stands for the tensor `tid` inside a recorded call's arguments."""
+
+    tid: int
+
+
+@dataclass
+class Call:
+    """What `replay_op` needs to call a recorded op again."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+
+
+@dataclass
+class RecordOptions:
+    store_values: bool = True
+    # With store_values, keep only op outputs under these module path prefixes ("" = all).
+    keep_modules: tuple[str, ...] = ()
+
+
+class TensorIds:
+    """Stable integer ids for live tensors. Python object ids are reused after a tensor
+    is freed, so each entry keeps a weak reference and the tensor's in-place version."""
+
+    def __init__(self, adapter: Adapter):
+        self.adapter = adapter
+        self._by_object: dict[int, tuple[weakref.ref, int, int]] = {}
+        self.count = 0
+
+    def lookup(self, tensor: Any) -> int | None:
+        entry = self._by_object.get(id(tensor))
+        if entry is None or entry[0]() is not tensor or entry[2] != self.adapter.version(tensor):
+            return None
+        return entry[1]
+
+    def assign(self, tensor: Any, tid: int | None = None) -> int:
+        if tid is None:
+            tid = self.count
+        self.count = max(self.count, tid + 1)
+        self._by_object[id(tensor)] = (weakref.ref(tensor), tid, self.adapter.version(tensor))
+        return tid
+
+
+class _Session:
+    """Shared by recording and re-running: module stack, tensor ids, leaf names."""
+
+    def __init__(self, adapter: Adapter, model: Any, inputs: list[tuple[str, Any]]):
+        self.adapter = adapter
+        self.ids = TensorIds(adapter)
+        self.modules: list[str] = []
+        self.op_count = 0
+        self._leaf_names: dict[int, tuple[weakref.ref, str]] = {}
+        for key, value in inputs:
+            if adapter.is_tensor(value):
+                self._leaf_names[id(value)] = (weakref.ref(value), f"input:{key}")
+        for name, tensor in adapter.named_leaves(model):
+            self._leaf_names.setdefault(id(tensor), (weakref.ref(tensor), name))
+
+    def enter_module(self, path: str) -> None:
+        self.modules.append(path)
+
+    def exit_module(self) -> None:
+        if self.modules:
+            self.modules.pop()
+
+    def leaf_name(self, tensor: Any) -> str:
+        entry = self._leaf_names.get(id(tensor))
+        if entry is not None and entry[0]() is tensor:
+            return entry[1]
+        return f"const:{self.op_count}"
+
+    def input_tids(self, tensors: list[Any]) -> list[int]:
+        tids = []
+        for tensor in tensors:
+            tid = self.ids.lookup(tensor)
+            if tid is None:
+                tid = self.ids.assign(tensor)
+                self.on_new_leaf(tid, tensor)
+            tids.append(tid)
+        return tids
+
+    def on_new_leaf(self, tid: int, tensor: Any) -> None:
+        """A tensor no recorded op produced (parameter, input, constant) is first read."""
+
+    def produced_tensors(self, inputs: list[Any], versions: list[int], result: Any) -> tuple[list[Any], set[int]]:
+        """The tensors an op wrote (what it returned, plus inputs it changed in place)
+        and the object ids of those changed in place."""
+        produced = list({id(t): t for t in iter_tensors(result, self.adapter.is_tensor)}.values())
+        mutated = {id(t) for t, v in zip(inputs, versions) if self.adapter.version(t) != v}
+        returned = {id(t) for t in produced}
+        for tensor in inputs:
+            if id(tensor) in mutated and id(tensor) not in returned:
+                returned.add(id(tensor))
+                produced.append(tensor)
+        return produced, mutated
+
+
+class Recorder(_Session):
+    """Listener that turns a forward pass into a `Trace` (and `Call`s for replay)."""
+
+    def __init__(self, adapter: Adapter, model: Any, inputs: list[tuple[str, Any]], trace: Trace,
+                 writer: TensorWriter | None, options: RecordOptions):
+        super().__init__(adapter, model, inputs)
+        self.trace = trace
+        self.writer = writer
+        self.options = options
+        self.calls: list[Call] = []
+        adapter_dir = os.path.dirname(os.path.abspath(sys.modules[type(adapter).__module__].__file__)) + os.sep
+        self._internal = adapter.internal_paths() + (_BISECTR_DIR, adapter_dir, _STDLIB_DIR)
+        self._code_is_internal: dict[Any, bool] = {}
+
+    def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        inputs = iter_tensors((args, kwargs), self.adapter.is_tensor)
+        versions = [self.adapter.version(t) for t in inputs]
+        input_tids = self.input_tids(inputs)
+        result = fn(*args, **kwargs)
+        produced, mutated = self.produced_tensors(inputs, versions, result)
+        if not produced:
+            return result
+        index = self.op_count
+        self.op_count += 1
+        module = self.modules[-1] if self.modules else ""
+        keep = self._keeps(module)
+        output_tids = [self._record_tensor(tensor, index, None, keep) for tensor in produced]
+        self.trace.ops.append(OpNode(index, name, canonical_op(name), module, self._user_source(),
+                                     input_tids, output_tids, bool(mutated)))
+        tid_by_object = dict(zip(map(id, inputs), input_tids))
+        slot = lambda t: Slot(tid_by_object[id(t)])  # noqa: E731
+        self.calls.append(Call(fn, map_tensors(args, self.adapter.is_tensor, slot), map_tensors(kwargs, self.adapter.is_tensor, slot)))
+        return result
+
+    def on_new_leaf(self, tid: int, tensor: Any) -> None:
+        self._describe(tid, tensor, producer=None, leaf=self.leaf_name(tensor), store=self.options.store_values)
+
+    def _keeps(self, module: str) -> bool:
+        if not self.options.store_values:
+            return False
+        prefixes = self.options.keep_modules
+        return not prefixes or any(module == p or module.startswith(p + ".") for p in prefixes)
+
+    def _record_tensor(self, tensor: Any, producer: int, leaf: str | None, store: bool) -> int:
+        tid = self.ids.assign(tensor)
+        self._describe(tid, tensor, producer, leaf, store)
+        return tid
+
+    def _describe(self, tid: int, tensor: Any, producer: int | None, leaf: str | None, store: bool) -> None:
+        values = self.adapter.to_numpy(tensor)
+        stored = store and self.writer is not None
+        if stored:
+            self.writer.write(tid, values)
+        self.trace.tensors[tid] = TensorInfo(
+            tid=tid,
+            shape=tuple(values.shape),
+            dtype=self.adapter.dtype_name(tensor),
+            stats=tensor_stats(values),
+            fingerprint=fingerprint(values),
+            producer=producer,
+            leaf=leaf,
+            stored=stored,
+        )
+
+    def record_outputs(self, outputs: list[tuple[str, Any]]) -> None:
+        for key, tensor in outputs:
+            tid = self.ids.lookup(tensor)
+            if tid is None:
+                tid = self.ids.assign(tensor)
+                self.on_new_leaf(tid, tensor)
+            info = self.trace.tensors[tid]
+            if not info.stored and self.writer is not None:
+                self.writer.write(tid, self.adapter.to_numpy(tensor))
+                info.stored = True
+            self.trace.outputs[key] = tid
+
+    def _user_source(self) -> str:
+        frame = sys._getframe(2)
+        while frame is not None:
+            code = frame.f_code
+            internal = self._code_is_internal.get(code)
+            if internal is None:
+                filename = code.co_filename
+                internal = filename.startswith(self._internal) or filename.startswith("<")
+                self._code_is_internal[code] = internal
+            if not internal:
+                return f"{code.co_filename}:{frame.f_lineno}"
+            frame = frame.f_back
+        return ""
+
+
+@dataclass
+class RerunResult:
+    outputs: dict[str, np.ndarray]
+    captured: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+class PatchedRerun(_Session):
+    """Listener for a re-run that follows a recorded trace and swaps in given values.
+
+    `patches` maps a tid of the recording to the values it should hold: op outputs
+    are replaced as they are produced (written in place for in-place ops), leaves
+    are replaced where they are read. `capture` names tids whose re-run values to keep.
+    """
+
+    def __init__(self, adapter: Adapter, model: Any, inputs: list[tuple[str, Any]], trace: Trace,
+                 patches: dict[int, np.ndarray], capture: Iterable[int] = ()):
+        super().__init__(adapter, model, inputs)
+        self.trace = trace
+        self.patches = patches
+        self.capture = set(capture)
+        self.captured: dict[int, np.ndarray] = {}
+        self._leaf_substitutes: dict[int, Any] = {}
+
+    def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        inputs = iter_tensors((args, kwargs), self.adapter.is_tensor)
+        input_tids = self.input_tids(inputs)
+        if any(tid in self.patches and self.trace.tensors[tid].producer is None for tid in input_tids):
+            args, kwargs, inputs = self._patch_leaves(args, kwargs, inputs, input_tids)
+        versions = [self.adapter.version(t) for t in inputs]
+        result = fn(*args, **kwargs)
+        produced, mutated = self.produced_tensors(inputs, versions, result)
+        if not produced:
+            return result
+        expected = self._expected_op(name)
+        self.op_count += 1
+        if len(produced) != len(expected.outputs):
+            raise self._departure(expected, name, f"{len(produced)} outputs instead of {len(expected.outputs)}")
+        replacements: dict[int, Any] = {}
+        for tensor, tid in zip(produced, expected.outputs):
+            if tid in self.patches:
+                if id(tensor) in mutated:
+                    self.adapter.assign(tensor, self._checked_patch(tensor, tid))
+                else:
+                    replacements[id(tensor)] = tensor = self._like(tensor, self._checked_patch(tensor, tid))
+            self.ids.assign(tensor, tid)
+            if tid in self.capture:
+                self.captured[tid] = self.adapter.to_numpy(tensor)
+        if replacements:
+            result = map_tensors(result, self.adapter.is_tensor, lambda t: replacements.get(id(t), t))
+        return result
+
+    def on_new_leaf(self, tid: int, tensor: Any) -> None:
+        if tid not in self.trace.tensors or self.trace.tensors[tid].producer is not None:
+            raise self._departure(None, "", "reads a tensor the recording did not read at this point")
+
+    def _patch_leaves(self, args: tuple, kwargs: dict, inputs: list[Any], tids: list[int]):
+        substitutes = {}
+        for tensor, tid in zip(inputs, tids):
+            if tid in self.patches and self.trace.tensors[tid].producer is None:
+                if tid not in self._leaf_substitutes:
+                    self._leaf_substitutes[tid] = self._like(tensor, self._checked_patch(tensor, tid))
+                substitutes[id(tensor)] = self._leaf_substitutes[tid]
+        swap = lambda t: substitutes.get(id(t), t)  # noqa: E731
+        args = map_tensors(args, self.adapter.is_tensor, swap)
+        kwargs = map_tensors(kwargs, self.adapter.is_tensor, swap)
+        return args, kwargs, iter_tensors((args, kwargs), self.adapter.is_tensor)
+
+    def _checked_patch(self, tensor: Any, tid: int) -> np.ndarray:
+        values = self.patches[tid]
+        if tuple(values.shape) != tuple(tensor.shape):
+            raise TraceMismatchError(f"the patch for tensor {tid} has shape {tuple(values.shape)}, the tensor {tuple(tensor.shape)}")
+        return values
+
+    def _like(self, tensor: Any, values: np.ndarray) -> Any:
+        return self.adapter.from_numpy(values, self.adapter.dtype_name(tensor), self.adapter.device_name(tensor))
+
+    def _expected_op(self, name: str) -> OpNode:
+        if self.op_count >= len(self.trace.ops):
+            raise self._departure(None, name, "runs more ops than the recording")
+        expected = self.trace.ops[self.op_count]
+        if expected.framework_op != name:
+            raise self._departure(expected, name, f"calls {name} where the recording called {expected.framework_op}")
+        return expected
+
+    def _departure(self, expected: OpNode | None, name: str, what: str) -> TraceMismatchError:
+        where = f" (recorded op {expected.index} at {expected.source})" if expected is not None else ""
+        return TraceMismatchError(
+            f"the {self.trace.side} re-run departed from its recording at op {self.op_count}{where}: it {what}. "
+            "The forward is not deterministic (dropout in training mode? data-dependent control flow?)"
+        )
+
+    def finish(self, outputs: list[tuple[str, Any]]) -> RerunResult:
+        if self.op_count != len(self.trace.ops):
+            raise TraceMismatchError(
+                f"the {self.trace.side} re-run ran {self.op_count} ops, the recording {len(self.trace.ops)}: "
+                "the forward is not deterministic (dropout in training mode? data-dependent control flow?)"
+            )
+        return RerunResult({key: self.adapter.to_numpy(t) for key, t in outputs}, self.captured)
+
+
+def replay_op(adapter: Adapter, call: Call, values: dict[int, np.ndarray], dtypes: dict[int, str],
+              device: str, float64: bool = False) -> list[np.ndarray]:
+    """Call a recorded op again on the given input values; returns its outputs in recorded order.
+
+    With `float64`, every floating input is upcast, so the op runs as an fp64 oracle.
+    """
+    def materialize(slot: Any) -> Any:
+        if not isinstance(slot, Slot):
+            return slot
+        dtype = dtypes[slot.tid]
+        if float64 and dtype.startswith(("float", "bfloat")):
+            dtype = "float64"
+        return adapter.from_numpy(values[slot.tid], dtype, device)
+
+    is_slot = lambda x: isinstance(x, Slot)  # noqa: E731
+    args = map_tensors(call.args, is_slot, materialize)
+    kwargs = map_tensors(call.kwargs, is_slot, materialize)
+    inputs = iter_tensors((args, kwargs), adapter.is_tensor)
+    versions = [adapter.version(t) for t in inputs]
+    result = call.fn(*args, **kwargs)
+    produced = list({id(t): t for t in iter_tensors(result, adapter.is_tensor)}.values())
+    produced += [t for t, v in zip(inputs, versions) if adapter.version(t) != v and all(t is not p for p in produced)]
+    return [adapter.to_numpy(t) for t in produced]
+
+
+def output_pairs(adapter: Adapter, outputs: Any) -> list[tuple[str, Any]]:
+    return flatten_outputs(outputs, adapter.is_tensor)

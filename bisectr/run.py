@@ -1,0 +1,165 @@
+"""A run: both sides recorded, kept on disk, and (while live) able to re-run."""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ModelFileError, OutputMismatchError
+from .metrics import error_metrics
+from .modelfile import Side, load_sides
+from .recording import Call, PatchedRerun, RecordOptions, Recorder, RerunResult, output_pairs
+from .store import RunWriter, TensorWriter, read_manifest, read_trace
+from .trace import Trace
+
+
+@dataclass
+class OutputPair:
+    key: str  # the reference's key
+    reference: int  # tid
+    candidate: int
+    metrics: dict[str, float]
+
+
+@dataclass
+class Run:
+    model_file: Path
+    reference: Trace
+    candidate: Trace
+    run_dir: Path | None = None
+    # Present while the models are loaded in this process (after `trace`, not after `load`).
+    sides: dict[str, Side] = field(default_factory=dict)
+    calls: dict[str, list[Call]] = field(default_factory=dict)
+    saved_result: dict | None = None
+
+    @property
+    def traces(self) -> dict[str, Trace]:
+        return {"reference": self.reference, "candidate": self.candidate}
+
+    @property
+    def is_live(self) -> bool:
+        return bool(self.sides)
+
+    def output_pairs(self) -> list[OutputPair]:
+        return pair_outputs(self.reference, self.candidate, self.model_file)
+
+    def output_error(self) -> dict[str, float]:
+        """Worst max_abs and max_rel over all paired outputs."""
+        pairs = self.output_pairs()
+        return {
+            "max_abs": max((p.metrics["max_abs"] for p in pairs), default=0.0),
+            "max_rel": max((p.metrics["max_rel"] for p in pairs), default=0.0),
+        }
+
+    def rerun(self, role: str, patches: dict[int, np.ndarray], capture: set[int] | frozenset = frozenset()) -> RerunResult:
+        """Run one side again with `patches` (tid -> values) swapped in; see `PatchedRerun`."""
+        side = self._live_side(role)
+        runner = PatchedRerun(side.adapter, side.model, side.input_items(), self.traces[role], patches, capture)
+        with side.adapter.intercept(side.model, runner):
+            outputs = side.forward()
+        return runner.finish(output_pairs(side.adapter, outputs))
+
+    def _live_side(self, role: str) -> Side:
+        if role not in self.sides:
+            self.sides = dict(zip(("reference", "candidate"), load_sides(self.model_file, *self._functions())))
+        return self.sides[role]
+
+    def _functions(self) -> tuple[str, str]:
+        manifest = read_manifest(self.run_dir) if self.run_dir else {}
+        return manifest.get("reference_fn", "reference"), manifest.get("candidate_fn", "candidate")
+
+
+def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions) -> tuple[Trace, list[Call]]:
+    items = side.input_items()
+    device, dtype = side.adapter.describe(side.model, [value for _, value in items])
+    trace = Trace(side.role, side.adapter.name, device, dtype)
+    recorder = Recorder(side.adapter, side.model, items, trace, writer, options)
+    with side.adapter.intercept(side.model, recorder):
+        outputs = side.forward()
+    pairs = output_pairs(side.adapter, outputs)
+    if not pairs:
+        raise ModelFileError(f"{side.model_file}: the {side.role} model returned no tensors (got {type(outputs).__name__})")
+    recorder.record_outputs(pairs)
+    return trace, recorder.calls
+
+
+def trace(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
+          out: str | os.PathLike | None = None, store_values: bool = True, keep_modules: tuple[str, ...] = ()) -> Run:
+    """Record both sides of `model_file` into the run directory `out` (a temporary one if None)."""
+    model_file = Path(model_file)
+    sides = dict(zip(("reference", "candidate"), load_sides(model_file, reference, candidate)))
+    run_dir = Path(out) if out is not None else _temporary_run_dir(model_file)
+    writer = RunWriter(run_dir)
+    options = RecordOptions(store_values=store_values, keep_modules=tuple(keep_modules))
+    try:
+        recorded = {role: record_side(side, writer.tensor_writer(role), options) for role, side in sides.items()}
+        traces = {role: t for role, (t, _) in recorded.items()}
+        pair_outputs(traces["reference"], traces["candidate"], model_file)
+        manifest = {"model_file": str(model_file.resolve()), "reference_fn": reference, "candidate_fn": candidate,
+                    "store_values": store_values, "keep_modules": list(keep_modules)}
+        final_dir = writer.commit(traces, manifest)
+    except BaseException:
+        writer.abort()
+        raise
+    loaded = {role: read_trace(final_dir, role) for role in traces}
+    return Run(model_file, loaded["reference"], loaded["candidate"], final_dir, sides,
+               {role: calls for role, (_, calls) in recorded.items()})
+
+
+def load(run_dir: str | os.PathLike) -> Run:
+    """Reopen a run directory written by `trace` (values are memory-mapped, models not loaded)."""
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    result_path = run_dir / "result.json"
+    saved = None
+    if result_path.is_file():
+        import json
+
+        saved = json.loads(result_path.read_text())
+    return Run(Path(manifest["model_file"]), read_trace(run_dir, "reference"), read_trace(run_dir, "candidate"),
+               run_dir, saved_result=saved)
+
+
+def pair_outputs(reference: Trace, candidate: Trace, model_file: Path) -> list[OutputPair]:
+    """Pair flattened outputs by key, then the rest by position; shapes must agree."""
+    ref_keys, cand_keys = list(reference.outputs), list(candidate.outputs)
+    common = [k for k in ref_keys if k in candidate.outputs]
+    ref_rest = [k for k in ref_keys if k not in candidate.outputs]
+    cand_rest = [k for k in cand_keys if k not in reference.outputs]
+    if len(ref_rest) != len(cand_rest):
+        raise OutputMismatchError(
+            f"{model_file}: cannot pair the outputs: reference has {ref_keys}, candidate has {cand_keys}")
+    keyed = [(k, k) for k in common] + list(zip(ref_rest, cand_rest))
+    pairs = []
+    for ref_key, cand_key in keyed:
+        ref_tid, cand_tid = reference.outputs[ref_key], candidate.outputs[cand_key]
+        ref_info, cand_info = reference.tensors[ref_tid], candidate.tensors[cand_tid]
+        if ref_info.size != cand_info.size:
+            raise OutputMismatchError(f"{model_file}: output {ref_key!r} has shape {list(ref_info.shape)} in the reference "
+                                      f"but {cand_key!r} has {list(cand_info.shape)} in the candidate")
+        bad = ref_info.stats["nan"] + ref_info.stats["inf"]
+        if bad:
+            raise ModelFileError(f"{model_file}: the reference output {ref_key!r} holds {ref_info.stats['nan']} NaN and "
+                                 f"{ref_info.stats['inf']} Inf values; a trusted reference must be finite")
+        metrics = _output_metrics(reference, candidate, ref_tid, cand_tid)
+        pairs.append(OutputPair(ref_key, ref_tid, cand_tid, metrics))
+    return pairs
+
+
+def _output_metrics(reference: Trace, candidate: Trace, ref_tid: int, cand_tid: int) -> dict[str, float]:
+    if reference.has_value(ref_tid) and candidate.has_value(cand_tid):
+        ref_values = reference.value(ref_tid)
+        return error_metrics(candidate.value(cand_tid).reshape(ref_values.shape), ref_values)
+    return {"max_abs": float("nan"), "mean_abs": float("nan"), "max_rel": float("nan"), "cosine": float("nan")}
+
+
+def _temporary_run_dir(model_file: Path) -> Path:
+    parent = Path(tempfile.mkdtemp(prefix="bisectr-"))
+    atexit.register(shutil.rmtree, parent, True)
+    return parent / model_file.stem

@@ -1,0 +1,186 @@
+"""The trace: one forward pass as plain data.
+
+A trace is a list of ops in execution order plus a table of tensors. Every tensor
+has a stable integer id (`tid`); an op lists the tids it read and wrote. Leaves
+(model inputs, parameters, buffers, constants) are tensors with no producer.
+`Trace.graph` turns this into a `networkx.DiGraph` keyed by op index.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import networkx as nx
+import numpy as np
+
+FINGERPRINT_SIZE = 16
+
+
+@dataclass
+class TensorInfo:
+    tid: int
+    shape: tuple[int, ...]
+    dtype: str
+    stats: dict[str, float]
+    fingerprint: list[float]
+    producer: int | None = None  # op index, None for a leaf
+    leaf: str | None = None  # "input:x", "param:blocks.0.w", "buffer:..", "const:..."
+    stored: bool = False
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TensorInfo":
+        return cls(**{**data, "shape": tuple(data["shape"])})
+
+
+@dataclass
+class OpNode:
+    index: int
+    framework_op: str
+    op: str  # canonical name, shared by all frameworks
+    module: str
+    source: str  # "path:line" of the user's code that called the op
+    inputs: list[int] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+    inplace: bool = False
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "OpNode":
+        return cls(**data)
+
+
+@dataclass
+class Trace:
+    """One side's recorded forward pass."""
+
+    side: str
+    framework: str
+    device: str
+    dtype: str
+    ops: list[OpNode] = field(default_factory=list)
+    tensors: dict[int, TensorInfo] = field(default_factory=dict)
+    outputs: dict[str, int] = field(default_factory=dict)  # flattened output key -> tid
+    # Reads a stored tensor's values; set by the store. None in a trace without values.
+    value_reader: Callable[[int], np.ndarray] | None = field(default=None, repr=False)
+    _graph: nx.DiGraph | None = field(default=None, repr=False)
+
+    @property
+    def leaves(self) -> dict[str, int]:
+        return {t.leaf: t.tid for t in self.tensors.values() if t.leaf is not None}
+
+    def value(self, tid: int) -> np.ndarray:
+        info = self.tensors[tid]
+        if not info.stored or self.value_reader is None:
+            raise KeyError(f"values of tensor {tid} ({info.leaf or 'op output'}) were not stored")
+        return self.value_reader(tid)
+
+    def has_value(self, tid: int) -> bool:
+        return self.value_reader is not None and self.tensors[tid].stored
+
+    def producer_op(self, tid: int) -> OpNode | None:
+        producer = self.tensors[tid].producer
+        return None if producer is None else self.ops[producer]
+
+    def consumers(self) -> dict[int, list[int]]:
+        """tid -> indices of the ops that read it."""
+        readers: dict[int, list[int]] = {}
+        for op in self.ops:
+            for tid in op.inputs:
+                readers.setdefault(tid, []).append(op.index)
+        return readers
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        if self._graph is None:
+            self._graph = self._build_graph()
+        return self._graph
+
+    def _build_graph(self) -> nx.DiGraph:
+        graph = nx.DiGraph()
+        for op in self.ops:
+            graph.add_node(
+                op.index,
+                kind="op",
+                index=op.index,
+                op=op.op,
+                framework_op=op.framework_op,
+                module=op.module,
+                source=op.source,
+                inplace=op.inplace,
+                inputs=[self.tensors[t].to_json() for t in op.inputs],
+                outputs=[self.tensors[t].to_json() for t in op.outputs],
+            )
+        for info in self.tensors.values():
+            if info.leaf is not None:
+                graph.add_node(info.leaf, kind="leaf", tensor=info.to_json())
+        for op in self.ops:
+            for tid in op.inputs:
+                info = self.tensors[tid]
+                source = info.producer if info.producer is not None else info.leaf
+                if source is not None:
+                    graph.add_edge(source, op.index, tid=tid)
+        return graph
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "side": self.side,
+            "framework": self.framework,
+            "device": self.device,
+            "dtype": self.dtype,
+            "ops": [op.to_json() for op in self.ops],
+            "tensors": [t.to_json() for t in self.tensors.values()],
+            "outputs": self.outputs,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Trace":
+        return cls(
+            side=data["side"],
+            framework=data["framework"],
+            device=data["device"],
+            dtype=data["dtype"],
+            ops=[OpNode.from_json(op) for op in data["ops"]],
+            tensors={t["tid"]: TensorInfo.from_json(t) for t in data["tensors"]},
+            outputs=data["outputs"],
+        )
+
+
+def tensor_stats(values: np.ndarray) -> dict[str, float]:
+    """min/max/mean/abs-max over the finite values, plus NaN and Inf counts."""
+    if values.dtype.kind not in "fc":
+        values = values.astype(np.float64)
+    finite_mask = np.isfinite(values)
+    all_finite = bool(finite_mask.all())
+    finite = values if all_finite else values[finite_mask]
+    nan_count = 0 if all_finite else int(np.isnan(values).sum())
+    inf_count = 0 if all_finite else int(values.size - finite.size - nan_count)
+    if finite.size == 0:
+        return {"min": 0.0, "max": 0.0, "mean": 0.0, "absmax": 0.0, "std": 0.0, "nan": nan_count, "inf": inf_count}
+    low, high = float(finite.min()), float(finite.max())
+    return {
+        "min": low,
+        "max": high,
+        "mean": float(finite.mean(dtype=np.float64)),
+        "absmax": max(abs(low), abs(high)),
+        "std": float(finite.std(dtype=np.float64)) if finite.size < 1 << 22 else float(finite[:: max(1, finite.size >> 20)].std()),
+        "nan": nan_count,
+        "inf": inf_count,
+    }
+
+
+def fingerprint(values: np.ndarray) -> list[float]:
+    """A few values at fixed flat positions: cheap evidence that two tensors hold the same data."""
+    flat = values.reshape(-1)
+    if flat.size == 0:
+        return []
+    positions = np.linspace(0, flat.size - 1, num=min(FINGERPRINT_SIZE, flat.size)).astype(np.int64)
+    return [float(v) for v in flat[positions].astype(np.float64)]
