@@ -13,6 +13,10 @@ def _registered() -> list[Adapter]:
     return [TorchAdapter(), PaddleAdapter()]
 
 
+def adapter_named(name: str) -> Adapter:
+    return next(adapter for adapter in _registered() if adapter.name == name)
+
+
 def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
     """The adapter whose framework the model (or, for a plain function, its inputs) belongs to."""
     adapters = _registered()
@@ -23,4 +27,4 @@ def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
     return None
 
 
-__all__ = ["Adapter", "OpListener", "adapter_for"]
+__all__ = ["Adapter", "OpListener", "adapter_for", "adapter_named"]

@@ -73,6 +73,11 @@ class Adapter(ABC):
     def internal_paths(self) -> tuple[str, ...]:
         """Directories of the framework's own Python code (not user source)."""
 
+    def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
+        """The permutation that brings input `position` of canonical op `op` from this
+        framework's storage layout to the shared one (None: already shared)."""
+        return None
+
     def describe(self, model: Any, inputs: list[Any]) -> tuple[str, str]:
         """(device, dtype) of the model: its first floating parameter, else its first input."""
         tensors = [tensor for _, tensor in self.named_leaves(model)] + [x for x in inputs if self.is_tensor(x)]

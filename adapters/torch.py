@@ -63,6 +63,10 @@ class TorchAdapter(Adapter):
             for name, tensor in model.named_buffers(remove_duplicate=True):
                 yield f"buffer:{name}", tensor
 
+    def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
+        # nn.Linear stores its weight as (out, in); the shared layout is (in, out).
+        return (1, 0) if op == "linear" and position == 1 else None
+
     def internal_paths(self) -> tuple[str, ...]:
         return (os.path.dirname(_torch().__file__) + os.sep,)
 

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,10 +18,14 @@ from .recording import Call, PatchedRerun, RecordOptions, Recorder, RerunResult,
 from .store import RunWriter, TensorWriter, read_manifest, read_trace
 from .trace import Trace
 
+if TYPE_CHECKING:
+    from .bisection import Result
+
 
 @dataclass
 class OutputPair:
     key: str  # the reference's key
+    candidate_key: str
     reference: int  # tid
     candidate: int
     metrics: dict[str, float]
@@ -65,6 +69,17 @@ class Run:
             outputs = side.forward()
         return runner.finish(output_pairs(side.adapter, outputs))
 
+    def bisect(self, tolerance: float = 0.0, exhaustive: bool = False, progress=None) -> "Result":
+        """Align, analyse and search for the culprit (re-runs the models)."""
+        from .bisection import bisect_run
+        from .modelfile import load_module
+
+        pins = getattr(load_module(self.model_file), "ALIGN_MODULES", None) if self.model_file.is_file() else None
+        if not self.calls:
+            fresh = trace(self.model_file, *self._functions())
+            self.reference, self.candidate, self.sides, self.calls = fresh.reference, fresh.candidate, fresh.sides, fresh.calls
+        return bisect_run(self, tolerance, exhaustive, pins, progress)
+
     def _live_side(self, role: str) -> Side:
         if role not in self.sides:
             self.sides = dict(zip(("reference", "candidate"), load_sides(self.model_file, *self._functions())))
@@ -73,6 +88,12 @@ class Run:
     def _functions(self) -> tuple[str, str]:
         manifest = read_manifest(self.run_dir) if self.run_dir else {}
         return manifest.get("reference_fn", "reference"), manifest.get("candidate_fn", "candidate")
+
+
+def bisect(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
+           tolerance: float = 0.0, exhaustive: bool = False) -> "Result":
+    """Trace `model_file` into a temporary run and search for the culprit."""
+    return trace(model_file, reference, candidate).bisect(tolerance, exhaustive)
 
 
 def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions) -> tuple[Trace, list[Call]]:
@@ -148,7 +169,7 @@ def pair_outputs(reference: Trace, candidate: Trace, model_file: Path) -> list[O
             raise ModelFileError(f"{model_file}: the reference output {ref_key!r} holds {ref_info.stats['nan']} NaN and "
                                  f"{ref_info.stats['inf']} Inf values; a trusted reference must be finite")
         metrics = _output_metrics(reference, candidate, ref_tid, cand_tid)
-        pairs.append(OutputPair(ref_key, ref_tid, cand_tid, metrics))
+        pairs.append(OutputPair(ref_key, cand_key, ref_tid, cand_tid, metrics))
     return pairs
 
 

@@ -1,0 +1,426 @@
+"""Aligning two traces op by op.
+
+The result pairs candidate ops with reference ops (1:1), groups what is left into
+N:M blocks where the frameworks decompose differently, and pairs tensors
+(candidate tid -> reference tid, with a layout transform where needed).
+
+How, in four passes, each near-linear in the number of ops:
+1. **Anchors.** Each op gets a key: canonical op, output shape and the layer
+   numbers in its module path (`blocks.31.attn` -> (31,)). Ops with the same key
+   are paired in order, each with the closest-valued unused counterpart among its
+   neighbours in the group (so q/k/v projections computed in another order still
+   pair by value). Keys with different counts on the two sides are left for pass 3.
+2. **Backbone.** The longest increasing chain of anchors (by reference position)
+   is the backbone; an anchor off it is kept only if it sits between its backbone
+   neighbours (locally reordered independent ops), otherwise dropped.
+3. **Gaps.** Between consecutive backbone anchors the remaining ops of each side are
+   matched by a small dynamic program on (canonical op, output size, values).
+4. **Blocks.** Runs of ops still unmatched form N:M blocks. A block is matched when
+   every tensor it hands to later ops finds a reference tensor of the same size and
+   close values among the reference block's outputs or the block inputs' partners.
+
+Users can pin modules that the aligner cannot pair by itself
+(`ALIGN_MODULES = {"candidate.path": "reference.path"}` in the model file): ops
+under a pinned pair are aligned only with each other.
+"""
+from __future__ import annotations
+
+import bisect as _bisect
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .trace import OpNode, TensorInfo, Trace
+
+NEIGHBOURHOOD = 8  # how far apart in a key group two paired occurrences may be
+MAX_GAP_CELLS = 250_000  # gap DP size above which gaps are matched greedily
+_LAYER_NUMBER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
+
+# A layout transform: the permutation that turns the reference tensor's values into
+# the candidate's layout (None: same layout, or a plain reshape of the same data).
+Permutation = tuple[int, ...] | None
+# Which input of an op is stored in which layout: (framework, canonical op, input
+# position) -> permutation to the shared layout. Torch keeps Linear weights as
+# (out, in), paddle as (in, out).
+InputLayout = Callable[[str, str, int], Permutation]
+
+
+@dataclass
+class TensorPair:
+    candidate: int
+    reference: int
+    transform: Permutation
+    confidence: float
+    how: str  # "op", "input", "block"
+
+    def reference_in_candidate_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        if self.transform is not None:
+            values = np.transpose(values, self.transform)
+        return np.ascontiguousarray(values).reshape(shape)
+
+
+@dataclass
+class OpPair:
+    candidate: int
+    reference: int
+    confidence: float
+    evidence: dict
+
+
+@dataclass
+class Block:
+    candidate: list[int]
+    reference: list[int]
+    matched: bool
+
+
+@dataclass
+class Alignment:
+    pairs: list[OpPair] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+    tensors: dict[int, TensorPair] = field(default_factory=dict)  # candidate tid -> pair
+
+    def reference_of(self, candidate_op: int) -> int | None:
+        return self._by_candidate().get(candidate_op)
+
+    def _by_candidate(self) -> dict[int, int]:
+        return {p.candidate: p.reference for p in self.pairs}
+
+    def aligned_ops(self, side: str) -> set[int]:
+        """Ops paired 1:1 or inside a matched block."""
+        attr = "candidate" if side == "candidate" else "reference"
+        aligned = {getattr(p, attr) for p in self.pairs}
+        for block in self.blocks:
+            if block.matched:
+                aligned.update(getattr(block, attr))
+        return aligned
+
+    def unaligned_ops(self, trace: Trace, side: str) -> list[int]:
+        aligned = self.aligned_ops(side)
+        return [op.index for op in trace.ops if op.index not in aligned]
+
+    def counts(self, reference: Trace, candidate: Trace) -> dict[str, dict[str, int]]:
+        return {
+            side: {"ops": len(trace.ops), "aligned": len(self.aligned_ops(side)), "paired": len(self.pairs)}
+            for side, trace in (("reference", reference), ("candidate", candidate))
+        }
+
+
+def layer_numbers(module: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in _LAYER_NUMBER.findall(module))
+
+
+def value_distance(a: TensorInfo, b: TensorInfo) -> float:
+    """0 for identical fingerprints, about 1 for unrelated data, 2 for opposite sign."""
+    if a.size != b.size or len(a.fingerprint) != len(b.fingerprint):
+        return 2.0
+    fa, fb = np.asarray(a.fingerprint), np.asarray(b.fingerprint)
+    scale = max(a.stats["absmax"], b.stats["absmax"], 1e-30)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(fa - fb)
+    diff[np.isnan(diff)] = scale
+    return float(min(diff.max() / scale, 2.0))
+
+
+class _Sides:
+    """Both traces with the per-op facts the passes keep asking for."""
+
+    def __init__(self, reference: Trace, candidate: Trace):
+        self.traces = {"reference": reference, "candidate": candidate}
+        self.use_layers = all(any(layer_numbers(op.module) for op in t.ops) for t in self.traces.values())
+        self.readers = {side: trace.consumers() for side, trace in self.traces.items()}
+
+    def key(self, side: str, op: OpNode) -> tuple:
+        trace = self.traces[side]
+        shape = trace.tensors[op.outputs[0]].shape if op.outputs else ()
+        layers = layer_numbers(op.module) if self.use_layers else ()
+        return op.op, shape, layers
+
+    def output(self, side: str, op: OpNode) -> TensorInfo | None:
+        return self.traces[side].tensors[op.outputs[0]] if op.outputs else None
+
+    def distance(self, cand_op: OpNode, ref_op: OpNode) -> float:
+        a, b = self.output("candidate", cand_op), self.output("reference", ref_op)
+        return 2.0 if a is None or b is None else value_distance(a, b)
+
+
+def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None = None,
+                 input_layout: InputLayout | None = None) -> Alignment:
+    """Align `candidate` to `reference`; `pins` maps candidate module paths to reference ones."""
+    sides = _Sides(reference, candidate)
+    pairs: dict[int, tuple[int, str, float]] = {}  # cand op -> (ref op, how, distance)
+    pinned_cand: set[int] = set()
+    pinned_ref: set[int] = set()
+    for cand_prefix, ref_prefix in (pins or {}).items():
+        cand_ops = [op for op in candidate.ops if _under(op.module, cand_prefix)]
+        ref_ops = [op for op in reference.ops if _under(op.module, ref_prefix)]
+        pinned_cand.update(op.index for op in cand_ops)
+        pinned_ref.update(op.index for op in ref_ops)
+        pairs.update(_align_sequences(sides, cand_ops, ref_ops, use_layers=False))
+    rest_cand = [op for op in candidate.ops if op.index not in pinned_cand]
+    rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
+    pairs.update(_align_sequences(sides, rest_cand, rest_ref, use_layers=sides.use_layers))
+
+    alignment = Alignment()
+    for cand_index in sorted(pairs):
+        ref_index, how, distance = pairs[cand_index]
+        cand_op, ref_op = candidate.ops[cand_index], reference.ops[ref_index]
+        alignment.pairs.append(OpPair(cand_index, ref_index, _confidence(sides, cand_op, ref_op, distance), {
+            "how": how,
+            "op": cand_op.op,
+            "candidate_module": cand_op.module,
+            "reference_module": ref_op.module,
+            "shape": list(sides.output("candidate", cand_op).shape) if cand_op.outputs else [],
+            "value_distance": distance,
+        }))
+    _pair_op_tensors(sides, alignment, input_layout)
+    _form_blocks(sides, alignment)
+    return alignment
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _confidence(sides: _Sides, cand_op: OpNode, ref_op: OpNode, distance: float) -> float:
+    same_layers = layer_numbers(cand_op.module) == layer_numbers(ref_op.module)
+    closeness = 1.0 / (1.0 + 1e3 * distance)  # 1 for equal values, ~0.5 at 1e-3 apart
+    return round(0.5 + 0.3 * closeness + 0.2 * same_layers, 3)
+
+
+def _align_sequences(sides: _Sides, cand_ops: list[OpNode], ref_ops: list[OpNode],
+                     use_layers: bool) -> dict[int, tuple[int, str, float]]:
+    anchors = _anchors(sides, cand_ops, ref_ops, use_layers)
+    backbone, extra = _backbone(anchors)
+    pairs = {c: (r, "anchor", sides.distance(sides.traces["candidate"].ops[c], sides.traces["reference"].ops[r]))
+             for c, r in backbone + extra}
+    matched_ref = {r for r, _, _ in pairs.values()}
+    cand_positions = [op.index for op in cand_ops]
+    ref_positions = [op.index for op in ref_ops]
+    bounds = [(-1, -1)] + backbone + [(10**18, 10**18)]
+    for (c0, r0), (c1, r1) in zip(bounds, bounds[1:]):
+        gap_cand = [candidate for candidate in _between(cand_positions, c0, c1) if candidate not in pairs]
+        gap_ref = [reference for reference in _between(ref_positions, r0, r1) if reference not in matched_ref]
+        if gap_cand and gap_ref:
+            for c, r, d in _match_gap(sides, gap_cand, gap_ref):
+                pairs[c] = (r, "gap", d)
+                matched_ref.add(r)
+    return pairs
+
+
+def _between(sorted_positions: list[int], low: int, high: int) -> list[int]:
+    start = _bisect.bisect_right(sorted_positions, low)
+    stop = _bisect.bisect_left(sorted_positions, high)
+    return sorted_positions[start:stop]
+
+
+def _anchors(sides: _Sides, cand_ops: list[OpNode], ref_ops: list[OpNode], use_layers: bool) -> list[tuple[int, int]]:
+    groups: dict[tuple, tuple[list[OpNode], list[OpNode]]] = {}
+    for side, ops in (("candidate", cand_ops), ("reference", ref_ops)):
+        for op in ops:
+            key = sides.key(side, op)
+            if not use_layers:
+                key = key[:2]
+            groups.setdefault(key, ([], []))[0 if side == "candidate" else 1].append(op)
+    anchors = []
+    for cand_group, ref_group in groups.values():
+        if len(cand_group) == len(ref_group):
+            anchors.extend(_pair_group(sides, cand_group, ref_group))
+    anchors.sort()
+    return anchors
+
+
+def _pair_group(sides: _Sides, cand_group: list[OpNode], ref_group: list[OpNode]) -> list[tuple[int, int]]:
+    """Pair the k-th occurrence with the closest-valued unused occurrence near k."""
+    used = [False] * len(ref_group)
+    pairs = []
+    for k, cand_op in enumerate(cand_group):
+        window = [j for j in range(max(0, k - NEIGHBOURHOOD), min(len(ref_group), k + NEIGHBOURHOOD + 1)) if not used[j]]
+        if not window:
+            continue
+        best = min(window, key=lambda j: (round(sides.distance(cand_op, ref_group[j]), 9), abs(j - k)))
+        used[best] = True
+        pairs.append((cand_op.index, ref_group[best].index))
+    return pairs
+
+
+def _backbone(anchors: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Split anchors (sorted by candidate index) into the longest increasing chain by
+    reference index, and the off-chain anchors that lie between their chain neighbours."""
+    tails: list[int] = []  # reference index ending the best chain of each length
+    tail_at: list[int] = []
+    previous = [-1] * len(anchors)
+    for i, (_, r) in enumerate(anchors):
+        length = _bisect.bisect_left(tails, r)
+        if length == len(tails):
+            tails.append(r)
+            tail_at.append(i)
+        else:
+            tails[length] = r
+            tail_at[length] = i
+        previous[i] = tail_at[length - 1] if length > 0 else -1
+    chain = []
+    i = tail_at[-1] if tail_at else -1
+    while i >= 0:
+        chain.append(i)
+        i = previous[i]
+    chain.reverse()
+    on_chain = set(chain)
+    backbone = [anchors[i] for i in chain]
+    extra = []
+    chain_cands = [c for c, _ in backbone]
+    for i, (c, r) in enumerate(anchors):
+        if i in on_chain:
+            continue
+        k = _bisect.bisect_left(chain_cands, c)
+        low = backbone[k - 1][1] - NEIGHBOURHOOD if k > 0 else -1
+        high = backbone[k][1] + NEIGHBOURHOOD if k < len(backbone) else 10**18
+        if low < r < high:
+            extra.append((c, r))
+    return backbone, extra
+
+
+def _match_gap(sides: _Sides, gap_cand: list[int], gap_ref: list[int]) -> list[tuple[int, int, float]]:
+    """Best order-preserving matching of two short op runs (same canonical op and output size)."""
+    cand_ops = [sides.traces["candidate"].ops[i] for i in gap_cand]
+    ref_ops = [sides.traces["reference"].ops[i] for i in gap_ref]
+
+    def similarity(c: OpNode, r: OpNode) -> float | None:
+        a, b = sides.output("candidate", c), sides.output("reference", r)
+        if c.op != r.op or a is None or b is None or a.size != b.size:
+            return None
+        return 2.0 - value_distance(a, b)
+
+    n, m = len(cand_ops), len(ref_ops)
+    if n * m > MAX_GAP_CELLS:
+        return _match_gap_greedy(cand_ops, ref_ops, similarity)
+    score = np.zeros((n + 1, m + 1))
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            s = similarity(cand_ops[i - 1], ref_ops[j - 1])
+            best = max(score[i - 1, j], score[i, j - 1])
+            if s is not None:
+                best = max(best, score[i - 1, j - 1] + 1.0 + s)
+            score[i, j] = best
+    matches = []
+    i, j = n, m
+    while i > 0 and j > 0:
+        s = similarity(cand_ops[i - 1], ref_ops[j - 1])
+        if s is not None and np.isclose(score[i, j], score[i - 1, j - 1] + 1.0 + s):
+            matches.append((cand_ops[i - 1].index, ref_ops[j - 1].index, 2.0 - s))
+            i, j = i - 1, j - 1
+        elif score[i - 1, j] >= score[i, j - 1]:
+            i -= 1
+        else:
+            j -= 1
+    return matches[::-1]
+
+
+def _match_gap_greedy(cand_ops: list[OpNode], ref_ops: list[OpNode], similarity) -> list[tuple[int, int, float]]:
+    matches, j = [], 0
+    for c in cand_ops:
+        for k in range(j, min(len(ref_ops), j + NEIGHBOURHOOD)):
+            s = similarity(c, ref_ops[k])
+            if s is not None:
+                matches.append((c.index, ref_ops[k].index, 2.0 - s))
+                j = k + 1
+                break
+    return matches
+
+
+def _pair_op_tensors(sides: _Sides, alignment: Alignment, input_layout: InputLayout | None) -> None:
+    """Outputs of paired ops pair by position; leaf inputs pair by position among same-sized inputs."""
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    for pair in alignment.pairs:
+        cand_op, ref_op = candidate.ops[pair.candidate], reference.ops[pair.reference]
+        for c_tid, r_tid in zip(cand_op.outputs, ref_op.outputs):
+            if candidate.tensors[c_tid].size == reference.tensors[r_tid].size:
+                alignment.tensors.setdefault(c_tid, TensorPair(c_tid, r_tid, None, pair.confidence, "op"))
+        cand_leaves = [(i, t) for i, t in enumerate(cand_op.inputs) if candidate.tensors[t].producer is None]
+        ref_leaves = [(i, t) for i, t in enumerate(ref_op.inputs) if reference.tensors[t].producer is None]
+        for (ci, c_tid), (ri, r_tid) in zip(cand_leaves, ref_leaves):
+            c_info, r_info = candidate.tensors[c_tid], reference.tensors[r_tid]
+            if c_info.size != r_info.size or c_tid in alignment.tensors:
+                continue
+            transform = _leaf_transform(candidate, reference, cand_op, ref_op, ci, ri, input_layout)
+            alignment.tensors[c_tid] = TensorPair(c_tid, r_tid, transform, pair.confidence, "input")
+
+
+def _leaf_transform(candidate: Trace, reference: Trace, cand_op: OpNode, ref_op: OpNode, ci: int, ri: int,
+                    input_layout: InputLayout | None) -> Permutation:
+    """The layout change from the reference leaf to the candidate leaf, decided by the op's
+    semantics in each framework (never by shape: a square weight looks the same either way)."""
+    if input_layout is None:
+        return None
+    to_shared_cand = input_layout(candidate.framework, cand_op.op, ci)
+    to_shared_ref = input_layout(reference.framework, ref_op.op, ri)
+    if to_shared_cand == to_shared_ref:
+        return None
+    # ref -> shared layout -> candidate layout
+    ref_perm = to_shared_ref or tuple(range(len(reference.tensors[ref_op.inputs[ri]].shape)))
+    cand_perm = to_shared_cand or tuple(range(len(ref_perm)))
+    inverse_cand = tuple(int(i) for i in np.argsort(cand_perm))
+    return tuple(ref_perm[i] for i in inverse_cand)
+
+
+def _form_blocks(sides: _Sides, alignment: Alignment) -> None:
+    """Group unpaired ops into blocks between paired ones and pair the tensors they hand on."""
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    paired_ref_of = {p.candidate: p.reference for p in alignment.pairs}
+    paired_cands = sorted(paired_ref_of)
+    paired_refs = {p.reference for p in alignment.pairs}
+    unpaired_cand = [op.index for op in candidate.ops if op.index not in paired_ref_of]
+    unpaired_ref = [op.index for op in reference.ops if op.index not in paired_refs]
+    blocks: list[Block] = []
+    run: list[int] = []
+    for index in unpaired_cand + [None]:
+        if run and (index is None or index != run[-1] + 1):
+            blocks.append(_block_for(sides, alignment, run, paired_cands, paired_ref_of, unpaired_ref))
+            run = []
+        if index is not None:
+            run.append(index)
+    claimed = {r for b in blocks for r in b.reference}
+    leftover = [r for r in unpaired_ref if r not in claimed]
+    if leftover:
+        blocks.append(Block([], leftover, matched=False))
+    alignment.blocks = blocks
+
+
+def _block_for(sides: _Sides, alignment: Alignment, cand_run: list[int], paired_cands: list[int],
+               paired_ref_of: dict[int, int], unpaired_ref: list[int]) -> Block:
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    k = _bisect.bisect_left(paired_cands, cand_run[0])
+    ref_low = paired_ref_of[paired_cands[k - 1]] if k > 0 else -1
+    ref_high = paired_ref_of[paired_cands[k]] if k < len(paired_cands) else len(reference.ops)
+    if ref_low > ref_high:
+        ref_low, ref_high = ref_high, ref_low
+    ref_run = _between(unpaired_ref, ref_low, ref_high)
+    cand_outputs = _handed_on(candidate, cand_run, sides.readers["candidate"])
+    # A candidate tensor the block hands on may equal a reference tensor made inside the
+    # reference block, or one that the block's inputs are paired with (an extra copy/cast).
+    options = [t for r in ref_run for t in reference.ops[r].outputs]
+    for op_index in cand_run:
+        for tid in candidate.ops[op_index].inputs:
+            if tid in alignment.tensors:
+                options.append(alignment.tensors[tid].reference)
+    matched = True
+    for c_tid in cand_outputs:
+        c_info = candidate.tensors[c_tid]
+        fits = [r for r in options if reference.tensors[r].size == c_info.size]
+        if not fits:
+            matched = False
+            continue
+        best = min(fits, key=lambda r: value_distance(c_info, reference.tensors[r]))
+        distance = value_distance(c_info, reference.tensors[best])
+        alignment.tensors.setdefault(c_tid, TensorPair(c_tid, best, None, round(1.0 - distance / 2, 3), "block"))
+    return Block(cand_run, ref_run, matched)
+
+
+def _handed_on(trace: Trace, run: list[int], readers: dict[int, list[int]]) -> list[int]:
+    """Tensors produced inside `run` that ops after it (or the model outputs) read."""
+    produced = {t for i in run for t in trace.ops[i].outputs}
+    inside = set(run)
+    outputs = set(trace.outputs.values())
+    return sorted(t for t in produced if t in outputs or any(r not in inside for r in readers.get(t, [])))

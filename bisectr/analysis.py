@@ -1,0 +1,165 @@
+"""Per-pair evidence: propagated error, local error, the fp64 oracle and a verdict.
+
+For each candidate op paired with a reference op:
+- **propagated error**: candidate output vs reference output in the normal runs;
+- **input error**: the worst absolute error among the op's paired inputs;
+- **amplification**: output absolute error as a multiple of the input error;
+- **local error**: the candidate op replayed on the reference's inputs (keeping the
+  candidate's own parameters) vs the reference output;
+- **fp64 oracle**: the reference op replayed with all inputs upcast to float64. The
+  candidate is *noise* when its local output is within a small factor of the
+  reference's own distance to the oracle (plus a dtype floor), in the spirit of
+  torch's `same(..., fp64_ref)`; *different* otherwise; *exact* when bit-equal.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .adapters import adapter_named
+from .align import Alignment, TensorPair
+from .metrics import error_metrics
+from .recording import replay_op
+from .run import Run
+from .trace import Trace
+
+NOISE_FACTOR = 4.0
+_EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
+FLOOR_EPS = 16  # a dtype's noise floor, in units of its machine epsilon
+
+
+def noise_floor(dtype: str) -> float:
+    return FLOOR_EPS * _EPS.get(dtype, 0.0)
+
+
+def judge(local_error: float, candidate_error: float | None, reference_error: float | None, dtype: str) -> str:
+    """exact / noise / different for one op (or leaf)."""
+    if local_error == 0.0:
+        return "exact"
+    if candidate_error is None or reference_error is None:
+        return "noise" if local_error <= noise_floor(dtype) else "different"
+    return "noise" if candidate_error <= NOISE_FACTOR * reference_error + noise_floor(dtype) else "different"
+
+
+@dataclass
+class OpEvidence:
+    candidate: int
+    reference: int
+    op: str
+    dtype: str
+    output_error: dict[str, float]  # propagated: max_abs, mean_abs, max_rel, cosine
+    input_error: float  # worst absolute error among paired inputs
+    input_error_rel: float
+    local_error: float | None  # relative
+    fp64: dict[str, float] | None  # candidate_error, reference_error (relative to the oracle)
+    amplification: float
+    verdict: str  # exact / noise / different / unknown
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class LeafEvidence:
+    candidate: str
+    reference: str
+    tid: int
+    error: dict[str, float]
+    verdict: str
+
+
+class Analysis:
+    """Evidence for every paired op and leaf of a live run."""
+
+    def __init__(self, run: Run, alignment: Alignment):
+        self.run = run
+        self.alignment = alignment
+        self.ops: dict[int, OpEvidence] = {}
+        self.leaves: dict[int, LeafEvidence] = {}
+
+    @property
+    def reference(self) -> Trace:
+        return self.run.reference
+
+    @property
+    def candidate(self) -> Trace:
+        return self.run.candidate
+
+    def compute(self) -> "Analysis":
+        for tid, pair in self.alignment.tensors.items():
+            info = self.candidate.tensors[tid]
+            if info.producer is None and info.leaf and not info.leaf.startswith("input:"):
+                self.leaves[tid] = self._leaf_evidence(pair)
+        for pair in self.alignment.pairs:
+            self.ops[pair.candidate] = self._op_evidence(pair.candidate, pair.reference)
+        return self
+
+    def reference_values_for(self, cand_tid: int) -> np.ndarray | None:
+        """The reference tensor paired with `cand_tid`, in the candidate's layout."""
+        pair: TensorPair | None = self.alignment.tensors.get(cand_tid)
+        if pair is None or not self.reference.has_value(pair.reference):
+            return None
+        return pair.reference_in_candidate_layout(self.reference.value(pair.reference), self.candidate.tensors[cand_tid].shape)
+
+    def tensor_error(self, cand_tid: int) -> dict[str, float] | None:
+        reference = self.reference_values_for(cand_tid)
+        if reference is None or not self.candidate.has_value(cand_tid):
+            return None
+        return error_metrics(self.candidate.value(cand_tid), reference)
+
+    def _leaf_evidence(self, pair: TensorPair) -> LeafEvidence:
+        info = self.candidate.tensors[pair.candidate]
+        error = self.tensor_error(pair.candidate) or {"max_abs": float("nan"), "max_rel": float("nan")}
+        verdict = "exact" if error["max_abs"] == 0 else ("noise" if error["max_rel"] <= noise_floor(info.dtype) else "different")
+        return LeafEvidence(info.leaf, self.reference.tensors[pair.reference].leaf or "", pair.candidate, error, verdict)
+
+    def _op_evidence(self, cand_index: int, ref_index: int) -> OpEvidence:
+        cand_op, ref_op = self.candidate.ops[cand_index], self.reference.ops[ref_index]
+        out_tid = cand_op.outputs[0]
+        dtype = self.candidate.tensors[out_tid].dtype
+        output_error = self.tensor_error(out_tid) or {"max_abs": float("nan"), "mean_abs": float("nan"), "max_rel": float("nan"), "cosine": float("nan")}
+        input_errors = [e for e in (self.tensor_error(t) for t in cand_op.inputs) if e is not None]
+        input_abs = max((e["max_abs"] for e in input_errors), default=0.0)
+        input_rel = max((e["max_rel"] for e in input_errors), default=0.0)
+        local, fp64 = self._replayed_errors(cand_index, ref_index)
+        verdict = "unknown" if local is None else judge(local, fp64 and fp64["candidate_error"], fp64 and fp64["reference_error"], dtype)
+        amplification = _ratio(output_error["max_abs"], input_abs)
+        return OpEvidence(cand_index, ref_index, cand_op.op, dtype, output_error, input_abs, input_rel, local, fp64, amplification, verdict)
+
+    def _replayed_errors(self, cand_index: int, ref_index: int) -> tuple[float | None, dict | None]:
+        cand_calls, ref_calls = self.run.calls.get("candidate"), self.run.calls.get("reference")
+        if not cand_calls or not ref_calls:
+            return None, None
+        cand_op, ref_op = self.candidate.ops[cand_index], self.reference.ops[ref_index]
+        if not all(self.reference.has_value(t) for t in ref_op.inputs + ref_op.outputs[:1]):
+            return None, None
+        reference_out = self.reference.value(ref_op.outputs[0])
+        values = {}
+        for tid in cand_op.inputs:
+            info = self.candidate.tensors[tid]
+            from_reference = None if info.producer is None else self.reference_values_for(tid)
+            values[tid] = from_reference if from_reference is not None else self.candidate.value(tid)
+        cand_adapter = adapter_named(self.candidate.framework)
+        ref_adapter = adapter_named(self.reference.framework)
+        try:
+            local_out = replay_op(cand_adapter, cand_calls[cand_index], values,
+                                  {t: self.candidate.tensors[t].dtype for t in cand_op.inputs}, self.candidate.device)[0]
+            oracle = replay_op(ref_adapter, ref_calls[ref_index], {t: self.reference.value(t) for t in ref_op.inputs},
+                               {t: self.reference.tensors[t].dtype for t in ref_op.inputs}, self.reference.device, float64=True)[0]
+        except Exception:  # an op that cannot run on substituted inputs keeps no local evidence
+            return None, None
+        if local_out.size != reference_out.size:
+            return None, None
+        local_out = local_out.reshape(reference_out.shape)
+        local = error_metrics(local_out, reference_out)["max_rel"]
+        oracle = oracle.reshape(reference_out.shape)
+        fp64 = {"candidate_error": error_metrics(local_out, oracle)["max_rel"],
+                "reference_error": error_metrics(reference_out, oracle)["max_rel"]}
+        return local, fp64
+
+
+def _ratio(output_error: float, input_error: float) -> float:
+    if output_error == 0 or output_error != output_error:
+        return 0.0
+    return output_error / input_error if input_error > 0 else float("inf")

@@ -1,0 +1,297 @@
+"""The search for the culprit, and its result.
+
+1. **Cut search.** F(k) is the outputs' error when the candidate is re-run with the
+   reference's tensors patched in for every paired op up to candidate op k (and
+   every paired parameter first read by then): what ops after k still add. F falls
+   from the full error to ~0 as k grows; a binary search over the paired ops finds
+   the entry point k*, the first cut after which less than half of the error is
+   left (`--exhaustive` evaluates F at every cut instead).
+2. **First semantic difference.** Ops up to k* whose local replay is judged
+   *different* (see `analysis`) are suspects, in order. Each is tested for reach:
+   the reference is re-run with only that op's output replaced by the candidate's
+   local output; a difference that does not move the outputs (a masked score, a dead
+   branch) is not blamed. The first suspect that reaches is the culprit: `divergent`.
+3. Otherwise the run is `noise` and the culprit is the op that amplifies rounding
+   the most among the ops carrying a real share of the outputs' error.
+4. **Confirmation.** The candidate is re-run with only the culprit (and its
+   recurrences) patched; the outputs' error should fall back to noise.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .adapters import adapter_named
+from .align import Alignment, align_traces
+from .analysis import Analysis, OpEvidence, noise_floor
+from .metrics import error_metrics
+from .recording import replay_op
+from .run import Run
+from .trace import OpNode, Trace
+
+ENTRY_FRACTION = 0.5  # k* is where the error left after the cut falls under this share
+REACH_FRACTION = 0.1  # a difference reaches the outputs if it alone makes this share of the error
+MAX_REACH_TESTS = 8
+
+
+@dataclass
+class Result:
+    verdict: str
+    output_error: dict[str, float]
+    culprit: dict | None
+    reruns: int
+    ops: dict[str, int]
+    entry: int | None = None  # k*
+    recurrences: list[dict] = field(default_factory=list)
+    confirmation: dict | None = None
+    cuts: list[tuple[int, float]] = field(default_factory=list)  # (candidate op, F) evaluated
+    not_blamed: list[dict] = field(default_factory=list)  # differences that do not reach the outputs
+    profile: list[dict] = field(default_factory=list)
+    reference_reruns: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "verdict": self.verdict,
+            "output_error": self.output_error,
+            "culprit": self.culprit,
+            "reruns": self.reruns,
+            "ops": self.ops,
+            "entry": self.entry,
+            "recurrences": self.recurrences,
+            "confirmation": self.confirmation,
+            "not_blamed": self.not_blamed,
+            "cuts": [{"op": k, "output_error": f} for k, f in self.cuts],
+            "reference_reruns": self.reference_reruns,
+            "profile": self.profile,
+        }
+
+
+def module_pattern(module: str) -> str:
+    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "#", module)
+
+
+class Search:
+    def __init__(self, run: Run, alignment: Alignment, analysis: Analysis, tolerance: float = 0.0):
+        self.run = run
+        self.alignment = alignment
+        self.analysis = analysis
+        self.tolerance = tolerance
+        self.candidate_reruns = 0
+        self.reference_reruns = 0
+        self.output_pairs = run.output_pairs()
+        self.first_read = _first_reads(run.candidate)
+
+    # -- re-runs ---------------------------------------------------------------
+    def candidate_error(self, patches: dict[int, np.ndarray]) -> float:
+        """Outputs' error (vs the reference) of a candidate re-run with `patches`."""
+        self.candidate_reruns += 1
+        outputs = self.run.rerun("candidate", patches).outputs
+        return self._worst_error({p.key: outputs[p.candidate_key] for p in self.output_pairs})
+
+    def reference_error(self, patches: dict[int, np.ndarray]) -> float:
+        """How far a reference re-run with `patches` moves the reference's own outputs."""
+        self.reference_reruns += 1
+        return self._worst_error(self.run.rerun("reference", patches).outputs)
+
+    def _worst_error(self, outputs: dict[str, np.ndarray]) -> float:
+        worst = 0.0
+        for pair in self.output_pairs:
+            ref_values = self.run.reference.value(pair.reference)
+            worst = max(worst, error_metrics(outputs[pair.key].reshape(ref_values.shape), ref_values)["max_rel"])
+        return worst
+
+    def patches_up_to(self, cut: int) -> dict[int, np.ndarray]:
+        """Reference values for every paired candidate tensor produced or first read by op `cut`."""
+        patches = {}
+        for tid, pair in self.alignment.tensors.items():
+            info = self.run.candidate.tensors[tid]
+            position = info.producer if info.producer is not None else self.first_read.get(tid)
+            if position is None or position > cut or (info.leaf or "").startswith("input:"):
+                continue
+            values = self.analysis.reference_values_for(tid)
+            if values is not None:
+                patches[tid] = values
+        return patches
+
+    # -- the search ------------------------------------------------------------
+    def entry_point(self, cuts: list[int], full_error: float, exhaustive: bool) -> tuple[int | None, list[tuple[int, float]]]:
+        threshold = ENTRY_FRACTION * full_error
+        evaluated: dict[int, float] = {}
+
+        def F(position: int) -> float:
+            if position not in evaluated:
+                evaluated[position] = self.candidate_error(self.patches_up_to(cuts[position]))
+            return evaluated[position]
+
+        if not cuts:
+            return None, []
+        if exhaustive:
+            entry = next((i for i in range(len(cuts)) if F(i) <= threshold), None)
+        elif F(len(cuts) - 1) > threshold:
+            entry = None
+        else:
+            low, high = -1, len(cuts) - 1  # F(low) > threshold >= F(high)
+            while high - low > 1:
+                middle = (low + high) // 2
+                if F(middle) <= threshold:
+                    high = middle
+                else:
+                    low = middle
+            entry = high
+        trail = [(cuts[i], evaluated[i]) for i in sorted(evaluated)]
+        return (cuts[entry] if entry is not None else None), trail
+
+    def reach(self, evidence: OpEvidence) -> float:
+        """The outputs' error when only this op's own difference enters the reference run."""
+        local = self.local_output(evidence)
+        ref_out = self.run.reference.ops[evidence.reference].outputs[0]
+        shape = self.run.reference.tensors[ref_out].shape
+        return self.reference_error({ref_out: local.reshape(shape)})
+
+    def local_output(self, evidence: OpEvidence) -> np.ndarray:
+        cand_op = self.run.candidate.ops[evidence.candidate]
+        values = {}
+        for tid in cand_op.inputs:
+            from_reference = None if self.run.candidate.tensors[tid].producer is None else self.analysis.reference_values_for(tid)
+            values[tid] = from_reference if from_reference is not None else self.run.candidate.value(tid)
+        ref_info = self.run.reference.tensors[self.run.reference.ops[evidence.reference].outputs[0]]
+        out = replay_op(adapter_named(self.run.candidate.framework), self.run.calls["candidate"][evidence.candidate], values,
+                        {t: self.run.candidate.tensors[t].dtype for t in cand_op.inputs}, self.run.candidate.device)[0]
+        return out.astype(np.dtype(_numpy_dtype(ref_info.dtype)), copy=False)
+
+
+def _numpy_dtype(dtype: str) -> str:
+    return "float32" if dtype == "bfloat16" else dtype
+
+
+def _first_reads(trace: Trace) -> dict[int, int]:
+    first: dict[int, int] = {}
+    for op in trace.ops:
+        for tid in op.inputs:
+            first.setdefault(tid, op.index)
+    return first
+
+
+def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False, pins: dict[str, str] | None = None,
+               progress: Callable[[str], None] | None = None) -> Result:
+    """Align, analyse and search a live run (see the module docstring)."""
+    say = progress or (lambda message: None)
+    say("aligning")
+    alignment = align_traces(run.reference, run.candidate, pins, _input_layout)
+    say("replaying ops")
+    analysis = Analysis(run, alignment).compute()
+    output_error = run.output_error()
+    full_error = output_error["max_rel"]
+    ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops),
+           "aligned": len(alignment.aligned_ops("candidate"))}
+    profile = [_profile_row(e) for e in sorted(analysis.ops.values(), key=lambda e: e.candidate)]
+    if full_error <= tolerance:
+        return Result("match", output_error, None, 0, ops, profile=profile)
+
+    search = Search(run, alignment, analysis, tolerance)
+    say("searching")
+    cuts = sorted(e.candidate for e in analysis.ops.values() if run.reference.has_value(run.reference.ops[e.reference].outputs[0]))
+    entry, trail = search.entry_point(cuts, full_error, exhaustive)
+    limit = entry if entry is not None else len(run.candidate.ops)
+
+    reach_needed = max(REACH_FRACTION * full_error, noise_floor(run.candidate.dtype))
+    suspects = [e for e in sorted(analysis.ops.values(), key=lambda e: e.candidate)
+                if e.verdict == "different" and e.candidate <= limit]
+    culprit_evidence, not_blamed = None, []
+    for evidence in suspects[:MAX_REACH_TESTS]:
+        say(f"testing op {evidence.candidate}")
+        reached = search.reach(evidence)
+        if reached >= reach_needed:
+            culprit_evidence = evidence
+            break
+        not_blamed.append({"index": evidence.candidate, "op": evidence.op, "reaches": reached})
+
+    if culprit_evidence is not None:
+        verdict = "divergent"
+        recurrences = _recurrences(run, analysis, culprit_evidence)
+    else:
+        verdict = "noise"
+        culprit_evidence = _most_amplifying(analysis, full_error, {n["index"] for n in not_blamed}, entry)
+        recurrences = []
+    confirmation = None
+    if culprit_evidence is not None:
+        patched = [culprit_evidence.candidate] + [r.candidate for r in recurrences]
+        confirmation = {"patched_ops": patched,
+                        "output_error": search.candidate_error(_op_patches(analysis, run, patched)),
+                        "before": full_error}
+    culprit = _culprit_dict(run, analysis, culprit_evidence) if culprit_evidence else None
+    return Result(verdict, output_error, culprit, search.candidate_reruns, ops, entry,
+                  [_site(run, r) for r in recurrences], confirmation, trail, not_blamed, profile,
+                  search.reference_reruns)
+
+
+def _input_layout(framework: str, op: str, position: int):
+    return adapter_named(framework).input_layout(op, position)
+
+
+def _op_patches(analysis: Analysis, run: Run, op_indices: list[int]) -> dict[int, np.ndarray]:
+    patches = {}
+    for index in op_indices:
+        for tid in run.candidate.ops[index].outputs:
+            values = analysis.reference_values_for(tid)
+            if values is not None:
+                patches[tid] = values
+    return patches
+
+
+def _recurrences(run: Run, analysis: Analysis, culprit: OpEvidence) -> list[OpEvidence]:
+    pattern = module_pattern(run.candidate.ops[culprit.candidate].module)
+    return [e for e in sorted(analysis.ops.values(), key=lambda e: e.candidate)
+            if e.candidate != culprit.candidate and e.verdict == "different" and e.op == culprit.op
+            and module_pattern(run.candidate.ops[e.candidate].module) == pattern]
+
+
+def _most_amplifying(analysis: Analysis, full_error: float, excluded: set[int], entry: int | None) -> OpEvidence | None:
+    carrying = [e for e in analysis.ops.values()
+                if e.candidate not in excluded and e.output_error["max_rel"] >= REACH_FRACTION * full_error
+                and math.isfinite(e.amplification)]
+    if not carrying:
+        return analysis.ops.get(entry) if entry is not None else None
+    return max(carrying, key=lambda e: (e.amplification, -e.candidate))
+
+
+def _site(run: Run, evidence: OpEvidence) -> dict:
+    return {"index": evidence.candidate, "op": evidence.op,
+            "module": run.candidate.ops[evidence.candidate].module,
+            "source": run.candidate.ops[evidence.candidate].source,
+            "local_error": evidence.local_error}
+
+
+def _side(op: OpNode) -> dict:
+    return {"index": op.index, "op": op.framework_op, "module": op.module, "source": op.source}
+
+
+def _culprit_dict(run: Run, analysis: Analysis, evidence: OpEvidence) -> dict[str, Any]:
+    cand_op = run.candidate.ops[evidence.candidate]
+    different_leaves = [analysis.leaves[t] for t in cand_op.inputs
+                        if t in analysis.leaves and analysis.leaves[t].verdict == "different"]
+    leaf = different_leaves[0].candidate.split(":", 1)[1] if different_leaves else None
+    return {
+        "kind": "leaf" if leaf else "op",
+        "op": evidence.op,
+        "candidate": _side(cand_op),
+        "reference": _side(run.reference.ops[evidence.reference]),
+        "leaf": leaf,
+        "input_error": evidence.input_error,
+        "output_error": evidence.output_error["max_abs"],
+        "output_error_rel": evidence.output_error["max_rel"],
+        "input_error_rel": evidence.input_error_rel,
+        "local_error": evidence.local_error,
+        "amplification": evidence.amplification,
+        "verdict": evidence.verdict,
+        "fp64": evidence.fp64,
+    }
+
+
+def _profile_row(evidence: OpEvidence) -> dict:
+    return {"index": evidence.candidate, "op": evidence.op, "output_error": evidence.output_error["max_rel"],
+            "local_error": evidence.local_error, "verdict": evidence.verdict, "amplification": evidence.amplification}

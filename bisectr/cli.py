@@ -1,0 +1,89 @@
+"""`bisectr trace | bisect | view`: the command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from rich.console import Console
+
+from . import report
+from .errors import BisectrError, UserModelError
+
+EXIT_OK, EXIT_DIVERGENT, EXIT_ERROR = 0, 1, 2
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_file", metavar="MODEL.py", help="file defining reference() and candidate()")
+    parser.add_argument("--reference", default="reference", metavar="NAME", help="function building the reference side")
+    parser.add_argument("--candidate", default="candidate", metavar="NAME", help="function building the candidate side")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bisectr", description="Find where two implementations of a network start to disagree.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    trace = commands.add_parser("trace", help="record both sides, align, analyse and show the result")
+    _add_model_arguments(trace)
+    trace.add_argument("-o", "--out", metavar="RUN_DIR", help="run directory to write (default: .bisectr/runs/<model>)")
+    trace.add_argument("--no-tui", action="store_true", help="print the text summary even on a terminal")
+    trace.add_argument("--stats-only", action="store_true", help="store statistics only, no tensor values (big models)")
+    trace.add_argument("--keep-module", action="append", default=[], metavar="PREFIX",
+                       help="store values only for ops under this module path (repeatable)")
+    trace.add_argument("--alignment", action="store_true", help="print the op alignment as a table")
+
+    bisect = commands.add_parser("bisect", help="scripted first-divergence search")
+    _add_model_arguments(bisect)
+    bisect.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    bisect.add_argument("--exhaustive", action="store_true", help="patch every op instead of searching")
+
+    view = commands.add_parser("view", help="reopen a saved run")
+    view.add_argument("run_dir", metavar="RUN_DIR")
+    view.add_argument("--no-tui", action="store_true", help="print the text summary")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    try:
+        return COMMANDS[args.command](args, console)
+    except BisectrError as exc:
+        error_console = Console(stderr=True)
+        error_console.print(f"[bold red]bisectr: error:[/] {exc}", markup=True, highlight=False)
+        if isinstance(exc, UserModelError) and exc.user_traceback:
+            error_console.print(exc.user_traceback, markup=False, highlight=False)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        Console(stderr=True).print("bisectr: interrupted; nothing was saved")
+        return EXIT_ERROR
+
+
+def run_trace(args: argparse.Namespace, console: Console) -> int:
+    from .run import trace
+
+    out = Path(args.out) if args.out else Path(".bisectr/runs") / Path(args.model_file).stem
+    run = trace(args.model_file, args.reference, args.candidate, out=out,
+                store_values=not args.stats_only, keep_modules=tuple(args.keep_module))
+    report.print_trace_summary(console, run)
+    return EXIT_OK
+
+
+def run_bisect(args: argparse.Namespace, console: Console) -> int:
+    raise BisectrError("bisect is not available yet")
+
+
+def run_view(args: argparse.Namespace, console: Console) -> int:
+    from .run import load
+
+    report.print_trace_summary(console, load(args.run_dir))
+    return EXIT_OK
+
+
+COMMANDS = {"trace": run_trace, "bisect": run_bisect, "view": run_view}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
