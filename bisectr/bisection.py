@@ -52,6 +52,7 @@ class Result:
     not_blamed: list[dict] = field(default_factory=list)  # differences that do not reach the outputs
     profile: list[dict] = field(default_factory=list)
     reference_reruns: int = 0
+    alignment: Alignment | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         return {
@@ -190,7 +191,7 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False, pins:
            "aligned": len(alignment.aligned_ops("candidate"))}
     profile = [_profile_row(e) for e in sorted(analysis.ops.values(), key=lambda e: e.candidate)]
     if full_error <= tolerance:
-        return Result("match", output_error, None, 0, ops, profile=profile)
+        return Result("match", output_error, None, 0, ops, profile=profile, alignment=alignment)
 
     search = Search(run, alignment, analysis, tolerance)
     say("searching")
@@ -226,7 +227,7 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False, pins:
     culprit = _culprit_dict(run, analysis, culprit_evidence) if culprit_evidence else None
     return Result(verdict, output_error, culprit, search.candidate_reruns, ops, entry,
                   [_site(run, r) for r in recurrences], confirmation, trail, not_blamed, profile,
-                  search.reference_reruns)
+                  search.reference_reruns, alignment)
 
 
 def _input_layout(framework: str, op: str, position: int):

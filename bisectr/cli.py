@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -11,6 +12,7 @@ from rich.console import Console
 
 from . import report
 from .errors import BisectrError, UserModelError
+from .store import save_result
 
 EXIT_OK, EXIT_DIVERGENT, EXIT_ERROR = 0, 1, 2
 
@@ -61,6 +63,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
+def _json_safe(value):
+    """JSON has no Infinity or NaN: such numbers become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _exit_status(result: dict) -> int:
+    return EXIT_DIVERGENT if result["verdict"] == "divergent" else EXIT_OK
+
+
+def _search(run, console: Console, exhaustive: bool, quiet: bool):
+    if quiet:
+        return run.bisect(exhaustive=exhaustive)
+    with console.status("searching") as status:
+        return run.bisect(exhaustive=exhaustive, progress=lambda message: status.update(message))
+
+
 def run_trace(args: argparse.Namespace, console: Console) -> int:
     from .run import trace
 
@@ -68,18 +92,41 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
     run = trace(args.model_file, args.reference, args.candidate, out=out,
                 store_values=not args.stats_only, keep_modules=tuple(args.keep_module))
     report.print_trace_summary(console, run)
-    return EXIT_OK
+    if args.stats_only:
+        console.print("statistics only: no values stored, so no search (trace again without --stats-only)")
+        return EXIT_OK
+    result = _search(run, console, exhaustive=False, quiet=not console.is_terminal)
+    if args.alignment:
+        report.print_alignment(console, run, result.alignment)
+    saved = _json_safe(result.to_dict())
+    save_result(run.run_dir, saved)
+    report.print_result(console, run, saved)
+    console.print(f"\nrun saved in {run.run_dir}  (reopen with: bisectr view {run.run_dir})", highlight=False)
+    return _exit_status(saved)
 
 
 def run_bisect(args: argparse.Namespace, console: Console) -> int:
-    raise BisectrError("bisect is not available yet")
+    from .run import trace
+
+    run = trace(args.model_file, args.reference, args.candidate)
+    result = _json_safe(_search(run, Console(stderr=True), args.exhaustive, quiet=args.json).to_dict())
+    if args.json:
+        print(json.dumps(result))
+    else:
+        report.print_result(console, run, result)
+    return _exit_status(result)
 
 
 def run_view(args: argparse.Namespace, console: Console) -> int:
     from .run import load
 
-    report.print_trace_summary(console, load(args.run_dir))
-    return EXIT_OK
+    run = load(args.run_dir)
+    report.print_trace_summary(console, run)
+    if run.saved_result is None:
+        console.print("this run holds no search result")
+        return EXIT_OK
+    report.print_result(console, run, run.saved_result)
+    return _exit_status(run.saved_result)
 
 
 COMMANDS = {"trace": run_trace, "bisect": run_bisect, "view": run_view}

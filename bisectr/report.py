@@ -1,16 +1,24 @@
 """Readable text output (rich) for runs and results."""
 from __future__ import annotations
 
+import linecache
+import math
 import os
 
 from rich.console import Console
 from rich.table import Table
 
+from .align import Alignment
 from .run import Run
 
+_LEVELS = "▁▂▃▄▅▆▇█"
+CHART_WIDTH = 64
 
-def fmt(value: float) -> str:
-    return f"{value:.3g}" if value == value else "n/a"
+
+def fmt(value: float | None) -> str:
+    if value is None or value != value:
+        return "n/a"
+    return f"{value:.3g}"
 
 
 def short_source(source: str) -> str:
@@ -20,6 +28,11 @@ def short_source(source: str) -> str:
         return source
     relative = os.path.relpath(path)
     return f"{path if relative.startswith('..') else relative}:{line}"
+
+
+def source_text(source: str) -> str:
+    path, _, line = source.rpartition(":")
+    return linecache.getline(path, int(line)).strip() if path and line.isdigit() else ""
 
 
 def print_trace_summary(console: Console, run: Run) -> None:
@@ -39,5 +52,85 @@ def print_trace_summary(console: Console, run: Run) -> None:
         metrics = pair.metrics
         outputs.add_row(pair.key, str(list(info.shape)), fmt(metrics["max_abs"]), fmt(metrics["max_rel"]), fmt(metrics["cosine"]))
     console.print(outputs)
-    if run.run_dir is not None:
-        console.print(f"run saved in {run.run_dir}  (reopen with: bisectr view {run.run_dir})", highlight=False)
+
+
+def print_result(console: Console, run: Run, result: dict) -> None:
+    """The search's conclusion: verdict, culprit on both sides, evidence and the error profile."""
+    verdict = result["verdict"]
+    style = {"match": "bold green", "noise": "bold yellow", "divergent": "bold red"}[verdict]
+    ops = result["ops"]
+    console.print(f"[{style}]verdict: {verdict}[/]   outputs differ by {fmt(result['output_error']['max_abs'])} "
+                  f"(relative {fmt(result['output_error']['max_rel'])})")
+    console.print(f"aligned: {ops['aligned']} of {ops['candidate']} candidate ops "
+                  f"({ops['reference']} reference ops); candidate re-runs: {result['reruns']}", highlight=False)
+    culprit = result["culprit"]
+    if culprit is not None:
+        what = "first semantic difference" if verdict == "divergent" else "most amplifying op"
+        leaf = f" (its parameter {culprit['leaf']} differs)" if culprit["leaf"] else ""
+        console.print(f"\nculprit ({what}): [bold]{culprit['op']}[/]{leaf}")
+        for role in ("candidate", "reference"):
+            site = culprit[role]
+            module = site["module"] or "(top level)"
+            console.print(f"  {role:9}  op {site['index']:<5} {site['op']:<28} {module}", highlight=False)
+            console.print(f"             {short_source(site['source'])}:  {source_text(site['source'])}", highlight=False)
+        fp64 = culprit["fp64"] or {}
+        console.print(f"  input error {fmt(culprit['input_error'])} -> output error {fmt(culprit['output_error'])} "
+                      f"(x{fmt(culprit['amplification'])}); local error {fmt(culprit['local_error'])}", highlight=False)
+        if fp64:
+            console.print(f"  vs fp64: candidate {fmt(fp64['candidate_error'])}, reference {fmt(fp64['reference_error'])}"
+                          f"  -> {culprit['verdict']}", highlight=False)
+    for recurrence in result.get("recurrences", []):
+        console.print(f"  recurs at op {recurrence['index']} {recurrence['module']} ({short_source(recurrence['source'])})", highlight=False)
+    confirmation = result.get("confirmation")
+    if confirmation:
+        console.print(f"  confirmed: patching only {confirmation['patched_ops']} takes the outputs' error "
+                      f"from {fmt(confirmation['before'])} to {fmt(confirmation['output_error'])}", highlight=False)
+    for item in result.get("not_blamed", []):
+        console.print(f"  not blamed: op {item['index']} {item['op']} differs but moves the outputs by only "
+                      f"{fmt(item['reaches'])}", highlight=False)
+    if result.get("profile"):
+        console.print("\nerror by op (log scale, relative):")
+        culprit_index = culprit["candidate"]["index"] if culprit else None
+        for line in error_chart(result["profile"], culprit_index):
+            console.print(line, highlight=False, markup=False)
+
+
+def error_chart(profile: list[dict], marked: int | None, width: int = CHART_WIDTH) -> list[str]:
+    """Two sparklines (propagated and local error per op, bucketed) and a marker line."""
+    if not profile:
+        return []
+    buckets = max(1, math.ceil(len(profile) / width))
+    columns = [profile[i : i + buckets] for i in range(0, len(profile), buckets)]
+
+    def line(key: str) -> str:
+        values = [max((r[key] or 0.0) for r in column) for column in columns]
+        logs = [math.log10(v) for v in values if v and v > 0 and math.isfinite(v)]
+        low, high = (min(logs), max(logs)) if logs else (0.0, 0.0)
+        chars = []
+        for value in values:
+            if not value or value <= 0 or not math.isfinite(value):
+                chars.append(" ")
+            else:
+                level = 0 if high == low else int((math.log10(value) - low) / (high - low) * (len(_LEVELS) - 1))
+                chars.append(_LEVELS[level])
+        return "".join(chars) + f"  {fmt(10 ** low if logs else 0)}..{fmt(10 ** high if logs else 0)}"
+
+    marker = "".join("^" if marked is not None and any(r["index"] == marked for r in column) else " " for column in columns)
+    first, last = profile[0]["index"], profile[-1]["index"]
+    return [f"propagated {line('output_error')}", f"local      {line('local_error')}",
+            f"           {marker}", f"           op {first} .. op {last}, {buckets} op(s) per column"]
+
+
+def print_alignment(console: Console, run: Run, alignment: Alignment) -> None:
+    table = Table(title="Alignment (candidate -> reference)", title_justify="left")
+    for column in ("cand op", "ref op", "op", "candidate module", "reference module", "confidence"):
+        table.add_column(column)
+    for pair in alignment.pairs:
+        cand, ref = run.candidate.ops[pair.candidate], run.reference.ops[pair.reference]
+        table.add_row(str(cand.index), str(ref.index), cand.op, cand.module, ref.module, f"{pair.confidence:.2f}")
+    console.print(table)
+    for block in alignment.blocks:
+        state = "matched block" if block.matched else "unmatched"
+        cand_ops = " ".join(f"{i}:{run.candidate.ops[i].op}" for i in block.candidate) or "-"
+        ref_ops = " ".join(f"{i}:{run.reference.ops[i].op}" for i in block.reference) or "-"
+        console.print(f"{state}: candidate [{cand_ops}]  reference [{ref_ops}]", highlight=False)

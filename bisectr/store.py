@@ -132,6 +132,13 @@ class RunWriter:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
+def save_result(run_dir: Path, result: dict) -> None:
+    """Add (or replace) a run's result.json atomically."""
+    temporary = Path(run_dir) / f".result.json.{os.getpid()}"
+    _write_json(temporary, result)
+    os.replace(temporary, Path(run_dir) / "result.json")
+
+
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, allow_nan=True))
 
