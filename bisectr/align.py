@@ -366,21 +366,23 @@ def _leaf_transform(candidate: Trace, reference: Trace, cand_op: OpNode, ref_op:
 
 
 def _form_blocks(sides: _Sides, alignment: Alignment) -> None:
-    """Group unpaired ops into blocks between paired ones and pair the tensors they hand on."""
+    """Group unpaired ops into blocks between paired ones and pair the tensors they hand on.
+    A block whose hand-ons find no partner (an attention kernel's internals, say) is merged
+    with the next block until they do."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     paired_ref_of = {p.candidate: p.reference for p in alignment.pairs}
-    paired_cands = sorted(paired_ref_of)
-    paired_refs = {p.reference for p in alignment.pairs}
-    unpaired_cand = [op.index for op in candidate.ops if op.index not in paired_ref_of]
+    paired_refs = set(paired_ref_of.values())
+    runs = _consecutive_runs([op.index for op in candidate.ops if op.index not in paired_ref_of])
     unpaired_ref = [op.index for op in reference.ops if op.index not in paired_refs]
+    paired_cands = sorted(paired_ref_of)
     blocks: list[Block] = []
-    run: list[int] = []
-    for index in unpaired_cand + [None]:
-        if run and (index is None or index != run[-1] + 1):
-            blocks.append(_block_for(sides, alignment, run, paired_cands, paired_ref_of, unpaired_ref))
-            run = []
-        if index is not None:
-            run.append(index)
+    pending: list[int] = []
+    for position, run in enumerate(runs):
+        pending += run
+        block = _block_for(sides, alignment, pending, paired_cands, paired_ref_of, unpaired_ref)
+        if block.matched or position == len(runs) - 1:
+            blocks.append(block)
+            pending = []
     claimed = {r for b in blocks for r in b.reference}
     leftover = [r for r in unpaired_ref if r not in claimed]
     if leftover:
@@ -388,34 +390,58 @@ def _form_blocks(sides: _Sides, alignment: Alignment) -> None:
     alignment.blocks = blocks
 
 
-def _block_for(sides: _Sides, alignment: Alignment, cand_run: list[int], paired_cands: list[int],
+def _consecutive_runs(indices: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs
+
+
+def _block_for(sides: _Sides, alignment: Alignment, cand_ops: list[int], paired_cands: list[int],
                paired_ref_of: dict[int, int], unpaired_ref: list[int]) -> Block:
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
-    k = _bisect.bisect_left(paired_cands, cand_run[0])
-    ref_low = paired_ref_of[paired_cands[k - 1]] if k > 0 else -1
-    ref_high = paired_ref_of[paired_cands[k]] if k < len(paired_cands) else len(reference.ops)
-    if ref_low > ref_high:
-        ref_low, ref_high = ref_high, ref_low
-    ref_run = _between(unpaired_ref, ref_low, ref_high)
-    cand_outputs = _handed_on(candidate, cand_run, sides.readers["candidate"])
-    # A candidate tensor the block hands on may equal a reference tensor made inside the
-    # reference block, or one that the block's inputs are paired with (an extra copy/cast).
-    options = [t for r in ref_run for t in reference.ops[r].outputs]
-    for op_index in cand_run:
-        for tid in candidate.ops[op_index].inputs:
-            if tid in alignment.tensors:
-                options.append(alignment.tensors[tid].reference)
+    first = _bisect.bisect_left(paired_cands, cand_ops[0])
+    last = _bisect.bisect_right(paired_cands, cand_ops[-1])
+    ref_low = paired_ref_of[paired_cands[first - 1]] if first > 0 else -1
+    ref_high = paired_ref_of[paired_cands[last]] if last < len(paired_cands) else len(reference.ops)
+    ref_ops = _between(unpaired_ref, min(ref_low, ref_high), max(ref_low, ref_high))
+    # Values may match a tensor made inside the reference block, or one that the block's
+    # inputs are paired with (an extra copy or cast on the candidate side).
+    options = [t for r in ref_ops for t in reference.ops[r].outputs]
+    options += [alignment.tensors[t].reference for i in cand_ops for t in candidate.ops[i].inputs if t in alignment.tensors]
     matched = True
-    for c_tid in cand_outputs:
-        c_info = candidate.tensors[c_tid]
-        fits = [r for r in options if reference.tensors[r].size == c_info.size]
-        if not fits:
+    for c_tid in _handed_on(candidate, cand_ops, sides.readers["candidate"]):
+        partner = _partner_by_consumer(sides, c_tid, paired_ref_of) or _partner_by_value(sides, c_tid, options)
+        if partner is None:
             matched = False
+        elif c_tid not in alignment.tensors:
+            distance = value_distance(candidate.tensors[c_tid], reference.tensors[partner])
+            alignment.tensors[c_tid] = TensorPair(c_tid, partner, None, round(1.0 - distance / 2, 3), "block")
+    return Block(list(cand_ops), ref_ops, matched)
+
+
+def _partner_by_consumer(sides: _Sides, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
+    """The reference tensor in the same argument position of a paired op that reads `c_tid`."""
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    size = candidate.tensors[c_tid].size
+    for reader in sides.readers["candidate"].get(c_tid, []):
+        if reader not in paired_ref_of:
             continue
-        best = min(fits, key=lambda r: value_distance(c_info, reference.tensors[r]))
-        distance = value_distance(c_info, reference.tensors[best])
-        alignment.tensors.setdefault(c_tid, TensorPair(c_tid, best, None, round(1.0 - distance / 2, 3), "block"))
-    return Block(cand_run, ref_run, matched)
+        ref_inputs = reference.ops[paired_ref_of[reader]].inputs
+        for position, tid in enumerate(candidate.ops[reader].inputs):
+            if tid == c_tid and position < len(ref_inputs) and reference.tensors[ref_inputs[position]].size == size:
+                return ref_inputs[position]
+    return None
+
+
+def _partner_by_value(sides: _Sides, c_tid: int, options: list[int]) -> int | None:
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    info = candidate.tensors[c_tid]
+    fits = [r for r in options if reference.tensors[r].size == info.size]
+    return min(fits, key=lambda r: value_distance(info, reference.tensors[r])) if fits else None
 
 
 def _handed_on(trace: Trace, run: list[int], readers: dict[int, list[int]]) -> list[int]:

@@ -49,17 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console()
+    console = Console(soft_wrap=True)
     try:
         return COMMANDS[args.command](args, console)
     except BisectrError as exc:
-        error_console = Console(stderr=True)
+        error_console = Console(stderr=True, soft_wrap=True)
         error_console.print(f"[bold red]bisectr: error:[/] {exc}", markup=True, highlight=False)
         if isinstance(exc, UserModelError) and exc.user_traceback:
             error_console.print(exc.user_traceback, markup=False, highlight=False)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        Console(stderr=True).print("bisectr: interrupted; nothing was saved")
+        Console(stderr=True, soft_wrap=True).print("bisectr: interrupted; nothing was saved")
         return EXIT_ERROR
 
 

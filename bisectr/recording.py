@@ -28,6 +28,11 @@ _BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
 
 
+# An unpatched op whose values move by more than this (relative to the tensor's largest
+# magnitude) between recording and re-run is not deterministic: dropout or other randomness.
+VALUE_DRIFT = 1e-3
+
+
 @dataclass(frozen=True)
 class Slot:
     """Stands for the tensor `tid` inside a recorded call's arguments."""
@@ -53,16 +58,15 @@ class RecordOptions:
 
 class TensorIds:
     """Stable integer ids for live tensors. Python object ids are reused after a tensor
-    is freed, so each entry keeps a weak reference and the tensor's in-place version."""
+    is freed, so each entry keeps a weak reference to check it still names the same object."""
 
-    def __init__(self, adapter: Adapter):
-        self.adapter = adapter
-        self._by_object: dict[int, tuple[weakref.ref, int, int]] = {}
+    def __init__(self):
+        self._by_object: dict[int, tuple[weakref.ref, int]] = {}
         self.count = 0
 
     def lookup(self, tensor: Any) -> int | None:
         entry = self._by_object.get(id(tensor))
-        if entry is None or entry[0]() is not tensor or entry[2] != self.adapter.version(tensor):
+        if entry is None or entry[0]() is not tensor:
             return None
         return entry[1]
 
@@ -70,8 +74,21 @@ class TensorIds:
         if tid is None:
             tid = self.count
         self.count = max(self.count, tid + 1)
-        self._by_object[id(tensor)] = (weakref.ref(tensor), tid, self.adapter.version(tensor))
+        self._by_object[id(tensor)] = (weakref.ref(tensor), tid)
         return tid
+
+
+def written_tensors(adapter: Adapter, inputs: list[Any], versions: list[int], result: Any) -> tuple[list[Any], set[int]]:
+    """The tensors an op wrote (what it returned, plus the input it changed in place)
+    and the object id of the one changed in place. Views share their base's version
+    counter, so only the first changed input counts as written."""
+    produced = list({id(t): t for t in iter_tensors(result, adapter.is_tensor)}.values())
+    written = next((t for t, v in zip(inputs, versions) if adapter.version(t) != v), None)
+    if written is None:
+        return produced, set()
+    if all(written is not t for t in produced):
+        produced.append(written)
+    return produced, {id(written)}
 
 
 class _Session:
@@ -79,7 +96,7 @@ class _Session:
 
     def __init__(self, adapter: Adapter, model: Any, inputs: list[tuple[str, Any]]):
         self.adapter = adapter
-        self.ids = TensorIds(adapter)
+        self.ids = TensorIds()
         self.modules: list[str] = []
         self.op_count = 0
         self._leaf_names: dict[int, tuple[weakref.ref, str]] = {}
@@ -115,19 +132,6 @@ class _Session:
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         """A tensor no recorded op produced (parameter, input, constant) is first read."""
 
-    def produced_tensors(self, inputs: list[Any], versions: list[int], result: Any) -> tuple[list[Any], set[int]]:
-        """The tensors an op wrote (what it returned, plus inputs it changed in place)
-        and the object ids of those changed in place."""
-        produced = list({id(t): t for t in iter_tensors(result, self.adapter.is_tensor)}.values())
-        mutated = {id(t) for t, v in zip(inputs, versions) if self.adapter.version(t) != v}
-        returned = {id(t) for t in produced}
-        for tensor in inputs:
-            if id(tensor) in mutated and id(tensor) not in returned:
-                returned.add(id(tensor))
-                produced.append(tensor)
-        return produced, mutated
-
-
 class Recorder(_Session):
     """Listener that turns a forward pass into a `Trace` (and `Call`s for replay)."""
 
@@ -147,7 +151,7 @@ class Recorder(_Session):
         versions = [self.adapter.version(t) for t in inputs]
         input_tids = self.input_tids(inputs)
         result = fn(*args, **kwargs)
-        produced, mutated = self.produced_tensors(inputs, versions, result)
+        produced, mutated = written_tensors(self.adapter, inputs, versions, result)
         if not produced:
             return result
         index = self.op_count
@@ -241,6 +245,7 @@ class PatchedRerun(_Session):
         self.capture = set(capture)
         self.captured: dict[int, np.ndarray] = {}
         self._leaf_substitutes: dict[int, Any] = {}
+        self.tainted: set[int] = set(patches)  # tids a patch may have changed
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         inputs = iter_tensors((args, kwargs), self.adapter.is_tensor)
@@ -249,7 +254,7 @@ class PatchedRerun(_Session):
             args, kwargs, inputs = self._patch_leaves(args, kwargs, inputs, input_tids)
         versions = [self.adapter.version(t) for t in inputs]
         result = fn(*args, **kwargs)
-        produced, mutated = self.produced_tensors(inputs, versions, result)
+        produced, mutated = written_tensors(self.adapter, inputs, versions, result)
         if not produced:
             return result
         expected = self._expected_op(name)
@@ -257,7 +262,12 @@ class PatchedRerun(_Session):
         if len(produced) != len(expected.outputs):
             raise self._departure(expected, name, f"{len(produced)} outputs instead of {len(expected.outputs)}")
         replacements: dict[int, Any] = {}
+        untouched = not any(tid in self.tainted for tid in input_tids)
         for tensor, tid in zip(produced, expected.outputs):
+            if untouched:
+                self._check_reproduced(tensor, tid, expected)
+            else:
+                self.tainted.add(tid)
             if tid in self.patches:
                 if id(tensor) in mutated:
                     self.adapter.assign(tensor, self._checked_patch(tensor, tid))
@@ -269,6 +279,18 @@ class PatchedRerun(_Session):
         if replacements:
             result = map_tensors(result, self.adapter.is_tensor, lambda t: replacements.get(id(t), t))
         return result
+
+    def _check_reproduced(self, tensor: Any, tid: int, expected: OpNode) -> None:
+        """An op no patch can have influenced must compute what it computed when recorded."""
+        recorded = self.trace.tensors[tid]
+        now = fingerprint(self.adapter.to_numpy(tensor))
+        if len(now) != len(recorded.fingerprint):
+            raise self._departure(expected, expected.framework_op, "produces a tensor of another size")
+        scale = max(recorded.stats["absmax"], 1e-30)
+        with np.errstate(invalid="ignore"):
+            drift = np.abs(np.asarray(now) - np.asarray(recorded.fingerprint)) / scale
+        if np.any(drift > VALUE_DRIFT) or np.isnan(np.asarray(now)).sum() != np.isnan(np.asarray(recorded.fingerprint)).sum():
+            raise self._departure(expected, expected.framework_op, "computes other values from the same inputs")
 
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         if tid not in self.trace.tensors or self.trace.tensors[tid].producer is not None:
@@ -304,10 +326,11 @@ class PatchedRerun(_Session):
         return expected
 
     def _departure(self, expected: OpNode | None, name: str, what: str) -> TraceMismatchError:
-        where = f" (recorded op {expected.index} at {expected.source})" if expected is not None else ""
+        index = expected.index if expected is not None else self.op_count
+        where = f" ({expected.framework_op} at {expected.source})" if expected is not None else ""
         return TraceMismatchError(
-            f"the {self.trace.side} re-run departed from its recording at op {self.op_count}{where}: it {what}. "
-            "The forward is not deterministic (dropout in training mode? data-dependent control flow?)"
+            f"the {self.trace.side} re-run departed from its recording at op {index}{where}: it {what}. "
+            "The forward is not deterministic (dropout or randomness in training mode? data-dependent control flow?)"
         )
 
     def finish(self, outputs: list[tuple[str, Any]]) -> RerunResult:
@@ -339,8 +362,7 @@ def replay_op(adapter: Adapter, call: Call, values: dict[int, np.ndarray], dtype
     inputs = iter_tensors((args, kwargs), adapter.is_tensor)
     versions = [adapter.version(t) for t in inputs]
     result = call.fn(*args, **kwargs)
-    produced = list({id(t): t for t in iter_tensors(result, adapter.is_tensor)}.values())
-    produced += [t for t, v in zip(inputs, versions) if adapter.version(t) != v and all(t is not p for p in produced)]
+    produced, _ = written_tensors(adapter, inputs, versions, result)
     return [adapter.to_numpy(t) for t in produced]
 
 

@@ -1,0 +1,575 @@
+"""What the TUI shows, computed without Textual: op rows, the module tree, tensor
+statistics, error heat maps, source context, patch-and-re-run and repro export.
+
+`RunData` wraps a `Run` and its result dict (the JSON of `Result.to_dict()`); it pairs
+the candidate's ops with the reference's once (the aligner is fast) so every view can
+show both sides.
+"""
+from __future__ import annotations
+
+import linecache
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..align import Alignment, align_traces
+from ..metrics import error_metrics
+from ..report import fmt, short_source, source_text
+from ..run import Run
+
+# Worst first; "block" (inside a matched N:M block) and "unaligned" ops carry no evidence.
+SEVERITY = {"different": 5, "noise": 4, "unknown": 3, "unaligned": 2, "block": 1, "exact": 0, "": 0}
+# Theme variables (Textual) for verdict text.
+VERDICT_VARIABLE = {"different": "text-error", "divergent": "text-error", "noise": "text-warning",
+                    "exact": "text-success", "match": "text-success"}
+HEAT_LEVELS = " ·░▒▓█"
+CONTEXT_LINES = 2
+
+
+def json_safe(value: Any) -> Any:
+    """JSON has no Infinity or NaN: such numbers become None (as `bisectr bisect --json` does)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def fmt_amplification(amplification: float | None, output_error: float | None) -> str:
+    """Amplification, with `inf` for an error that appears from exact inputs (JSON stores it as null)."""
+    if amplification is None:
+        return "inf" if output_error else "n/a"
+    return "-" if amplification == 0 else f"x{amplification:.3g}"
+
+
+def fmt_shape(shape: tuple[int, ...] | list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+@dataclass
+class OpRow:
+    """One candidate op, with its reference partner and the search's evidence."""
+
+    index: int
+    op: str
+    framework_op: str
+    module: str
+    shape: tuple[int, ...]
+    source: str
+    output_error: float | None = None  # relative, propagated
+    local_error: float | None = None
+    amplification: float | None = None
+    verdict: str = ""
+    reference: int | None = None
+    reference_op: str = ""
+    reference_module: str = ""
+    reference_source: str = ""
+
+    @property
+    def severity(self) -> int:
+        return SEVERITY.get(self.verdict, 0)
+
+    def search_text(self) -> str:
+        return " ".join((str(self.index), self.op, self.framework_op, self.module or "(top)", self.verdict,
+                         short_source(self.source), self.reference_op, short_source(self.reference_source))).lower()
+
+    def matches(self, query: str) -> bool:
+        """Every word of `query` occurs in the row (case-insensitive); `#7` matches op 7 only."""
+        text = self.search_text()
+        for word in query.lower().split():
+            if word.startswith("#") and word[1:].isdigit():
+                if int(word[1:]) != self.index:
+                    return False
+            elif word not in text:
+                return False
+        return True
+
+
+@dataclass
+class ModuleNode:
+    name: str
+    path: str
+    children: dict[str, "ModuleNode"] = field(default_factory=dict)
+    ops: list[int] = field(default_factory=list)  # every op in the subtree
+    worst: str = ""
+    max_error: float | None = None
+
+
+@dataclass
+class HeatMap:
+    cells: np.ndarray  # rows x cols of max |candidate - reference| per block
+    max_abs: float
+    shape: tuple[int, ...]
+    block: tuple[int, int]  # elements per cell (rows, cols), at most
+    argmax: tuple[int, ...]  # index of the largest difference in the tensor
+    candidate_value: float
+    reference_value: float
+
+    def lines(self) -> list[str]:
+        """Shaded cells, two characters per cell, level proportional to the block's max."""
+        out = []
+        for row in self.cells:
+            chars = []
+            for value in row:
+                if not np.isfinite(value):
+                    chars.append("!!")
+                    continue
+                level = 0 if self.max_abs <= 0 or value <= 0 else 1 + int(round(value / self.max_abs * (len(HEAT_LEVELS) - 2)))
+                chars.append(HEAT_LEVELS[min(level, len(HEAT_LEVELS) - 1)] * 2)
+            out.append("".join(chars))
+        return out
+
+
+@dataclass
+class TensorRow:
+    side: str
+    role: str  # "in 0", "out 0"
+    name: str  # leaf name or "op N"
+    shape: tuple[int, ...]
+    dtype: str
+    stats: dict[str, float]
+    error: float | None  # max relative error vs the paired tensor (candidate rows)
+    stored: bool
+
+
+def source_context(source: str, lines: int = CONTEXT_LINES) -> list[tuple[int, str, bool]]:
+    """(line number, text, is the op's line) around `path:line`; empty when unreadable."""
+    path, _, line = source.rpartition(":")
+    if not path or not line.isdigit():
+        return []
+    target = int(line)
+    out = []
+    for number in range(max(1, target - lines), target + lines + 1):
+        text = linecache.getline(path, number)
+        if not text and number > target:
+            break
+        out.append((number, text.rstrip("\n").expandtabs(4), number == target))
+    return out if any(current and text for _, text, current in out) else []
+
+
+class RunData:
+    """A run, its result and the op pairing, ready for display."""
+
+    def __init__(self, run: Run, result: Any = None, alignment: Alignment | None = None):
+        self.run = run
+        self.alignment: Alignment | None = None
+        self.result: dict | None = None
+        self.set_result(result if result is not None else run.saved_result, alignment)
+
+    # -- building ---------------------------------------------------------------
+    def set_result(self, result: Any, alignment: Alignment | None = None) -> None:
+        """Accept a `Result` (its alignment is reused) or its JSON dict."""
+        if result is not None and not isinstance(result, dict):
+            alignment = alignment or getattr(result, "alignment", None)
+            result = json_safe(result.to_dict())
+        self.result = result
+        if alignment is not None:
+            self.alignment = alignment
+        elif self.alignment is None:
+            self.alignment = self._align()
+        self.rows = self._rows()
+        self.by_index = {row.index: row for row in self.rows}
+        self.tree = self._module_tree()
+
+    def _align(self) -> Alignment | None:
+        from ..bisection import _input_layout
+
+        pins = None
+        try:
+            if self.run.model_file.is_file():
+                from ..modelfile import load_module
+
+                pins = getattr(load_module(self.run.model_file), "ALIGN_MODULES", None)
+        except Exception:  # a model file that no longer loads: align without pins
+            pins = None
+        try:
+            return align_traces(self.run.reference, self.run.candidate, pins, _input_layout)
+        except Exception:
+            return None
+
+    def _rows(self) -> list[OpRow]:
+        profile = {p["index"]: p for p in (self.result or {}).get("profile", [])}
+        paired = {p.candidate: p.reference for p in self.alignment.pairs} if self.alignment else {}
+        in_blocks = self.alignment.aligned_ops("candidate") if self.alignment else set()
+        rows = []
+        for op in self.run.candidate.ops:
+            out = self.run.candidate.tensors[op.outputs[0]] if op.outputs else None
+            row = OpRow(op.index, op.op, op.framework_op, op.module, tuple(out.shape) if out else (), op.source)
+            evidence = profile.get(op.index)
+            if evidence is not None:
+                row.output_error, row.local_error = evidence["output_error"], evidence["local_error"]
+                row.amplification, row.verdict = evidence["amplification"], evidence["verdict"]
+            elif self.alignment is not None:
+                row.verdict = "block" if op.index in in_blocks else ("unaligned" if op.index not in paired else "")
+            reference = paired.get(op.index)
+            if reference is not None:
+                ref_op = self.run.reference.ops[reference]
+                row.reference, row.reference_op = reference, ref_op.framework_op
+                row.reference_module, row.reference_source = ref_op.module, ref_op.source
+            rows.append(row)
+        return rows
+
+    def _module_tree(self) -> ModuleNode:
+        root = ModuleNode(self.run.model_file.stem or "model", "")
+        for row in self.rows:
+            node = root
+            self._absorb(node, row)
+            if not row.module:
+                continue
+            path = []
+            for part in row.module.split("."):
+                path.append(part)
+                node = node.children.setdefault(part, ModuleNode(part, ".".join(path)))
+                self._absorb(node, row)
+        return root
+
+    @staticmethod
+    def _absorb(node: ModuleNode, row: OpRow) -> None:
+        node.ops.append(row.index)
+        if row.verdict and (not node.worst or SEVERITY.get(row.verdict, 0) > SEVERITY.get(node.worst, 0)):
+            node.worst = row.verdict
+        if row.output_error is not None and (node.max_error is None or row.output_error > node.max_error):
+            node.max_error = row.output_error
+
+    # -- questions ----------------------------------------------------------------
+    @property
+    def live(self) -> bool:
+        return self.run.is_live
+
+    @property
+    def culprit_index(self) -> int | None:
+        culprit = (self.result or {}).get("culprit")
+        return culprit["candidate"]["index"] if culprit else None
+
+    @property
+    def verdict(self) -> str | None:
+        return (self.result or {}).get("verdict")
+
+    def notable(self) -> tuple[list[int], str]:
+        """The ops `n`/`p` walk: those judged different (in op order), else the most amplifying
+        ones (largest amplification first)."""
+        different = [r.index for r in self.rows if r.verdict == "different"]
+        if different:
+            return different, "different"
+        amplifying = [r for r in self.rows if r.output_error and (r.amplification is None or r.amplification > 1)]
+        amplifying.sort(key=lambda r: (-(r.amplification if r.amplification is not None else math.inf), r.index))
+        return [r.index for r in amplifying], "amplifying"
+
+    def step(self, current: int | None, forward: bool) -> tuple[int | None, str]:
+        ops, kind = self.notable()
+        if not ops:
+            return None, kind
+        if kind == "different":
+            if current is None:
+                return (ops[0] if forward else ops[-1]), kind
+            after = [i for i in ops if (i > current if forward else i < current)]
+            return (after[0] if forward else after[-1]) if after else (ops[0] if forward else ops[-1]), kind
+        position = ops.index(current) if current in ops else -1
+        if position < 0:
+            return (ops[0] if forward else ops[-1]), kind
+        return ops[(position + (1 if forward else -1)) % len(ops)], kind
+
+    def counts(self) -> dict[str, int]:
+        ops = (self.result or {}).get("ops") or {}
+        aligned = ops.get("aligned")
+        if aligned is None and self.alignment is not None:
+            aligned = len(self.alignment.aligned_ops("candidate"))
+        return {"candidate": len(self.run.candidate.ops), "reference": len(self.run.reference.ops),
+                "aligned": aligned or 0, "paired": len(self.alignment.pairs) if self.alignment else 0}
+
+    def output_lines(self) -> list[tuple[str, str, float, float]]:
+        """(output key, shape, max abs, max rel) per paired output."""
+        try:
+            pairs = self.run.output_pairs()
+        except Exception:
+            return []
+        return [(p.key, fmt_shape(self.run.reference.tensors[p.reference].shape), p.metrics["max_abs"], p.metrics["max_rel"])
+                for p in pairs]
+
+    # -- one op ---------------------------------------------------------------------
+    def reference_values(self, cand_tid: int) -> np.ndarray | None:
+        """The reference tensor paired with a candidate tensor, in the candidate's layout."""
+        if self.alignment is None:
+            return None
+        pair = self.alignment.tensors.get(cand_tid)
+        if pair is None or not self.run.reference.has_value(pair.reference):
+            return None
+        return pair.reference_in_candidate_layout(self.run.reference.value(pair.reference),
+                                                  self.run.candidate.tensors[cand_tid].shape)
+
+    def tensor_rows(self, index: int) -> list[TensorRow]:
+        cand = self.run.candidate
+        op = cand.ops[index]
+        rows = []
+        for role, tids in (("in", op.inputs), ("out", op.outputs)):
+            for position, tid in enumerate(tids):
+                error = None
+                reference = self.reference_values(tid)
+                if reference is not None and cand.has_value(tid):
+                    error = error_metrics(cand.value(tid), reference)["max_rel"]
+                rows.append(self._tensor_row("candidate", f"{role} {position}", cand, tid, error))
+        ref_index = self.by_index[index].reference
+        if ref_index is not None:
+            ref_op = self.run.reference.ops[ref_index]
+            for role, tids in (("in", ref_op.inputs), ("out", ref_op.outputs)):
+                for position, tid in enumerate(tids):
+                    rows.append(self._tensor_row("reference", f"{role} {position}", self.run.reference, tid, None))
+        return rows
+
+    @staticmethod
+    def _tensor_row(side: str, role: str, trace, tid: int, error: float | None) -> TensorRow:
+        info = trace.tensors[tid]
+        name = info.leaf if info.leaf else (f"op {info.producer}" if info.producer is not None else f"t{tid}")
+        return TensorRow(side, role, name, tuple(info.shape), info.dtype, info.stats, error, info.stored)
+
+    def heat_map(self, index: int, rows: int = 6, cols: int = 24) -> HeatMap | None:
+        """Where in the op's (first) output the difference sits, downsampled by block maxima."""
+        op = self.run.candidate.ops[index]
+        if not op.outputs:
+            return None
+        tid = op.outputs[0]
+        reference = self.reference_values(tid)
+        if reference is None or not self.run.candidate.has_value(tid):
+            return None
+        candidate = np.asarray(self.run.candidate.value(tid), dtype=np.float64).reshape(reference.shape)
+        reference = np.asarray(reference, dtype=np.float64)
+        diff = np.abs(candidate - reference)
+        diff[np.isnan(candidate) & np.isnan(reference)] = 0.0
+        diff[np.isnan(diff)] = np.inf
+        shape = tuple(candidate.shape)
+        grid = diff.reshape(1, -1) if diff.ndim <= 1 else diff.reshape(-1, shape[-1])
+        if grid.size == 0:
+            return None
+        row_groups = np.array_split(np.arange(grid.shape[0]), min(rows, grid.shape[0]))
+        col_groups = np.array_split(np.arange(grid.shape[1]), min(cols, grid.shape[1]))
+        cells = np.array([[grid[np.ix_(r, c)].max() for c in col_groups] for r in row_groups])
+        flat = int(np.argmax(np.where(np.isfinite(diff), diff, np.inf).reshape(-1)))
+        argmax = tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+        max_abs = float(diff.reshape(-1)[flat])
+        return HeatMap(cells, max_abs, shape, (len(row_groups[0]), len(col_groups[0])), argmax,
+                       float(candidate.reshape(-1)[flat]), float(reference.reshape(-1)[flat]))
+
+    def evidence(self, index: int) -> dict | None:
+        """The culprit's full evidence from the result when `index` is the culprit, else None."""
+        culprit = (self.result or {}).get("culprit")
+        return culprit if culprit and culprit["candidate"]["index"] == index else None
+
+    def replay_evidence(self, index: int) -> dict | None:
+        """Replay one op (live runs): local error and the fp64 oracle. Slow-ish: call from a worker."""
+        row = self.by_index[index]
+        if not self.live or not self.run.calls or row.reference is None or self.alignment is None:
+            return None
+        from ..analysis import Analysis
+
+        evidence = Analysis(self.run, self.alignment)._op_evidence(index, row.reference)
+        return json_safe({"local_error": evidence.local_error, "fp64": evidence.fp64, "verdict": evidence.verdict,
+                          "input_error": evidence.input_error, "output_error": evidence.output_error["max_abs"],
+                          "amplification": evidence.amplification})
+
+    # -- actions ----------------------------------------------------------------------
+    def patch_effect(self, index: int) -> dict[str, float]:
+        """Re-run the candidate with the reference's values patched in (live runs): for this op's
+        outputs only, and for everything up to this op (the search's cut)."""
+        from ..analysis import Analysis
+        from ..bisection import Search, _op_patches
+
+        if not self.live or self.alignment is None:
+            raise RuntimeError("patching needs a live run")
+        analysis = Analysis(self.run, self.alignment)
+        search = Search(self.run, self.alignment, analysis)
+        before = (self.result or {}).get("output_error", {}).get("max_rel")
+        if before is None:
+            before = self.run.output_error()["max_rel"]
+        return {"before": before,
+                "only_this": search.candidate_error(_op_patches(analysis, self.run, [index])),
+                "up_to_here": search.candidate_error(search.patches_up_to(index))}
+
+    def bisect(self, progress: Callable[[str], None] | None = None) -> dict:
+        """Run the whole search again (live runs), keep and save its result."""
+        from ..store import save_result
+
+        result = self.run.bisect(progress=progress)
+        self.set_result(result)
+        self.run.saved_result = self.result
+        if self.run.run_dir is not None and Path(self.run.run_dir).is_dir():
+            save_result(self.run.run_dir, self.result)
+        return self.result
+
+    def export_repro(self, index: int, directory: str | os.PathLike | None = None) -> Path:
+        """Write `repro.py` and `inputs.npz` replaying candidate op `index` on the reference's inputs."""
+        cand = self.run.candidate
+        op = cand.ops[index]
+        row = self.by_index[index]
+        if directory is None:
+            base = Path(self.run.run_dir) if self.run.run_dir is not None else Path.cwd()
+            directory = base / "repro" / f"op{index}_{re.sub(r'[^A-Za-z0-9_]+', '_', op.op)}"
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        arrays: dict[str, np.ndarray] = {}
+        notes = []
+        for position, tid in enumerate(op.inputs):
+            info = cand.tensors[tid]
+            own = cand.value(tid) if cand.has_value(tid) else None
+            reference = self.reference_values(tid) if info.producer is not None else None
+            values = reference if reference is not None else own
+            if values is None:
+                values = np.zeros(info.shape, dtype=np.float32)
+                notes.append(f"input {position} was not stored: zeros stand in for it")
+            arrays[f"input_{position}"] = np.ascontiguousarray(values)
+            if own is not None:
+                arrays[f"candidate_input_{position}"] = np.ascontiguousarray(own)
+        if op.outputs:
+            if cand.has_value(op.outputs[0]):
+                arrays["candidate_output"] = np.ascontiguousarray(cand.value(op.outputs[0]))
+            reference_out = self.reference_values(op.outputs[0])
+            if reference_out is not None:
+                arrays["reference_output"] = np.ascontiguousarray(reference_out)
+        np.savez(directory / "inputs.npz", **arrays)
+        dtypes = [cand.tensors[t].dtype for t in op.inputs]
+        call = self.run.calls.get("candidate", [None] * (index + 1))[index] if self.run.calls else None
+        script = repro_script(cand.framework, op.framework_op, op.module, row, dtypes,
+                              call_expression(cand.framework, op.framework_op, op.inputs, call), notes)
+        (directory / "repro.py").write_text(script)
+        return directory
+
+
+def _literal(value: Any) -> str | None:
+    """Python source for a simple argument value, or None."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return repr(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
+    if isinstance(value, (tuple, list)):
+        items = [_literal(v) for v in value]
+        if any(i is None for i in items):
+            return None
+        body = ", ".join(items) + ("," if isinstance(value, tuple) and len(items) == 1 else "")
+        return f"({body})" if isinstance(value, tuple) else f"[{body}]"
+    if isinstance(value, dict):
+        items = [(_literal(k), _literal(v)) for k, v in value.items()]
+        if any(k is None or v is None for k, v in items):
+            return None
+        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+    text = repr(value)
+    if text.startswith(("torch.", "paddle.")) and re.fullmatch(r"[\w.]+", text):  # dtypes, e.g. torch.float32
+        return text
+    return None
+
+
+def call_expression(framework: str, framework_op: str, inputs: list[int], call: Any) -> str:
+    """`torch.nn.functional.gelu(x[0], approximate='tanh')` from a recorded call, or a guess with
+    the tensor inputs only when the call was not kept (a run reopened from disk)."""
+    function = f"{framework}.{framework_op}"
+    if call is None:
+        return f"{function}({', '.join(f'x[{i}]' for i in range(len(inputs)))})  # non-tensor arguments are not saved with a run"
+    from ..recording import Slot
+
+    positions = {tid: i for i, tid in enumerate(inputs)}
+    missing = []
+
+    def render(value: Any) -> str:
+        if isinstance(value, Slot):
+            return f"x[{positions[value.tid]}]" if value.tid in positions else "None"
+        if isinstance(value, (tuple, list)) and any(isinstance(v, Slot) for v in value):
+            body = ", ".join(render(v) for v in value) + ("," if isinstance(value, tuple) and len(value) == 1 else "")
+            return f"({body})" if isinstance(value, tuple) else f"[{body}]"
+        literal = _literal(value)
+        if literal is None:
+            missing.append(type(value).__name__)
+            return "None"
+        return literal
+
+    args = [render(a) for a in call.args] + [f"{k}={render(v)}" for k, v in call.kwargs.items()]
+    note = f"  # replaced unrepresentable {', '.join(missing)} with None" if missing else ""
+    return f"{function}({', '.join(args)}){note}"
+
+
+_CONVERT = {
+    "torch": ("import torch", "torch.from_numpy(a).to(getattr(torch, dtype))", "t.detach().to(torch.float64).cpu().numpy()",
+              "t.double() if t.is_floating_point() else t"),
+    "paddle": ("import paddle", "paddle.to_tensor(a.astype('float32') if dtype == 'bfloat16' else a, dtype=dtype)",
+               "t.astype('float64').numpy()", "t.astype('float64') if t.is_floating_point() else t"),
+}
+
+
+def repro_script(framework: str, framework_op: str, module: str, row: OpRow, dtypes: list[str], expression: str,
+                 notes: list[str]) -> str:
+    imports, to_tensor, to_numpy, upcast = _CONVERT.get(framework, _CONVERT["torch"])
+    reference = (f"reference op {row.reference} `{row.reference_op}` in {row.reference_module or '(top level)'}, "
+                 f"{short_source(row.reference_source)}") if row.reference is not None else "no reference partner"
+    header = "\n".join([
+        f'"""bisectr repro: candidate op {row.index} `{framework_op}` ({row.op}) in {module or "(top level)"}.',
+        "",
+        f"Candidate source: {short_source(row.source)}  {source_text(row.source)}",
+        f"Paired with {reference}.",
+        f"Recorded: propagated error {fmt(row.output_error)}, local error {fmt(row.local_error)}, verdict {row.verdict or 'n/a'}.",
+        "",
+        "inputs.npz holds the op's inputs as the reference computed them (input_N, in the candidate's",
+        "layout; parameters are the candidate's own), the candidate's own inputs (candidate_input_N) and",
+        "both outputs. This script runs the candidate op on the reference's inputs, in the recorded",
+        "precision and in float64, and compares with the reference output.",
+        *(["", *notes] if notes else []),
+        "",
+        "Run: python repro.py",
+        '"""',
+    ])
+    return f'''{header}
+import os
+
+import numpy as np
+{imports}
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DTYPES = {dtypes!r}
+
+
+def tensors(data, prefix):
+    out = []
+    for i, dtype in enumerate(DTYPES):
+        a = data[f"{{prefix}}_{{i}}"]
+        out.append({to_tensor})
+    return out
+
+
+def as_numpy(t):
+    if isinstance(t, (tuple, list)):
+        t = t[0]
+    return {to_numpy}
+
+
+def run(x):
+    return {expression}
+
+
+def error(a, b):
+    diff = np.abs(a.reshape(-1) - b.reshape(-1).astype(np.float64))
+    scale = np.abs(b).max() if b.size else 0.0
+    return f"max abs {{diff.max():.3g}}, max rel {{(diff.max() / scale if scale else 0.0):.3g}}"
+
+
+def main():
+    data = np.load(os.path.join(HERE, "inputs.npz"))
+    x = tensors(data, "input")
+    out = as_numpy(run(x))
+    print("candidate op on the reference's inputs:", out.shape)
+    if "reference_output" in data:
+        expected = data["reference_output"]
+        print("  vs the reference output:", error(out, expected))
+        x64 = [{upcast} for t in x]
+        oracle = as_numpy(run(x64))
+        print("  vs float64 (same op, upcast inputs):", error(out, oracle))
+        print("  reference output vs float64:", error(expected.astype(np.float64), oracle))
+    if "candidate_output" in data:
+        print("  vs the candidate's recorded output:", error(out, data["candidate_output"]))
+
+
+if __name__ == "__main__":
+    main()
+'''

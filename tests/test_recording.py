@@ -1,0 +1,128 @@
+"""Recording torch models: what is captured, where, and patched re-runs."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bisectr
+from bisectr.errors import TraceMismatchError, UserModelError
+from conftest import MODELS, line_of
+
+OPS_FILE = MODELS / "torch_ops.py"
+
+
+@pytest.fixture(scope="module")
+def ops_run(tmp_path_factory):
+    return bisectr.trace(OPS_FILE, out=tmp_path_factory.mktemp("runs") / "ops")
+
+
+def _op_at(trace, marker, op):
+    line = line_of(OPS_FILE, marker)
+    found = [o for o in trace.ops if o.source == f"{OPS_FILE}:{line}" and o.op == op]
+    assert len(found) == 1, (marker, op, [(o.op, o.source) for o in trace.ops])
+    return found[0]
+
+
+@pytest.mark.parametrize("marker, op, module", [
+    ("LINE_MATMUL", "matmul", ""),
+    ("LINE_ADD", "add", ""),
+    ("LINE_NEG", "neg", ""),
+    ("LINE_LAYERS", "linear", "proj"),
+    ("LINE_LAYERS", "layer_norm", "norm"),
+    ("LINE_SOFTMAX", "softmax", ""),
+    ("LINE_GELU", "gelu", ""),
+    ("LINE_INPLACE", "mul", ""),
+    ("LINE_GETITEM", "getitem", ""),
+    ("LINE_SETITEM", "setitem", ""),
+    ("LINE_ATTN", "attention", "attn"),
+])
+def test_every_kind_of_call_is_recorded_once_with_module_and_line(ops_run, marker, op, module):
+    node = _op_at(ops_run.candidate, marker, op)
+    assert node.module == module
+    assert ops_run.candidate.graph.nodes[node.index]["op"] == op
+
+
+def test_inplace_ops_write_a_new_version_of_their_input(ops_run):
+    trace = ops_run.candidate
+    mul = _op_at(trace, "LINE_INPLACE", "mul")
+    setitem = _op_at(trace, "LINE_SETITEM", "setitem")
+    assert mul.inplace and setitem.inplace
+    # the in-place mul reads the GELU output and the buffer, and writes a new tensor id
+    gelu = _op_at(trace, "LINE_GELU", "gelu")
+    assert mul.inputs[0] == gelu.outputs[0] and mul.outputs[0] not in mul.inputs
+    assert trace.tensors[mul.inputs[1]].leaf == "buffer:scale"
+
+
+def test_leaves_are_named_and_graph_edges_follow_data(ops_run):
+    trace = ops_run.candidate
+    leaves = trace.leaves
+    assert {"input:0", "param:w", "param:proj.weight", "param:norm.bias", "buffer:scale"} <= set(leaves)
+    graph = trace.graph
+    matmul = _op_at(trace, "LINE_MATMUL", "matmul")
+    assert set(graph.predecessors(matmul.index)) == {"input:0", "param:w"}
+    add = _op_at(trace, "LINE_ADD", "add")
+    assert graph.has_edge(matmul.index, add.index)
+
+
+def test_tensor_statistics_are_recorded(ops_run):
+    trace = ops_run.candidate
+    softmax = _op_at(trace, "LINE_SOFTMAX", "softmax")
+    info = trace.tensors[softmax.outputs[0]]
+    values = trace.value(info.tid)
+    assert info.shape == (2, 3, 8) and info.dtype == "float32"
+    assert info.stats["max"] == pytest.approx(float(values.max()))
+    assert info.stats["mean"] == pytest.approx(1 / 8, rel=1e-5)  # rows of a softmax average 1/8
+    assert info.stats["nan"] == 0 and info.stats["inf"] == 0
+
+
+def test_recording_twice_gives_the_same_graph(ops_run, tmp_path):
+    again = bisectr.trace(OPS_FILE, out=tmp_path / "again")
+    first = [(o.framework_op, o.module, o.source, o.inputs, o.outputs) for o in ops_run.candidate.ops]
+    second = [(o.framework_op, o.module, o.source, o.inputs, o.outputs) for o in again.candidate.ops]
+    assert first == second
+
+
+def test_rerun_with_own_values_reproduces_outputs_and_a_patch_changes_them(ops_run):
+    trace = ops_run.candidate
+    own = {tid: np.array(trace.value(tid)) for op in trace.ops for tid in op.outputs}
+    same = ops_run.rerun("candidate", own).outputs["output"]
+    np.testing.assert_array_equal(same, trace.value(trace.outputs["output"]))
+    mul = _op_at(trace, "LINE_INPLACE", "mul")  # patch an in-place op's result
+    zeros = {mul.outputs[0]: np.zeros(trace.tensors[mul.outputs[0]].shape, np.float32)}
+    captured_after = _op_at(trace, "LINE_GETITEM", "getitem").outputs[0]
+    result = ops_run.rerun("candidate", zeros, capture={captured_after})
+    np.testing.assert_array_equal(result.captured[captured_after], 0.0)
+    assert not np.allclose(result.outputs["output"], trace.value(trace.outputs["output"]))
+
+
+def test_parameter_patch_is_used_where_the_parameter_is_read(ops_run):
+    trace = ops_run.candidate
+    w = trace.leaves["param:w"]
+    matmul = _op_at(trace, "LINE_MATMUL", "matmul")
+    result = ops_run.rerun("candidate", {w: np.zeros((8, 8), np.float32)}, capture={matmul.outputs[0]})
+    np.testing.assert_array_equal(result.captured[matmul.outputs[0]], 0.0)
+
+
+def test_dropout_in_training_mode_is_reported_not_mis_patched(models, tmp_path):
+    run = bisectr.trace(models / "torch_dropout.py", out=tmp_path / "run")
+    assert [op.op for op in run.candidate.ops] == ["linear", "dropout", "linear"]
+    with pytest.raises(TraceMismatchError, match=r"at op 1 .*computes other values from the same inputs.*dropout"):
+        run.rerun("candidate", {})
+
+
+def test_data_dependent_control_flow_is_detected(models, tmp_path):
+    run = bisectr.trace(models / "torch_data_dependent.py", out=tmp_path / "run")
+    doubled = run.candidate.ops[0].outputs[0]
+    with pytest.raises(TraceMismatchError, match="at op 2 .*calls Tensor.tanh where the recording called Tensor.exp"):
+        run.rerun("candidate", {doubled: -np.ones(4, np.float32)})
+
+
+def test_user_exception_shows_user_frames_and_leaves_no_run(models, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(UserModelError) as caught:
+        bisectr.trace(models / "torch_raises.py", out=out)
+    assert "candidate model returned by candidate() raised RuntimeError" in str(caught.value)
+    frames = caught.value.user_traceback
+    assert "torch_raises.py" in frames and "cannot reshape" not in frames.splitlines()[0]
+    assert "bisectr/" not in frames and "recording.py" not in frames
+    assert not out.exists() and not list(tmp_path.iterdir())

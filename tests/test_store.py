@@ -1,0 +1,68 @@
+"""The run directory: lazy reads, atomic writes, options for big models, corrupt runs."""
+import json
+
+import numpy as np
+import pytest
+
+import bisectr
+from bisectr.errors import RunDirError
+from conftest import MODELS
+
+OPS_FILE = MODELS / "torch_ops.py"
+
+
+def test_load_reopens_traces_with_memory_mapped_values(tmp_path):
+    run = bisectr.trace(OPS_FILE, out=tmp_path / "run")
+    loaded = bisectr.load(tmp_path / "run")
+    assert [o.to_json() for o in loaded.candidate.ops] == [o.to_json() for o in run.candidate.ops]
+    tid = loaded.candidate.outputs["output"]
+    values = loaded.candidate.value(tid)
+    assert isinstance(values, np.memmap)
+    np.testing.assert_array_equal(values, run.candidate.value(tid))
+    assert loaded.model_file == OPS_FILE.resolve()
+    assert loaded.output_error() == run.output_error()
+
+
+def test_stats_only_keeps_statistics_and_the_outputs(tmp_path):
+    run = bisectr.trace(OPS_FILE, out=tmp_path / "run", store_values=False)
+    stored = [t for t in run.candidate.tensors.values() if t.stored]
+    assert [t.tid for t in stored] == [run.candidate.outputs["output"]]
+    assert all(t.stats["absmax"] >= 0 for t in run.candidate.tensors.values())
+    assert (tmp_path / "run" / "candidate" / "tensors.bin").stat().st_size < 1024
+
+
+def test_keep_modules_stores_only_those_op_outputs(tmp_path):
+    run = bisectr.trace(OPS_FILE, out=tmp_path / "run", keep_modules=("norm",))
+    kept = {run.candidate.ops[t.producer].module for t in run.candidate.tensors.values()
+            if t.stored and t.producer is not None and t.tid not in run.candidate.outputs.values()}
+    assert kept == {"norm"}
+
+
+def test_an_existing_run_is_replaced_whole(tmp_path):
+    bisectr.trace(OPS_FILE, out=tmp_path / "run")
+    (tmp_path / "run" / "result.json").write_text("{}")
+    bisectr.trace(OPS_FILE, out=tmp_path / "run")
+    assert not (tmp_path / "run" / "result.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_refuses_to_overwrite_a_directory_that_is_not_a_run(tmp_path):
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "notes.txt").write_text("keep me")
+    with pytest.raises(RunDirError, match="not a bisectr run directory"):
+        bisectr.trace(OPS_FILE, out=tmp_path / "precious")
+    assert (tmp_path / "precious" / "notes.txt").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "manifest.json").unlink(), "manifest.json is missing"),
+    (lambda d: (d / "manifest.json").write_text("{not json"), "unreadable manifest"),
+    (lambda d: (d / "candidate" / "trace.json").write_text('{"ops": 3}'), "corrupt trace"),
+    (lambda d: (d / "reference" / "tensors.bin").write_bytes(b"short"), "truncated or missing"),
+    (lambda d: (d / "manifest.json").write_text(json.dumps({"format": "bisectr-run", "version": 99})), "version 99"),
+])
+def test_corrupt_runs_are_reported_by_file(tmp_path, damage, message):
+    bisectr.trace(OPS_FILE, out=tmp_path / "run")
+    damage(tmp_path / "run")
+    with pytest.raises(RunDirError, match=message):
+        bisectr.load(tmp_path / "run")
