@@ -219,7 +219,7 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False, pins:
         culprit_evidence = _most_amplifying(analysis, full_error, {n["index"] for n in not_blamed}, entry)
         recurrences = []
     confirmation = None
-    if culprit_evidence is not None:
+    if verdict == "divergent":
         patched = [culprit_evidence.candidate] + [r.candidate for r in recurrences]
         confirmation = {"patched_ops": patched,
                         "output_error": search.candidate_error(_op_patches(analysis, run, patched)),

@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.filterwarnings("ignore", message="No ccache found")  # printed by paddle on import
     console = Console(soft_wrap=True)
     try:
         return COMMANDS[args.command](args, console)

@@ -10,7 +10,7 @@ from conftest import MODELS
 
 
 def bisectr_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "bisectr.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "bisectr", *map(str, args)], capture_output=True, text=True, cwd=cwd)
 
 
 def test_trace_prints_sides_outputs_and_verdict(tmp_path):

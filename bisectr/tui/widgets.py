@@ -1,0 +1,455 @@
+"""Small widgets of the bisectr TUI; their look lives in bisectr.tcss."""
+from __future__ import annotations
+
+import math
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.content import Content
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import DataTable, Input, Label, ProgressBar, Static, Tree
+from textual.widgets.tree import TreeNode
+
+from ..report import error_chart, fmt, short_source, source_text
+from .data import HEAT_LEVELS, VERDICT_VARIABLE, HeatMap, ModuleNode, OpRow, RunData, fmt_amplification, fmt_shape, source_context
+
+HEADLINE = {
+    "divergent": "a semantic difference reaches the outputs",
+    "noise": "the outputs differ only by rounding that some ops amplify",
+    "match": "the outputs are equal within the tolerance",
+}
+
+
+def verdict_style(verdict: str) -> str:
+    """A Textual style (theme variables) for a verdict's text."""
+    variable = VERDICT_VARIABLE.get(verdict)
+    return f"${variable}" if variable else "$text-muted"
+
+
+def rich_verdict_style(app, verdict: str, bold: bool = False) -> str:
+    """The same as a Rich style, resolved against the current theme (for DataTable and Tree)."""
+    variable = VERDICT_VARIABLE.get(verdict)
+    colour = app.theme_variables.get(variable) if variable else None
+    style = colour if colour else "dim"
+    return f"bold {style}" if bold else style
+
+
+def truncate_left(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+# -- overview ------------------------------------------------------------------------
+class VerdictBanner(Static):
+    """The run's verdict on one coloured line."""
+
+    def show(self, data: RunData) -> None:
+        verdict = data.verdict
+        self.remove_class("-divergent", "-noise", "-match", "-none")
+        if verdict is None:
+            self.add_class("-none")
+            self.update("NO RESULT  this run holds no search result" + ("; press b to search" if data.live else ""))
+            return
+        self.add_class(f"-{verdict}")
+        error = data.result["output_error"]
+        self.update(Content.assemble((verdict.upper(), "bold"), "  ", HEADLINE[verdict], "  ·  outputs differ by ",
+                                     (fmt(error["max_abs"]), "bold"), f" (relative {fmt(error['max_rel'])})"))
+
+
+def _site_lines(label: str, site: dict, module_shown: bool) -> list[Content]:
+    module = site["module"] or "(top level)"
+    where = Content.assemble((f"  {label:<10}", "$text-muted"), f"op {site['index']} ", (site["op"], "bold"),
+                             *([] if module_shown else [" in ", (module, "$text-accent")]),
+                             "  ", (short_source(site["source"]), "underline"))
+    text = source_text(site["source"])
+    code = Content.assemble(" " * 12, (text or "(source not available)", "$text-primary" if text else "$text-muted"))
+    return [where, code]
+
+
+class CulpritPanel(Static):
+    """The culprit: op, module, both sides' source lines with their text, and the evidence."""
+
+    def show(self, data: RunData) -> None:
+        result = data.result or {}
+        culprit = result.get("culprit")
+        if culprit is None:
+            self.update(Content.styled("No culprit: " + ("the outputs match." if result else "no search was run."), "$text-muted"))
+            return
+        why = "first semantic difference" if result["verdict"] == "divergent" else "most amplifying op"
+        leaf = f"  (its parameter {culprit['leaf']} differs)" if culprit.get("leaf") else ""
+        same_module = culprit["candidate"]["module"] == culprit["reference"]["module"]
+        lines = [Content.assemble(("Culprit ", "bold"), (culprit["op"], f"bold {verdict_style(culprit.get('verdict', ''))}"),
+                                  f"  {why}{leaf}",
+                                  *(["  in ", (culprit["candidate"]["module"] or "(top level)", "bold $text-accent")] if same_module else []))]
+        lines += _site_lines("candidate", culprit["candidate"], same_module)
+        lines += _site_lines("reference", culprit["reference"], same_module)
+        lines.append(Content.assemble(("  evidence  ", "$text-muted"), f"input error {fmt(culprit['input_error'])} → output error "
+                                      f"{fmt(culprit['output_error'])} ({fmt_amplification(culprit['amplification'], culprit['output_error'])}); "
+                                      f"local error {fmt(culprit['local_error'])}"))
+        fp64 = culprit.get("fp64")
+        if fp64:
+            lines.append(Content.assemble(("  vs fp64   ", "$text-muted"), f"candidate {fmt(fp64['candidate_error'])}, reference "
+                                          f"{fmt(fp64['reference_error'])} → ", (culprit["verdict"], f"bold {verdict_style(culprit['verdict'])}")))
+        confirmation = result.get("confirmation")
+        if confirmation:
+            patched = ", ".join(str(i) for i in confirmation["patched_ops"])
+            lines.append(Content.assemble(("  confirmed ", "$text-muted"), f"patching only op {patched} takes the outputs' error from "
+                                          f"{fmt(confirmation['before'])} to ", (fmt(confirmation["output_error"]), "bold")))
+        recurrences = result.get("recurrences") or []
+        for recurrence in recurrences[:3]:
+            lines.append(Content.assemble(("  recurs    ", "$text-muted"), f"op {recurrence['index']} in {recurrence['module']} "
+                                          f"({short_source(recurrence['source'])})"))
+        if len(recurrences) > 3:
+            lines.append(Content.styled(f"            … and {len(recurrences) - 3} more", "$text-muted"))
+        for item in (result.get("not_blamed") or [])[:3]:
+            lines.append(Content.assemble(("  not blamed", "$text-muted"), f" op {item['index']} {item['op']} differs but moves the "
+                                          f"outputs by only {fmt(item['reaches'])}"))
+        self.update(Content("\n").join(lines))
+
+
+class ErrorChart(Static):
+    """Propagated and local error by op index on a log scale (report.error_chart), culprit marked."""
+
+    LABEL = 11  # "propagated "
+    RANGE = 20  # room for "  1e-08..1e-05"
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._data: RunData | None = None
+
+    def show(self, data: RunData) -> None:
+        self._data = data
+        self._render_chart()
+
+    def on_resize(self) -> None:
+        self._render_chart()
+
+    def _render_chart(self) -> None:
+        data = self._data
+        profile = (data.result or {}).get("profile") if data else None
+        if not profile:
+            self.update(Content.styled("no error profile (no search result)", "$text-muted"))
+            return
+        width = max(8, (self.content_size.width or 80) - self.LABEL - self.RANGE)
+        lines = error_chart(profile, data.culprit_index, width)
+        styles = ["$text-primary", "$text-warning", "bold $text-error", "$text-muted"]
+        out = [Content.styled("error by op (relative, log scale)", "bold")]
+        for line, style in zip(lines, styles):
+            label, body = line[: self.LABEL], line[self.LABEL:]
+            out.append(Content.assemble((label, "$text-muted"), (body, style)))
+        self.update(Content("\n").join(out))
+
+
+class RunSummary(Static):
+    """Sides, op counts, alignment coverage and the outputs' error."""
+
+    def show(self, data: RunData) -> None:
+        run = data.run
+        counts = data.counts()
+        share = counts["aligned"] / counts["candidate"] if counts["candidate"] else 0.0
+        lines = [Content.assemble(("sides      ", "$text-muted"), *[
+            part for role, trace in run.traces.items()
+            for part in ((role, "bold"), f" {trace.framework} ({trace.device}, {trace.dtype}) {len(trace.ops)} ops", "   ")])]
+        search = data.result or {}
+        reruns = f" · search used {search['reruns']} candidate re-runs" if "reruns" in search else ""
+        lines.append(Content.assemble(("alignment  ", "$text-muted"), f"{counts['aligned']} of {counts['candidate']} candidate ops aligned ",
+                                      (f"({share:.0%})", "bold"), f", {counts['paired']} paired 1:1{reruns}"))
+        for key, shape, max_abs, max_rel in data.output_lines()[:4]:
+            lines.append(Content.assemble(("output     ", "$text-muted"), (key, "bold"), f" {shape}  max abs {fmt(max_abs)}  max rel {fmt(max_rel)}"))
+        mode = ("live run: b searches again, the op detail can patch and re-run" if data.live
+                else "saved run (models not loaded): searching again and patching need `bisectr trace`")
+        lines.append(Content.assemble(("run        ", "$text-muted"), (mode, "$text-muted")))
+        self.update(Content("\n").join(lines))
+
+
+# -- ops ------------------------------------------------------------------------------
+class ModuleTree(Tree[ModuleNode]):
+    """Module paths as a tree, each node coloured by the worst verdict under it."""
+
+    def show(self, data: RunData) -> None:
+        self.clear()
+        self.nodes: dict[str, TreeNode[ModuleNode]] = {}
+        root = data.tree
+        self.root.set_label(self._label(root))
+        self.root.data = root
+        self.nodes[""] = self.root
+        self._add(self.root, root, depth=1)
+        self.root.expand()
+
+    def _add(self, parent: TreeNode[ModuleNode], module: ModuleNode, depth: int) -> None:
+        for child in module.children.values():
+            node = parent.add(self._label(child), data=child, expand=depth < 2 or child.worst == "different")
+            self.nodes[child.path] = node
+            if not child.children:
+                node.allow_expand = False
+            self._add(node, child, depth + 1)
+
+    def _label(self, module: ModuleNode) -> Text:
+        label = Text(module.name, style=rich_verdict_style(self.app, module.worst, bold=module.worst == "different"))
+        label.append(f" {len(module.ops)}", style="dim")
+        return label
+
+    def reveal(self, path: str) -> None:
+        """Expand down to the module `path` (or its nearest ancestor in the tree) and put the cursor there."""
+        parts = path.split(".") if path else []
+        while parts and ".".join(parts) not in self.nodes:
+            parts.pop()
+        node = self.nodes.get(".".join(parts), self.root)
+        parent = node.parent
+        while parent is not None:
+            parent.expand()
+            parent = parent.parent
+        self.call_after_refresh(self.move_cursor, node)
+
+
+SORTS = [
+    ("op order", None, False),
+    ("output error", lambda r: r.output_error if r.output_error is not None else -1.0, True),
+    ("local error", lambda r: r.local_error if r.local_error is not None else -1.0, True),
+    ("amplification", lambda r: (r.amplification if r.amplification is not None else (math.inf if r.output_error else -1.0)), True),
+    ("verdict", lambda r: (r.severity, -r.index), True),
+]
+COLUMN_SORT = {"index": 0, "out": 1, "local": 2, "amp": 3, "verdict": 4}
+
+
+class OpTable(DataTable):
+    """Every candidate op with its evidence and both sources; sortable, filterable."""
+
+    class Filtered(Message):
+        def __init__(self, shown: int, total: int) -> None:
+            super().__init__()
+            self.shown, self.total = shown, total
+
+    COLUMNS = [("#", "index"), ("op", "op"), ("module", "module"), ("shape", "shape"), ("out err", "out"),
+               ("local", "local"), ("amp", "amp"), ("verdict", "verdict"), ("candidate source", "source"),
+               ("ref", "ref"), ("reference source", "ref_source")]
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.data: RunData | None = None
+        self.query_text = ""
+        self.sort_mode = 0
+        self.shown: list[int] = []
+
+    def on_mount(self) -> None:
+        for label, key in self.COLUMNS:
+            self.add_column(label, key=key)
+
+    def show(self, data: RunData, keep: int | None = None) -> None:
+        self.data = data
+        self.refill(keep)
+
+    def set_query(self, query: str) -> None:
+        self.query_text = query
+        self.refill(self.current())
+
+    def cycle_sort(self, mode: int | None = None) -> str:
+        self.sort_mode = (self.sort_mode + 1) % len(SORTS) if mode is None else mode
+        self.refill(self.current())
+        return SORTS[self.sort_mode][0]
+
+    @property
+    def sort_name(self) -> str:
+        return SORTS[self.sort_mode][0]
+
+    def current(self) -> int | None:
+        if not self.shown or self.cursor_row < 0 or self.cursor_row >= len(self.shown):
+            return None
+        return self.shown[self.cursor_row]
+
+    def refill(self, keep: int | None = None) -> None:
+        if self.data is None:
+            return
+        rows = [r for r in self.data.rows if r.matches(self.query_text)] if self.query_text.strip() else list(self.data.rows)
+        _, key, reverse = SORTS[self.sort_mode]
+        if key is not None:
+            rows.sort(key=lambda r: (key(r), -r.index) if reverse else (key(r), r.index), reverse=reverse)
+        self.clear()
+        self.shown = [r.index for r in rows]
+        self.add_rows([self._cells(r) for r in rows])
+        if keep is not None and keep in self.shown:
+            self.move_cursor(row=self.shown.index(keep), animate=False)
+        self.post_message(self.Filtered(len(rows), len(self.data.rows)))
+
+    def _cells(self, row: OpRow) -> list:
+        style = rich_verdict_style(self.app, row.verdict)
+        strong = rich_verdict_style(self.app, row.verdict, bold=row.verdict == "different")
+        number = lambda text: Text(text, justify="right")  # noqa: E731
+        return [
+            Text(str(row.index), style=strong, justify="right"),
+            Text(row.op, style=strong),
+            truncate_left(row.module or "(top)", 28),
+            fmt_shape(row.shape),
+            number(fmt(row.output_error) if row.verdict not in ("", "block", "unaligned") else "-"),
+            number(fmt(row.local_error) if row.verdict not in ("", "block", "unaligned") else "-"),
+            number(fmt_amplification(row.amplification, row.output_error) if row.verdict not in ("", "block", "unaligned") else "-"),
+            Text(row.verdict or "-", style=style),
+            short_source(row.source),
+            number("-" if row.reference is None else str(row.reference)),
+            short_source(row.reference_source) if row.reference_source else "-",
+        ]
+
+    def select_op(self, index: int) -> bool:
+        """Put the cursor on op `index`; clears the filter when it hides that op."""
+        if index not in self.shown and self.query_text:
+            self.query_text = ""
+            self.refill()
+        if index not in self.shown:
+            return False
+        self.move_cursor(row=self.shown.index(index), animate=False)
+        return True
+
+
+class FilterInput(Input):
+    """`/`: filter the op table by words (op, module, verdict, source; `#7` for op 7)."""
+
+    BINDINGS = [("escape", "close", "Close filter")]
+
+    class Closed(Message):
+        pass
+
+    def action_close(self) -> None:
+        self.post_message(self.Closed())
+
+
+class OpPreview(Static):
+    """The highlighted op in three lines: what it is and both source lines."""
+
+    def show(self, data: RunData, index: int | None) -> None:
+        if index is None or index not in data.by_index:
+            self.update(Content.styled("no op selected", "$text-muted"))
+            return
+        row = data.by_index[index]
+        head = Content.assemble(("op ", "bold"), (str(row.index), "bold"), " ", (row.op, f"bold {verdict_style(row.verdict)}"),
+                                f" ({row.framework_op}) in ", (row.module or "(top level)", "$text-accent"), "  ",
+                                (row.verdict or "-", verdict_style(row.verdict)),
+                                f"  out {fmt(row.output_error)} local {fmt(row.local_error)} "
+                                f"amp {fmt_amplification(row.amplification, row.output_error)}"
+                                + ("  · culprit" if index == data.culprit_index else ""))
+        lines = [head, Content.assemble(("cand ", "$text-muted"), (short_source(row.source), "underline"), "  ",
+                                        (source_text(row.source), "$text-primary"))]
+        if row.reference is not None:
+            lines.append(Content.assemble(("ref  ", "$text-muted"), (short_source(row.reference_source), "underline"), "  ",
+                                          (source_text(row.reference_source), "$text-primary"), (f"  (op {row.reference})", "$text-muted")))
+        else:
+            lines.append(Content.styled("ref  no reference op paired with this one", "$text-muted"))
+        self.update(Content("\n").join(lines))
+
+
+class SearchProgress(Horizontal):
+    """Shown while `b` re-runs the search."""
+
+    STAGES = {"aligning": 1, "replaying ops": 2, "searching": 3}
+    TOTAL = 5
+
+    def compose(self) -> ComposeResult:
+        yield Label("searching", id="progress-label")
+        yield ProgressBar(total=self.TOTAL, show_eta=False, id="progress-bar")
+
+    def stage(self, message: str) -> None:
+        self.query_one(Label).update(message)
+        step = self.STAGES.get(message, 4 if message.startswith("testing") else None)
+        if step is not None:
+            bar = self.query_one(ProgressBar)
+            bar.update(progress=max(bar.progress, step))
+
+    def start(self) -> None:
+        self.query_one(ProgressBar).update(progress=0, total=self.TOTAL)
+        self.query_one(Label).update("starting")
+        self.display = True
+
+    def finish(self) -> None:
+        self.query_one(ProgressBar).update(progress=self.TOTAL)
+        self.display = False
+
+
+# -- op detail ------------------------------------------------------------------------------
+class SourcePanel(Static):
+    """A few lines of source around the op's call site, the op's line marked."""
+
+    def show(self, title: str, source: str) -> None:
+        self.border_title = title
+        self.border_subtitle = short_source(source) if source else ""
+        context = source_context(source) if source else []
+        if not context:
+            self.update(Content.styled("source not available" if source else "no paired op", "$text-muted"))
+            return
+        width = len(str(context[-1][0]))
+        lines = []
+        for number, text, current in context:
+            lines.append(Content.assemble(("▶ " if current else "  ", "bold $text-error"), (f"{number:>{width}} ", "$text-muted"),
+                                          (text, "bold" if current else "$text-muted")))
+        self.update(Content("\n").join(lines))
+
+
+class EvidencePanel(Static):
+    """Errors, amplification and the fp64 oracle for one op."""
+
+    def show(self, data: RunData, index: int, evidence: dict | None, pending: bool) -> None:
+        row = data.by_index[index]
+        lines = [Content.assemble(("verdict        ", "$text-muted"), (row.verdict or "-", f"bold {verdict_style(row.verdict)}"),
+                                  "  (culprit)" if index == data.culprit_index else ""),
+                 Content.assemble(("propagated     ", "$text-muted"), f"{fmt(row.output_error)} relative"
+                                  + (f", {fmt(evidence['output_error'])} absolute" if evidence else "")),
+                 Content.assemble(("local          ", "$text-muted"), f"{fmt(row.local_error)}  (candidate op on the reference's inputs)")]
+        if evidence:
+            lines.append(Content.assemble(("amplification  ", "$text-muted"), f"input error {fmt(evidence['input_error'])} → output error "
+                                          f"{fmt(evidence['output_error'])} ({fmt_amplification(evidence['amplification'], evidence['output_error'])})"))
+        else:
+            lines.append(Content.assemble(("amplification  ", "$text-muted"), fmt_amplification(row.amplification, row.output_error)))
+        fp64 = (evidence or {}).get("fp64")
+        if fp64:
+            cand, ref = fp64.get("candidate_error"), fp64.get("reference_error")
+            ratio = f" ({cand / ref:.3g}x the reference's)" if cand is not None and ref else ""
+            lines.append(Content.assemble(("vs fp64        ", "$text-muted"), f"candidate {fmt(cand)}, reference {fmt(ref)}{ratio}"))
+            verdict = evidence.get("verdict", row.verdict)
+            meaning = {"different": "the candidate computes something else", "noise": "both are as close to float64: rounding",
+                       "exact": "bit-identical"}.get(verdict, "")
+            lines.append(Content.assemble(" " * 15, (f"→ {verdict}", f"bold {verdict_style(verdict)}"), f"  {meaning}"))
+        elif pending:
+            lines.append(Content.styled("vs fp64        replaying the op…", "$text-muted"))
+        else:
+            lines.append(Content.styled("vs fp64        kept for the culprit only; a live run replays any op", "$text-muted"))
+        self.update(Content("\n").join(lines))
+
+
+class TensorStats(Static):
+    """Input and output statistics of both sides' op."""
+
+    def show(self, data: RunData, index: int) -> None:
+        from rich import box
+        from rich.table import Table
+
+        table = Table(box=box.SIMPLE_HEAD, expand=False, pad_edge=False, header_style="bold", show_edge=False)
+        for column, justify in (("side", "left"), ("", "left"), ("tensor", "left"), ("shape", "left"), ("dtype", "left"),
+                                ("min", "right"), ("max", "right"), ("mean", "right"), ("nan/inf", "right"), ("err", "right")):
+            table.add_column(column, justify=justify, no_wrap=True)
+        previous = None
+        for row in data.tensor_rows(index):
+            stats = row.stats or {}
+            bad = f"{int(stats.get('nan', 0))}/{int(stats.get('inf', 0))}" if stats else "-"
+            table.add_row("cand" if row.side == "candidate" else "ref" if row.side != previous else "",
+                          row.role, truncate_left(row.name, 22), fmt_shape(row.shape), row.dtype,
+                          fmt(stats.get("min")), fmt(stats.get("max")), fmt(stats.get("mean")), bad,
+                          fmt(row.error) if row.error is not None else "")
+            previous = row.side
+        self.update(table)
+
+
+class HeatMapView(Static):
+    """Where in the op's output the error sits: a few rows and columns of shaded cells."""
+
+    def show(self, heat: HeatMap | None) -> None:
+        if heat is None:
+            self.update(Content.styled("no stored values on one side: no map", "$text-muted"))
+            return
+        rows, cols = heat.block
+        lines = [Content.assemble(("│", "$text-muted"), (line, "$text-error"), ("│", "$text-muted")) for line in heat.lines()]
+        where = ",".join(str(i) for i in heat.argmax)
+        lines.append(Content.styled(f"{fmt_shape(heat.shape)}: a cell covers up to {rows}x{cols} values "
+                                    f"(rows: leading dims, cols: last dim)", "$text-muted"))
+        lines.append(Content.assemble("max |cand - ref| ", (fmt(heat.max_abs), "bold"), f" at [{where}]: candidate {fmt(heat.candidate_value)}, "
+                                      f"reference {fmt(heat.reference_value)}"))
+        lines.append(Content.assemble(("scale ", "$text-muted"), (HEAT_LEVELS[1:], "$text-error"), ("  0 → max", "$text-muted")))
+        self.update(Content("\n").join(lines))
