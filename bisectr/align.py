@@ -26,15 +26,18 @@ under a pinned pair are aligned only with each other.
 from __future__ import annotations
 
 import bisect as _bisect
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from .trace import OpNode, TensorInfo, Trace
+from .trace import OpNode, TensorInfo, Trace, fingerprint, is_floating
 
 NEIGHBOURHOOD = 8  # how far apart in a key group two paired occurrences may be
+VALUE_MATCH = 0.1  # the largest value distance at which a tensor is paired on values alone
+MAX_PERMUTED_DIMS = 5
 MAX_GAP_CELLS = 250_000  # gap DP size above which gaps are matched greedily
 _LAYER_NUMBER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
@@ -367,7 +370,7 @@ def _leaf_transform(candidate: Trace, reference: Trace, cand_op: OpNode, ref_op:
 
 def _form_blocks(sides: _Sides, alignment: Alignment) -> None:
     """Group unpaired ops into blocks between paired ones and pair the tensors they hand on.
-    A block whose hand-ons find no partner (an attention kernel's internals, say) is merged
+    A block whose floating hand-ons find no partner (an attention kernel's internals, say) is merged
     with the next block until they do."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     paired_ref_of = {p.candidate: p.reference for p in alignment.pairs}
@@ -416,10 +419,14 @@ def _block_for(sides: _Sides, alignment: Alignment, cand_ops: list[int], paired_
     for c_tid in _handed_on(candidate, cand_ops, sides.readers["candidate"]):
         partner = _partner_by_consumer(sides, c_tid, paired_ref_of) or _partner_by_value(sides, c_tid, options)
         if partner is None:
-            matched = False
+            # Integer and boolean hand-ons (indices, masks, shapes) are structure, and so is
+            # a scalar the reference passes as a Python number: a block is matched when the
+            # values it passes on are.
+            matched = matched and (not is_floating(candidate.tensors[c_tid].dtype)
+                                   or _constant_argument(sides, c_tid, paired_ref_of))
         elif c_tid not in alignment.tensors:
-            distance = value_distance(candidate.tensors[c_tid], reference.tensors[partner])
-            alignment.tensors[c_tid] = TensorPair(c_tid, partner, None, round(1.0 - distance / 2, 3), "block")
+            transform, distance = _layout(sides, c_tid, partner)
+            alignment.tensors[c_tid] = TensorPair(c_tid, partner, transform, round(1.0 - distance / 2, 3), "block")
     return Block(list(cand_ops), ref_ops, matched)
 
 
@@ -437,11 +444,47 @@ def _partner_by_consumer(sides: _Sides, c_tid: int, paired_ref_of: dict[int, int
     return None
 
 
+def _constant_argument(sides: _Sides, c_tid: int, paired_ref_of: dict[int, int]) -> bool:
+    """Every reader of `c_tid` is paired with a reference op that takes no tensor in its
+    place (`paddle.arange` reads three `full` scalars, `torch.arange(0, n)` none)."""
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    readers = sides.readers["candidate"].get(c_tid, [])
+    return bool(readers) and all(
+        reader in paired_ref_of
+        and candidate.ops[reader].inputs.index(c_tid) >= len(reference.ops[paired_ref_of[reader]].inputs)
+        for reader in readers)
+
+
 def _partner_by_value(sides: _Sides, c_tid: int, options: list[int]) -> int | None:
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     info = candidate.tensors[c_tid]
-    fits = [r for r in options if reference.tensors[r].size == info.size]
-    return min(fits, key=lambda r: value_distance(info, reference.tensors[r])) if fits else None
+    fits = [r for r in options if reference.tensors[r].size == info.size and reference.tensors[r].dtype == info.dtype]
+    scored = [(_layout(sides, c_tid, r)[1], r) for r in fits]
+    best = min(scored, default=None)
+    return best[1] if best is not None and best[0] <= VALUE_MATCH else None
+
+
+def _layout(sides: _Sides, c_tid: int, r_tid: int) -> tuple[Permutation, float]:
+    """How the reference tensor's data is laid out in the candidate tensor (same data in
+    another order: `k.transpose(-1, -2)` on one side, `matmul(..., transpose_y=True)` on
+    the other), and the value distance in that layout. Decided on stored values."""
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    c_info, r_info = candidate.tensors[c_tid], reference.tensors[r_tid]
+    plain = value_distance(c_info, r_info)
+    rank = len(r_info.shape)
+    if c_info.shape == r_info.shape or rank > MAX_PERMUTED_DIMS or not reference.has_value(r_tid):
+        return None, plain
+    identity = tuple(range(rank))
+    permutations = [p for p in itertools.permutations(range(rank))
+                    if p != identity and tuple(r_info.shape[i] for i in p) == c_info.shape]
+    best: tuple[float, Permutation] = (plain, None)
+    values = reference.value(r_tid)
+    for permutation in permutations:
+        moved = fingerprint(np.transpose(values, permutation))
+        scale = max(c_info.stats["absmax"], r_info.stats["absmax"], 1e-30)
+        distance = float(np.max(np.abs(np.asarray(moved) - np.asarray(c_info.fingerprint))) / scale)
+        best = min(best, (distance, permutation), key=lambda item: item[0])
+    return best[1], best[0]
 
 
 def _handed_on(trace: Trace, run: list[int], readers: dict[int, list[int]]) -> list[int]:

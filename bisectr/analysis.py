@@ -33,6 +33,12 @@ def noise_floor(dtype: str) -> float:
     return FLOOR_EPS * _EPS.get(dtype, 0.0)
 
 
+def coarsest_dtype(dtypes: list[str]) -> str:
+    """The least precise floating dtype among `dtypes` (an op's rounding is bounded by it)."""
+    floating = [d for d in dtypes if d in _EPS]
+    return max(floating, key=lambda d: _EPS[d]) if floating else (dtypes[0] if dtypes else "")
+
+
 def judge(local_error: float, candidate_error: float | None, reference_error: float | None, dtype: str) -> str:
     """exact / noise / different for one op (or leaf)."""
     if local_error == 0.0:
@@ -117,7 +123,7 @@ class Analysis:
     def _op_evidence(self, cand_index: int, ref_index: int) -> OpEvidence:
         cand_op, ref_op = self.candidate.ops[cand_index], self.reference.ops[ref_index]
         out_tid = cand_op.outputs[0]
-        dtype = self.candidate.tensors[out_tid].dtype
+        dtype = coarsest_dtype([self.candidate.tensors[t].dtype for t in cand_op.inputs + cand_op.outputs])
         output_error = self.tensor_error(out_tid) or {"max_abs": float("nan"), "mean_abs": float("nan"), "max_rel": float("nan"), "cosine": float("nan")}
         input_errors = [e for e in (self.tensor_error(t) for t in cand_op.inputs) if e is not None]
         input_abs = max((e["max_abs"] for e in input_errors), default=0.0)

@@ -12,14 +12,14 @@
    local output; a difference that does not move the outputs (a masked score, a dead
    branch) is not blamed. The first suspect that reaches is the culprit: `divergent`.
 3. Otherwise the run is `noise` and the culprit is the op that amplifies rounding
-   the most among the ops carrying a real share of the outputs' error.
+   the most among the ops carrying a real share of the outputs' error whose own
+   (local) rounding reaches the outputs.
 4. **Confirmation.** The candidate is re-run with only the culprit (and its
    recurrences) patched; the outputs' error should fall back to noise.
 """
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -31,10 +31,11 @@ from .analysis import Analysis, OpEvidence, noise_floor
 from .metrics import error_metrics
 from .recording import replay_op
 from .run import Run
-from .trace import OpNode, Trace
+from .trace import OpNode, Trace, is_floating
 
 ENTRY_FRACTION = 0.5  # k* is where the error left after the cut falls under this share
 REACH_FRACTION = 0.1  # a difference reaches the outputs if it alone makes this share of the error
+NOISE_REACH_FRACTION = 0.01  # an op's own rounding must make this share of the error to be named
 MAX_REACH_TESTS = 8
 
 
@@ -71,10 +72,6 @@ class Result:
         }
 
 
-def module_pattern(module: str) -> str:
-    return re.sub(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.|$)", "#", module)
-
-
 class Search:
     def __init__(self, run: Run, alignment: Alignment, analysis: Analysis, tolerance: float = 0.0):
         self.run = run
@@ -106,12 +103,13 @@ class Search:
         return worst
 
     def patches_up_to(self, cut: int) -> dict[int, np.ndarray]:
-        """Reference values for every paired candidate tensor produced or first read by op `cut`."""
+        """Reference values for every paired candidate tensor produced or first read by op `cut`.
+        Only floating tensors are patched: indices, masks and shapes are structure, not values."""
         patches = {}
         for tid, pair in self.alignment.tensors.items():
             info = self.run.candidate.tensors[tid]
             position = info.producer if info.producer is not None else self.first_read.get(tid)
-            if position is None or position > cut or (info.leaf or "").startswith("input:"):
+            if position is None or position > cut or (info.leaf or "").startswith("input:") or not is_floating(info.dtype):
                 continue
             values = self.analysis.reference_values_for(tid)
             if values is not None:
@@ -213,10 +211,10 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False, pins:
 
     if culprit_evidence is not None:
         verdict = "divergent"
-        recurrences = _recurrences(run, analysis, culprit_evidence)
+        recurrences = _recurrences(analysis, culprit_evidence)
     else:
         verdict = "noise"
-        culprit_evidence = _most_amplifying(analysis, full_error, {n["index"] for n in not_blamed}, entry)
+        culprit_evidence = _most_amplifying(search, analysis, full_error, entry)
         recurrences = []
     confirmation = None
     if verdict == "divergent":
@@ -244,20 +242,25 @@ def _op_patches(analysis: Analysis, run: Run, op_indices: list[int]) -> dict[int
     return patches
 
 
-def _recurrences(run: Run, analysis: Analysis, culprit: OpEvidence) -> list[OpEvidence]:
-    pattern = module_pattern(run.candidate.ops[culprit.candidate].module)
+def _recurrences(analysis: Analysis, culprit: OpEvidence) -> list[OpEvidence]:
+    """Later ops with the same canonical op whose own replay is also judged different."""
     return [e for e in sorted(analysis.ops.values(), key=lambda e: e.candidate)
-            if e.candidate != culprit.candidate and e.verdict == "different" and e.op == culprit.op
-            and module_pattern(run.candidate.ops[e.candidate].module) == pattern]
+            if e.candidate != culprit.candidate and e.verdict == "different" and e.op == culprit.op]
 
 
-def _most_amplifying(analysis: Analysis, full_error: float, excluded: set[int], entry: int | None) -> OpEvidence | None:
-    carrying = [e for e in analysis.ops.values()
-                if e.candidate not in excluded and e.output_error["max_rel"] >= REACH_FRACTION * full_error
-                and math.isfinite(e.amplification)]
-    if not carrying:
-        return analysis.ops.get(entry) if entry is not None else None
-    return max(carrying, key=lambda e: (e.amplification, -e.candidate))
+def _most_amplifying(search: Search, analysis: Analysis, full_error: float, entry: int | None) -> OpEvidence | None:
+    """The op amplifying rounding the most among those where the two frameworks' kernels
+    really differ (not bit-equal on equal inputs) and whose own rounding reaches the
+    outputs. An exact op's large amplification (a -1e4 mask add, rounded at magnitude
+    1e4, then zeroed by a softmax) is passed over."""
+    candidates = sorted((e for e in analysis.ops.values()
+                         if e.verdict == "noise" and e.output_error["max_rel"] >= REACH_FRACTION * full_error
+                         and math.isfinite(e.amplification) and e.amplification > 0),
+                        key=lambda e: (-e.amplification, e.candidate))
+    for evidence in candidates[:MAX_REACH_TESTS]:
+        if search.reach(evidence) >= NOISE_REACH_FRACTION * full_error:
+            return evidence
+    return analysis.ops.get(entry) if entry is not None else None
 
 
 def _site(run: Run, evidence: OpEvidence) -> dict:

@@ -142,8 +142,8 @@ class Recorder(_Session):
         self.writer = writer
         self.options = options
         self.calls: list[Call] = []
-        adapter_dir = os.path.dirname(os.path.abspath(sys.modules[type(adapter).__module__].__file__)) + os.sep
-        self._internal = adapter.internal_paths() + (_BISECTR_DIR, adapter_dir, _STDLIB_DIR)
+        self._adapter_dir = os.path.dirname(os.path.abspath(sys.modules[type(adapter).__module__].__file__)) + os.sep
+        self._internal = adapter.internal_paths() + (_BISECTR_DIR, self._adapter_dir, _STDLIB_DIR)
         self._code_is_internal: dict[Any, bool] = {}
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -209,16 +209,20 @@ class Recorder(_Session):
             self.trace.outputs[key] = tid
 
     def _user_source(self) -> str:
+        """The innermost frame of the user's code that led to this op. The walk stops at
+        bisectr's own frames: a model made only of library layers (nn.Sequential) has none."""
         frame = sys._getframe(2)
         while frame is not None:
             code = frame.f_code
+            filename = code.co_filename
+            if filename.startswith(_BISECTR_DIR) and not filename.startswith(self._adapter_dir):
+                return ""
             internal = self._code_is_internal.get(code)
             if internal is None:
-                filename = code.co_filename
                 internal = filename.startswith(self._internal) or filename.startswith("<")
                 self._code_is_internal[code] = internal
             if not internal:
-                return f"{code.co_filename}:{frame.f_lineno}"
+                return f"{filename}:{frame.f_lineno}"
             frame = frame.f_back
         return ""
 

@@ -154,6 +154,10 @@ class Trace:
         )
 
 
+def is_floating(dtype: str) -> bool:
+    return dtype.startswith(("float", "bfloat", "complex"))
+
+
 def tensor_stats(values: np.ndarray) -> dict[str, float]:
     """min/max/mean/abs-max over the finite values, plus NaN and Inf counts."""
     if values.dtype.kind not in "fc":

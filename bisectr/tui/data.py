@@ -104,8 +104,8 @@ class ModuleNode:
 
 @dataclass
 class HeatMap:
-    cells: np.ndarray  # rows x cols of max |candidate - reference| per block
-    max_abs: float
+    cells: np.ndarray  # rows x cols of mean |candidate - reference| per block
+    max_abs: float  # the largest single difference
     shape: tuple[int, ...]
     block: tuple[int, int]  # elements per cell (rows, cols), at most
     argmax: tuple[int, ...]  # index of the largest difference in the tensor
@@ -113,7 +113,9 @@ class HeatMap:
     reference_value: float
 
     def lines(self) -> list[str]:
-        """Shaded cells, two characters per cell, level proportional to the block's max."""
+        """Shaded cells, two characters per cell, level proportional to the block's mean difference
+        (relative to the largest block mean)."""
+        top = float(np.max(self.cells[np.isfinite(self.cells)], initial=0.0))
         out = []
         for row in self.cells:
             chars = []
@@ -121,7 +123,7 @@ class HeatMap:
                 if not np.isfinite(value):
                     chars.append("!!")
                     continue
-                level = 0 if self.max_abs <= 0 or value <= 0 else 1 + int(round(value / self.max_abs * (len(HEAT_LEVELS) - 2)))
+                level = 0 if top <= 0 or value <= 0 else 1 + int(round(value / top * (len(HEAT_LEVELS) - 2)))
                 chars.append(HEAT_LEVELS[min(level, len(HEAT_LEVELS) - 1)] * 2)
             out.append("".join(chars))
         return out
@@ -330,7 +332,7 @@ class RunData:
         return TensorRow(side, role, name, tuple(info.shape), info.dtype, info.stats, error, info.stored)
 
     def heat_map(self, index: int, rows: int = 6, cols: int = 24) -> HeatMap | None:
-        """Where in the op's (first) output the difference sits, downsampled by block maxima."""
+        """Where in the op's (first) output the difference sits: mean |difference| over blocks of values."""
         op = self.run.candidate.ops[index]
         if not op.outputs:
             return None
@@ -349,7 +351,7 @@ class RunData:
             return None
         row_groups = np.array_split(np.arange(grid.shape[0]), min(rows, grid.shape[0]))
         col_groups = np.array_split(np.arange(grid.shape[1]), min(cols, grid.shape[1]))
-        cells = np.array([[grid[np.ix_(r, c)].max() for c in col_groups] for r in row_groups])
+        cells = np.array([[grid[np.ix_(r, c)].mean() for c in col_groups] for r in row_groups])
         flat = int(np.argmax(np.where(np.isfinite(diff), diff, np.inf).reshape(-1)))
         argmax = tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
         max_abs = float(diff.reshape(-1)[flat])
@@ -551,23 +553,33 @@ def run(x):
 def error(a, b):
     diff = np.abs(a.reshape(-1) - b.reshape(-1).astype(np.float64))
     scale = np.abs(b).max() if b.size else 0.0
-    return f"max abs {{diff.max():.3g}}, max rel {{(diff.max() / scale if scale else 0.0):.3g}}"
+    return diff.max() if diff.size else 0.0, (diff.max() / scale if scale else 0.0) if diff.size else 0.0
+
+
+def show(label, errors):
+    print(f"  {{label:<38}} max abs {{errors[0]:.3g}}, max rel {{errors[1]:.3g}}")
 
 
 def main():
     data = np.load(os.path.join(HERE, "inputs.npz"))
     x = tensors(data, "input")
     out = as_numpy(run(x))
-    print("candidate op on the reference's inputs:", out.shape)
+    print("candidate op on the reference's inputs, output shape", out.shape)
     if "reference_output" in data:
         expected = data["reference_output"]
-        print("  vs the reference output:", error(out, expected))
+        show("vs the reference output (local error)", error(out, expected))
         x64 = [{upcast} for t in x]
         oracle = as_numpy(run(x64))
-        print("  vs float64 (same op, upcast inputs):", error(out, oracle))
-        print("  reference output vs float64:", error(expected.astype(np.float64), oracle))
+        own = error(out, oracle)
+        theirs = error(expected.astype(np.float64), oracle)
+        show("vs itself in float64 (its rounding)", own)
+        show("reference output vs that float64", theirs)
+        if theirs[1] > 4 * own[1] + 1e-6:
+            print("=> far beyond rounding: the two ops compute different things")
+        else:
+            print("=> within rounding of each other")
     if "candidate_output" in data:
-        print("  vs the candidate's recorded output:", error(out, data["candidate_output"]))
+        show("vs the candidate's recorded output", error(out, data["candidate_output"]))
 
 
 if __name__ == "__main__":

@@ -109,21 +109,24 @@ class DetailScreen(Screen):
         if pending:
             self.replay(index)
 
-    @work(thread=True, exclusive=True, group="replay")
+    @work(thread=True, exclusive=True, group="replay", exit_on_error=False)
     def replay(self, index: int) -> None:
         app = self.app
-        if not app.claim("replaying op"):  # type: ignore[attr-defined]
-            self.app.call_from_thread(self.query_one(EvidencePanel).show, self.data, index, None, False)
+        if not app.claim("replaying op", quiet=True):  # type: ignore[attr-defined]
+            app.call_from_thread(self._show_evidence, index, None)
             return
+        evidence = None
         try:
             evidence = self.data.replay_evidence(index)
         except Exception as exc:  # a replay that fails leaves the evidence as it was
-            evidence = None
-            self.app.call_from_thread(self.app.notify, f"replaying op {index} failed: {exc}", severity="error")
+            app.call_from_thread(app.notify, f"replaying op {index} failed: {exc}", severity="error")
         finally:
             app.release()  # type: ignore[attr-defined]
-        if index == self.index:
-            self.app.call_from_thread(self.query_one(EvidencePanel).show, self.data, index, evidence, False)
+        app.call_from_thread(self._show_evidence, index, evidence)
+
+    def _show_evidence(self, index: int, evidence: dict | None) -> None:
+        if self.is_attached and index == self.index:
+            self.query_one(EvidencePanel).show(self.data, index, evidence, False)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "patch":
@@ -141,16 +144,18 @@ class DetailScreen(Screen):
         self.log_line(Content.styled(f"re-running the candidate with op {self.index} patched…", "$text-muted"))
         self.patch(self.index)
 
-    @work(thread=True, exclusive=True, group="patch")
+    @work(thread=True, exclusive=True, group="patch", exit_on_error=False)
     def patch(self, index: int) -> None:
+        app = self.app
         try:
             effect = self.data.patch_effect(index)
         except Exception as exc:
-            self.app.call_from_thread(self.log_line, Content.styled(f"re-run failed: {exc}", "$text-error"))
+            app.call_from_thread(app.notify, f"re-run failed: {exc}", severity="error")
+            app.call_from_thread(self.log_line, Content.styled(f"re-run failed: {exc}", "$text-error"))
             return
         finally:
-            self.app.release()  # type: ignore[attr-defined]
-        self.app.call_from_thread(self.show_effect, index, effect)
+            app.release()  # type: ignore[attr-defined]
+        app.call_from_thread(self.show_effect, index, effect)
 
     def show_effect(self, index: int, effect: dict) -> None:
         before, only, upto = effect["before"], effect["only_this"], effect["up_to_here"]
@@ -163,4 +168,5 @@ class DetailScreen(Screen):
         self.app.notify(f"op {index} patched: outputs' error {fmt(before)} → {fmt(only)}")
 
     def log_line(self, content: Content | str) -> None:
-        self.query_one("#action-log", Static).update(content)
+        if self.is_attached:
+            self.query_one("#action-log", Static).update(content)

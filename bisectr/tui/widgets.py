@@ -8,7 +8,6 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.content import Content
 from textual.message import Message
-from textual.reactive import reactive
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
 
@@ -53,8 +52,8 @@ class VerdictBanner(Static):
             return
         self.add_class(f"-{verdict}")
         error = data.result["output_error"]
-        self.update(Content.assemble((verdict.upper(), "bold"), "  ", HEADLINE[verdict], "  ·  outputs differ by ",
-                                     (fmt(error["max_abs"]), "bold"), f" (relative {fmt(error['max_rel'])})"))
+        self.update(Content.assemble((verdict.upper(), "bold"), "  outputs differ by ", (fmt(error["max_abs"]), "bold"),
+                                     f" (relative {fmt(error['max_rel'])})\n", (HEADLINE[verdict], "$text-muted")))
 
 
 def _site_lines(label: str, site: dict, module_shown: bool) -> list[Content]:
@@ -84,9 +83,9 @@ class CulpritPanel(Static):
                                   *(["  in ", (culprit["candidate"]["module"] or "(top level)", "bold $text-accent")] if same_module else []))]
         lines += _site_lines("candidate", culprit["candidate"], same_module)
         lines += _site_lines("reference", culprit["reference"], same_module)
-        lines.append(Content.assemble(("  evidence  ", "$text-muted"), f"input error {fmt(culprit['input_error'])} → output error "
-                                      f"{fmt(culprit['output_error'])} ({fmt_amplification(culprit['amplification'], culprit['output_error'])}); "
-                                      f"local error {fmt(culprit['local_error'])}"))
+        lines.append(Content.assemble(("  evidence  ", "$text-muted"), f"error in {fmt(culprit['input_error'])} → out "
+                                      f"{fmt(culprit['output_error'])} (amp {fmt_amplification(culprit['amplification'], culprit['output_error'])})"
+                                      f" · local {fmt(culprit['local_error'])}"))
         fp64 = culprit.get("fp64")
         if fp64:
             lines.append(Content.assemble(("  vs fp64   ", "$text-muted"), f"candidate {fmt(fp64['candidate_error'])}, reference "
@@ -94,8 +93,8 @@ class CulpritPanel(Static):
         confirmation = result.get("confirmation")
         if confirmation:
             patched = ", ".join(str(i) for i in confirmation["patched_ops"])
-            lines.append(Content.assemble(("  confirmed ", "$text-muted"), f"patching only op {patched} takes the outputs' error from "
-                                          f"{fmt(confirmation['before'])} to ", (fmt(confirmation["output_error"]), "bold")))
+            lines.append(Content.assemble(("  confirmed ", "$text-muted"), f"patching op {patched} alone: outputs' error "
+                                          f"{fmt(confirmation['before'])} → ", (fmt(confirmation["output_error"]), "bold")))
         recurrences = result.get("recurrences") or []
         for recurrence in recurrences[:3]:
             lines.append(Content.assemble(("  recurs    ", "$text-muted"), f"op {recurrence['index']} in {recurrence['module']} "
@@ -134,7 +133,7 @@ class ErrorChart(Static):
         width = max(8, (self.content_size.width or 80) - self.LABEL - self.RANGE)
         lines = error_chart(profile, data.culprit_index, width)
         styles = ["$text-primary", "$text-warning", "bold $text-error", "$text-muted"]
-        out = [Content.styled("error by op (relative, log scale)", "bold")]
+        out = []
         for line, style in zip(lines, styles):
             label, body = line[: self.LABEL], line[self.LABEL:]
             out.append(Content.assemble((label, "$text-muted"), (body, style)))
@@ -152,7 +151,7 @@ class RunSummary(Static):
             part for role, trace in run.traces.items()
             for part in ((role, "bold"), f" {trace.framework} ({trace.device}, {trace.dtype}) {len(trace.ops)} ops", "   ")])]
         search = data.result or {}
-        reruns = f" · search used {search['reruns']} candidate re-runs" if "reruns" in search else ""
+        reruns = f" · {search['reruns']} re-runs" if "reruns" in search else ""
         lines.append(Content.assemble(("alignment  ", "$text-muted"), f"{counts['aligned']} of {counts['candidate']} candidate ops aligned ",
                                       (f"({share:.0%})", "bold"), f", {counts['paired']} paired 1:1{reruns}"))
         for key, shape, max_abs, max_rel in data.output_lines()[:4]:
@@ -187,7 +186,7 @@ class ModuleTree(Tree[ModuleNode]):
 
     def _label(self, module: ModuleNode) -> Text:
         label = Text(module.name, style=rich_verdict_style(self.app, module.worst, bold=module.worst == "different"))
-        label.append(f" {len(module.ops)}", style="dim")
+        label.append(f" ({len(module.ops)})", style="dim")
         return label
 
     def reveal(self, path: str) -> None:
@@ -290,6 +289,12 @@ class OpTable(DataTable):
             short_source(row.reference_source) if row.reference_source else "-",
         ]
 
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        """A click on a sortable column's header sorts by it (again: back to op order)."""
+        mode = COLUMN_SORT.get(str(event.column_key.value))
+        if mode is not None:
+            self.cycle_sort(0 if mode == self.sort_mode else mode)
+
     def select_op(self, index: int) -> bool:
         """Put the cursor on op `index`; clears the filter when it hides that op."""
         if index not in self.shown and self.query_text:
@@ -322,11 +327,11 @@ class OpPreview(Static):
             return
         row = data.by_index[index]
         head = Content.assemble(("op ", "bold"), (str(row.index), "bold"), " ", (row.op, f"bold {verdict_style(row.verdict)}"),
-                                f" ({row.framework_op}) in ", (row.module or "(top level)", "$text-accent"), "  ",
+                                " in ", (row.module or "(top level)", "$text-accent"), " · ",
                                 (row.verdict or "-", verdict_style(row.verdict)),
-                                f"  out {fmt(row.output_error)} local {fmt(row.local_error)} "
-                                f"amp {fmt_amplification(row.amplification, row.output_error)}"
-                                + ("  · culprit" if index == data.culprit_index else ""))
+                                f" · out {fmt(row.output_error)} · local {fmt(row.local_error)} · "
+                                f"amp {fmt_amplification(row.amplification, row.output_error)}",
+                                ("  ← culprit" if index == data.culprit_index else "", "bold"))
         lines = [head, Content.assemble(("cand ", "$text-muted"), (short_source(row.source), "underline"), "  ",
                                         (source_text(row.source), "$text-primary"))]
         if row.reference is not None:
@@ -390,28 +395,31 @@ class EvidencePanel(Static):
         row = data.by_index[index]
         lines = [Content.assemble(("verdict        ", "$text-muted"), (row.verdict or "-", f"bold {verdict_style(row.verdict)}"),
                                   "  (culprit)" if index == data.culprit_index else ""),
-                 Content.assemble(("propagated     ", "$text-muted"), f"{fmt(row.output_error)} relative"
-                                  + (f", {fmt(evidence['output_error'])} absolute" if evidence else "")),
-                 Content.assemble(("local          ", "$text-muted"), f"{fmt(row.local_error)}  (candidate op on the reference's inputs)")]
+                 Content.assemble(("propagated     ", "$text-muted"), f"{fmt(row.output_error)} rel"
+                                  + (f" · {fmt(evidence['output_error'])} abs" if evidence else "")),
+                 Content.assemble(("local          ", "$text-muted"), f"{fmt(row.local_error)} (on the reference's inputs)")]
         if evidence:
-            lines.append(Content.assemble(("amplification  ", "$text-muted"), f"input error {fmt(evidence['input_error'])} → output error "
-                                          f"{fmt(evidence['output_error'])} ({fmt_amplification(evidence['amplification'], evidence['output_error'])})"))
+            lines.append(Content.assemble(("amplification  ", "$text-muted"), f"{fmt_amplification(evidence['amplification'], evidence['output_error'])}"
+                                          f" (in {fmt(evidence['input_error'])} → out {fmt(evidence['output_error'])})"))
         else:
             lines.append(Content.assemble(("amplification  ", "$text-muted"), fmt_amplification(row.amplification, row.output_error)))
         fp64 = (evidence or {}).get("fp64")
         if fp64:
             cand, ref = fp64.get("candidate_error"), fp64.get("reference_error")
-            ratio = f" ({cand / ref:.3g}x the reference's)" if cand is not None and ref else ""
-            lines.append(Content.assemble(("vs fp64        ", "$text-muted"), f"candidate {fmt(cand)}, reference {fmt(ref)}{ratio}"))
+            ratio = f" ({cand / ref:.3g}x)" if cand is not None and ref else ""
+            lines.append(Content.assemble(("vs fp64        ", "$text-muted"), f"cand {fmt(cand)} · ref {fmt(ref)}{ratio}"))
             verdict = evidence.get("verdict", row.verdict)
-            meaning = {"different": "the candidate computes something else", "noise": "both are as close to float64: rounding",
+            meaning = {"different": "computes something else", "noise": "as close to float64: rounding",
                        "exact": "bit-identical"}.get(verdict, "")
-            lines.append(Content.assemble(" " * 15, (f"→ {verdict}", f"bold {verdict_style(verdict)}"), f"  {meaning}"))
+            lines.append(Content.assemble(" " * 15, (f"→ {verdict}", f"bold {verdict_style(verdict)}"), f": {meaning}" if meaning else ""))
         elif pending:
             lines.append(Content.styled("vs fp64        replaying the op…", "$text-muted"))
         else:
             lines.append(Content.styled("vs fp64        kept for the culprit only; a live run replays any op", "$text-muted"))
         self.update(Content("\n").join(lines))
+
+
+DTYPE_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64", "int32": "i32"}
 
 
 class TensorStats(Static):
@@ -421,19 +429,25 @@ class TensorStats(Static):
         from rich import box
         from rich.table import Table
 
-        table = Table(box=box.SIMPLE_HEAD, expand=False, pad_edge=False, header_style="bold", show_edge=False)
-        for column, justify in (("side", "left"), ("", "left"), ("tensor", "left"), ("shape", "left"), ("dtype", "left"),
-                                ("min", "right"), ("max", "right"), ("mean", "right"), ("nan/inf", "right"), ("err", "right")):
+        table = Table(box=box.SIMPLE_HEAD, expand=False, pad_edge=False, header_style="bold", show_edge=False,
+                      collapse_padding=True)
+        rows = data.tensor_rows(index)
+        bad = any((r.stats or {}).get("nan") or (r.stats or {}).get("inf") for r in rows)
+        dtypes = {r.dtype for r in rows}
+        self.border_subtitle = f"all {dtypes.pop()}" if len(dtypes) == 1 else ""
+        columns = [("", "left"), ("tensor", "left"), ("shape", "left")] + ([("dtype", "left")] if not self.border_subtitle else []) \
+            + [("min", "right"), ("max", "right"), ("mean", "right")] + ([("nan/inf", "right")] if bad else []) + [("err", "right")]
+        for column, justify in columns:
             table.add_column(column, justify=justify, no_wrap=True)
-        previous = None
-        for row in data.tensor_rows(index):
+        for row in rows:
             stats = row.stats or {}
-            bad = f"{int(stats.get('nan', 0))}/{int(stats.get('inf', 0))}" if stats else "-"
-            table.add_row("cand" if row.side == "candidate" else "ref" if row.side != previous else "",
-                          row.role, truncate_left(row.name, 22), fmt_shape(row.shape), row.dtype,
-                          fmt(stats.get("min")), fmt(stats.get("max")), fmt(stats.get("mean")), bad,
-                          fmt(row.error) if row.error is not None else "")
-            previous = row.side
+            cells = [f"{'cand' if row.side == 'candidate' else 'ref'} {row.role.replace(' ', '')}", truncate_left(row.name, 16),
+                     fmt_shape(row.shape)] + ([] if self.border_subtitle else [DTYPE_SHORT.get(row.dtype, row.dtype)]) + [
+                     fmt(stats.get("min")), fmt(stats.get("max")), fmt(stats.get("mean"))]
+            if bad:
+                cells.append(f"{int(stats.get('nan', 0))}/{int(stats.get('inf', 0))}")
+            cells.append(fmt(row.error) if row.error is not None else "")
+            table.add_row(*cells)
         self.update(table)
 
 
@@ -447,9 +461,9 @@ class HeatMapView(Static):
         rows, cols = heat.block
         lines = [Content.assemble(("│", "$text-muted"), (line, "$text-error"), ("│", "$text-muted")) for line in heat.lines()]
         where = ",".join(str(i) for i in heat.argmax)
-        lines.append(Content.styled(f"{fmt_shape(heat.shape)}: a cell covers up to {rows}x{cols} values "
-                                    f"(rows: leading dims, cols: last dim)", "$text-muted"))
-        lines.append(Content.assemble("max |cand - ref| ", (fmt(heat.max_abs), "bold"), f" at [{where}]: candidate {fmt(heat.candidate_value)}, "
-                                      f"reference {fmt(heat.reference_value)}"))
-        lines.append(Content.assemble(("scale ", "$text-muted"), (HEAT_LEVELS[1:], "$text-error"), ("  0 → max", "$text-muted")))
+        lines.append(Content.styled(f"{fmt_shape(heat.shape)} · rows: leading dims · cols: last dim · "
+                                    f"cell: mean |cand - ref| of ≤{rows}x{cols}", "$text-muted"))
+        lines.append(Content.assemble("largest ", (fmt(heat.max_abs), "bold"), f" at [{where}]: cand {fmt(heat.candidate_value)}, "
+                                      f"ref {fmt(heat.reference_value)}"))
+        lines.append(Content.assemble(("scale ", "$text-muted"), (HEAT_LEVELS[1:], "$text-error"), ("  0 → largest cell", "$text-muted")))
         self.update(Content("\n").join(lines))
