@@ -17,6 +17,11 @@ def adapter_named(name: str) -> Adapter:
     return next(adapter for adapter in _registered() if adapter.name == name)
 
 
+def input_layout(framework: str, op: str, position: int) -> tuple[int, ...] | None:
+    """See `Adapter.input_layout`, by framework name (what the aligner needs)."""
+    return adapter_named(framework).input_layout(op, position)
+
+
 def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
     """The adapter whose framework the model (or, for a plain function, its inputs) belongs to."""
     adapters = _registered()
@@ -27,4 +32,4 @@ def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
     return None
 
 
-__all__ = ["Adapter", "OpListener", "adapter_for", "adapter_named"]
+__all__ = ["Adapter", "OpListener", "adapter_for", "adapter_named", "input_layout"]

@@ -93,7 +93,6 @@ class TorchAdapter(Adapter):
 
 
 def _make_router_class():
-    torch = _torch()
     from torch.overrides import TorchFunctionMode, resolve_name
 
     names: dict[Any, str] = {}

@@ -98,7 +98,7 @@ class Analysis:
             if info.producer is None and info.leaf and not info.leaf.startswith("input:"):
                 self.leaves[tid] = self._leaf_evidence(pair)
         for pair in self.alignment.pairs:
-            self.ops[pair.candidate] = self._op_evidence(pair.candidate, pair.reference)
+            self.ops[pair.candidate] = self.evidence(pair.candidate, pair.reference)
         return self
 
     def reference_values_for(self, cand_tid: int) -> np.ndarray | None:
@@ -120,8 +120,8 @@ class Analysis:
         verdict = "exact" if error["max_abs"] == 0 else ("noise" if error["max_rel"] <= noise_floor(info.dtype) else "different")
         return LeafEvidence(info.leaf, self.reference.tensors[pair.reference].leaf or "", pair.candidate, error, verdict)
 
-    def _op_evidence(self, cand_index: int, ref_index: int) -> OpEvidence:
-        cand_op, ref_op = self.candidate.ops[cand_index], self.reference.ops[ref_index]
+    def evidence(self, cand_index: int, ref_index: int) -> OpEvidence:
+        cand_op = self.candidate.ops[cand_index]
         out_tid = cand_op.outputs[0]
         dtype = coarsest_dtype([self.candidate.tensors[t].dtype for t in cand_op.inputs + cand_op.outputs])
         output_error = self.tensor_error(out_tid) or {"max_abs": float("nan"), "mean_abs": float("nan"), "max_rel": float("nan"), "cosine": float("nan")}
@@ -133,25 +133,30 @@ class Analysis:
         amplification = _ratio(output_error["max_abs"], input_abs)
         return OpEvidence(cand_index, ref_index, cand_op.op, dtype, output_error, input_abs, input_rel, local, fp64, amplification, verdict)
 
+    def local_output(self, cand_index: int) -> np.ndarray:
+        """The candidate op replayed on the reference's inputs, keeping the candidate's own
+        parameters (and its own values for inputs with no reference partner)."""
+        cand_op = self.candidate.ops[cand_index]
+        values = {}
+        for tid in cand_op.inputs:
+            from_reference = None if self.candidate.tensors[tid].producer is None else self.reference_values_for(tid)
+            values[tid] = from_reference if from_reference is not None else self.candidate.value(tid)
+        dtypes = {t: self.candidate.tensors[t].dtype for t in cand_op.inputs}
+        return replay_op(adapter_named(self.candidate.framework), self.run.calls["candidate"][cand_index], values,
+                         dtypes, self.candidate.device)[0]
+
     def _replayed_errors(self, cand_index: int, ref_index: int) -> tuple[float | None, dict | None]:
         cand_calls, ref_calls = self.run.calls.get("candidate"), self.run.calls.get("reference")
         if not cand_calls or not ref_calls:
             return None, None
-        cand_op, ref_op = self.candidate.ops[cand_index], self.reference.ops[ref_index]
+        ref_op = self.reference.ops[ref_index]
         if not all(self.reference.has_value(t) for t in ref_op.inputs + ref_op.outputs[:1]):
             return None, None
         reference_out = self.reference.value(ref_op.outputs[0])
-        values = {}
-        for tid in cand_op.inputs:
-            info = self.candidate.tensors[tid]
-            from_reference = None if info.producer is None else self.reference_values_for(tid)
-            values[tid] = from_reference if from_reference is not None else self.candidate.value(tid)
-        cand_adapter = adapter_named(self.candidate.framework)
-        ref_adapter = adapter_named(self.reference.framework)
         try:
-            local_out = replay_op(cand_adapter, cand_calls[cand_index], values,
-                                  {t: self.candidate.tensors[t].dtype for t in cand_op.inputs}, self.candidate.device)[0]
-            oracle = replay_op(ref_adapter, ref_calls[ref_index], {t: self.reference.value(t) for t in ref_op.inputs},
+            local_out = self.local_output(cand_index)
+            oracle = replay_op(adapter_named(self.reference.framework), ref_calls[ref_index],
+                               {t: self.reference.value(t) for t in ref_op.inputs},
                                {t: self.reference.tensors[t].dtype for t in ref_op.inputs}, self.reference.device, float64=True)[0]
         except Exception:  # an op that cannot run on substituted inputs keeps no local evidence
             return None, None

@@ -25,11 +25,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .adapters import adapter_named
-from .align import Alignment, align_traces
+from .align import Alignment
 from .analysis import Analysis, OpEvidence, noise_floor
 from .metrics import error_metrics
-from .recording import replay_op
 from .run import Run
 from .trace import OpNode, Trace, is_floating
 
@@ -146,21 +144,11 @@ class Search:
 
     def reach(self, evidence: OpEvidence) -> float:
         """The outputs' error when only this op's own difference enters the reference run."""
-        local = self.local_output(evidence)
+        local = self.analysis.local_output(evidence.candidate)
         ref_out = self.run.reference.ops[evidence.reference].outputs[0]
         shape = self.run.reference.tensors[ref_out].shape
-        return self.reference_error({ref_out: local.reshape(shape)})
-
-    def local_output(self, evidence: OpEvidence) -> np.ndarray:
-        cand_op = self.run.candidate.ops[evidence.candidate]
-        values = {}
-        for tid in cand_op.inputs:
-            from_reference = None if self.run.candidate.tensors[tid].producer is None else self.analysis.reference_values_for(tid)
-            values[tid] = from_reference if from_reference is not None else self.run.candidate.value(tid)
-        ref_info = self.run.reference.tensors[self.run.reference.ops[evidence.reference].outputs[0]]
-        out = replay_op(adapter_named(self.run.candidate.framework), self.run.calls["candidate"][evidence.candidate], values,
-                        {t: self.run.candidate.tensors[t].dtype for t in cand_op.inputs}, self.run.candidate.device)[0]
-        return out.astype(np.dtype(_numpy_dtype(ref_info.dtype)), copy=False)
+        dtype = _numpy_dtype(self.run.reference.tensors[ref_out].dtype)
+        return self.reference_error({ref_out: local.astype(dtype, copy=False).reshape(shape)})
 
 
 def _numpy_dtype(dtype: str) -> str:
@@ -175,12 +163,12 @@ def _first_reads(trace: Trace) -> dict[int, int]:
     return first
 
 
-def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False, pins: dict[str, str] | None = None,
+def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
                progress: Callable[[str], None] | None = None) -> Result:
     """Align, analyse and search a live run (see the module docstring)."""
     say = progress or (lambda message: None)
     say("aligning")
-    alignment = align_traces(run.reference, run.candidate, pins, _input_layout)
+    alignment = run.align()
     say("replaying ops")
     analysis = Analysis(run, alignment).compute()
     output_error = run.output_error()
@@ -220,7 +208,7 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False, pins:
     if verdict == "divergent":
         patched = [culprit_evidence.candidate] + [r.candidate for r in recurrences]
         confirmation = {"patched_ops": patched,
-                        "output_error": search.candidate_error(_op_patches(analysis, run, patched)),
+                        "output_error": search.candidate_error(op_patches(analysis, run, patched)),
                         "before": full_error}
     culprit = _culprit_dict(run, analysis, culprit_evidence) if culprit_evidence else None
     return Result(verdict, output_error, culprit, search.candidate_reruns, ops, entry,
@@ -228,11 +216,7 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False, pins:
                   search.reference_reruns, alignment)
 
 
-def _input_layout(framework: str, op: str, position: int):
-    return adapter_named(framework).input_layout(op, position)
-
-
-def _op_patches(analysis: Analysis, run: Run, op_indices: list[int]) -> dict[int, np.ndarray]:
+def op_patches(analysis: Analysis, run: Run, op_indices: list[int]) -> dict[int, np.ndarray]:
     patches = {}
     for index in op_indices:
         for tid in run.candidate.ops[index].outputs:

@@ -102,6 +102,11 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
         report.print_alignment(console, run, result.alignment)
     saved = _json_safe(result.to_dict())
     save_result(run.run_dir, saved)
+    if console.is_terminal and not args.no_tui:
+        from .tui import run_app
+
+        run_app(run, result)
+        return _exit_status(run.saved_result or saved)
     report.print_result(console, run, saved)
     console.print(f"\nrun saved in {run.run_dir}  (reopen with: bisectr view {run.run_dir})", highlight=False)
     return _exit_status(saved)
@@ -123,6 +128,11 @@ def run_view(args: argparse.Namespace, console: Console) -> int:
     from .run import load
 
     run = load(args.run_dir)
+    if console.is_terminal and not args.no_tui:
+        from .tui import run_app
+
+        run_app(run)
+        return _exit_status(run.saved_result) if run.saved_result else EXIT_OK
     report.print_trace_summary(console, run)
     if run.saved_result is None:
         console.print("this run holds no search result")

@@ -7,13 +7,15 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import ModelFileError, OutputMismatchError
 from .metrics import error_metrics
-from .modelfile import Side, load_sides
+from .adapters import input_layout
+from .align import Alignment, align_traces
+from .modelfile import Side, load_module, load_sides
 from .recording import Call, PatchedRerun, RecordOptions, Recorder, RerunResult, output_pairs
 from .store import RunWriter, TensorWriter, read_manifest, read_trace
 from .trace import Trace
@@ -69,16 +71,23 @@ class Run:
             outputs = side.forward()
         return runner.finish(output_pairs(side.adapter, outputs))
 
+    def pins(self) -> dict[str, str] | None:
+        """`ALIGN_MODULES` of the model file: candidate module paths pinned to reference ones."""
+        if not self.model_file.is_file():
+            return None
+        return getattr(load_module(self.model_file), "ALIGN_MODULES", None)
+
+    def align(self) -> Alignment:
+        return align_traces(self.reference, self.candidate, self.pins(), input_layout)
+
     def bisect(self, tolerance: float = 0.0, exhaustive: bool = False, progress=None) -> "Result":
         """Align, analyse and search for the culprit (re-runs the models)."""
         from .bisection import bisect_run
-        from .modelfile import load_module
 
-        pins = getattr(load_module(self.model_file), "ALIGN_MODULES", None) if self.model_file.is_file() else None
         if not self.calls:
             fresh = trace(self.model_file, *self._functions())
             self.reference, self.candidate, self.sides, self.calls = fresh.reference, fresh.candidate, fresh.sides, fresh.calls
-        return bisect_run(self, tolerance, exhaustive, pins, progress)
+        return bisect_run(self, tolerance, exhaustive, progress)
 
     def _live_side(self, role: str) -> Side:
         if role not in self.sides:

@@ -3,14 +3,14 @@ import pytest
 
 import bisectr
 from bisectr.align import align_traces, layer_numbers
-from bisectr.bisection import _input_layout
+from bisectr.adapters import input_layout
 from conftest import MODELS
 
 
 @pytest.fixture(scope="module")
 def decomposed(tmp_path_factory):
     run = bisectr.trace(MODELS / "torch_decomposed.py", out=tmp_path_factory.mktemp("runs") / "decomposed")
-    return run, align_traces(run.reference, run.candidate, None, _input_layout)
+    return run, align_traces(run.reference, run.candidate, None, input_layout)
 
 
 def _reference_producer(run, alignment, cand_op_index):

@@ -1,6 +1,4 @@
 """Recording torch models: what is captured, where, and patched re-runs."""
-from pathlib import Path
-
 import numpy as np
 import pytest
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..align import Alignment, align_traces
+from ..align import Alignment
 from ..metrics import error_metrics
 from ..report import fmt, short_source, source_text
 from ..run import Run
@@ -181,19 +181,9 @@ class RunData:
         self.tree = self._module_tree()
 
     def _align(self) -> Alignment | None:
-        from ..bisection import _input_layout
-
-        pins = None
         try:
-            if self.run.model_file.is_file():
-                from ..modelfile import load_module
-
-                pins = getattr(load_module(self.run.model_file), "ALIGN_MODULES", None)
-        except Exception:  # a model file that no longer loads: align without pins
-            pins = None
-        try:
-            return align_traces(self.run.reference, self.run.candidate, pins, _input_layout)
-        except Exception:
+            return self.run.align()
+        except Exception:  # a model file that no longer loads
             return None
 
     def _rows(self) -> list[OpRow]:
@@ -370,7 +360,7 @@ class RunData:
             return None
         from ..analysis import Analysis
 
-        evidence = Analysis(self.run, self.alignment)._op_evidence(index, row.reference)
+        evidence = Analysis(self.run, self.alignment).evidence(index, row.reference)
         return json_safe({"local_error": evidence.local_error, "fp64": evidence.fp64, "verdict": evidence.verdict,
                           "input_error": evidence.input_error, "output_error": evidence.output_error["max_abs"],
                           "amplification": evidence.amplification})
@@ -380,7 +370,7 @@ class RunData:
         """Re-run the candidate with the reference's values patched in (live runs): for this op's
         outputs only, and for everything up to this op (the search's cut)."""
         from ..analysis import Analysis
-        from ..bisection import Search, _op_patches
+        from ..bisection import Search, op_patches
 
         if not self.live or self.alignment is None:
             raise RuntimeError("patching needs a live run")
@@ -390,7 +380,7 @@ class RunData:
         if before is None:
             before = self.run.output_error()["max_rel"]
         return {"before": before,
-                "only_this": search.candidate_error(_op_patches(analysis, self.run, [index])),
+                "only_this": search.candidate_error(op_patches(analysis, self.run, [index])),
                 "up_to_here": search.candidate_error(search.patches_up_to(index))}
 
     def bisect(self, progress: Callable[[str], None] | None = None) -> dict:

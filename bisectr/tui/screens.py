@@ -14,12 +14,12 @@ from .data import RunData
 from .widgets import EvidencePanel, HeatMapView, SourcePanel, TensorStats, verdict_style
 
 KEYS = [
-    ("f", "go to the culprit (op table, and the detail when it is open)"),
-    ("n / p", "next / previous op judged different (most amplifying ones when none differ)"),
-    ("/", "filter the op table: words match op, module, verdict, source; #7 is op 7"),
-    ("s", "sort the op table: op order, output error, local error, amplification, verdict"),
+    ("f", "the culprit (op table; the detail when it is open)"),
+    ("n / p", "next / previous op judged different (the most amplifying ops when none differs)"),
+    ("/", "filter ops by words (op, module, verdict, source); #7 is op 7"),
+    ("s", "sort ops: op order, output error, local error, amplification, verdict"),
     ("enter", "op detail: sources, statistics, fp64 evidence, error map, actions"),
-    ("r", "in the detail: patch this op with the reference's values and re-run (live runs)"),
+    ("r", "in the detail: patch the op with the reference's values, re-run (live runs)"),
     ("b", "run the whole search again, with a progress bar (live runs)"),
     ("e", "export a repro of the current op (repro.py + inputs.npz)"),
     ("1 / 2", "overview / ops tab"),

@@ -1,0 +1,89 @@
+"""`bisectr bisect --json` on every example: the verdict and culprit its docstring promises."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import EXAMPLES
+
+
+def bisect_json(name, *args):
+    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / name), "--json", *args],
+                          capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr
+    result = json.loads(done.stdout)
+    assert done.returncode == (1 if result["verdict"] == "divergent" else 0)
+    assert result["reruns"] <= math.ceil(math.log2(result["ops"]["candidate"])) + 3
+    assert result["ops"]["aligned"] >= 0.9 * result["ops"]["candidate"]
+    return result
+
+
+def culprit_line(result, side="candidate"):
+    path, line = result["culprit"][side]["source"].rsplit(":", 1)
+    return open(path).read().splitlines()[int(line) - 1].strip()
+
+
+def test_span_head_is_noise_amplified_by_the_span_matmul():
+    result = bisect_json("span_head.py")
+    culprit = result["culprit"]
+    assert result["verdict"] == "noise"
+    assert culprit["op"] == "matmul" and culprit["candidate"]["module"] == "span_head"
+    assert culprit_line(result).startswith(("start_logits = paddle.matmul(temp", "end_logits = paddle.matmul(temp"))
+    assert culprit_line(result, "reference").startswith(("start_logits = torch.matmul(temp", "end_logits = torch.matmul(temp"))
+    assert 1e-5 < culprit["input_error"] < 1e-4 and 1e-3 < culprit["output_error"] < 1e-2  # absolute: the growth seed 004 saw
+    fp64 = culprit["fp64"]
+    assert fp64["candidate_error"] < 2 * fp64["reference_error"] + 1e-7  # both frameworks equally accurate
+
+
+def test_one_tanh_gelu_is_divergent_at_that_gelu():
+    result = bisect_json("tanh_gelu.py")
+    assert result["verdict"] == "divergent"
+    assert result["culprit"]["op"] == "gelu" and result["culprit"]["candidate"]["module"] == "layers.7.ffn"
+    assert result["culprit"]["fp64"]["candidate_error"] > 100 * result["culprit"]["fp64"]["reference_error"]
+    assert result["confirmation"]["output_error"] < 1e-5 < result["confirmation"]["before"]
+
+
+def test_square_weight_without_transpose_is_blamed_on_the_weight():
+    result = bisect_json("untransposed_weight.py")
+    culprit = result["culprit"]
+    assert result["verdict"] == "divergent"
+    assert culprit["kind"] == "leaf" and culprit["leaf"] == "blocks.1.attn.q_proj.weight"
+    assert culprit["op"] == "linear" and culprit["candidate"]["module"] == "blocks.1.attn.q_proj"
+
+
+def test_wrong_eps_is_blamed_on_the_first_norm_with_recurrences():
+    result = bisect_json("wrong_eps.py")
+    culprit = result["culprit"]
+    assert result["verdict"] == "divergent"
+    assert culprit["candidate"]["module"] == "blocks.0.attn_norm"
+    assert "eps" in culprit_line(result)
+    modules = [r["module"] for r in result["recurrences"]]
+    assert len(modules) == 8 and all(m.endswith("_norm") for m in modules)
+
+
+def test_mask_fill_value_is_not_blamed():
+    result = bisect_json("mask_fill.py")
+    assert result["verdict"] == "noise"
+    assert result["culprit"]["op"] not in ("add", "where")
+
+
+def test_float64_cube_root_is_found_by_the_fp64_oracle():
+    result = bisect_json("cube_root_fp64.py")
+    culprit = result["culprit"]
+    assert result["verdict"] == "divergent" and culprit["op"] == "pow"
+    assert "** (1 / 3)" in culprit_line(result)
+    assert culprit["fp64"]["candidate_error"] > 1e-9 > 1e-14 > culprit["fp64"]["reference_error"]
+
+
+@pytest.mark.parametrize("name", ["correct_port.py", "paddle_vs_torch.py", "paddle_vs_paddle.py", "op_substitution.py",
+                                  "reformer_local_attention.py", "torch_vs_torch_bf16.py"])
+def test_correct_ports_are_noise_or_match(name):
+    assert bisect_json(name)["verdict"] in ("noise", "match")
+
+
+def test_deep_stack_is_noise_and_the_mask_add_is_not_named():
+    result = bisect_json("deep_stack.py")
+    assert result["verdict"] == "noise"
+    assert result["culprit"]["op"] != "add"

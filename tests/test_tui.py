@@ -1,0 +1,379 @@
+"""The Textual TUI: pilot tests for every key, snapshots of the overview and the op detail,
+and an end-to-end run in a real terminal (tmux).
+
+The run comes from tests/models/tui_mlp.py (torch vs torch, the candidate's `blocks.2` uses
+the tanh GELU): verdict divergent, culprit op 7 `gelu`, 13 ops on each side.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("textual")
+pytest.importorskip("torch")
+
+import bisectr  # noqa: E402
+from bisectr.store import save_result  # noqa: E402
+from bisectr.tui.app import BisectrApp  # noqa: E402
+from bisectr.tui.data import RunData, json_safe  # noqa: E402
+from bisectr.tui.screens import DetailScreen, HelpScreen  # noqa: E402
+from bisectr.tui.widgets import (CulpritPanel, ErrorChart, EvidencePanel, FilterInput, HeatMapView, ModuleTree,  # noqa: E402
+                                 OpPreview, OpTable, SearchProgress, VerdictBanner)
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "tests" / "models" / "tui_mlp.py"
+CULPRIT = 7
+GELU_LINE = "h = F.gelu(h, approximate=self.approximate)"
+SIZE = (100, 30)
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch):
+    """Sources show relative to the working directory: keep it fixed (snapshots must not hold paths)."""
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """A live run (models loaded) and its search result, saved in its run directory."""
+    run = bisectr.trace(MODEL, out=tmp_path_factory.mktemp("tui") / "run")
+    result = run.bisect()
+    save_result(run.run_dir, json_safe(result.to_dict()))
+    return run, result
+
+
+@pytest.fixture
+def saved(live):
+    """The same run reopened from disk: no models, the result from result.json."""
+    return bisectr.load(live[0].run_dir)
+
+
+def live_app(live) -> BisectrApp:
+    run, result = live
+    return BisectrApp(RunData(run, result))
+
+
+def saved_app(saved) -> BisectrApp:
+    return BisectrApp(RunData(saved))
+
+
+def text(widget) -> str:
+    """The plain text a Static-like widget shows."""
+    rendered = widget.content
+    if hasattr(rendered, "plain"):
+        return rendered.plain
+    from rich.console import Console
+
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))
+    console.print(rendered)
+    return console.export_text()
+
+
+def record_notifications(app: BisectrApp) -> list[str]:
+    messages: list[str] = []
+    original = app.notify
+
+    def notify(message, *args, **kwargs):
+        messages.append(str(message))
+        return original(message, *args, **kwargs)
+
+    app.notify = notify  # type: ignore[method-assign]
+    return messages
+
+
+async def settle(pilot) -> None:
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+# -- data ------------------------------------------------------------------------------
+def test_run_data_pairs_every_op_and_builds_the_module_tree(live):
+    data = RunData(*live)
+    assert data.culprit_index == CULPRIT and data.verdict == "divergent"
+    assert [r.reference for r in data.rows] == list(range(13))
+    assert data.by_index[CULPRIT].verdict == "different"
+    blocks = data.tree.children["blocks"]
+    assert blocks.worst == "different" and blocks.children["2"].worst == "different"
+    assert blocks.children["0"].worst == "exact" and data.tree.children["head"].ops == [12]
+    assert data.counts() == {"candidate": 13, "reference": 13, "aligned": 13, "paired": 13}
+    heat = data.heat_map(CULPRIT)
+    assert heat.cells.shape == (3, 16) and heat.max_abs == pytest.approx(live[1].culprit["output_error"])
+
+
+def test_n_p_fall_back_to_the_most_amplifying_ops_when_none_differs(live):
+    run, result = live
+    noisy = json_safe(result.to_dict())
+    for row in noisy["profile"]:
+        row["verdict"] = "noise" if row["verdict"] == "different" else row["verdict"]
+    data = RunData(run, noisy, result.alignment)
+    ops, kind = data.notable()
+    assert kind == "amplifying" and ops[0] == CULPRIT  # its error appears from exact inputs: infinite amplification
+    assert data.step(None, True) == (CULPRIT, "amplifying")
+    assert data.step(CULPRIT, True)[0] == ops[1] and data.step(CULPRIT, False)[0] == ops[-1]
+
+
+# -- overview --------------------------------------------------------------------------------
+async def test_overview_shows_verdict_culprit_sources_and_chart(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert "DIVERGENT" in text(app.query_one(VerdictBanner))
+        culprit = text(app.query_one(CulpritPanel))
+        assert "gelu" in culprit and "blocks.2" in culprit and culprit.count(GELU_LINE) == 2
+        assert "tests/models/tui_mlp.py:25" in culprit and "different" in culprit
+        chart = text(app.query_one(ErrorChart)).splitlines()
+        assert chart[0].startswith("propagated") and chart[1].startswith("local")
+        assert chart[2].index("^") == len("propagated ") + CULPRIT
+
+
+# -- keys ------------------------------------------------------------------------------
+async def test_f_goes_to_the_culprit_in_the_op_table(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=SIZE) as pilot:
+        app.select(0, show_ops=False)
+        await pilot.press("f")
+        await pilot.pause()
+        assert app.query_one("#tabs").active == "ops"
+        assert app.query_one(OpTable).current() == CULPRIT and app.focused is app.query_one(OpTable)
+        preview = text(app.query_one(OpPreview))
+        assert f"op {CULPRIT} gelu" in preview and GELU_LINE in preview
+        tree = app.query_one(ModuleTree)
+        assert tree.cursor_node is not None and tree.cursor_node.data.path == "blocks.2"
+
+
+async def test_n_and_p_walk_the_ops_judged_different(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=SIZE) as pilot:
+        app.select(0)
+        await pilot.press("n")
+        assert app.current == CULPRIT
+        app.select(12)
+        await pilot.press("p")
+        assert app.current == CULPRIT and app.query_one(OpTable).current() == CULPRIT
+
+
+async def test_slash_filters_the_op_table(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("slash")
+        filter_input = app.query_one(FilterInput)
+        assert filter_input.display and app.focused is filter_input
+        await pilot.press(*"gelu")
+        await pilot.pause()
+        table = app.query_one(OpTable)
+        assert table.shown == [1, 4, 7, 10] and table.row_count == 4
+        assert "4 of 13 ops" in str(app.query_one("#ops-right").border_title)
+        await pilot.press("enter")
+        assert not filter_input.display and app.focused is table and table.shown == [1, 4, 7, 10]
+        await pilot.press("slash")
+        filter_input.value = "gelu different"
+        await pilot.press("enter")
+        assert table.shown == [CULPRIT]
+        await pilot.press("slash", "escape")  # escape clears the filter
+        assert len(table.shown) == 13
+
+
+async def test_s_sorts_and_the_tree_follows_the_table(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2", "s")
+        table = app.query_one(OpTable)
+        assert table.sort_name == "output error" and table.shown[0] == 8  # the residual add after the gelu
+        table.select_op(9)
+        await pilot.pause()
+        tree = app.query_one(ModuleTree)
+        assert tree.cursor_node.data.path == "blocks.3.fc"
+        tree.select_node(tree.nodes["head"])
+        await pilot.pause()
+        assert app.current == 12 and table.current() == 12
+
+
+async def test_enter_opens_the_op_detail(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=(100, 50)) as pilot:
+        await pilot.press("enter")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, DetailScreen) and screen.index == CULPRIT
+        assert GELU_LINE in text(screen.query_one("#source-candidate")) and GELU_LINE in text(screen.query_one("#source-reference"))
+        evidence = text(screen.query_one(EvidencePanel))
+        assert "vs fp64" in evidence and "different" in evidence and "1.32e-08" in evidence
+        heat = text(screen.query_one(HeatMapView))
+        assert "█" in heat and "[3,16]" in heat
+        assert "op 6" in text(screen.query_one("#tensors"))
+        assert screen.query_one("#patch").disabled  # a saved run cannot re-run
+        await pilot.press("n")  # f / n / p move the detail too
+        assert screen.index == CULPRIT
+        await pilot.press("escape")
+        assert not isinstance(app.screen, DetailScreen)
+
+
+async def test_detail_patches_the_op_and_reruns_a_live_run(live):
+    app = live_app(live)
+    async with app.run_test(size=(100, 50)) as pilot:
+        app.select(9, show_ops=False)
+        await pilot.press("enter")
+        await settle(pilot)
+        evidence = text(app.screen.query_one(EvidencePanel))
+        assert "→ exact" in evidence  # a live run replays any op against fp64
+        await pilot.press("f")
+        await pilot.press("r")
+        await settle(pilot)
+        log = text(app.screen.query_one("#action-log"))
+        assert f"patched op {CULPRIT}" in log and "→ 0 (this op only)" in log
+
+
+async def test_patching_a_saved_run_says_it_needs_a_live_run(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=SIZE) as pilot:
+        messages = record_notifications(app)
+        await pilot.press("enter", "r")
+        assert any("live run" in m for m in messages)
+
+
+async def test_b_searches_again_with_a_progress_bar(live):
+    app = live_app(live)
+    async with app.run_test(size=SIZE) as pilot:
+        messages = record_notifications(app)
+        progress = app.query_one(SearchProgress)
+        stages: list[str] = []
+        start, stage = progress.start, progress.stage
+        progress.start = lambda: (stages.append(f"shown: {progress.display}"), start(), stages.append(f"shown: {progress.display}"))
+        progress.stage = lambda message: (stages.append(message), stage(message))  # type: ignore[method-assign]
+        await pilot.press("b")
+        await settle(pilot)
+        assert not progress.display
+        assert stages[:5] == ["shown: False", "shown: True", "aligning", "replaying ops", "searching"]
+        assert any(m.startswith("search done: divergent, culprit op 7") for m in messages)
+        assert app.data.culprit_index == CULPRIT and bisectr.load(live[0].run_dir).saved_result["verdict"] == "divergent"
+
+
+async def test_b_on_a_saved_run_says_it_needs_a_live_run(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=SIZE) as pilot:
+        messages = record_notifications(app)
+        await pilot.press("b")
+        assert not app.query_one(SearchProgress).display
+        assert any("needs a live run" in m for m in messages)
+
+
+async def test_e_exports_a_repro_that_reproduces_the_op(live, tmp_path):
+    app = live_app(live)
+    async with app.run_test(size=SIZE) as pilot:
+        messages = record_notifications(app)
+        await pilot.press("e")
+        await settle(pilot)
+    directory = app.exported
+    assert any(str(directory) in m for m in messages)
+    assert (directory / "repro.py").is_file() and (directory / "inputs.npz").is_file()
+    assert "approximate='tanh'" in (directory / "repro.py").read_text()
+    out = subprocess.run([sys.executable, str(directory / "repro.py")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "(local error)  max abs 0.000462" in out.stdout and "compute different things" in out.stdout
+
+
+async def test_a_matching_run_has_no_culprit(tmp_path):
+    run = bisectr.trace(MODEL, candidate="reference", out=tmp_path / "run")
+    app = BisectrApp(RunData(run, run.bisect()))
+    async with app.run_test(size=SIZE) as pilot:
+        messages = record_notifications(app)
+        assert text(app.query_one(VerdictBanner)).startswith("MATCH")
+        assert "No culprit" in text(app.query_one(CulpritPanel))
+        await pilot.press("f", "n", "enter")
+        await pilot.pause()
+        assert any("no culprit" in m for m in messages) and any("no op is judged different" in m for m in messages)
+        assert isinstance(app.screen, DetailScreen) and app.screen.index == 0
+
+
+async def test_b_searches_a_live_run_that_has_no_result_yet(tmp_path):
+    run = bisectr.trace(MODEL, out=tmp_path / "run")
+    app = BisectrApp(RunData(run))
+    async with app.run_test(size=SIZE) as pilot:
+        assert text(app.query_one(VerdictBanner)).startswith("NO RESULT")
+        await pilot.press("b")
+        await settle(pilot)
+        assert text(app.query_one(VerdictBanner)).startswith("DIVERGENT") and app.current == CULPRIT
+        assert (tmp_path / "run" / "result.json").is_file()
+
+
+async def test_question_mark_shows_the_keys(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert "next / previous op judged different" in text(app.screen.query_one("#help-keys"))
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_q_quits_with_status_0(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+async def test_small_terminal_and_light_theme(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.theme = "textual-light"
+        await pilot.pause()
+        await pilot.press("f", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, DetailScreen)
+
+
+# -- snapshots ---------------------------------------------------------------------------
+def test_snapshot_overview(snap_compare, saved):
+    assert snap_compare(saved_app(saved), terminal_size=(80, 24))
+
+
+def test_snapshot_ops(snap_compare, saved):
+    assert snap_compare(saved_app(saved), terminal_size=SIZE, press=["f"])
+
+
+def test_snapshot_op_detail(snap_compare, saved):
+    assert snap_compare(saved_app(saved), terminal_size=(100, 40), press=["enter"])
+
+
+# -- a real terminal ---------------------------------------------------------------------------
+def _wait_for(predicate, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_tmux_end_to_end(live, tmp_path):
+    session = f"bisectr-tui-{uuid.uuid4().hex[:8]}"
+    status = tmp_path / "status"
+    command = f"cd {ROOT} && {sys.executable} -m bisectr.tui {live[0].run_dir}; echo $? > {status}"
+    env = {**os.environ, "TERM": "xterm-256color"}
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command], check=True, env=env)
+
+    def screen() -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+    try:
+        assert _wait_for(lambda: "DIVERGENT" in screen()), screen()
+        subprocess.run(["tmux", "send-keys", "-t", session, "f"], check=True)
+        assert _wait_for(lambda: "op 7 gelu in blocks.2" in screen()), screen()
+        shown = screen()
+        assert GELU_LINE in shown and "tests/models/tui_mlp.py:25" in shown
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        assert _wait_for(status.exists, 15), screen()
+        assert _wait_for(lambda: status.read_text().strip() != "", 5)
+        assert status.read_text().strip() == "0"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
