@@ -1,14 +1,304 @@
-"""PaddlePaddle adapter (placeholder until written)."""
+"""PaddlePaddle adapter: wrapped `_C_ops` and Tensor methods see every op, a patched `Layer.__call__` gives paths.
+
+Paddle has no TorchFunctionMode and no global layer hook. What reaches every
+dygraph op (checked against Paddle's own C++ API log) is: the forward callables
+of `paddle._C_ops` (and `_legacy_C_ops`), the module attributes anywhere in
+`sys.modules` that *are* those builtins (`paddle.tensor.matmul`, used by
+`nn.MultiHeadAttention`), and the Tensor methods that call C++ directly (the
+arithmetic dunders, `__getitem__`/`__setitem__`, `clone`, `copy_`, ...). All of
+them are replaced by thin wrappers for the duration of `intercept` only; a
+wrapper hands the outermost call to the listener and lets every nested call
+(Paddle internals, the listener's own work) go straight to the original.
+"""
 from __future__ import annotations
 
+import os
+import re
 import sys
-from typing import Any
+import types
+from _thread import get_ident
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
-from .base import Adapter
+import numpy as np
+
+from .base import Adapter, OpListener
 
 
-class PaddleAdapter:
+def _paddle():
+    import paddle
+
+    return paddle
+
+
+class _State:
+    """Shared by all wrappers: who listens, from which thread, and whether a call is in progress."""
+
+    __slots__ = ("depth", "listener", "thread", "module_names")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.listener: OpListener | None = None
+        self.thread = -1
+        self.module_names: dict[int, str] = {}
+
+
+_state = _State()
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Adapter work that must not be routed to a listener (reading, creating, writing tensors)."""
+    _state.depth += 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+def _op_wrapper(name: str, fn: Callable[..., Any], replay: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """Routes an outermost call of `fn` to the listener as `name`; `replay` (default `fn`) is what
+    the listener calls and keeps: an unbound callable taking the tensor as first argument."""
+    state = _state
+    target = fn if replay is None else replay
+
+    def wrapper(*args, **kwargs):
+        if state.depth or state.thread != get_ident():
+            return fn(*args, **kwargs)
+        state.depth = 1
+        try:
+            return state.listener.call(name, target, args, kwargs)
+        finally:
+            state.depth = 0
+
+    wrapper.__name__ = getattr(fn, "__name__", name.rsplit(".", 1)[-1])
+    wrapper.__qualname__ = name
+    wrapper.__doc__ = getattr(fn, "__doc__", None)
+    wrapper.__wrapped__ = fn
+    wrapper._bisectr_original = fn
+    return wrapper
+
+
+def _layer_call_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
+    state = _state
+
+    def __call__(self, *args, **kwargs):
+        if state.depth or state.thread != get_ident():
+            return original(self, *args, **kwargs)
+        listener = state.listener
+        path = state.module_names.get(id(self))
+        listener.enter_module(type(self).__name__ if path is None else path)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            listener.exit_module()
+
+    __call__.__wrapped__ = original
+    __call__._bisectr_original = original
+    return __call__
+
+
+# `_C_ops` names that are not forward ops of a model: gradients and backward passes.
+_BACKWARD = re.compile(r"(^|_)(grad|double_grad|triple_grad|backward)(_|$)")
+
+# C-level Tensor methods (method descriptors) that compute without going through `_C_ops`.
+_TENSOR_C_METHODS = (
+    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__div__", "__rdiv__",
+    "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__",
+    "__matmul__", "__rmatmul__", "__pow__", "__rpow__", "__eq__", "__ne__", "__lt__", "__le__",
+    "__gt__", "__ge__", "clone", "contiguous", "copy_", "detach", "detach_", "_copy_to",
+)
+# Python-level Tensor methods recorded under their own name, as torch names them: their inner
+# call is a C++ method (`x[i]`, `x.cpu()`) or another op (`-x` is `scale`, `~x` is `bitwise_not`).
+_TENSOR_PY_METHODS = (
+    "__getitem__", "__setitem__", "__neg__", "__pos__", "__abs__", "__invert__", "__and__", "__rand__",
+    "__or__", "__ror__", "__xor__", "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__",
+    "to", "cpu", "cuda",
+)
+
+
+class _Patches:
+    """What `intercept` replaces. Wrappers are made once per original object and reused."""
+
+    def __init__(self, paddle: Any):
+        self.paddle = paddle
+        self._wrappers: dict[int, tuple[Any, Callable[..., Any]]] = {}  # id(original) -> (original, wrapper)
+        self.op_tables = [
+            (prefix, table, [attr for attr, fn in vars(table).items() if not attr.startswith("_")
+                             and not _BACKWARD.search(attr) and isinstance(fn, types.BuiltinFunctionType)])
+            for prefix, table in (("_C_ops", paddle._C_ops), ("_legacy_C_ops", paddle._legacy_C_ops))
+        ]
+        self._bindings: list[tuple[Any, str, Any, Any]] = []
+        self._bindings_key = -1
+
+    def _wrapper(self, name: str, original: Any, replay: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        entry = self._wrappers.get(id(original))
+        if entry is None or entry[0] is not original:
+            entry = self._wrappers[id(original)] = (original, _op_wrapper(name, original, replay))
+        return entry[1]
+
+    def plan(self) -> list[tuple[Any, str, Any, Any]]:
+        """(owner, attribute, current value, replacement) of everything to replace now."""
+        paddle = self.paddle
+        plan: list[tuple[Any, str, Any, Any]] = []
+        builtins: dict[int, tuple[Any, Callable[..., Any]]] = {}
+        for prefix, table, names in self.op_tables:
+            namespace = vars(table)
+            for attr in names:
+                fn = namespace.get(attr)
+                if isinstance(fn, types.BuiltinFunctionType):
+                    wrapper = self._wrapper(f"{prefix}.{attr}", fn)
+                    builtins.setdefault(id(fn), (fn, wrapper))
+                    plan.append((table, attr, fn, wrapper))
+        if self._bindings_key != len(sys.modules):  # rescan only when modules were imported
+            self._bindings = self._module_bindings(builtins, {id(table) for _, table, _ in self.op_tables})
+            self._bindings_key = len(sys.modules)
+        plan += [entry for entry in self._bindings if getattr(entry[0], entry[1], None) is entry[2]]
+        tensor = paddle.Tensor
+        for attr in _TENSOR_C_METHODS + _TENSOR_PY_METHODS:
+            original = tensor.__dict__.get(attr)
+            if original is not None:
+                replay = _copy_and_bump(original) if attr == "copy_" else None
+                plan.append((tensor, attr, original, self._wrapper(f"Tensor.{attr}", original, replay)))
+        layer_call = paddle.nn.Layer.__dict__["__call__"]
+        entry = self._wrappers.get(id(layer_call))
+        if entry is None or entry[0] is not layer_call:
+            entry = self._wrappers[id(layer_call)] = (layer_call, _layer_call_wrapper(layer_call))
+        plan.append((paddle.nn.Layer, "__call__", layer_call, entry[1]))
+        return plan
+
+    @staticmethod
+    def _module_bindings(builtins: dict[int, tuple[Any, Any]], tables: set[int]) -> list[tuple[Any, str, Any, Any]]:
+        """Module attributes, anywhere, that are raw op builtins (`from paddle._C_ops import matmul`
+        style bindings, e.g. `paddle.tensor.matmul`). Paddle's own op tables are left alone."""
+        found = []
+        ids = frozenset(builtins)
+        for name, module in list(sys.modules.items()):
+            if (not isinstance(module, types.ModuleType) or id(module) in tables
+                    or name.startswith(("paddle._pir_ops", "paddle.base.libpaddle"))):
+                continue
+            try:
+                namespace = vars(module)
+                if ids.isdisjoint(map(id, list(namespace.values()))):  # C-speed pre-check
+                    continue
+                items = list(namespace.items())
+            except Exception:  # noqa: BLE001 - exotic module objects
+                continue
+            for attr, value in items:
+                entry = builtins.get(id(value))
+                if entry is not None and entry[0] is value:
+                    found.append((module, attr, value, entry[1]))
+        return found
+
+
+def _copy_and_bump(copy_: Callable[..., Any]) -> Callable[..., Any]:
+    """`Tensor.copy_` writes in place without bumping the inplace version, and returns a second
+    Python object for the same storage; bump the version and return `self`, as torch does."""
+
+    def copy_and_bump(self, *args, **kwargs):
+        copy_(self, *args, **kwargs)
+        self._bump_inplace_version()
+        return self
+
+    copy_and_bump.__name__ = "copy_"
+    copy_and_bump.__qualname__ = "Tensor.copy_"
+    return copy_and_bump
+
+
+_patches: _Patches | None = None
+
+
+class PaddleAdapter(Adapter):
     name = "paddle"
 
     def owns(self, obj: Any) -> bool:
-        return False
+        paddle = sys.modules.get("paddle")
+        return paddle is not None and isinstance(obj, (paddle.nn.Layer, paddle.Tensor))
+
+    def is_tensor(self, obj: Any) -> bool:
+        paddle = sys.modules.get("paddle")
+        return paddle is not None and isinstance(obj, paddle.Tensor)
+
+    def to_numpy(self, tensor: Any) -> np.ndarray:
+        paddle = _paddle()
+        _state.depth += 1
+        try:
+            if tensor.dtype == paddle.bfloat16:
+                tensor = paddle._C_ops.cast(tensor, paddle.float32)
+            return tensor.numpy()  # a host copy (measured faster in a trace than a DLPack copy)
+        finally:
+            _state.depth -= 1
+
+    def from_numpy(self, values: np.ndarray, dtype: str, device: str) -> Any:
+        paddle = _paddle()
+        with _quiet():  # `to_tensor` copies
+            return paddle.to_tensor(np.asarray(values), dtype=dtype, place=device)
+
+    def dtype_name(self, tensor: Any) -> str:
+        return str(tensor.dtype).removeprefix("paddle.")
+
+    def device_name(self, tensor: Any) -> str:
+        place = str(tensor.place)  # "Place(cpu)", "Place(gpu:0)"
+        return place[6:-1] if place.startswith("Place(") else place
+
+    def version(self, tensor: Any) -> int:
+        return tensor._inplace_version()
+
+    def assign(self, tensor: Any, values: np.ndarray) -> None:
+        source = self.from_numpy(values, self.dtype_name(tensor), self.device_name(tensor))
+        paddle = _paddle()
+        with _quiet(), paddle.no_grad():
+            tensor.copy_(source, True)
+            tensor._bump_inplace_version()
+
+    def named_leaves(self, model: Any) -> Iterator[tuple[str, Any]]:
+        paddle = _paddle()
+        if isinstance(model, paddle.nn.Layer):
+            for name, tensor in model.named_parameters():
+                yield f"param:{name}", tensor
+            for name, tensor in model.named_buffers():
+                if tensor is not None:
+                    yield f"buffer:{name}", tensor
+
+    def internal_paths(self) -> tuple[str, ...]:
+        return (os.path.dirname(_paddle().__file__) + os.sep,)
+
+    @contextmanager
+    def intercept(self, model: Any, listener: OpListener) -> Iterator[None]:
+        global _patches
+        paddle = _paddle()
+        if _state.listener is not None:
+            raise RuntimeError("bisectr: a paddle forward is already being intercepted")
+        if _patches is None:
+            _patches = _Patches(paddle)
+        module_names = ({id(layer): name for name, layer in model.named_sublayers(include_self=True)}
+                        if isinstance(model, paddle.nn.Layer) else {})
+        installed: list[tuple[Any, str, Any]] = []
+        try:
+            for owner, attr, original, replacement in _patches.plan():
+                setattr(owner, attr, replacement)
+                installed.append((owner, attr, original))
+            _state.module_names = module_names
+            _state.listener = listener
+            _state.depth = 0
+            _state.thread = get_ident()
+            with paddle.no_grad():
+                yield
+        finally:
+            _state.thread = -1
+            _state.listener = None
+            _state.module_names = {}
+            for owner, attr, original in reversed(installed):
+                setattr(owner, attr, original)
+
+
+def patch_counts() -> dict[str, int]:
+    """How many objects `intercept` replaces, by kind (for tests and reports)."""
+    paddle = _paddle()
+    kinds = {id(paddle._C_ops): "_C_ops", id(paddle._legacy_C_ops): "_legacy_C_ops", id(paddle.Tensor): "Tensor",
+             id(paddle.nn.Layer): "Layer"}
+    counts: dict[str, int] = {}
+    for owner, *_ in (_patches or _Patches(paddle)).plan():
+        kind = kinds.get(id(owner), "module_bindings")
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts

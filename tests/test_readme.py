@@ -1,0 +1,45 @@
+"""The README's commands run, and the output it quotes is what they print."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def shell_commands() -> list[str]:
+    return re.findall(r"```bash\n(.*?)\n```", README, re.S)
+
+
+def quoted_output(after: str) -> list[str]:
+    """Lines of the first plain code block following `after`."""
+    block = re.search(r"```\n(.*?)\n```", README[README.index(after):], re.S).group(1)
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def run_bisectr(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bisectr", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_readme_starts_with_the_two_commands_and_ci_runs_the_second():
+    setup_and_trace, setup_and_test = shell_commands()[:2]
+    assert README.index(setup_and_trace) < 400
+    assert setup_and_trace.endswith("bisectr trace examples/span_head.py")
+    assert setup_and_test in (ROOT / ".ci" / "run").read_text()
+
+
+def test_span_head_walkthrough_output_is_real():
+    done = run_bisectr("trace", "examples/span_head.py", "--no-tui")
+    assert done.returncode == 0, done.stderr
+    printed = [line.rstrip() for line in done.stdout.splitlines()]
+    for line in quoted_output("`bisectr trace examples/span_head.py --no-tui` prints:"):
+        assert line.rstrip() in printed
+
+
+def test_divergent_walkthrough_output_is_real():
+    done = run_bisectr("bisect", "examples/tanh_gelu.py")
+    assert done.returncode == 1, done.stderr
+    printed = [line.rstrip() for line in done.stdout.splitlines()]
+    for line in quoted_output("A real bug looks like this"):
+        assert line.rstrip() in printed
