@@ -17,10 +17,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .adapters import adapter_named
 from .align import Alignment, TensorPair
 from .metrics import error_metrics
-from .recording import replay_op
 from .run import Run
 from .trace import Trace
 
@@ -141,13 +139,10 @@ class Analysis:
         for tid in cand_op.inputs:
             from_reference = None if self.candidate.tensors[tid].producer is None else self.reference_values_for(tid)
             values[tid] = from_reference if from_reference is not None else self.candidate.value(tid)
-        dtypes = {t: self.candidate.tensors[t].dtype for t in cand_op.inputs}
-        return replay_op(adapter_named(self.candidate.framework), self.run.calls["candidate"][cand_index], values,
-                         dtypes, self.candidate.device)[0]
+        return self.run.replay("candidate", cand_index, values)[0]
 
     def _replayed_errors(self, cand_index: int, ref_index: int) -> tuple[float | None, dict | None]:
-        cand_calls, ref_calls = self.run.calls.get("candidate"), self.run.calls.get("reference")
-        if not cand_calls or not ref_calls:
+        if not self.run.is_live:
             return None, None
         ref_op = self.reference.ops[ref_index]
         if not all(self.reference.has_value(t) for t in ref_op.inputs + ref_op.outputs[:1]):
@@ -155,9 +150,7 @@ class Analysis:
         reference_out = self.reference.value(ref_op.outputs[0])
         try:
             local_out = self.local_output(cand_index)
-            oracle = replay_op(adapter_named(self.reference.framework), ref_calls[ref_index],
-                               {t: self.reference.value(t) for t in ref_op.inputs},
-                               {t: self.reference.tensors[t].dtype for t in ref_op.inputs}, self.reference.device, float64=True)[0]
+            oracle = self.run.replay("reference", ref_index, {t: self.reference.value(t) for t in ref_op.inputs}, float64=True)[0]
         except Exception:  # an op that cannot run on substituted inputs keeps no local evidence
             return None, None
         if local_out.size != reference_out.size:

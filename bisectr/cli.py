@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(bisect)
     bisect.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     bisect.add_argument("--exhaustive", action="store_true", help="patch every op instead of searching")
+    bisect.add_argument("--repro", metavar="DIR", help="write a standalone script reproducing the culprit op in both frameworks")
 
     view = commands.add_parser("view", help="reopen a saved run")
     view.add_argument("run_dir", metavar="RUN_DIR")
@@ -116,11 +117,19 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
     from .run import trace
 
     run = trace(args.model_file, args.reference, args.candidate)
-    result = _json_safe(_search(run, Console(stderr=True), args.exhaustive, quiet=args.json).to_dict())
+    searched = _search(run, Console(stderr=True), args.exhaustive, quiet=args.json)
+    result = _json_safe(searched.to_dict())
+    if args.repro and searched.culprit is not None:
+        from .repro import write_repro
+
+        where = write_repro(run, searched.alignment, searched.culprit["candidate"]["index"], args.repro)
+        result["repro"] = str(where / "repro.py")
     if args.json:
         print(json.dumps(result))
     else:
         report.print_result(console, run, result)
+        if "repro" in result:
+            console.print(f"repro written: python {result['repro']}", highlight=False)
     return _exit_status(result)
 
 

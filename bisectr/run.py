@@ -13,10 +13,10 @@ import numpy as np
 
 from .errors import ModelFileError, OutputMismatchError
 from .metrics import error_metrics
-from .adapters import input_layout
+from .adapters import adapter_named, input_layout
 from .align import Alignment, align_traces
 from .modelfile import Side, load_module, load_sides
-from .recording import Call, PatchedRerun, RecordOptions, Recorder, RerunResult, output_pairs
+from .recording import Call, PatchedRerun, RecordOptions, Recorder, RerunResult, output_pairs, replay_op
 from .store import RunWriter, TensorWriter, read_manifest, read_trace
 from .trace import Trace
 
@@ -50,7 +50,8 @@ class Run:
 
     @property
     def is_live(self) -> bool:
-        return bool(self.sides)
+        """Can ops be replayed and sides re-run (models loaded in this process)?"""
+        return bool(self.calls)
 
     def output_pairs(self) -> list[OutputPair]:
         return pair_outputs(self.reference, self.candidate, self.model_file)
@@ -88,6 +89,12 @@ class Run:
             fresh = trace(self.model_file, *self._functions())
             self.reference, self.candidate, self.sides, self.calls = fresh.reference, fresh.candidate, fresh.sides, fresh.calls
         return bisect_run(self, tolerance, exhaustive, progress)
+
+    def replay(self, role: str, index: int, values: dict[int, np.ndarray], float64: bool = False) -> list[np.ndarray]:
+        """Call op `index` of one side again on `values` (tid -> array) for its inputs; see `replay_op`."""
+        trace = self.traces[role]
+        dtypes = {tid: trace.tensors[tid].dtype for tid in trace.ops[index].inputs}
+        return replay_op(adapter_named(trace.framework), self.calls[role][index], values, dtypes, trace.device, float64)
 
     def _live_side(self, role: str) -> Side:
         if role not in self.sides:

@@ -87,3 +87,17 @@ def test_deep_stack_is_noise_and_the_mask_add_is_not_named():
     result = bisect_json("deep_stack.py")
     assert result["verdict"] == "noise"
     assert result["culprit"]["op"] != "add"
+
+
+def test_repro_reproduces_the_culprit_alone_in_both_frameworks(tmp_path):
+    result = bisect_json("cube_root_fp64.py", "--repro", str(tmp_path / "repro"))
+    script = tmp_path / "repro" / "repro.py"
+    assert result["repro"] == str(script)
+    text = script.read_text()
+    assert "import paddle" in text and "import torch" in text and "** (1 / 3)" in text
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(":", 1) for line in done.stdout.splitlines() if ":" in line)
+    assert float(lines["reference op vs float64 oracle"]) < 1e-15
+    assert 1e-9 < float(lines["candidate op vs float64 oracle"]) < 1e-7
+    assert "=> different" in done.stdout

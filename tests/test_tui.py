@@ -276,7 +276,10 @@ async def test_e_exports_a_repro_that_reproduces_the_op(live, tmp_path):
     assert "approximate='tanh'" in (directory / "repro.py").read_text()
     out = subprocess.run([sys.executable, str(directory / "repro.py")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert "(local error)  max abs 0.000462" in out.stdout and "compute different things" in out.stdout
+    _, result = live
+    assert f"candidate vs reference:         {result.culprit['local_error']:.3g}" in out.stdout
+    assert f"candidate op vs float64 oracle: {result.culprit['fp64']['candidate_error']:.3g}" in out.stdout
+    assert "=> different: the candidate computes something else" in out.stdout
 
 
 async def test_a_matching_run_has_no_culprit(tmp_path):

@@ -19,7 +19,8 @@ import numpy as np
 
 from ..align import Alignment
 from ..metrics import error_metrics
-from ..report import fmt, short_source, source_text
+from ..repro import write_repro
+from ..report import short_source
 from ..run import Run
 
 # Worst first; "block" (inside a matched N:M block) and "unaligned" ops carry no evidence.
@@ -356,7 +357,7 @@ class RunData:
     def replay_evidence(self, index: int) -> dict | None:
         """Replay one op (live runs): local error and the fp64 oracle. Slow-ish: call from a worker."""
         row = self.by_index[index]
-        if not self.live or not self.run.calls or row.reference is None or self.alignment is None:
+        if not self.run.is_live or row.reference is None or self.alignment is None:
             return None
         from ..analysis import Analysis
 
@@ -395,183 +396,10 @@ class RunData:
         return self.result
 
     def export_repro(self, index: int, directory: str | os.PathLike | None = None) -> Path:
-        """Write `repro.py` and `inputs.npz` replaying candidate op `index` on the reference's inputs."""
-        cand = self.run.candidate
-        op = cand.ops[index]
-        row = self.by_index[index]
+        """Write `repro.py` and `inputs.npz` for op `index` in both frameworks (see `bisectr.repro`)."""
+        if self.alignment is None:
+            raise RuntimeError("no alignment: nothing to compare the op with")
         if directory is None:
             base = Path(self.run.run_dir) if self.run.run_dir is not None else Path.cwd()
-            directory = base / "repro" / f"op{index}_{re.sub(r'[^A-Za-z0-9_]+', '_', op.op)}"
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        arrays: dict[str, np.ndarray] = {}
-        notes = []
-        for position, tid in enumerate(op.inputs):
-            info = cand.tensors[tid]
-            own = cand.value(tid) if cand.has_value(tid) else None
-            reference = self.reference_values(tid) if info.producer is not None else None
-            values = reference if reference is not None else own
-            if values is None:
-                values = np.zeros(info.shape, dtype=np.float32)
-                notes.append(f"input {position} was not stored: zeros stand in for it")
-            arrays[f"input_{position}"] = np.ascontiguousarray(values)
-            if own is not None:
-                arrays[f"candidate_input_{position}"] = np.ascontiguousarray(own)
-        if op.outputs:
-            if cand.has_value(op.outputs[0]):
-                arrays["candidate_output"] = np.ascontiguousarray(cand.value(op.outputs[0]))
-            reference_out = self.reference_values(op.outputs[0])
-            if reference_out is not None:
-                arrays["reference_output"] = np.ascontiguousarray(reference_out)
-        np.savez(directory / "inputs.npz", **arrays)
-        dtypes = [cand.tensors[t].dtype for t in op.inputs]
-        call = self.run.calls.get("candidate", [None] * (index + 1))[index] if self.run.calls else None
-        script = repro_script(cand.framework, op.framework_op, op.module, row, dtypes,
-                              call_expression(cand.framework, op.framework_op, op.inputs, call), notes)
-        (directory / "repro.py").write_text(script)
-        return directory
-
-
-def _literal(value: Any) -> str | None:
-    """Python source for a simple argument value, or None."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return repr(value)
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else f"float({str(value)!r})"
-    if isinstance(value, (tuple, list)):
-        items = [_literal(v) for v in value]
-        if any(i is None for i in items):
-            return None
-        body = ", ".join(items) + ("," if isinstance(value, tuple) and len(items) == 1 else "")
-        return f"({body})" if isinstance(value, tuple) else f"[{body}]"
-    if isinstance(value, dict):
-        items = [(_literal(k), _literal(v)) for k, v in value.items()]
-        if any(k is None or v is None for k, v in items):
-            return None
-        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
-    text = repr(value)
-    if text.startswith(("torch.", "paddle.")) and re.fullmatch(r"[\w.]+", text):  # dtypes, e.g. torch.float32
-        return text
-    return None
-
-
-def call_expression(framework: str, framework_op: str, inputs: list[int], call: Any) -> str:
-    """`torch.nn.functional.gelu(x[0], approximate='tanh')` from a recorded call, or a guess with
-    the tensor inputs only when the call was not kept (a run reopened from disk)."""
-    function = f"{framework}.{framework_op}"
-    if call is None:
-        return f"{function}({', '.join(f'x[{i}]' for i in range(len(inputs)))})  # non-tensor arguments are not saved with a run"
-    from ..recording import Slot
-
-    positions = {tid: i for i, tid in enumerate(inputs)}
-    missing = []
-
-    def render(value: Any) -> str:
-        if isinstance(value, Slot):
-            return f"x[{positions[value.tid]}]" if value.tid in positions else "None"
-        if isinstance(value, (tuple, list)) and any(isinstance(v, Slot) for v in value):
-            body = ", ".join(render(v) for v in value) + ("," if isinstance(value, tuple) and len(value) == 1 else "")
-            return f"({body})" if isinstance(value, tuple) else f"[{body}]"
-        literal = _literal(value)
-        if literal is None:
-            missing.append(type(value).__name__)
-            return "None"
-        return literal
-
-    args = [render(a) for a in call.args] + [f"{k}={render(v)}" for k, v in call.kwargs.items()]
-    note = f"  # replaced unrepresentable {', '.join(missing)} with None" if missing else ""
-    return f"{function}({', '.join(args)}){note}"
-
-
-_CONVERT = {
-    "torch": ("import torch", "torch.from_numpy(a).to(getattr(torch, dtype))", "t.detach().to(torch.float64).cpu().numpy()",
-              "t.double() if t.is_floating_point() else t"),
-    "paddle": ("import paddle", "paddle.to_tensor(a.astype('float32') if dtype == 'bfloat16' else a, dtype=dtype)",
-               "t.astype('float64').numpy()", "t.astype('float64') if t.is_floating_point() else t"),
-}
-
-
-def repro_script(framework: str, framework_op: str, module: str, row: OpRow, dtypes: list[str], expression: str,
-                 notes: list[str]) -> str:
-    imports, to_tensor, to_numpy, upcast = _CONVERT.get(framework, _CONVERT["torch"])
-    reference = (f"reference op {row.reference} `{row.reference_op}` in {row.reference_module or '(top level)'}, "
-                 f"{short_source(row.reference_source)}") if row.reference is not None else "no reference partner"
-    header = "\n".join([
-        f'"""bisectr repro: candidate op {row.index} `{framework_op}` ({row.op}) in {module or "(top level)"}.',
-        "",
-        f"Candidate source: {short_source(row.source)}  {source_text(row.source)}",
-        f"Paired with {reference}.",
-        f"Recorded: propagated error {fmt(row.output_error)}, local error {fmt(row.local_error)}, verdict {row.verdict or 'n/a'}.",
-        "",
-        "inputs.npz holds the op's inputs as the reference computed them (input_N, in the candidate's",
-        "layout; parameters are the candidate's own), the candidate's own inputs (candidate_input_N) and",
-        "both outputs. This script runs the candidate op on the reference's inputs, in the recorded",
-        "precision and in float64, and compares with the reference output.",
-        *(["", *notes] if notes else []),
-        "",
-        "Run: python repro.py",
-        '"""',
-    ])
-    return f'''{header}
-import os
-
-import numpy as np
-{imports}
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-DTYPES = {dtypes!r}
-
-
-def tensors(data, prefix):
-    out = []
-    for i, dtype in enumerate(DTYPES):
-        a = data[f"{{prefix}}_{{i}}"]
-        out.append({to_tensor})
-    return out
-
-
-def as_numpy(t):
-    if isinstance(t, (tuple, list)):
-        t = t[0]
-    return {to_numpy}
-
-
-def run(x):
-    return {expression}
-
-
-def error(a, b):
-    diff = np.abs(a.reshape(-1) - b.reshape(-1).astype(np.float64))
-    scale = np.abs(b).max() if b.size else 0.0
-    return diff.max() if diff.size else 0.0, (diff.max() / scale if scale else 0.0) if diff.size else 0.0
-
-
-def show(label, errors):
-    print(f"  {{label:<38}} max abs {{errors[0]:.3g}}, max rel {{errors[1]:.3g}}")
-
-
-def main():
-    data = np.load(os.path.join(HERE, "inputs.npz"))
-    x = tensors(data, "input")
-    out = as_numpy(run(x))
-    print("candidate op on the reference's inputs, output shape", out.shape)
-    if "reference_output" in data:
-        expected = data["reference_output"]
-        show("vs the reference output (local error)", error(out, expected))
-        x64 = [{upcast} for t in x]
-        oracle = as_numpy(run(x64))
-        own = error(out, oracle)
-        theirs = error(expected.astype(np.float64), oracle)
-        show("vs itself in float64 (its rounding)", own)
-        show("reference output vs that float64", theirs)
-        if theirs[1] > 4 * own[1] + 1e-6:
-            print("=> far beyond rounding: the two ops compute different things")
-        else:
-            print("=> within rounding of each other")
-    if "candidate_output" in data:
-        show("vs the candidate's recorded output", error(out, data["candidate_output"]))
-
-
-if __name__ == "__main__":
-    main()
-'''
+            directory = base / "repro" / f"op{index}_{re.sub(r'[^A-Za-z0-9_]+', '_', self.run.candidate.ops[index].op)}"
+        return write_repro(self.run, self.alignment, index, directory)

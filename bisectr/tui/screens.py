@@ -100,7 +100,7 @@ class DetailScreen(Screen):
                      else "reference · no paired op")
         self.query_one("#source-reference", SourcePanel).show(ref_title, row.reference_source)
         evidence = data.evidence(index)
-        pending = evidence is None and data.live and bool(data.run.calls) and row.reference is not None
+        pending = evidence is None and data.run.is_live and row.reference is not None
         self.query_one(EvidencePanel).show(data, index, evidence, pending)
         self.query_one(HeatMapView).show(data.heat_map(index))
         self.query_one(TensorStats).show(data, index)
