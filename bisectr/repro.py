@@ -96,12 +96,11 @@ def write_repro(run: Run, alignment: Alignment, cand_index: int, directory: str 
     arrays["reference_output"] = np.asarray(ref.value(ref_op.outputs[0]))
     arrays["candidate_output"] = np.asarray(cand.value(cand_op.outputs[0]))
     np.savez(directory / "inputs.npz", **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
-    calls = run.calls or {}
     sides = {
         "reference": (ref.framework, [ref.tensors[t].dtype for t in ref_op.inputs],
-                      call_expression(ref.framework, ref_op.framework_op, ref_op.inputs, _call(calls, "reference", ref_index))),
+                      call_expression(ref.framework, ref_op.framework_op, ref_op.inputs, run.call("reference", ref_index))),
         "candidate": (cand.framework, [cand.tensors[t].dtype for t in cand_op.inputs],
-                      call_expression(cand.framework, cand_op.framework_op, cand_op.inputs, _call(calls, "candidate", cand_index))),
+                      call_expression(cand.framework, cand_op.framework_op, cand_op.inputs, run.call("candidate", cand_index))),
     }
     header = "\n".join([
         f'"""bisectr repro: {cand_op.op} — candidate op {cand_index} vs reference op {ref_index}.',
@@ -118,10 +117,6 @@ def write_repro(run: Run, alignment: Alignment, cand_index: int, directory: str 
     ])
     (directory / "repro.py").write_text(_script(header, sides))
     return directory
-
-
-def _call(calls: dict[str, list[Call]], role: str, index: int) -> Call | None:
-    return calls[role][index] if role in calls else None
 
 
 def _script(header: str, sides: dict[str, tuple[str, list[str], str]]) -> str:

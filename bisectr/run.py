@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import ModelFileError, OutputMismatchError
-from .metrics import error_metrics
-from .adapters import adapter_named, input_layout
+from .adapters import input_layout
 from .align import Alignment, align_traces
-from .modelfile import Side, load_module, load_sides
-from .recording import Call, PatchedRerun, RecordOptions, Recorder, RerunResult, output_pairs, replay_op
-from .store import RunWriter, TensorWriter, read_manifest, read_trace
+from .errors import ModelFileError, OutputMismatchError, RunDirError
+from .metrics import error_metrics
+from .modelfile import load_module, load_sides
+from .recording import Call, RecordOptions, RerunResult
+from .sides import LocalSide, SideRunner, record_side  # noqa: F401  (record_side: for benchmarks)
+from .store import SIDES, RunWriter, read_manifest, read_trace
 from .trace import Trace
 
 if TYPE_CHECKING:
@@ -39,9 +40,8 @@ class Run:
     reference: Trace
     candidate: Trace
     run_dir: Path | None = None
-    # Present while the models are loaded in this process (after `trace`, not after `load`).
-    sides: dict[str, Side] = field(default_factory=dict)
-    calls: dict[str, list[Call]] = field(default_factory=dict)
+    # Where each side's model runs; present after `trace`, not after `load`.
+    runners: dict[str, SideRunner] = field(default_factory=dict)
     saved_result: dict | None = None
 
     @property
@@ -50,8 +50,8 @@ class Run:
 
     @property
     def is_live(self) -> bool:
-        """Can ops be replayed and sides re-run (models loaded in this process)?"""
-        return bool(self.calls)
+        """Can ops be replayed and sides re-run (models loaded)?"""
+        return bool(self.runners)
 
     def output_pairs(self) -> list[OutputPair]:
         return pair_outputs(self.reference, self.candidate, self.model_file)
@@ -66,11 +66,7 @@ class Run:
 
     def rerun(self, role: str, patches: dict[int, np.ndarray], capture: set[int] | frozenset = frozenset()) -> RerunResult:
         """Run one side again with `patches` (tid -> values) swapped in; see `PatchedRerun`."""
-        side = self._live_side(role)
-        runner = PatchedRerun(side.adapter, side.model, side.input_items(), self.traces[role], patches, capture)
-        with side.adapter.intercept(side.model, runner):
-            outputs = side.forward()
-        return runner.finish(output_pairs(side.adapter, outputs))
+        return self._runner(role).rerun(self.traces[role], patches, capture)
 
     def pins(self) -> dict[str, str] | None:
         """`ALIGN_MODULES` of the model file: candidate module paths pinned to reference ones."""
@@ -85,21 +81,23 @@ class Run:
         """Align, analyse and search for the culprit (re-runs the models)."""
         from .bisection import bisect_run
 
-        if not self.calls:
+        if not self.is_live:
             fresh = trace(self.model_file, *self._functions())
-            self.reference, self.candidate, self.sides, self.calls = fresh.reference, fresh.candidate, fresh.sides, fresh.calls
+            self.reference, self.candidate, self.runners = fresh.reference, fresh.candidate, fresh.runners
         return bisect_run(self, tolerance, exhaustive, progress)
 
     def replay(self, role: str, index: int, values: dict[int, np.ndarray], float64: bool = False) -> list[np.ndarray]:
         """Call op `index` of one side again on `values` (tid -> array) for its inputs; see `replay_op`."""
-        trace = self.traces[role]
-        dtypes = {tid: trace.tensors[tid].dtype for tid in trace.ops[index].inputs}
-        return replay_op(adapter_named(trace.framework), self.calls[role][index], values, dtypes, trace.device, float64)
+        return self._runner(role).replay(self.traces[role], index, values, float64)
 
-    def _live_side(self, role: str) -> Side:
-        if role not in self.sides:
-            self.sides = dict(zip(("reference", "candidate"), load_sides(self.model_file, *self._functions())))
-        return self.sides[role]
+    def call(self, role: str, index: int) -> Call | None:
+        """The recorded call of op `index` (function and arguments), when the side is live."""
+        return self.runners[role].call(index) if self.is_live else None
+
+    def _runner(self, role: str) -> SideRunner:
+        if not self.is_live:
+            raise RunDirError(f"{self.run_dir}: a saved run cannot re-run its models; trace the model file again")
+        return self.runners[role]
 
     def _functions(self) -> tuple[str, str]:
         manifest = read_manifest(self.run_dir) if self.run_dir else {}
@@ -112,31 +110,16 @@ def bisect(model_file: str | os.PathLike, reference: str = "reference", candidat
     return trace(model_file, reference, candidate).bisect(tolerance, exhaustive)
 
 
-def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions) -> tuple[Trace, list[Call]]:
-    items = side.input_items()
-    device, dtype = side.adapter.describe(side.model, [value for _, value in items])
-    trace = Trace(side.role, side.adapter.name, device, dtype)
-    recorder = Recorder(side.adapter, side.model, items, trace, writer, options)
-    with side.adapter.intercept(side.model, recorder):
-        outputs = side.forward()
-    pairs = output_pairs(side.adapter, outputs)
-    if not pairs:
-        raise ModelFileError(f"{side.model_file}: the {side.role} model returned no tensors (got {type(outputs).__name__})")
-    recorder.record_outputs(pairs)
-    return trace, recorder.calls
-
-
 def trace(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
           out: str | os.PathLike | None = None, store_values: bool = True, keep_modules: tuple[str, ...] = ()) -> Run:
     """Record both sides of `model_file` into the run directory `out` (a temporary one if None)."""
     model_file = Path(model_file)
-    sides = dict(zip(("reference", "candidate"), load_sides(model_file, reference, candidate)))
+    runners = {role: LocalSide(side) for role, side in zip(SIDES, load_sides(model_file, reference, candidate))}
     run_dir = Path(out) if out is not None else _temporary_run_dir(model_file)
     writer = RunWriter(run_dir)
     options = RecordOptions(store_values=store_values, keep_modules=tuple(keep_modules))
     try:
-        recorded = {role: record_side(side, writer.tensor_writer(role), options) for role, side in sides.items()}
-        traces = {role: t for role, (t, _) in recorded.items()}
+        traces = {role: runner.record(writer.tensor_writer(role), options) for role, runner in runners.items()}
         pair_outputs(traces["reference"], traces["candidate"], model_file)
         manifest = {"model_file": str(model_file.resolve()), "reference_fn": reference, "candidate_fn": candidate,
                     "store_values": store_values, "keep_modules": list(keep_modules)}
@@ -145,8 +128,7 @@ def trace(model_file: str | os.PathLike, reference: str = "reference", candidate
         writer.abort()
         raise
     loaded = {role: read_trace(final_dir, role) for role in traces}
-    return Run(model_file, loaded["reference"], loaded["candidate"], final_dir, sides,
-               {role: calls for role, (_, calls) in recorded.items()})
+    return Run(model_file, loaded["reference"], loaded["candidate"], final_dir, runners)
 
 
 def load(run_dir: str | os.PathLike) -> Run:

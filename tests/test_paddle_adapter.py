@@ -240,7 +240,7 @@ def test_rerun_with_patches_replaces_outputs_including_in_place_ops(run):
     assert np.array_equal(patched.outputs["logits"], values)
     np.testing.assert_allclose(patched.outputs["probs"], softmax(values), rtol=1e-5, atol=1e-7)
     # A patched leaf (the classifier parameter) changes what reads it, not the model.
-    model = run.sides["candidate"].model
+    model = run.runners["candidate"].side.model
     before = model.classifier.numpy()
     classifier = run.candidate.leaves["param:classifier"]
     patched = run.rerun("candidate", {classifier: np.zeros_like(before)})
@@ -250,7 +250,7 @@ def test_rerun_with_patches_replaces_outputs_including_in_place_ops(run):
 
 
 def test_replay_in_float64_matches_numpy_truth(run):
-    trace, calls, adapter = run.candidate, run.calls["candidate"], PaddleAdapter()
+    trace, calls, adapter = run.candidate, run.runners["candidate"].calls, PaddleAdapter()
 
     def replay(op):
         values = {tid: trace.value(tid) for tid in op.inputs}

@@ -1,0 +1,34 @@
+"""Smoke test: `python benchmarks/run.py --quick` runs end to end and prints every section of its table.
+
+No timing assertions: the figures of a quick run on a shared machine mean little.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADINGS = [
+    "bisectr benchmarks",
+    "Recording overhead",
+    "Store size and peak memory",
+    "Search for the planted tanh GELU",
+    "Aligner on synthetic traces",
+    "PaDiff vs bisectr",
+    "Targets",
+]
+
+
+def test_quick_benchmark_runs_and_prints_the_table(tmp_path):
+    raw = tmp_path / "figures.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--json", str(raw)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    for heading in HEADINGS:
+        assert heading in done.stdout, f"missing {heading!r} in:\n{done.stdout[-3000:]}"
+    for column in ("torch", "paddle", "target", "holds"):
+        assert column in done.stdout
+    assert raw.is_file() and raw.stat().st_size > 0
