@@ -63,6 +63,11 @@ class TensorPair:
             values = np.transpose(values, self.transform)
         return np.ascontiguousarray(values).reshape(shape)
 
+    def candidate_in_reference_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        if self.transform is not None:
+            values = np.transpose(values.reshape([values.shape[i] for i in range(values.ndim)]), np.argsort(self.transform))
+        return np.ascontiguousarray(values).reshape(shape)
+
 
 @dataclass
 class OpPair:

@@ -281,5 +281,7 @@ def _culprit_dict(run: Run, analysis: Analysis, evidence: OpEvidence) -> dict[st
 
 
 def _profile_row(evidence: OpEvidence) -> dict:
-    return {"index": evidence.candidate, "op": evidence.op, "output_error": evidence.output_error["max_rel"],
-            "local_error": evidence.local_error, "verdict": evidence.verdict, "amplification": evidence.amplification}
+    return {"index": evidence.candidate, "reference": evidence.reference, "op": evidence.op,
+            "output_error": evidence.output_error["max_rel"], "max_abs": evidence.output_error["max_abs"],
+            "mean_abs": evidence.output_error["mean_abs"], "local_error": evidence.local_error,
+            "verdict": evidence.verdict, "amplification": evidence.amplification}

@@ -36,12 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--keep-module", action="append", default=[], metavar="PREFIX",
                        help="store values only for ops under this module path (repeatable)")
     trace.add_argument("--alignment", action="store_true", help="print the op alignment as a table")
+    trace.add_argument("--ops", action="store_true", help="print every paired op with its mean and max difference")
 
     bisect = commands.add_parser("bisect", help="scripted first-divergence search")
     _add_model_arguments(bisect)
     bisect.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     bisect.add_argument("--exhaustive", action="store_true", help="patch every op instead of searching")
     bisect.add_argument("--repro", metavar="DIR", help="write a standalone script reproducing the culprit op in both frameworks")
+    bisect.add_argument("--substitute", metavar="OPS",
+                        help="re-run the candidate with the reference's implementation of these canonical ops "
+                             "(comma-separated; 'rounding' = every op that is not bit-exact) and report the error")
 
     view = commands.add_parser("view", help="reopen a saved run")
     view.add_argument("run_dir", metavar="RUN_DIR")
@@ -102,6 +106,8 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
     if args.alignment:
         report.print_alignment(console, run, result.alignment)
     saved = _json_safe(result.to_dict())
+    if args.ops:
+        report.print_ops(console, run, saved)
     save_result(run.run_dir, saved)
     if console.is_terminal and not args.no_tui:
         from .tui import run_app
@@ -124,13 +130,29 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
 
         where = write_repro(run, searched.alignment, searched.culprit["candidate"]["index"], args.repro)
         result["repro"] = str(where / "repro.py")
+    if args.substitute:
+        from .substitution import substitute
+
+        chosen = _substituted_ops(args.substitute, result)
+        result["substitution"] = _json_safe(substitute(run, searched.alignment, chosen).to_dict())
     if args.json:
         print(json.dumps(result))
     else:
         report.print_result(console, run, result)
         if "repro" in result:
             console.print(f"repro written: python {result['repro']}", highlight=False)
+        if "substitution" in result:
+            report.print_substitution(console, result["substitution"])
     return _exit_status(result)
+
+
+def _substituted_ops(spec: str, result: dict) -> list[str]:
+    """Canonical op names from `--substitute`; 'rounding' names every op whose replay is not bit-exact."""
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if "rounding" in names:
+        names.remove("rounding")
+        names += sorted({row["op"] for row in result["profile"] if row["verdict"] in ("noise", "different")})
+    return names
 
 
 def run_view(args: argparse.Namespace, console: Console) -> int:

@@ -121,6 +121,25 @@ def error_chart(profile: list[dict], marked: int | None, width: int = CHART_WIDT
             f"           {marker}", f"           op {first} .. op {last}, {buckets} op(s) per column"]
 
 
+def print_substitution(console: Console, substitution: dict) -> None:
+    units = len(substitution["replaced"])
+    console.print(f"\nwith the reference's {', '.join(substitution['ops'])} ({units} aligned unit(s) replaced): "
+                  f"outputs' error {fmt(substitution['output_error'])} (replayed as it is: {fmt(substitution['before'])})",
+                  highlight=False)
+
+
+def print_ops(console: Console, run: Run, result: dict) -> None:
+    """The numbered list of paired ops with their differences (what seeds 001/002 wrote by hand)."""
+    table = Table(title="Ops (candidate numbering; differences vs the paired reference op)", title_justify="left")
+    for column in ("op", "name", "module", "source", "mean dif", "max dif", "max rel", "local", "verdict"):
+        table.add_column(column, no_wrap=column in ("op", "name"))
+    for row in result.get("profile", []):
+        op = run.candidate.ops[row["index"]]
+        table.add_row(str(row["index"]), row["op"], op.module, short_source(op.source), fmt(row.get("mean_abs")),
+                      fmt(row.get("max_abs")), fmt(row["output_error"]), fmt(row["local_error"]), row["verdict"])
+    console.print(table)
+
+
 def print_alignment(console: Console, run: Run, alignment: Alignment) -> None:
     table = Table(title="Alignment (candidate -> reference)", title_justify="left")
     for column in ("cand op", "ref op", "op", "candidate module", "reference module", "confidence"):

@@ -1,5 +1,6 @@
 """`bisectr bisect --json` on every example: the verdict and culprit its docstring promises."""
 import json
+import os
 import math
 import subprocess
 import sys
@@ -101,3 +102,42 @@ def test_repro_reproduces_the_culprit_alone_in_both_frameworks(tmp_path):
     assert float(lines["reference op vs float64 oracle"]) < 1e-15
     assert 1e-9 < float(lines["candidate op vs float64 oracle"]) < 1e-7
     assert "=> different" in done.stdout
+
+
+def test_reformer_numbered_op_list_replaces_the_hand_numbered_ids(tmp_path):
+    """Seeds 001/002 numbered ops by hand and printed `max dif` after each: `trace --ops` does it."""
+    done = subprocess.run([sys.executable, "-m", "bisectr", "trace", str(EXAMPLES / "reformer_local_attention.py"),
+                           "--reference", "reference_trained", "--candidate", "candidate_trained",
+                           "--ops", "--no-tui", "-o", str(tmp_path / "run")],
+                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("│")[1:-1] for line in done.stdout.splitlines() if line.startswith("│ ") and len(line.split("│")) == 11]
+    rows = [[cell.strip() for cell in row] for row in rows if row[0].strip().isdigit()]
+    layer0 = [(name, module) for _, name, module, *_ in rows if module.startswith(("embed", "layers.0"))]
+    names = [name for name, _ in layer0]
+    expected = ["embedding", "layer_norm", "linear", "linear", "linear", "div", "matmul", "where", "logsumexp", "exp",
+                "matmul", "linear", "add"]
+    positions = [names.index(expected[0])]
+    for name in expected[1:]:  # the seed's ops appear in this order
+        positions.append(names.index(name, positions[-1] + 1))
+    max_dif = {int(row[0]): float(row[5]) for row in rows}
+    assert max_dif[0] == 0.0  # identical embeddings
+    layer_norm = next(int(r[0]) for r in rows if r[1] == "layer_norm")
+    assert 1e-7 < max_dif[layer_norm] < 1e-5  # "why does layer_norm differ on identical inputs?"
+    last_add = [int(r[0]) for r in rows if r[1] == "add"]
+    assert max_dif[last_add[-1]] > max_dif[last_add[0]] > 0  # error grows layer by layer
+
+
+def test_substituting_the_reference_ops_brings_the_difference_to_zero():
+    """Seed 003 swapped paddle's layer_norm, matmul, sum, logsumexp, ... for torch's by hand until 0."""
+    named = bisect_json("op_substitution.py", "--substitute", "layer_norm,linear,matmul,sum,logsumexp")["substitution"]
+    assert named["before"] > 1e-7 and named["output_error"] < named["before"]
+    every = bisect_json("op_substitution.py", "--substitute", "rounding")["substitution"]
+    assert {"layer_norm", "linear", "matmul", "logsumexp"} <= {"layer_norm", *every["ops"]}
+    assert every["output_error"] == 0.0
+    assert every["replaced"][0]["candidate"] == [0] and len(every["replaced"][0]["reference"]) > 5  # fused vs by hand
+
+
+def test_substituting_the_culprit_removes_a_real_bug():
+    substitution = bisect_json("tanh_gelu.py", "--substitute", "gelu")["substitution"]
+    assert substitution["before"] > 1e-4 > 1e-5 > substitution["output_error"]

@@ -1,0 +1,124 @@
+"""Operator substitution (seed 003): run the candidate with the reference framework's
+implementation of chosen ops, and see whether the difference goes away.
+
+The candidate's forward is re-executed from its trace, op by op, with `Run.replay` (an
+interpreter over the recorded graph, as `torch.fx.Interpreter` is over a graph
+module). An aligned unit (a 1:1 pair, or a matched N:M block such as a fused
+`layer_norm` against mean/var/rsqrt) that contains a chosen op is computed instead by
+replaying the reference's ops on the candidate's current values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .align import Alignment, TensorPair
+from .metrics import error_metrics
+from .run import Run
+
+
+@dataclass
+class Unit:
+    candidate: list[int]
+    reference: list[int]
+
+
+@dataclass
+class SubstitutionResult:
+    ops: list[str]
+    units: list[Unit]
+    before: float  # outputs' error of the candidate replayed as it is
+    after: float  # with the reference's implementation of `ops`
+
+    def to_dict(self) -> dict:
+        return {"ops": self.ops, "replaced": [{"candidate": u.candidate, "reference": u.reference} for u in self.units],
+                "before": self.before, "output_error": self.after}
+
+
+def substitute(run: Run, alignment: Alignment, ops: list[str]) -> SubstitutionResult:
+    """The outputs' error with every unit containing one of `ops` (canonical names) taken from the reference."""
+    chosen = set(ops)
+    units = [u for u in _units(alignment)
+             if any(run.candidate.ops[i].op in chosen for i in u.candidate)
+             or any(run.reference.ops[i].op in chosen for i in u.reference)]
+    before = _worst_error(run, _replay_candidate(run, alignment, []))
+    after = _worst_error(run, _replay_candidate(run, alignment, units))
+    return SubstitutionResult(sorted(chosen), units, before, after)
+
+
+def _units(alignment: Alignment) -> list[Unit]:
+    units = [Unit([p.candidate], [p.reference]) for p in alignment.pairs]
+    units += [Unit(list(b.candidate), list(b.reference)) for b in alignment.blocks if b.matched and b.candidate and b.reference]
+    return sorted(units, key=lambda u: u.candidate[0])
+
+
+def _replay_candidate(run: Run, alignment: Alignment, units: list[Unit]) -> dict[str, np.ndarray]:
+    """Execute the candidate's trace op by op; `units` are computed by the reference's ops."""
+    trace = run.candidate
+    by_first_op = {u.candidate[0]: u for u in units}
+    skipped: set[int] = set()
+    values: dict[int, np.ndarray] = {}
+    last_read = {tid: readers[-1] for tid, readers in trace.consumers().items()}
+    outputs = set(trace.outputs.values())
+    for op in trace.ops:
+        if op.index in skipped:
+            continue
+        unit = by_first_op.get(op.index)
+        if unit is None:
+            _run_candidate_op(run, op.index, values)
+        else:
+            for index in unit.candidate:  # the candidate's own values first: block internals stay defined
+                _run_candidate_op(run, index, values)
+            values.update(_reference_unit(run, alignment, unit, values))
+            skipped.update(unit.candidate)
+        for tid in op.inputs:  # free what no later op reads
+            if last_read.get(tid) == op.index and tid not in outputs:
+                values.pop(tid, None)
+    return {key: values[tid] if tid in values else trace.value(tid) for key, tid in trace.outputs.items()}
+
+
+def _run_candidate_op(run: Run, index: int, values: dict[int, np.ndarray]) -> None:
+    trace = run.candidate
+    op = trace.ops[index]
+    inputs = {tid: values[tid] if tid in values else trace.value(tid) for tid in op.inputs}
+    values.update(zip(op.outputs, run.replay("candidate", index, inputs)))
+
+
+def _reference_unit(run: Run, alignment: Alignment, unit: Unit, cand_values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Replay the unit's reference ops on the candidate's values; return the candidate tensors they define."""
+    reference = run.reference
+    from_candidate: dict[int, TensorPair] = {}
+    for pair in alignment.tensors.values():
+        if pair.candidate in cand_values:
+            from_candidate.setdefault(pair.reference, pair)
+    ref_values: dict[int, np.ndarray] = {}
+    for index in sorted(unit.reference):
+        op = reference.ops[index]
+        inputs = {}
+        for tid in op.inputs:
+            if tid in ref_values:
+                inputs[tid] = ref_values[tid]
+            elif tid in from_candidate:
+                inputs[tid] = from_candidate[tid].candidate_in_reference_layout(
+                    cand_values[from_candidate[tid].candidate], reference.tensors[tid].shape)
+            else:
+                inputs[tid] = reference.value(tid)
+        ref_values.update(zip(op.outputs, run.replay("reference", index, inputs)))
+    defined = {}
+    for index in unit.candidate:
+        for tid in run.candidate.ops[index].outputs:
+            pair = alignment.tensors.get(tid)
+            if pair is not None and pair.reference in ref_values:
+                info = run.candidate.tensors[tid]
+                values = pair.reference_in_candidate_layout(ref_values[pair.reference], info.shape)
+                defined[tid] = values.astype(cand_values[tid].dtype, copy=False)
+    return defined
+
+
+def _worst_error(run: Run, outputs: dict[str, np.ndarray]) -> float:
+    worst = 0.0
+    for pair in run.output_pairs():
+        reference = run.reference.value(pair.reference)
+        worst = max(worst, error_metrics(outputs[pair.candidate_key].reshape(reference.shape), reference)["max_rel"])
+    return worst
