@@ -1,16 +1,18 @@
 """Framework adapters, installed as `bisectr.adapters` (one module per framework)."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from .base import Adapter, OpListener
 
 
-def _registered() -> list[Adapter]:
+@lru_cache(maxsize=1)
+def _registered() -> tuple[Adapter, ...]:
     from .paddle import PaddleAdapter
     from .torch import TorchAdapter
 
-    return [TorchAdapter(), PaddleAdapter()]
+    return (TorchAdapter(), PaddleAdapter())
 
 
 def adapter_named(name: str) -> Adapter:

@@ -22,6 +22,10 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_file", metavar="MODEL.py", help="file defining reference() and candidate()")
     parser.add_argument("--reference", default="reference", metavar="NAME", help="function building the reference side")
     parser.add_argument("--candidate", default="candidate", metavar="NAME", help="function building the candidate side")
+    parser.add_argument("--isolate", action="store_true", help="run each side's model in its own worker process")
+    for role in ("reference", "candidate"):
+        parser.add_argument(f"--{role}-python", metavar="PATH",
+                            help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,12 +96,16 @@ def _search(run, console: Console, exhaustive: bool, quiet: bool):
         return run.bisect(exhaustive=exhaustive, progress=lambda message: status.update(message))
 
 
+def _isolation(args: argparse.Namespace) -> dict:
+    return {"isolate": args.isolate, "reference_python": args.reference_python, "candidate_python": args.candidate_python}
+
+
 def run_trace(args: argparse.Namespace, console: Console) -> int:
     from .run import trace
 
     out = Path(args.out) if args.out else Path(".bisectr/runs") / Path(args.model_file).stem
     run = trace(args.model_file, args.reference, args.candidate, out=out,
-                store_values=not args.stats_only, keep_modules=tuple(args.keep_module))
+                store_values=not args.stats_only, keep_modules=tuple(args.keep_module), **_isolation(args))
     report.print_trace_summary(console, run)
     if args.stats_only:
         console.print("statistics only: no values stored, so no search (trace again without --stats-only)")
@@ -122,7 +130,7 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
 def run_bisect(args: argparse.Namespace, console: Console) -> int:
     from .run import trace
 
-    run = trace(args.model_file, args.reference, args.candidate)
+    run = trace(args.model_file, args.reference, args.candidate, **_isolation(args))
     searched = _search(run, Console(stderr=True), args.exhaustive, quiet=args.json)
     result = _json_safe(searched.to_dict())
     if args.repro and searched.culprit is not None:

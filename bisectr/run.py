@@ -17,7 +17,7 @@ from .errors import ModelFileError, OutputMismatchError, RunDirError
 from .metrics import error_metrics
 from .modelfile import load_module, load_sides
 from .recording import Call, RecordOptions, RerunResult
-from .sides import LocalSide, SideRunner, record_side  # noqa: F401  (record_side: for benchmarks)
+from .sides import LocalSide, SideRunner
 from .store import SIDES, RunWriter, read_manifest, read_trace
 from .trace import Trace
 
@@ -111,10 +111,21 @@ def bisect(model_file: str | os.PathLike, reference: str = "reference", candidat
 
 
 def trace(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
-          out: str | os.PathLike | None = None, store_values: bool = True, keep_modules: tuple[str, ...] = ()) -> Run:
-    """Record both sides of `model_file` into the run directory `out` (a temporary one if None)."""
+          out: str | os.PathLike | None = None, store_values: bool = True, keep_modules: tuple[str, ...] = (),
+          isolate: bool = False, reference_python: str | None = None, candidate_python: str | None = None) -> Run:
+    """Record both sides of `model_file` into the run directory `out` (a temporary one if None).
+
+    With `isolate`, each side's model runs in its own worker process (`bisectr.isolate`), started
+    with `reference_python` / `candidate_python` (default: this interpreter); naming one implies it.
+    """
     model_file = Path(model_file)
-    runners = {role: LocalSide(side) for role, side in zip(SIDES, load_sides(model_file, reference, candidate))}
+    if isolate or reference_python or candidate_python:
+        from .isolate import start_isolated
+
+        runners = start_isolated(model_file, {"reference": reference, "candidate": candidate},
+                                 {"reference": reference_python, "candidate": candidate_python})
+    else:
+        runners = {role: LocalSide(side) for role, side in zip(SIDES, load_sides(model_file, reference, candidate))}
     run_dir = Path(out) if out is not None else _temporary_run_dir(model_file)
     writer = RunWriter(run_dir)
     options = RecordOptions(store_values=store_values, keep_modules=tuple(keep_modules))

@@ -7,7 +7,9 @@ has a stable integer id (`tid`); an op lists the tids it read and wrote. Leaves
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from typing import Any, Callable
 
 import networkx as nx
@@ -29,7 +31,7 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape)) if self.shape else 1
+        return math.prod(self.shape)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -194,9 +196,15 @@ def tensor_stats(values: np.ndarray) -> dict[str, float]:
 
 
 def fingerprint(values: np.ndarray) -> list[float]:
-    """A few values at fixed flat positions: cheap evidence that two tensors hold the same data."""
-    flat = values.reshape(-1)
-    if flat.size == 0:
+    """A few values at fixed flat positions: cheap evidence that two tensors hold the same data.
+    Indexed in place, so a non-contiguous view is not copied."""
+    if values.size == 0:
         return []
-    positions = np.linspace(0, flat.size - 1, num=min(FINGERPRINT_SIZE, flat.size)).astype(np.int64)
-    return [float(v) for v in flat[positions].astype(np.float64)]
+    return [float(v) for v in values[_fingerprint_index(values.shape)].astype(np.float64)]
+
+
+@lru_cache(maxsize=4096)
+def _fingerprint_index(shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    size = math.prod(shape)
+    positions = np.linspace(0, size - 1, num=min(FINGERPRINT_SIZE, size)).astype(np.int64)
+    return np.unravel_index(positions, shape)

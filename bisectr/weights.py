@@ -9,11 +9,23 @@ on only one side (a custom layer on the other) is copied as stored and listed in
 `WeightReport.layout_unknown`; `transpose_overrides` settles such cases, and can also skip one
 transpose on purpose (the `untransposed_weight` example does that to plant a bug).
 
+Linear layers of model libraries that are not `nn.Linear` are known by type too: Hugging Face's
+GPT-2 `Conv1D` stores (in, out), PaddleFormers' `LMHead` stores (vocab, hidden) = (out, in) like
+Hugging Face's `lm_head`. PaddleFormers names its Llama/Qwen2 parameters as Hugging Face does
+(`model.layers.0.self_attn.q_proj.weight`, `lm_head.weight`), so no `name_map` is needed there.
+
+The source may also be a state dict (name -> torch tensor, paddle tensor or numpy array), e.g. a
+checkpoint read in a process that cannot import the other framework. A state dict carries no layer
+types, so its weights are taken to be in its framework's `nn.Linear` layout wherever the
+destination's owner is a linear layer (the destination's type still decides), and the destination's
+non-persistent buffers (a rotary `inv_freq`, computed by the model) are not expected in it.
+
 Nothing is raised for a model mismatch: names without a partner and shapes that do not fit are
 listed in the returned `WeightReport`; call `report.check()` to turn them into an error.
 
     from bisectr.weights import torch_to_paddle
     report = torch_to_paddle(torch_model, paddle_model, name_map=[(r"^bert\\.", "")]).check()
+    report = torch_to_paddle(hf_state_dict, paddleformers_model).check()
 """
 from __future__ import annotations
 
@@ -27,10 +39,17 @@ import numpy as np
 __all__ = ["WeightReport", "torch_to_paddle", "paddle_to_torch", "copy_weights"]
 
 NameMap = Sequence[tuple[str, str]]
+# A torch module, a paddle layer, or a state dict: name -> torch tensor, paddle tensor or numpy array.
+Source = Any
 
 # Layouts of a linear layer's weight matrix.
 OUT_IN = "(out, in)"
 IN_OUT = "(in, out)"
+
+# The layout of each framework's own nn.Linear weight.
+_LINEAR_LAYOUT = {"torch": OUT_IN, "paddle": IN_OUT}
+# Linear layers of model libraries that are not nn.Linear: (top-level package, class name) -> layout.
+_LIBRARY_LINEARS = {("transformers", "Conv1D"): IN_OUT, ("paddleformers", "LMHead"): OUT_IN}
 
 
 @dataclass
@@ -74,50 +93,47 @@ class WeightReport:
         return "; ".join(parts)
 
 
-def torch_to_paddle(torch_module: Any, paddle_layer: Any, name_map: NameMap | None = None,
+def torch_to_paddle(torch_module: Source, paddle_layer: Any, name_map: NameMap | None = None,
                     transpose_overrides: Mapping[str, bool] | None = None) -> WeightReport:
-    """Copy the parameters and buffers of a `torch.nn.Module` into a `paddle.nn.Layer`.
+    """Copy the parameters and buffers of a `torch.nn.Module` (or a torch state dict) into a `paddle.nn.Layer`.
 
     `name_map`: (regex, replacement) rules applied in order with `re.sub` to each source name.
     `transpose_overrides`: {name: bool} forcing (True) or forbidding (False) the transpose of one
     entry, named by its source or destination name; a name that matches nothing raises ValueError.
     """
-    _require(torch_module, "torch")
+    _require(torch_module, "torch", state_dict_ok=True)
     _require(paddle_layer, "paddle")
-    return copy_weights(torch_module, paddle_layer, name_map, transpose_overrides)
+    return copy_weights(torch_module, paddle_layer, name_map, transpose_overrides, source_framework="torch")
 
 
-def paddle_to_torch(paddle_layer: Any, torch_module: Any, name_map: NameMap | None = None,
+def paddle_to_torch(paddle_layer: Source, torch_module: Any, name_map: NameMap | None = None,
                     transpose_overrides: Mapping[str, bool] | None = None) -> WeightReport:
-    """Copy the parameters and buffers of a `paddle.nn.Layer` into a `torch.nn.Module`.
+    """Copy the parameters and buffers of a `paddle.nn.Layer` (or a paddle state dict) into a `torch.nn.Module`.
 
     Arguments as for `torch_to_paddle`.
     """
-    _require(paddle_layer, "paddle")
+    _require(paddle_layer, "paddle", state_dict_ok=True)
     _require(torch_module, "torch")
-    return copy_weights(paddle_layer, torch_module, name_map, transpose_overrides)
+    return copy_weights(paddle_layer, torch_module, name_map, transpose_overrides, source_framework="paddle")
 
 
-def copy_weights(source: Any, destination: Any, name_map: NameMap | None = None,
-                 transpose_overrides: Mapping[str, bool] | None = None) -> WeightReport:
-    """Copy by name between any two torch modules / paddle layers (same framework too)."""
-    src_entries = _entries(source)
-    dst_entries = _entries(destination)
+def copy_weights(source: Source, destination: Any, name_map: NameMap | None = None,
+                 transpose_overrides: Mapping[str, bool] | None = None,
+                 source_framework: str | None = None) -> WeightReport:
+    """Copy by name between any two torch modules / paddle layers (same framework too).
+
+    A state dict `source` follows the layouts of `source_framework` (default: the destination's).
+    """
     rules = [(re.compile(pattern), repl) for pattern, repl in (name_map or ())]
+    from_state_dict = _is_state_dict(source)
+    dst_entries = _entries(destination, persistent_only=from_state_dict)
+    if from_state_dict:
+        src_entries = _state_dict_entries(source, source_framework or _framework(destination), dst_entries, rules)
+    else:
+        src_entries = _entries(source)
 
-    pairs: dict[str, _Entry] = {}  # destination name -> source entry
     report = WeightReport()
-    for entry in src_entries.values():
-        target = entry.name
-        for pattern, repl in rules:
-            target = pattern.sub(repl, target)
-        if target not in dst_entries:
-            report.unmatched.append(target)
-        elif target in pairs:
-            raise ValueError(f"name_map sends both {pairs[target].name!r} and {entry.name!r} to {target!r}")
-        else:
-            pairs[target] = entry
-
+    pairs = _pair(src_entries, dst_entries, rules, report)
     overrides = dict(transpose_overrides or {})
     known = set(pairs) | {e.name for e in pairs.values()}
     unknown = sorted(set(overrides) - known)
@@ -158,63 +174,96 @@ class _Entry:
     layout: str | None  # OUT_IN / IN_OUT for a linear layer's weight, else None
 
 
+def _rename(name: str, rules: list[tuple[re.Pattern, str]]) -> str:
+    for pattern, repl in rules:
+        name = pattern.sub(repl, name)
+    return name
+
+
+def _pair(src_entries: dict[str, _Entry], dst_entries: dict[str, _Entry], rules: list[tuple[re.Pattern, str]],
+          report: WeightReport) -> dict[str, _Entry]:
+    """Destination name -> source entry; source names without a destination go to `report.unmatched`."""
+    pairs: dict[str, _Entry] = {}
+    for entry in src_entries.values():
+        target = _rename(entry.name, rules)
+        if target not in dst_entries:
+            report.unmatched.append(target)
+        elif target in pairs:
+            raise ValueError(f"name_map sends both {pairs[target].name!r} and {entry.name!r} to {target!r}")
+        else:
+            pairs[target] = entry
+    return pairs
+
+
+def _state_dict_entries(state: Mapping[str, Any], framework: str, dst_entries: dict[str, _Entry],
+                        rules: list[tuple[re.Pattern, str]]) -> dict[str, _Entry]:
+    """A state dict's entries, each in `framework`'s nn.Linear layout where its destination is a linear weight."""
+    entries = {}
+    for name, value in state.items():
+        dst = dst_entries.get(_rename(name, rules))
+        linear = dst is not None and dst.layout is not None
+        entries[name] = _Entry(name, value, _LINEAR_LAYOUT[framework] if linear else None)
+    return entries
+
+
 def _framework(obj: Any) -> str | None:
-    for module_name, framework in (("torch", "torch"), ("paddle", "paddle")):
-        mod = sys.modules.get(module_name)
-        if mod is None:
-            continue
-        base = mod.nn.Module if framework == "torch" else mod.nn.Layer
-        if isinstance(obj, base):
+    for framework in ("torch", "paddle"):
+        base = _layer_class(framework)
+        if base is not None and isinstance(obj, base):
             return framework
     return None
 
 
-def _require(obj: Any, framework: str) -> None:
-    if _framework(obj) != framework:
-        kind = "torch.nn.Module" if framework == "torch" else "paddle.nn.Layer"
-        raise TypeError(f"expected a {kind}, got {type(obj).__module__}.{type(obj).__qualname__}")
+def _layer_class(framework: str, name: str | None = None) -> type | None:
+    """`torch.nn.Module` / `paddle.nn.Layer` (or another `nn` class), if the framework is imported."""
+    module = sys.modules.get(framework)
+    if module is None:
+        return None
+    return getattr(module.nn, name or ("Module" if framework == "torch" else "Layer"))
 
 
-def _entries(root: Any) -> dict[str, _Entry]:
-    """Every parameter and buffer under `root`, with the weight layout its owner implies."""
+def _is_state_dict(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and _framework(obj) is None
+
+
+def _require(obj: Any, framework: str, state_dict_ok: bool = False) -> None:
+    """`obj` must be a module of `framework` (or, if `state_dict_ok`, a state dict)."""
+    if _framework(obj) == framework or (state_dict_ok and _is_state_dict(obj)):
+        return
+    kind = "torch.nn.Module" if framework == "torch" else "paddle.nn.Layer"
+    raise TypeError(f"expected a {kind}, got {type(obj).__module__}.{type(obj).__qualname__}")
+
+
+def _entries(root: Any, persistent_only: bool = False) -> dict[str, _Entry]:
+    """Every parameter and buffer under `root`, with the weight layout its owner implies.
+    `persistent_only` leaves out the buffers a state dict would not hold."""
     framework = _framework(root)
     if framework == "torch":
         owners = dict(root.named_modules(remove_duplicate=False))
-        tensors: Iterable[tuple[str, Any]] = [*root.named_parameters(remove_duplicate=False),
-                                              *root.named_buffers(remove_duplicate=False)]
-        layout_of = _torch_layout
     elif framework == "paddle":
         owners = dict(root.named_sublayers(include_self=True, remove_duplicate=False))
-        tensors = [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]
-        layout_of = _paddle_layout
     else:
         raise TypeError(f"expected a torch.nn.Module or a paddle.nn.Layer, got {type(root).__qualname__}")
+    tensors: Iterable[tuple[str, Any]] = [*root.named_parameters(remove_duplicate=False),
+                                          *root.named_buffers(remove_duplicate=False)]
+    if persistent_only:
+        persistent = set(root.state_dict())
+        tensors = [(name, tensor) for name, tensor in tensors if name in persistent]
     entries = {}
     for name, tensor in tensors:
         owner_name, _, local = name.rpartition(".")
-        entries[name] = _Entry(name, tensor, layout_of(owners[owner_name], local))
+        entries[name] = _Entry(name, tensor, _layout(owners[owner_name], local, framework))
     return entries
 
 
-def _torch_layout(owner: Any, local: str) -> str | None:
-    import torch
-
+def _layout(owner: Any, local: str, framework: str) -> str | None:
+    """The layout of a linear layer's weight, decided by the owner's type; None for anything else."""
     if local != "weight":
         return None
-    if isinstance(owner, torch.nn.Linear):
-        return OUT_IN
-    # Hugging Face GPT-2 style `Conv1D` is a linear layer that stores (in, out).
-    if type(owner).__name__ == "Conv1D" and type(owner).__module__.startswith("transformers"):
-        return IN_OUT
-    return None
-
-
-def _paddle_layout(owner: Any, local: str) -> str | None:
-    import paddle
-
-    if local == "weight" and isinstance(owner, paddle.nn.Linear):
-        return IN_OUT
-    return None
+    if isinstance(owner, _layer_class(framework, "Linear")):
+        return _LINEAR_LAYOUT[framework]
+    kind = type(owner)
+    return _LIBRARY_LINEARS.get((kind.__module__.partition(".")[0], kind.__name__))
 
 
 def _shape(tensor: Any) -> tuple[int, ...]:
@@ -222,6 +271,8 @@ def _shape(tensor: Any) -> tuple[int, ...]:
 
 
 def _to_numpy(tensor: Any) -> np.ndarray:
+    if isinstance(tensor, np.ndarray):
+        return tensor
     if _is_torch(tensor):
         import torch
 

@@ -222,7 +222,7 @@ async def test_detail_patches_the_op_and_reruns_a_live_run(live):
         await pilot.press("enter")
         await settle(pilot)
         evidence = text(app.screen.query_one(EvidencePanel))
-        assert "→ exact" in evidence  # a live run replays any op against fp64
+        assert "→ exact" in evidence and "bit-identical on the reference's inputs" in evidence
         await pilot.press("f")
         await pilot.press("r")
         await settle(pilot)

@@ -414,6 +414,9 @@ class EvidencePanel(Static):
             lines.append(Content.assemble(" " * 15, (f"→ {verdict}", f"bold {verdict_style(verdict)}"), f": {meaning}" if meaning else ""))
         elif pending:
             lines.append(Content.styled("vs fp64        replaying the op…", "$text-muted"))
+        elif row.local_error == 0:
+            lines.append(Content.assemble(("vs fp64        ", "$text-muted"), "not needed: bit-identical on the reference's inputs"))
+            lines.append(Content.assemble(" " * 15, ("→ exact", f"bold {verdict_style('exact')}")))
         else:
             lines.append(Content.styled("vs fp64        kept for the culprit only; a live run replays any op", "$text-muted"))
         self.update(Content("\n").join(lines))
