@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import warnings
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Sequence
 from rich.console import Console
 
 from . import report
+from .report import json_safe
 from .errors import BisectrError, UserModelError
 from .store import save_result
 
@@ -74,17 +74,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-def _json_safe(value):
-    """JSON has no Infinity or NaN: such numbers become null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def _exit_status(result: dict) -> int:
     return EXIT_DIVERGENT if result["verdict"] == "divergent" else EXIT_OK
 
@@ -113,7 +102,7 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
     result = _search(run, console, exhaustive=False, quiet=not console.is_terminal)
     if args.alignment:
         report.print_alignment(console, run, result.alignment)
-    saved = _json_safe(result.to_dict())
+    saved = json_safe(result.to_dict())
     if args.ops:
         report.print_ops(console, run, saved)
     save_result(run.run_dir, saved)
@@ -132,7 +121,7 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
 
     run = trace(args.model_file, args.reference, args.candidate, **_isolation(args))
     searched = _search(run, Console(stderr=True), args.exhaustive, quiet=args.json)
-    result = _json_safe(searched.to_dict())
+    result = json_safe(searched.to_dict())
     if args.repro and searched.culprit is not None:
         from .repro import write_repro
 
@@ -142,7 +131,7 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
         from .substitution import substitute
 
         chosen = _substituted_ops(args.substitute, result)
-        result["substitution"] = _json_safe(substitute(run, searched.alignment, chosen).to_dict())
+        result["substitution"] = json_safe(substitute(run, searched.alignment, chosen).to_dict())
     if args.json:
         print(json.dumps(result))
     else:

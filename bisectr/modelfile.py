@@ -49,7 +49,17 @@ def run_user_code(fn: Callable[[], Any], context: str, hidden_paths: tuple[str, 
     except BisectrError:
         raise
     except Exception as exc:  # the user's own error, shown with the user's frames only
+        if _raised_by_bisectr(exc):
+            raise
         raise UserModelError(f"{context} {type(exc).__name__}: {exc}", user_frames(exc, hidden_paths)) from None
+
+
+def _raised_by_bisectr(exc: BaseException) -> bool:
+    """Did the exception start in bisectr's own code (a bug to report, not the user's)?"""
+    if getattr(exc, "raised_by_op", False):
+        return False
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(_BISECTR_DIR + os.sep)
 
 
 def user_frames(exc: BaseException, hidden_paths: tuple[str, ...] = ()) -> str:

@@ -33,6 +33,16 @@ _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
 VALUE_DRIFT = 1e-3
 
 
+def execute_op(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Run one framework op. What it raises is marked as the op's (the user's or the
+    framework's error), so that it is not mistaken for a failure of bisectr itself."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        exc.raised_by_op = True
+        raise
+
+
 @dataclass(frozen=True)
 class Slot:
     """Stands for the tensor `tid` inside a recorded call's arguments."""
@@ -150,7 +160,7 @@ class Recorder(_Session):
         inputs = iter_tensors((args, kwargs), self.adapter.is_tensor)
         versions = [self.adapter.version(t) for t in inputs]
         input_tids = self.input_tids(inputs)
-        result = fn(*args, **kwargs)
+        result = execute_op(fn, args, kwargs)
         produced, mutated = written_tensors(self.adapter, inputs, versions, result)
         if not produced:
             return result
@@ -257,7 +267,7 @@ class PatchedRerun(_Session):
         if any(tid in self.patches and self.trace.tensors[tid].producer is None for tid in input_tids):
             args, kwargs, inputs = self._patch_leaves(args, kwargs, inputs, input_tids)
         versions = [self.adapter.version(t) for t in inputs]
-        result = fn(*args, **kwargs)
+        result = execute_op(fn, args, kwargs)
         produced, mutated = written_tensors(self.adapter, inputs, versions, result)
         if not produced:
             return result
@@ -365,7 +375,7 @@ def replay_op(adapter: Adapter, call: Call, values: dict[int, np.ndarray], dtype
     kwargs = map_tensors(call.kwargs, is_slot, materialize)
     inputs = iter_tensors((args, kwargs), adapter.is_tensor)
     versions = [adapter.version(t) for t in inputs]
-    result = call.fn(*args, **kwargs)
+    result = execute_op(call.fn, args, kwargs)
     produced, _ = written_tensors(adapter, inputs, versions, result)
     return [adapter.to_numpy(t) for t in produced]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import linecache
 import math
 import os
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -13,6 +14,17 @@ from .run import Run
 
 _LEVELS = "▁▂▃▄▅▆▇█"
 CHART_WIDTH = 64
+
+
+def json_safe(value: Any) -> Any:
+    """JSON has no Infinity or NaN: such numbers become None (`bisect --json`, result.json, the TUI)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def fmt(value: float | None) -> str:

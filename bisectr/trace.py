@@ -200,6 +200,8 @@ def fingerprint(values: np.ndarray) -> list[float]:
     Indexed in place, so a non-contiguous view is not copied."""
     if values.size == 0:
         return []
+    if values.ndim == 0:
+        return [float(values)]
     return [float(v) for v in values[_fingerprint_index(values.shape)].astype(np.float64)]
 
 

@@ -124,3 +124,13 @@ def test_user_exception_shows_user_frames_and_leaves_no_run(models, tmp_path):
     assert "torch_raises.py" in frames and "cannot reshape" not in frames.splitlines()[0]
     assert "bisectr/" not in frames and "recording.py" not in frames
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_a_failure_inside_bisectr_is_not_blamed_on_the_users_model(models, tmp_path, monkeypatch):
+    def broken_stats(values):
+        raise ZeroDivisionError("bisectr bug")
+
+    monkeypatch.setattr("bisectr.recording.tensor_stats", broken_stats)
+    with pytest.raises(ZeroDivisionError, match="bisectr bug"):
+        bisectr.trace(OPS_FILE, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

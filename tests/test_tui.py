@@ -22,7 +22,8 @@ pytest.importorskip("torch")
 import bisectr  # noqa: E402
 from bisectr.store import save_result  # noqa: E402
 from bisectr.tui.app import BisectrApp  # noqa: E402
-from bisectr.tui.data import RunData, json_safe  # noqa: E402
+from bisectr.report import json_safe  # noqa: E402
+from bisectr.tui.data import RunData  # noqa: E402
 from bisectr.tui.screens import DetailScreen, HelpScreen  # noqa: E402
 from bisectr.tui.widgets import (CulpritPanel, ErrorChart, EvidencePanel, FilterInput, HeatMapView, ModuleTree,  # noqa: E402
                                  OpPreview, OpTable, SearchProgress, VerdictBanner)

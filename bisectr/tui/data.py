@@ -20,7 +20,7 @@ import numpy as np
 from ..align import Alignment
 from ..metrics import error_metrics
 from ..repro import write_repro
-from ..report import short_source
+from ..report import json_safe, short_source
 from ..run import Run
 
 # Worst first; "block" (inside a matched N:M block) and "unaligned" ops carry no evidence.
@@ -30,17 +30,6 @@ VERDICT_VARIABLE = {"different": "text-error", "divergent": "text-error", "noise
                     "exact": "text-success", "match": "text-success"}
 HEAT_LEVELS = " ·░▒▓█"
 CONTEXT_LINES = 2
-
-
-def json_safe(value: Any) -> Any:
-    """JSON has no Infinity or NaN: such numbers become None (as `bisectr bisect --json` does)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
 
 
 def fmt_amplification(amplification: float | None, output_error: float | None) -> str:

@@ -1,0 +1,93 @@
+"""Hugging Face Llama vs PaddleFormers' Llama (`examples/hf_llama.py`), and the state-dict weight copies it uses."""
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+import torch
+
+from bisectr.weights import paddle_to_torch, torch_to_paddle
+from conftest import EXAMPLES
+from test_isolate import make_interpreter
+
+# ---------------------------------------------------------------- state dicts (no model library needed)
+
+
+def test_torch_state_dict_into_paddle_transposes_by_the_destinations_layer_type():
+    torch.manual_seed(0)
+    source = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Embedding(4, 4))
+    state = {name: value.numpy() for name, value in source.state_dict().items()}
+    target = paddle.nn.Sequential(paddle.nn.Linear(4, 4), paddle.nn.LayerNorm(4), paddle.nn.Embedding(4, 4))
+    report = torch_to_paddle(state, target).check()
+    assert report.transposed == ["0.weight"] and len(report.copied) == 5
+    np.testing.assert_array_equal(target[0].weight.numpy(), state["0.weight"].T)
+    np.testing.assert_array_equal(target[2].weight.numpy(), state["2.weight"])
+
+
+def test_paddle_state_dict_into_torch():
+    paddle.seed(0)
+    source = paddle.nn.Sequential(paddle.nn.Linear(3, 3), paddle.nn.Linear(3, 2))
+    target = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    report = paddle_to_torch(source.state_dict(), target).check()
+    assert sorted(report.transposed) == ["0.weight", "1.weight"]
+    np.testing.assert_array_equal(target[1].weight.detach().numpy(), source[1].weight.numpy().T)
+
+
+def test_a_state_dict_is_not_expected_to_hold_non_persistent_buffers():
+    target = paddle.nn.Layer()
+    target.proj = paddle.nn.Linear(2, 2)
+    target.register_buffer("inv_freq", paddle.ones([2]), persistable=False)
+    target.register_buffer("table", paddle.zeros([2]))
+    report = torch_to_paddle({"proj.weight": np.eye(2, dtype=np.float32), "proj.bias": np.zeros(2, np.float32)}, target)
+    assert report.extra == ["table"]  # persistent: a checkpoint should have held it
+    module = torch.nn.Module()
+    module.register_buffer("inv_freq", torch.ones(2), persistent=False)
+    assert paddle_to_torch({}, module).ok
+
+
+def test_a_state_dict_is_no_destination():
+    with pytest.raises(TypeError, match="expected a paddle.nn.Layer"):
+        torch_to_paddle(torch.nn.Linear(2, 2), {})
+
+
+# ---------------------------------------------------------------- the example (needs transformers and paddleformers)
+
+needs_libraries = pytest.mark.skipif(
+    any(importlib.util.find_spec(name) is None for name in ("transformers", "paddleformers")),
+    reason="needs transformers and paddleformers")
+
+
+@pytest.fixture(scope="module")
+def hf_python(tmp_path_factory) -> str:
+    """This environment without `torchcodec`, as a separate Hugging Face environment would be:
+    PaddleFormers' `paddlecodec` installs a `torchcodec` module that keeps transformers from
+    importing any torch model (see the example's docstring)."""
+    return make_interpreter(tmp_path_factory.mktemp("hf") / "venv", hide=("torchcodec",))
+
+
+def bisect_hf_llama(hf_python: str, candidate: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / "hf_llama.py"), "--json",
+                           "--candidate", candidate, "--isolate", "--reference-python", hf_python],
+                          capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr
+    return json.loads(done.stdout)
+
+
+@needs_libraries
+def test_the_right_weights_are_noise(hf_python):
+    result = bisect_hf_llama(hf_python, "candidate")
+    assert result["verdict"] == "noise"
+    assert result["output_error"]["max_rel"] < 1e-4
+
+
+@needs_libraries
+def test_the_untransposed_square_q_proj_is_divergent_at_that_projection(hf_python):
+    result = bisect_hf_llama(hf_python, "candidate_untransposed")
+    culprit = result["culprit"]
+    assert result["verdict"] == "divergent" and result["output_error"]["max_rel"] > 0.1
+    assert culprit["kind"] == "leaf" and culprit["leaf"] == "model.layers.1.self_attn.q_proj.weight"
+    assert culprit["op"] == "linear"
+    assert culprit["candidate"]["module"] == culprit["reference"]["module"] == "model.layers.1.self_attn.q_proj"
