@@ -5,10 +5,11 @@ Frameworks and their libraries do not always share a process: PaddleFormers swit
 `transformers` imports in the whole environment, and CUDA runtimes can clash. `IsolatedSide`
 implements `SideRunner` by asking a worker (`bisectr.isolate.serve`, started with any interpreter
 that has bisectr and the side's framework) to build the side with `build_side` and a `LocalSide`,
-then to record, re-run and replay it. Requests and replies are pickled over the worker's stdin and
-stdout and carry only Python builtins and numpy arrays (sent as dtype, shape and bytes, so the
-two interpreters need not share numpy versions); the worker writes the side's `tensors.bin`
-itself. A worker exits when its stdin closes, so it never outlives the process that started it.
+then to record, re-run and replay it, and to describe recorded calls (for repro scripts). Requests
+and replies are pickled over the worker's stdin and stdout and carry only Python builtins, bisectr's
+own data classes and numpy arrays (sent as dtype, shape and bytes, so the two interpreters need not
+share numpy versions), never framework objects; the worker writes the side's `tensors.bin` itself.
+A worker exits when its stdin closes, so it never outlives the process that started it.
 """
 from __future__ import annotations
 
@@ -281,7 +282,7 @@ class IsolatedSide:
     def _reply_error(self, status: str, body: list) -> Exception:
         if status == "unusable":
             return BisectrError(f"the {self.role} side's interpreter {self.python} cannot run bisectr's worker "
-                                f"({body[0]}); install bisectr there (pip install bisectr), or choose another "
+                                f"({body[0]}); install bisectr in that environment, or choose another "
                                 f"interpreter with --{self.role}-python")
         if status == "failed":
             summary, worker_traceback = body

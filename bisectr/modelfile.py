@@ -63,11 +63,18 @@ def _raised_by_bisectr(exc: BaseException) -> bool:
 
 
 def user_frames(exc: BaseException, hidden_paths: tuple[str, ...] = ()) -> str:
-    """The traceback of `exc` without bisectr's frames or the framework's internals."""
+    """The traceback of `exc`, and of the exceptions that caused it (an import error's root
+    cause), without bisectr's frames or the framework's internals."""
     hidden = (_BISECTR_DIR, _ADAPTERS_DIR, *hidden_paths)
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(hidden)]
-    lines = traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc)
-    return "Traceback (user code):\n" + "".join(lines)
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    parts = []
+    for link in reversed(chain):
+        frames = [f for f in traceback.extract_tb(link.__traceback__) if not os.path.abspath(f.filename).startswith(hidden)]
+        parts.append("".join(traceback.format_list(frames) + traceback.format_exception_only(type(link), link)))
+    return "Traceback (user code):\n" + "\nwhich caused:\n".join(parts)
 
 
 def load_module(model_file: str | os.PathLike) -> ModuleType:

@@ -82,7 +82,7 @@ class Run:
         from .bisection import bisect_run
 
         if not self.is_live:
-            fresh = trace(self.model_file, *self._functions())
+            fresh = trace(self.model_file, **self._how_traced())
             self.reference, self.candidate, self.runners = fresh.reference, fresh.candidate, fresh.runners
         return bisect_run(self, tolerance, exhaustive, progress)
 
@@ -99,15 +99,18 @@ class Run:
             raise RunDirError(f"{self.run_dir}: a saved run cannot re-run its models; trace the model file again")
         return self.runners[role]
 
-    def _functions(self) -> tuple[str, str]:
+    def _how_traced(self) -> dict:
+        """The `trace` arguments that recorded this run (functions, isolation), from its manifest."""
         manifest = read_manifest(self.run_dir) if self.run_dir else {}
-        return manifest.get("reference_fn", "reference"), manifest.get("candidate_fn", "candidate")
+        return {"reference": manifest.get("reference_fn", "reference"), "candidate": manifest.get("candidate_fn", "candidate"),
+                "isolate": manifest.get("isolate", False), "reference_python": manifest.get("reference_python"),
+                "candidate_python": manifest.get("candidate_python")}
 
 
 def bisect(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
-           tolerance: float = 0.0, exhaustive: bool = False) -> "Result":
-    """Trace `model_file` into a temporary run and search for the culprit."""
-    return trace(model_file, reference, candidate).bisect(tolerance, exhaustive)
+           tolerance: float = 0.0, exhaustive: bool = False, **isolation) -> "Result":
+    """Trace `model_file` into a temporary run and search for the culprit (`isolation`: see `trace`)."""
+    return trace(model_file, reference, candidate, **isolation).bisect(tolerance, exhaustive)
 
 
 def trace(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
@@ -133,7 +136,8 @@ def trace(model_file: str | os.PathLike, reference: str = "reference", candidate
         traces = {role: runner.record(writer.tensor_writer(role), options) for role, runner in runners.items()}
         pair_outputs(traces["reference"], traces["candidate"], model_file)
         manifest = {"model_file": str(model_file.resolve()), "reference_fn": reference, "candidate_fn": candidate,
-                    "store_values": store_values, "keep_modules": list(keep_modules)}
+                    "store_values": store_values, "keep_modules": list(keep_modules), "isolate": isolate,
+                    "reference_python": reference_python, "candidate_python": candidate_python}
         final_dir = writer.commit(traces, manifest)
     except BaseException:
         writer.abort()

@@ -49,6 +49,9 @@ BAD_FILES = {
                        "the reference model returned no tensors"),
     "outputs unmatched": ("import torch\ndef reference():\n    return (lambda x: (x * 2, x * 3)), (torch.ones(2),)\n"
                           "def candidate():\n    return (lambda x: x * 2), (torch.ones(2),)\n", "cannot pair the outputs"),
+    "chained cause": ("def reference():\n    try:\n        import no_such_module_xyz\n    except ImportError as exc:\n"
+                      "        raise RuntimeError('cannot build') from exc\ncandidate = reference\n",
+                      "No module named 'no_such_module_xyz' which caused:"),
     "nan reference": ("import torch\ndef reference():\n    return (lambda x: x / 0 * 0), (torch.ones(2),)\ncandidate = reference\n",
                       "holds 2 NaN"),
 }
