@@ -38,6 +38,7 @@ from .trace import OpNode, TensorInfo, Trace, fingerprint, is_floating
 
 NEIGHBOURHOOD = 8  # how far apart in a key group two paired occurrences may be
 VALUE_MATCH = 0.1  # the largest value distance at which a tensor is paired on values alone
+CLEARLY_CLOSER = 0.1  # an out-of-order occurrence wins only when this many times closer in value
 MAX_PERMUTED_DIMS = 5
 MAX_GAP_CELLS = 250_000  # gap DP size above which gaps are matched greedily
 _LAYER_NUMBER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
@@ -58,16 +59,32 @@ class TensorPair:
     transform: Permutation
     confidence: float
     how: str  # "op", "input", "block"
+    # The candidate holds the reference's data repeated along size-1 dimensions (one side
+    # expands position embeddings to the batch, the other lets broadcasting do it).
+    broadcast: bool = False
 
     def reference_in_candidate_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         if self.transform is not None:
             values = np.transpose(values, self.transform)
+        if self.broadcast:
+            values = np.broadcast_to(values, shape)
         return np.ascontiguousarray(values).reshape(shape)
 
     def candidate_in_reference_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        if self.broadcast:
+            padded = (1,) * (values.ndim - len(shape)) + tuple(shape)
+            values = values[tuple(slice(0, 1) if r == 1 else slice(None) for r in padded)]
         if self.transform is not None:
-            values = np.transpose(values.reshape([values.shape[i] for i in range(values.ndim)]), np.argsort(self.transform))
+            values = np.transpose(values, np.argsort(self.transform))
         return np.ascontiguousarray(values).reshape(shape)
+
+
+def broadcasts(reference: tuple[int, ...], candidate: tuple[int, ...]) -> bool:
+    """Is `candidate` the shape of `reference` expanded along some of its size-1 dimensions?"""
+    if len(reference) > len(candidate) or reference == candidate:
+        return False
+    padded = (1,) * (len(candidate) - len(reference)) + tuple(reference)
+    return all(r == c or r == 1 for r, c in zip(padded, candidate))
 
 
 @dataclass
@@ -243,14 +260,20 @@ def _anchors(sides: _Sides, cand_ops: list[OpNode], ref_ops: list[OpNode], use_l
 
 
 def _pair_group(sides: _Sides, cand_group: list[OpNode], ref_group: list[OpNode]) -> list[tuple[int, int]]:
-    """Pair the k-th occurrence with the closest-valued unused occurrence near k."""
+    """Pair the k-th occurrence with the k-th, unless an unused occurrence near k is clearly
+    closer in value (q/k/v projections computed in another order). Values decide only
+    clearly: downstream of a real bug every occurrence is far from every other."""
     used = [False] * len(ref_group)
     pairs = []
     for k, cand_op in enumerate(cand_group):
         window = [j for j in range(max(0, k - NEIGHBOURHOOD), min(len(ref_group), k + NEIGHBOURHOOD + 1)) if not used[j]]
         if not window:
             continue
-        best = min(window, key=lambda j: (round(sides.distance(cand_op, ref_group[j]), 9), abs(j - k)))
+        distance = {j: sides.distance(cand_op, ref_group[j]) for j in window}
+        best = min(window, key=lambda j: (distance[j], abs(j - k)))
+        in_order = min(window, key=lambda j: abs(j - k))
+        if distance[best] > CLEARLY_CLOSER * distance[in_order]:
+            best = in_order
         used[best] = True
         pairs.append((cand_op.index, ref_group[best].index))
     return pairs
@@ -346,8 +369,10 @@ def _pair_op_tensors(sides: _Sides, alignment: Alignment, input_layout: InputLay
     for pair in alignment.pairs:
         cand_op, ref_op = candidate.ops[pair.candidate], reference.ops[pair.reference]
         for c_tid, r_tid in zip(cand_op.outputs, ref_op.outputs):
-            if candidate.tensors[c_tid].size == reference.tensors[r_tid].size:
-                alignment.tensors.setdefault(c_tid, TensorPair(c_tid, r_tid, None, pair.confidence, "op"))
+            c_shape, r_shape = candidate.tensors[c_tid].shape, reference.tensors[r_tid].shape
+            if candidate.tensors[c_tid].size == reference.tensors[r_tid].size or broadcasts(r_shape, c_shape):
+                alignment.tensors.setdefault(c_tid, TensorPair(c_tid, r_tid, None, pair.confidence, "op",
+                                                               broadcast=broadcasts(r_shape, c_shape)))
         cand_leaves = [(i, t) for i, t in enumerate(cand_op.inputs) if candidate.tensors[t].producer is None]
         ref_leaves = [(i, t) for i, t in enumerate(ref_op.inputs) if reference.tensors[t].producer is None]
         for (ci, c_tid), (ri, r_tid) in zip(cand_leaves, ref_leaves):
@@ -377,8 +402,8 @@ def _leaf_transform(candidate: Trace, reference: Trace, cand_op: OpNode, ref_op:
 
 def _form_blocks(sides: _Sides, alignment: Alignment) -> None:
     """Group unpaired ops into blocks between paired ones and pair the tensors they hand on.
-    A block whose floating hand-ons find no partner (an attention kernel's internals, say) is merged
-    with the next block until they do."""
+    A block whose floating hand-ons find no partner (an attention kernel's internals, say) is
+    merged with the next run of unpaired ops when that run reads them, until they do."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     paired_ref_of = {p.candidate: p.reference for p in alignment.pairs}
     paired_refs = set(paired_ref_of.values())
@@ -389,8 +414,10 @@ def _form_blocks(sides: _Sides, alignment: Alignment) -> None:
     pending: list[int] = []
     for position, run in enumerate(runs):
         pending += run
-        block = _block_for(sides, alignment, pending, paired_cands, paired_ref_of, unpaired_ref)
-        if block.matched or position == len(runs) - 1:
+        block, unpartnered = _block_for(sides, alignment, pending, paired_cands, paired_ref_of, unpaired_ref)
+        following = set(runs[position + 1]) if position + 1 < len(runs) else set()
+        read_next = any(reader in following for tid in unpartnered for reader in sides.readers["candidate"].get(tid, []))
+        if block.matched or not read_next:
             blocks.append(block)
             pending = []
     claimed = {r for b in blocks for r in b.reference}
@@ -411,7 +438,8 @@ def _consecutive_runs(indices: list[int]) -> list[list[int]]:
 
 
 def _block_for(sides: _Sides, alignment: Alignment, cand_ops: list[int], paired_cands: list[int],
-               paired_ref_of: dict[int, int], unpaired_ref: list[int]) -> Block:
+               paired_ref_of: dict[int, int], unpaired_ref: list[int]) -> tuple[Block, set[int]]:
+    """The block of `cand_ops`, and its floating hand-ons that found no partner."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     first = _bisect.bisect_left(paired_cands, cand_ops[0])
     last = _bisect.bisect_right(paired_cands, cand_ops[-1])
@@ -422,32 +450,36 @@ def _block_for(sides: _Sides, alignment: Alignment, cand_ops: list[int], paired_
     # inputs are paired with (an extra copy or cast on the candidate side).
     options = [t for r in ref_ops for t in reference.ops[r].outputs]
     options += [alignment.tensors[t].reference for i in cand_ops for t in candidate.ops[i].inputs if t in alignment.tensors]
-    matched = True
+    unpartnered: set[int] = set()
     for c_tid in _handed_on(candidate, cand_ops, sides.readers["candidate"]):
         partner = _partner_by_consumer(sides, c_tid, paired_ref_of) or _partner_by_value(sides, c_tid, options)
         if partner is None:
             # Integer and boolean hand-ons (indices, masks, shapes) are structure, and so is
             # a scalar the reference passes as a Python number: a block is matched when the
             # values it passes on are.
-            matched = matched and (not is_floating(candidate.tensors[c_tid].dtype)
-                                   or _constant_argument(sides, c_tid, paired_ref_of))
+            if is_floating(candidate.tensors[c_tid].dtype) and not _constant_argument(sides, c_tid, paired_ref_of):
+                unpartnered.add(c_tid)
         elif c_tid not in alignment.tensors:
             transform, distance = _layout(sides, c_tid, partner)
-            alignment.tensors[c_tid] = TensorPair(c_tid, partner, transform, round(1.0 - distance / 2, 3), "block")
-    return Block(list(cand_ops), ref_ops, matched)
+            expanded = broadcasts(reference.tensors[partner].shape, candidate.tensors[c_tid].shape)
+            alignment.tensors[c_tid] = TensorPair(c_tid, partner, transform, round(1.0 - distance / 2, 3), "block", expanded)
+    return Block(list(cand_ops), ref_ops, not unpartnered), unpartnered
 
 
 def _partner_by_consumer(sides: _Sides, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
     """The reference tensor in the same argument position of a paired op that reads `c_tid`."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
-    size = candidate.tensors[c_tid].size
+    info = candidate.tensors[c_tid]
     for reader in sides.readers["candidate"].get(c_tid, []):
         if reader not in paired_ref_of:
             continue
         ref_inputs = reference.ops[paired_ref_of[reader]].inputs
         for position, tid in enumerate(candidate.ops[reader].inputs):
-            if tid == c_tid and position < len(ref_inputs) and reference.tensors[ref_inputs[position]].size == size:
-                return ref_inputs[position]
+            if tid != c_tid or position >= len(ref_inputs):
+                continue
+            partner = reference.tensors[ref_inputs[position]]
+            if partner.size == info.size or broadcasts(partner.shape, info.shape):
+                return partner.tid
     return None
 
 

@@ -81,6 +81,7 @@ def test_the_right_weights_are_noise(hf_python):
     result = bisect_hf_llama(hf_python, "candidate")
     assert result["verdict"] == "noise"
     assert result["output_error"]["max_rel"] < 1e-4
+    assert result["ops"]["aligned"] >= 0.9 * result["ops"]["candidate"]
 
 
 @needs_libraries
@@ -91,3 +92,4 @@ def test_the_untransposed_square_q_proj_is_divergent_at_that_projection(hf_pytho
     assert culprit["kind"] == "leaf" and culprit["leaf"] == "model.layers.1.self_attn.q_proj.weight"
     assert culprit["op"] == "linear"
     assert culprit["candidate"]["module"] == culprit["reference"]["module"] == "model.layers.1.self_attn.q_proj"
+    assert result["recurrences"] == []  # later layers only carry the difference, they add none
