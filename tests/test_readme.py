@@ -43,3 +43,13 @@ def test_divergent_walkthrough_output_is_real():
     printed = [line.rstrip() for line in done.stdout.splitlines()]
     for line in quoted_output("A real bug looks like this"):
         assert line.rstrip() in printed
+
+
+def test_every_other_readme_command_runs():
+    for command in shell_commands()[2:]:
+        program, *args = command.split()
+        assert program == "bisectr", command
+        done = run_bisectr(*args)
+        assert done.returncode in (0, 1), (command, done.stderr)
+        if "--substitute rounding" in command:
+            assert "outputs' error 0 (replayed as it is: 2.17e-07)" in done.stdout
