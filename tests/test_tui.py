@@ -1,8 +1,9 @@
 """The Textual TUI: pilot tests for every key, snapshots of the overview and the op detail,
-and an end-to-end run in a real terminal (tmux).
+and end-to-end runs in a real terminal (tmux).
 
-The run comes from tests/models/tui_mlp.py (torch vs torch, the candidate's `blocks.2` uses
-the tanh GELU): verdict divergent, culprit op 7 `gelu`, 13 ops on each side.
+Most tests use tests/models/tui_mlp.py (torch vs torch, the candidate's `blocks.2` uses the tanh
+GELU): verdict divergent, culprit op 7 `gelu`, 13 ops on each side. The span-head example (seed
+004, torch vs paddle) has its own snapshots and the `bisectr trace` terminal test.
 """
 from __future__ import annotations
 
@@ -378,6 +379,51 @@ def test_tmux_end_to_end(live, tmp_path):
         subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
         assert _wait_for(status.exists, 15), screen()
         assert _wait_for(lambda: status.read_text().strip() != "", 5)
+        assert status.read_text().strip() == "0"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+# -- the span-head example (seed 004): torch reference, paddle candidate ------------------------
+SPAN_HEAD = ROOT / "examples" / "span_head.py"
+
+
+@pytest.fixture(scope="module")
+def span_head(tmp_path_factory):
+    """The span-head example traced and searched, reopened from disk as `bisectr view` does."""
+    pytest.importorskip("paddle")
+    run = bisectr.trace(SPAN_HEAD, out=tmp_path_factory.mktemp("tui") / "span")
+    save_result(run.run_dir, json_safe(run.bisect().to_dict()))
+    return bisectr.load(run.run_dir)
+
+
+def test_snapshot_span_head_overview(snap_compare, span_head):
+    assert snap_compare(saved_app(span_head), terminal_size=(100, 30))
+
+
+def test_snapshot_span_head_culprit_detail(snap_compare, span_head):
+    assert snap_compare(saved_app(span_head), terminal_size=(100, 40), press=["f", "enter"])
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_tmux_bisectr_trace_opens_the_tui_on_the_span_head(tmp_path):
+    """`bisectr trace` on a terminal opens the TUI; `f` shows the culprit's source line; `q` exits 0."""
+    pytest.importorskip("paddle")
+    session = f"bisectr-trace-{uuid.uuid4().hex[:8]}"
+    status = tmp_path / "status"
+    command = f"cd {ROOT} && {sys.executable} -m bisectr trace examples/span_head.py -o {tmp_path / 'run'}; echo $? > {status}"
+    env = {**os.environ, "TERM": "xterm-256color"}
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "110", "-y", "32", command], check=True, env=env)
+
+    def screen() -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+    try:
+        assert _wait_for(lambda: "NOISE" in screen(), 120), screen()
+        subprocess.run(["tmux", "send-keys", "-t", session, "f"], check=True)
+        assert _wait_for(lambda: "_logits = paddle.matmul(temp," in screen()), screen()
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        assert _wait_for(lambda: status.exists() and status.read_text().strip() != "", 20), screen()
         assert status.read_text().strip() == "0"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
