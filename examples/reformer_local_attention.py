@@ -22,7 +22,9 @@ Measured here (max abs difference at magnitude):
   magnitude 10, after layer 2 by 1.4e-4 at magnitude 15 (seed 001: 4.2e-5, then 1e-4); output
   1.3e-4 at magnitude 14 (8.9e-6 relative).
 
-bisectr should conclude, for both pairs: verdict `noise`. No op computes anything different;
+- `reference_12_layers()` / `candidate_12_layers()`: seed 002's depth, trained-scale weights.
+
+bisectr should conclude, for every pair: verdict `noise`. No op computes anything different;
 the culprit named is the op amplifying rounding most (a matmul/linear such as the q.k product or
 the feed-forward output dense). The -1e9 masked scores become exact zeros after exp and are not
 blamed.
@@ -86,3 +88,12 @@ def reference_trained(layers: int = LAYERS):
 
 def candidate_trained(layers: int = LAYERS):
     return paddle_side(layers, trained=True)
+
+
+def reference_12_layers():
+    """Seed 002's depth: 12 layers, trained-scale weights."""
+    return torch_side(12, trained=True)
+
+
+def candidate_12_layers():
+    return paddle_side(12, trained=True)

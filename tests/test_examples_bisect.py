@@ -141,3 +141,16 @@ def test_substituting_the_reference_ops_brings_the_difference_to_zero():
 def test_substituting_the_culprit_removes_a_real_bug():
     substitution = bisect_json("tanh_gelu.py", "--substitute", "gelu")["substitution"]
     assert substitution["before"] > 1e-4 > 1e-5 > substitution["output_error"]
+
+
+@pytest.mark.parametrize("name, reference, candidate, seed_error", [
+    ("deep_stack.py", "reference_trained", "candidate_trained", 3e-4),  # seed 000: logits off by ~3e-4
+    ("reformer_local_attention.py", "reference_12_layers", "candidate_12_layers", None),  # seed 002's depth
+])
+def test_trained_stacks_are_noise_with_error_growing_layer_by_layer(name, reference, candidate, seed_error):
+    result = bisect_json(name, "--reference", reference, "--candidate", candidate)
+    assert result["verdict"] == "noise" and result["culprit"]["op"] != "add"
+    if seed_error is not None:
+        assert seed_error / 3 < result["output_error"]["max_abs"] < seed_error * 3
+    residual = [row["max_abs"] for row in result["profile"] if row["op"] == "add"]
+    assert residual[-1] > 10 * residual[0] > 0
