@@ -152,5 +152,5 @@ def test_trained_stacks_are_noise_with_error_growing_layer_by_layer(name, refere
     assert result["verdict"] == "noise" and result["culprit"]["op"] != "add"
     if seed_error is not None:
         assert seed_error / 3 < result["output_error"]["max_abs"] < seed_error * 3
-    residual = [row["max_abs"] for row in result["profile"] if row["op"] == "add"]
-    assert residual[-1] > 10 * residual[0] > 0
+    residual = [row["max_abs"] for row in result["profile"] if row["op"] == "add" and row["max_abs"] > 0]
+    assert residual[-1] > 10 * residual[0]  # the embedding sum is exact; the residual stream then grows
