@@ -175,7 +175,7 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
     full_error = output_error["max_rel"]
     ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops),
            "aligned": len(alignment.aligned_ops("candidate"))}
-    profile = [_profile_row(e) for e in sorted(analysis.ops.values(), key=lambda e: e.candidate)]
+    profile = [_profile_row(run, e) for e in sorted(analysis.ops.values(), key=lambda e: e.candidate)]
     if full_error <= tolerance:
         return Result("match", output_error, None, 0, ops, profile=profile, alignment=alignment)
 
@@ -280,8 +280,9 @@ def _culprit_dict(run: Run, analysis: Analysis, evidence: OpEvidence) -> dict[st
     }
 
 
-def _profile_row(evidence: OpEvidence) -> dict:
+def _profile_row(run: Run, evidence: OpEvidence) -> dict:
     return {"index": evidence.candidate, "reference": evidence.reference, "op": evidence.op,
+            "module": run.candidate.ops[evidence.candidate].module,
             "output_error": evidence.output_error["max_rel"], "max_abs": evidence.output_error["max_abs"],
             "mean_abs": evidence.output_error["mean_abs"], "local_error": evidence.local_error,
             "verdict": evidence.verdict, "amplification": evidence.amplification}

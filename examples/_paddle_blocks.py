@@ -198,6 +198,35 @@ class DecoderLM(nn.Layer):
         return self.lm_head(self.final_norm(x))
 
 
+class PreLNStack(nn.Layer):
+    """Port of `_torch_blocks.PreLNStack` (pre-norm blocks on hidden states)."""
+
+    def __init__(self, dim: int, heads: int, hidden: int, layers: int, *, causal: bool = True,
+                 final_norm: bool = True, eps: float = 1e-6):
+        super().__init__()
+        self.causal = causal
+        self.layers = nn.LayerList([PreLNBlock(dim, heads, hidden, eps=eps) for _ in range(layers)])
+        self.final_norm = nn.LayerNorm(dim, epsilon=eps) if final_norm else None
+
+    def forward(self, x):
+        length = x.shape[1]
+        mask = (paddle.triu(paddle.ones([length, length]), diagonal=1) == 0) if self.causal else None
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+def scale_parameters(model: nn.Layer, factors: dict[str, float]) -> nn.Layer:
+    """Port of `_torch_blocks.scale_parameters`: multiply each parameter whose name ends with a key
+    of `factors` by its value."""
+    with paddle.no_grad():
+        for name, param in model.named_parameters():
+            for suffix, factor in factors.items():
+                if name.endswith(suffix):
+                    param.set_value(param * factor)
+    return model
+
+
 class ReformerLocalAttention(nn.Layer):
     """Port of `_torch_blocks.ReformerLocalAttention`, written like PaddleNLP's Reformer (seed 001)."""
 

@@ -208,6 +208,25 @@ class DecoderLM(nn.Module):
         return self.lm_head(self.final_norm(x))
 
 
+class PreLNStack(nn.Module):
+    """`PreLNBlock`s on hidden states (no embedding, no head): `causal` masks as `DecoderLM` does,
+    `final_norm` adds a last LayerNorm. Used by the benchmarks."""
+
+    def __init__(self, dim: int, heads: int, hidden: int, layers: int, *, causal: bool = True,
+                 final_norm: bool = True, eps: float = 1e-6):
+        super().__init__()
+        self.causal = causal
+        self.layers = nn.ModuleList(PreLNBlock(dim, heads, hidden, eps=eps) for _ in range(layers))
+        self.final_norm = nn.LayerNorm(dim, eps=eps) if final_norm else None
+
+    def forward(self, x):
+        length = x.shape[1]
+        mask = (torch.triu(torch.ones(length, length), diagonal=1) == 0) if self.causal else None
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x if self.final_norm is None else self.final_norm(x)
+
+
 def scale_parameters(model: nn.Module, factors: dict[str, float]) -> nn.Module:
     """Multiply every parameter whose dotted name ends with a key of `factors` by its value.
 

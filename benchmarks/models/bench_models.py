@@ -12,11 +12,14 @@ environment selects the small smoke-test sizes.
 - `{torch,paddle}_shallow[_tanh]`: the same pair with few layers (for the exhaustive search).
 - `paddle_deep_tanh_ported`: the paddle stack with `torch_deep`'s weights copied in (cross-framework pair).
 - `torch_block`, `paddle_block_ported`: one pre-LN block (for the synthetic aligner traces).
+
+The models are the examples' building blocks (`examples/_torch_blocks.py`, `examples/_paddle_blocks.py`:
+`Encoder`, `PreLNStack`); the tanh GELU is planted the way `examples/tanh_gelu.py` plants it.
 """
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "examples")))
 
 QUICK = os.environ.get("BISECTR_BENCH_QUICK") == "1"
 
@@ -57,27 +60,36 @@ def _hidden(cfg):
     return np.random.RandomState(0).standard_normal((cfg["batch"], cfg["seq"], cfg["dim"])).astype("float32")
 
 
+# fc1 weights x3, so GELU inputs reach |x| ~ 1-3, where the tanh and exact GELU differ.
+FFN_SCALE = {"fc1.weight": 3.0}
+
+
+def _plant_tanh(model, name, tanh):
+    """The planted bug (as in examples/tanh_gelu.py): layer `tanh_layer(name)` gets the tanh GELU."""
+    if tanh:
+        model.layers[tanh_layer(name)].ffn.activation = "gelu_tanh"
+    return model
+
+
 # -- torch -------------------------------------------------------------------------------------
 def _torch_encoder(name, tanh=False):
     import torch
-    from _torch_nets import Encoder
+    from _torch_blocks import Encoder
 
     cfg = size(name)
     torch.manual_seed(0)
-    model = Encoder(cfg["vocab"], cfg["dim"], cfg["heads"], cfg["hidden"], cfg["layers"], max_len=cfg["seq"],
-                    tanh_layer=tanh_layer(name) if tanh else None).eval()
-    return model, (torch.from_numpy(_ids(cfg)),)
+    model = Encoder(cfg["vocab"], cfg["dim"], cfg["heads"], cfg["hidden"], cfg["layers"], max_len=cfg["seq"])
+    return _plant_tanh(model, name, tanh).eval(), (torch.from_numpy(_ids(cfg)),)
 
 
 def _torch_stack(name, tanh=False, causal=True, final_norm=True):
     import torch
-    from _torch_nets import PreLNStack, scale_ffn
+    from _torch_blocks import PreLNStack, scale_parameters
 
     cfg = size(name)
     torch.manual_seed(0)
-    model = PreLNStack(cfg["dim"], cfg["heads"], cfg["hidden"], cfg["layers"], causal, final_norm,
-                       tanh_layer(name) if tanh else None)
-    scale_ffn(model)
+    model = PreLNStack(cfg["dim"], cfg["heads"], cfg["hidden"], cfg["layers"], causal=causal, final_norm=final_norm)
+    scale_parameters(_plant_tanh(model, name, tanh), FFN_SCALE)
     return model.eval(), (torch.from_numpy(_hidden(cfg)),)
 
 
@@ -116,31 +128,30 @@ def torch_block():
 # -- paddle ------------------------------------------------------------------------------------
 def _paddle_encoder(name, tanh=False):
     import paddle
-    from _paddle_nets import Encoder
+    from _paddle_blocks import Encoder
 
     cfg = size(name)
     paddle.seed(0)
-    model = Encoder(cfg["vocab"], cfg["dim"], cfg["heads"], cfg["hidden"], cfg["layers"], max_len=cfg["seq"],
-                    tanh_layer=tanh_layer(name) if tanh else None)
-    model.eval()
+    model = Encoder(cfg["vocab"], cfg["dim"], cfg["heads"], cfg["hidden"], cfg["layers"], max_len=cfg["seq"])
+    _plant_tanh(model, name, tanh).eval()
     return model, (paddle.to_tensor(_ids(cfg)),)
 
 
 def _paddle_stack(name, tanh=False, causal=True, final_norm=True, port_from_torch=False):
     import paddle
-    from _paddle_nets import PreLNStack, scale_ffn
+    from _paddle_blocks import PreLNStack, scale_parameters
 
     cfg = size(name)
     paddle.seed(0)
-    model = PreLNStack(cfg["dim"], cfg["heads"], cfg["hidden"], cfg["layers"], causal, final_norm,
-                       tanh_layer(name) if tanh else None)
+    model = PreLNStack(cfg["dim"], cfg["heads"], cfg["hidden"], cfg["layers"], causal=causal, final_norm=final_norm)
+    _plant_tanh(model, name, tanh)
     if port_from_torch:
         from bisectr.weights import torch_to_paddle
 
         torch_model, _ = _torch_stack(name, causal=causal, final_norm=final_norm)
         torch_to_paddle(torch_model, model).check()
     else:
-        scale_ffn(model)
+        scale_parameters(model, FFN_SCALE)
     model.eval()
     return model, (paddle.to_tensor(_hidden(cfg)),)
 
