@@ -359,29 +359,54 @@ def _wait_for(predicate, timeout: float = 30.0) -> bool:
     return False
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_tmux_end_to_end(live, tmp_path):
-    session = f"bisectr-tui-{uuid.uuid4().hex[:8]}"
-    status = tmp_path / "status"
-    command = f"cd {ROOT} && {sys.executable} -m bisectr.tui {live[0].run_dir}; echo $? > {status}"
-    env = {**os.environ, "TERM": "xterm-256color"}
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command], check=True, env=env)
+class Terminal:
+    """A command running in a detached tmux session: read the screen, type keys, get its exit status."""
 
-    def screen() -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+    def __init__(self, command: str, status: Path, size: tuple[int, int]):
+        self.session = f"bisectr-{uuid.uuid4().hex[:8]}"
+        self.status = status
+        env = {**os.environ, "TERM": "xterm-256color"}
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.session, "-x", str(size[0]), "-y", str(size[1]),
+                        f"cd {ROOT} && {command}; echo $? > {status}"], check=True, env=env)
 
-    try:
-        assert _wait_for(lambda: "DIVERGENT" in screen()), screen()
-        subprocess.run(["tmux", "send-keys", "-t", session, "f"], check=True)
-        assert _wait_for(lambda: "op 7 gelu in blocks.2" in screen()), screen()
-        shown = screen()
-        assert GELU_LINE in shown and "tests/models/tui_mlp.py:25" in shown
-        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
-        assert _wait_for(status.exists, 15), screen()
-        assert _wait_for(lambda: status.read_text().strip() != "", 5)
-        assert status.read_text().strip() == "0"
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    def screen(self) -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.session], capture_output=True, text=True).stdout
+
+    def press(self, key: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.session, key], check=True)
+
+    def exit_status(self, timeout: float = 20.0) -> str:
+        assert _wait_for(lambda: self.status.exists() and self.status.read_text().strip() != "", timeout), self.screen()
+        return self.status.read_text().strip()
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "kill-session", "-t", self.session], capture_output=True)
+
+
+@pytest.fixture
+def terminal(tmp_path):
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    opened: list[Terminal] = []
+
+    def open_terminal(command: str, size: tuple[int, int] = SIZE) -> Terminal:
+        opened.append(Terminal(command, tmp_path / "status", size))
+        return opened[-1]
+
+    yield open_terminal
+    for term in opened:
+        term.close()
+
+
+def test_tmux_end_to_end(live, terminal):
+    term = terminal(f"{sys.executable} -m bisectr.tui {live[0].run_dir}")
+    assert _wait_for(lambda: "DIVERGENT" in term.screen()), term.screen()
+    term.press("f")
+    assert _wait_for(lambda: "op 7 gelu in blocks.2" in term.screen()), term.screen()
+    shown = term.screen()
+    assert GELU_LINE in shown and "tests/models/tui_mlp.py:25" in shown
+    term.press("q")
+    assert term.exit_status() == "0"
 
 
 # -- the span-head example (seed 004): torch reference, paddle candidate ------------------------
@@ -405,25 +430,12 @@ def test_snapshot_span_head_culprit_detail(snap_compare, span_head):
     assert snap_compare(saved_app(span_head), terminal_size=(100, 40), press=["f", "enter"])
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_tmux_bisectr_trace_opens_the_tui_on_the_span_head(tmp_path):
+def test_tmux_bisectr_trace_opens_the_tui_on_the_span_head(terminal, tmp_path):
     """`bisectr trace` on a terminal opens the TUI; `f` shows the culprit's source line; `q` exits 0."""
     pytest.importorskip("paddle")
-    session = f"bisectr-trace-{uuid.uuid4().hex[:8]}"
-    status = tmp_path / "status"
-    command = f"cd {ROOT} && {sys.executable} -m bisectr trace examples/span_head.py -o {tmp_path / 'run'}; echo $? > {status}"
-    env = {**os.environ, "TERM": "xterm-256color"}
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "110", "-y", "32", command], check=True, env=env)
-
-    def screen() -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
-
-    try:
-        assert _wait_for(lambda: "NOISE" in screen(), 120), screen()
-        subprocess.run(["tmux", "send-keys", "-t", session, "f"], check=True)
-        assert _wait_for(lambda: "_logits = paddle.matmul(temp," in screen()), screen()
-        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
-        assert _wait_for(lambda: status.exists() and status.read_text().strip() != "", 20), screen()
-        assert status.read_text().strip() == "0"
-    finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    term = terminal(f"{sys.executable} -m bisectr trace examples/span_head.py -o {tmp_path / 'run'}", (110, 32))
+    assert _wait_for(lambda: "NOISE" in term.screen(), 120), term.screen()
+    term.press("f")
+    assert _wait_for(lambda: "_logits = paddle.matmul(temp," in term.screen()), term.screen()
+    term.press("q")
+    assert term.exit_status() == "0"
