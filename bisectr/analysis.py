@@ -100,6 +100,10 @@ class Analysis:
             self.ops[pair.candidate] = self.evidence(pair.candidate, pair.reference)
         return self
 
+    def in_order(self) -> list[OpEvidence]:
+        """Evidence for every paired op, in candidate op order."""
+        return [self.ops[index] for index in sorted(self.ops)]
+
     def reference_values_for(self, cand_tid: int) -> np.ndarray | None:
         """The reference tensor paired with `cand_tid`, in the candidate's layout."""
         pair: TensorPair | None = self.alignment.tensors.get(cand_tid)

@@ -71,11 +71,12 @@ class Result:
 
 
 class Search:
-    def __init__(self, run: Run, alignment: Alignment, analysis: Analysis, tolerance: float = 0.0):
+    """Re-runs of either side with patches, and the measures the search takes from them."""
+
+    def __init__(self, run: Run, alignment: Alignment, analysis: Analysis):
         self.run = run
         self.alignment = alignment
         self.analysis = analysis
-        self.tolerance = tolerance
         self.candidate_reruns = 0
         self.reference_reruns = 0
         self.output_pairs = run.output_pairs()
@@ -175,48 +176,56 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
     full_error = output_error["max_rel"]
     ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops),
            "aligned": len(alignment.aligned_ops("candidate"))}
-    profile = [_profile_row(run, e) for e in sorted(analysis.ops.values(), key=lambda e: e.candidate)]
+    profile = [_profile_row(run, e) for e in analysis.in_order()]
     if full_error <= tolerance:
         return Result("match", output_error, None, 0, ops, profile=profile, alignment=alignment)
 
-    search = Search(run, alignment, analysis, tolerance)
+    search = Search(run, alignment, analysis)
     say("searching")
-    cuts = sorted(e.candidate for e in analysis.ops.values() if run.reference.has_value(run.reference.ops[e.reference].outputs[0]))
+    cuts = [e.candidate for e in analysis.in_order() if run.reference.has_value(run.reference.ops[e.reference].outputs[0])]
     entry, trail = search.entry_point(cuts, full_error, exhaustive)
-    limit = entry if entry is not None else len(run.candidate.ops)
-
-    reach_needed = max(REACH_FRACTION * full_error, noise_floor(run.candidate.dtype))
-    suspects = [e for e in sorted(analysis.ops.values(), key=lambda e: e.candidate)
-                if e.verdict == "different" and e.candidate <= limit]
-    culprit_evidence, not_blamed = None, []
-    for evidence in suspects[:MAX_REACH_TESTS]:
-        say(f"testing op {evidence.candidate}")
-        reached = search.reach(evidence)
-        if reached >= reach_needed:
-            culprit_evidence = evidence
-            break
-        not_blamed.append({"index": evidence.candidate, "op": evidence.op, "reaches": reached})
-
+    culprit_evidence, not_blamed = _first_reaching_difference(search, entry, full_error, say)
+    recurrences, confirmation = [], None
     if culprit_evidence is not None:
         verdict = "divergent"
         recurrences = _recurrences(analysis, culprit_evidence)
+        confirmation = _confirm(search, [culprit_evidence, *recurrences], full_error)
     else:
         verdict = "noise"
         culprit_evidence = _most_amplifying(search, analysis, full_error, entry)
-        recurrences = []
-    confirmation = None
-    if verdict == "divergent":
-        patched = [culprit_evidence.candidate] + [r.candidate for r in recurrences]
-        confirmation = {"patched_ops": patched,
-                        "output_error": search.candidate_error(op_patches(analysis, run, patched)),
-                        "before": full_error}
     culprit = _culprit_dict(run, analysis, culprit_evidence) if culprit_evidence else None
     return Result(verdict, output_error, culprit, search.candidate_reruns, ops, entry,
                   [_site(run, r) for r in recurrences], confirmation, trail, not_blamed, profile,
                   search.reference_reruns, alignment)
 
 
+def _first_reaching_difference(search: Search, entry: int | None, full_error: float,
+                               say: Callable[[str], None]) -> tuple[OpEvidence | None, list[dict]]:
+    """The first op up to the entry point judged different whose own difference moves the
+    outputs; and the differences that were tested and do not (not blamed)."""
+    run = search.run
+    limit = entry if entry is not None else len(run.candidate.ops)
+    reach_needed = max(REACH_FRACTION * full_error, noise_floor(run.candidate.dtype))
+    suspects = [e for e in search.analysis.in_order() if e.verdict == "different" and e.candidate <= limit]
+    not_blamed = []
+    for evidence in suspects[:MAX_REACH_TESTS]:
+        say(f"testing op {evidence.candidate}")
+        reached = search.reach(evidence)
+        if reached >= reach_needed:
+            return evidence, not_blamed
+        not_blamed.append({"index": evidence.candidate, "op": evidence.op, "reaches": reached})
+    return None, not_blamed
+
+
+def _confirm(search: Search, patched: list[OpEvidence], before: float) -> dict:
+    """Re-run the candidate with only these ops' outputs taken from the reference."""
+    indices = [e.candidate for e in patched]
+    after = search.candidate_error(op_patches(search.analysis, search.run, indices))
+    return {"patched_ops": indices, "output_error": after, "before": before}
+
+
 def op_patches(analysis: Analysis, run: Run, op_indices: list[int]) -> dict[int, np.ndarray]:
+    """Reference values for the outputs of these candidate ops."""
     patches = {}
     for index in op_indices:
         for tid in run.candidate.ops[index].outputs:
@@ -228,7 +237,7 @@ def op_patches(analysis: Analysis, run: Run, op_indices: list[int]) -> dict[int,
 
 def _recurrences(analysis: Analysis, culprit: OpEvidence) -> list[OpEvidence]:
     """Later ops with the same canonical op whose own replay is also judged different."""
-    return [e for e in sorted(analysis.ops.values(), key=lambda e: e.candidate)
+    return [e for e in analysis.in_order()
             if e.candidate != culprit.candidate and e.verdict == "different" and e.op == culprit.op]
 
 
