@@ -86,3 +86,11 @@ def test_missing_function_names_can_be_chosen(tmp_path, capsys):
     path = write(tmp_path, "x = 1\n")
     assert main(["bisect", str(path), "--reference", "torch_side"]) == 2
     assert "defines no function torch_side()" in capsys.readouterr().err
+
+
+def test_stats_only_trace_summarises_without_searching(tmp_path):
+    done = bisectr_cli("trace", MODELS / "torch_gelu_stack.py", "--stats-only", "-o", tmp_path / "run")
+    assert done.returncode == 0, done.stderr
+    assert "statistics only: no values stored, so no search" in done.stdout and "verdict" not in done.stdout
+    viewed = bisectr_cli("view", tmp_path / "run", "--no-tui")
+    assert viewed.returncode == 0 and "this run holds no search result" in viewed.stdout
