@@ -29,7 +29,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _blocks import token_ids  # noqa: E402
+from _blocks import paddle_port, paddle_side, token_ids, torch_model, torch_side  # noqa: E402
 
 LAYERS = 48
 CONFIG = dict(vocab=64, dim=64, heads=4, hidden=256)
@@ -41,46 +41,27 @@ def input_ids():
     return token_ids(CONFIG["vocab"], batch=2, length=16)
 
 
-def torch_model(layers: int, trained: bool):
-    import torch
-    from _torch_blocks import DecoderLM, scale_parameters
-
-    torch.manual_seed(0)
-    model = DecoderLM(layers=layers, **CONFIG)
-    if trained:
-        scale_parameters(model, TRAINED_SCALE)
-    return model.eval()
+def decoder(layers: int, scale: dict | None = None):
+    """The torch `DecoderLM` with `layers` blocks, seeded; `scale`: trained-scale factors."""
+    return torch_model("DecoderLM", dict(CONFIG, layers=layers), scale)
 
 
-def torch_side(layers: int, trained: bool):
-    import torch
-
-    return torch_model(layers, trained), (torch.from_numpy(input_ids()),)
-
-
-def paddle_side(layers: int, trained: bool):
-    import paddle
-    from _paddle_blocks import DecoderLM
-
-    from bisectr.weights import torch_to_paddle
-
-    model = DecoderLM(layers=layers, **CONFIG)
-    torch_to_paddle(torch_model(layers, trained), model).check()
-    model.eval()
-    return model, (paddle.to_tensor(input_ids()),)
+def port(layers: int, scale: dict | None = None):
+    """Its paddle port, weights copied from `decoder(layers, scale)`."""
+    return paddle_port("DecoderLM", dict(CONFIG, layers=layers), decoder(layers, scale))
 
 
 def reference(layers: int = LAYERS):
-    return torch_side(layers, trained=False)
+    return torch_side(decoder(layers), input_ids())
 
 
 def candidate(layers: int = LAYERS):
-    return paddle_side(layers, trained=False)
+    return paddle_side(port(layers), input_ids())
 
 
 def reference_trained(layers: int = LAYERS):
-    return torch_side(layers, trained=True)
+    return torch_side(decoder(layers, TRAINED_SCALE), input_ids())
 
 
 def candidate_trained(layers: int = LAYERS):
-    return paddle_side(layers, trained=True)
+    return paddle_side(port(layers, TRAINED_SCALE), input_ids())

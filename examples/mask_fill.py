@@ -21,7 +21,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _blocks import token_ids  # noqa: E402
+from _blocks import paddle_port, paddle_side, token_ids, torch_model, torch_side  # noqa: E402
 
 CONFIG = dict(vocab=100, dim=64, heads=4, hidden=256, layers=2)
 
@@ -30,27 +30,14 @@ def input_ids():
     return token_ids(CONFIG["vocab"], batch=2, length=24, padded_from=16)
 
 
-def torch_model():
-    import torch
-    from _torch_blocks import Encoder
-
-    torch.manual_seed(0)
-    return Encoder(masking="fill", mask_value=-1e9, **CONFIG).eval()
+def build_torch():
+    return torch_model("Encoder", dict(CONFIG, masking="fill", mask_value=-1e9))
 
 
 def reference():
-    import torch
-
-    return torch_model(), (torch.from_numpy(input_ids()),)
+    return torch_side(build_torch(), input_ids())
 
 
 def candidate():
-    import paddle
-    from _paddle_blocks import Encoder
-
-    from bisectr.weights import torch_to_paddle
-
-    model = Encoder(masking="add", mask_value=-1e4, **CONFIG)
-    torch_to_paddle(torch_model(), model).check()
-    model.eval()
-    return model, (paddle.to_tensor(input_ids()),)
+    model = paddle_port("Encoder", dict(CONFIG, masking="add", mask_value=-1e4), build_torch())
+    return paddle_side(model, input_ids())

@@ -15,7 +15,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _blocks import token_ids  # noqa: E402
+from _blocks import paddle_side, token_ids, torch_side  # noqa: E402
 
 CONFIG = dict(vocab=100, dim=64, heads=4, hidden=256, layers=4)
 
@@ -35,17 +35,14 @@ def paddle_model():
 
 
 def reference():
-    import paddle
-
-    return paddle_model(), (paddle.to_tensor(input_ids()),)
+    return paddle_side(paddle_model(), input_ids())
 
 
 def candidate():
-    import torch
     from _torch_blocks import Encoder
 
     from bisectr.weights import paddle_to_torch
 
     model = Encoder(**CONFIG)
     paddle_to_torch(paddle_model(), model).check()
-    return model.eval(), (torch.from_numpy(input_ids()),)
+    return torch_side(model.eval(), input_ids())

@@ -31,7 +31,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _blocks import token_ids  # noqa: E402
+from _blocks import paddle_port, paddle_side, token_ids, torch_model, torch_side  # noqa: E402
 
 CONFIG = dict(vocab=100, dim=64, heads=4, hidden=256, layers=2)
 TRAINED_SCALE = {"norm.weight": 10.0, "span_head.start.weight": 1.5, "span_head.end.weight": 1.5}
@@ -42,28 +42,13 @@ def input_ids():
     return token_ids(CONFIG["vocab"], batch=2, length=32, padded_from=24)
 
 
-def torch_model():
-    import torch
-    from _torch_blocks import SpanModel, scale_parameters
-
-    torch.manual_seed(0)
-    model = SpanModel(**CONFIG)
-    return scale_parameters(model, TRAINED_SCALE).eval()
+def build_torch():
+    return torch_model("SpanModel", CONFIG, TRAINED_SCALE)
 
 
 def reference():
-    import torch
-
-    return torch_model(), (torch.from_numpy(input_ids()),)
+    return torch_side(build_torch(), input_ids())
 
 
 def candidate():
-    import paddle
-    from _paddle_blocks import SpanModel
-
-    from bisectr.weights import torch_to_paddle
-
-    model = SpanModel(**CONFIG)
-    torch_to_paddle(torch_model(), model).check()
-    model.eval()
-    return model, (paddle.to_tensor(input_ids()),)
+    return paddle_side(paddle_port("SpanModel", CONFIG, build_torch()), input_ids())

@@ -22,7 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _blocks import token_ids  # noqa: E402
+from _blocks import paddle_port, paddle_side, token_ids, torch_model, torch_side  # noqa: E402
 
 CONFIG = dict(vocab=100, dim=64, heads=4, hidden=256, layers=12)
 TRAINED_SCALE = {"fc1.weight": 3.0, "fc2.weight": 2.0}
@@ -33,32 +33,19 @@ def input_ids():
     return token_ids(CONFIG["vocab"], batch=2, length=16)
 
 
-def torch_model():
-    import torch
-    from _torch_blocks import Encoder, scale_parameters
-
-    torch.manual_seed(0)
-    return scale_parameters(Encoder(**CONFIG), TRAINED_SCALE).eval()
+def build_torch():
+    return torch_model("Encoder", CONFIG, TRAINED_SCALE)
 
 
 def reference():
-    import torch
-
-    return torch_model(), (torch.from_numpy(input_ids()),)
+    return torch_side(build_torch(), input_ids())
 
 
 def candidate(tanh_layer: int | None = TANH_LAYER):
-    import paddle
-    from _paddle_blocks import Encoder
-
-    from bisectr.weights import torch_to_paddle
-
-    model = Encoder(**CONFIG)
-    torch_to_paddle(torch_model(), model).check()
+    model = paddle_port("Encoder", CONFIG, build_torch())
     if tanh_layer is not None:
         model.layers[tanh_layer].ffn.activation = "gelu_tanh"  # the bug
-    model.eval()
-    return model, (paddle.to_tensor(input_ids()),)
+    return paddle_side(model, input_ids())
 
 
 def candidate_fixed():

@@ -19,7 +19,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _blocks import token_ids  # noqa: E402
+from _blocks import token_ids, torch_model, torch_side  # noqa: E402
 
 CONFIG = dict(vocab=64, dim=64, heads=4, hidden=256, layers=4)
 
@@ -29,11 +29,7 @@ def input_ids():
 
 
 def reference():
-    import torch
-    from _torch_blocks import DecoderLM
-
-    torch.manual_seed(0)
-    return DecoderLM(**CONFIG).eval(), (torch.from_numpy(input_ids()),)
+    return torch_side(torch_model("DecoderLM", CONFIG), input_ids())
 
 
 def candidate():
@@ -47,4 +43,4 @@ def candidate():
             return logits.float()
 
     torch.manual_seed(0)
-    return AutocastDecoderLM(**CONFIG).eval(), (torch.from_numpy(input_ids()),)
+    return torch_side(AutocastDecoderLM(**CONFIG).eval(), input_ids())

@@ -23,42 +23,29 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _blocks import token_ids  # noqa: E402
+from _blocks import paddle_port, paddle_side, token_ids, torch_model, torch_side  # noqa: E402
 
 CONFIG = dict(vocab=64, dim=64, heads=4, hidden=256, layers=4, style="llama")
 TRAINED_SCALE = {"q_proj.weight": 4.0, "k_proj.weight": 4.0, "lm_head.weight": 3.0}
 FORGOTTEN = "blocks.1.attn.q_proj.weight"
 
 
+def build_torch():
+    return torch_model("DecoderLM", CONFIG, TRAINED_SCALE)
+
+
 def input_ids():
     return token_ids(CONFIG["vocab"], batch=2, length=16)
 
 
-def torch_model():
-    import torch
-    from _torch_blocks import DecoderLM, scale_parameters
-
-    torch.manual_seed(0)
-    return scale_parameters(DecoderLM(**CONFIG), TRAINED_SCALE).eval()
-
-
 def reference():
-    import torch
-
-    return torch_model(), (torch.from_numpy(input_ids()),)
+    return torch_side(build_torch(), input_ids())
 
 
 def candidate(forgotten: str | None = FORGOTTEN):
-    import paddle
-    from _paddle_blocks import DecoderLM
-
-    from bisectr.weights import torch_to_paddle
-
-    model = DecoderLM(**CONFIG)
     overrides = {forgotten: False} if forgotten else {}
-    torch_to_paddle(torch_model(), model, transpose_overrides=overrides).check()
-    model.eval()
-    return model, (paddle.to_tensor(input_ids()),)
+    model = paddle_port("DecoderLM", CONFIG, build_torch(), transpose_overrides=overrides)
+    return paddle_side(model, input_ids())
 
 
 def candidate_fixed():

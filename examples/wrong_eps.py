@@ -25,7 +25,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _blocks import token_ids  # noqa: E402
+from _blocks import paddle_port, paddle_side, token_ids, torch_model, torch_side  # noqa: E402
 
 CONFIG = dict(vocab=64, dim=64, heads=4, hidden=256, layers=4, style="llama")
 SMALL_EMBEDDINGS = {"embed.weight": 0.01}
@@ -37,30 +37,16 @@ def input_ids():
     return token_ids(CONFIG["vocab"], batch=2, length=16)
 
 
-def torch_model():
-    import torch
-    from _torch_blocks import DecoderLM, scale_parameters
-
-    torch.manual_seed(0)
-    return scale_parameters(DecoderLM(eps=REFERENCE_EPS, **CONFIG), SMALL_EMBEDDINGS).eval()
+def build_torch():
+    return torch_model("DecoderLM", dict(CONFIG, eps=REFERENCE_EPS), SMALL_EMBEDDINGS)
 
 
 def reference():
-    import torch
-
-    return torch_model(), (torch.from_numpy(input_ids()),)
+    return torch_side(build_torch(), input_ids())
 
 
 def candidate(eps: float = CANDIDATE_EPS):
-    import paddle
-    from _paddle_blocks import DecoderLM
-
-    from bisectr.weights import torch_to_paddle
-
-    model = DecoderLM(eps=eps, **CONFIG)
-    torch_to_paddle(torch_model(), model).check()
-    model.eval()
-    return model, (paddle.to_tensor(input_ids()),)
+    return paddle_side(paddle_port("DecoderLM", dict(CONFIG, eps=eps), build_torch()), input_ids())
 
 
 def candidate_fixed():
