@@ -143,9 +143,13 @@ def value_distance(a: TensorInfo, b: TensorInfo) -> float:
     """0 for identical fingerprints, about 1 for unrelated data, 2 for opposite sign."""
     if a.size != b.size or len(a.fingerprint) != len(b.fingerprint):
         return 2.0
-    scale = max(a.stats["absmax"], b.stats["absmax"], 1e-30)
+    return fingerprint_distance(a.fingerprint, b.fingerprint, max(a.stats["absmax"], b.stats["absmax"], 1e-30))
+
+
+def fingerprint_distance(a: list[float], b: list[float], scale: float) -> float:
+    """The largest difference of two fingerprints relative to `scale`, capped at 2."""
     worst = 0.0
-    for x, y in zip(a.fingerprint, b.fingerprint):  # 16 numbers: plain Python beats numpy here
+    for x, y in zip(a, b):  # 16 numbers: plain Python beats numpy here
         difference = abs(x - y)
         worst = max(worst, scale if difference != difference else difference)  # NaN counts as unrelated
     return min(worst / scale, 2.0)
@@ -518,10 +522,9 @@ def _layout(sides: _Sides, c_tid: int, r_tid: int) -> tuple[Permutation, float]:
                     if p != identity and tuple(r_info.shape[i] for i in p) == c_info.shape]
     best: tuple[float, Permutation] = (plain, None)
     values = reference.value(r_tid)
+    scale = max(c_info.stats["absmax"], r_info.stats["absmax"], 1e-30)
     for permutation in permutations:
-        moved = fingerprint(np.transpose(values, permutation))
-        scale = max(c_info.stats["absmax"], r_info.stats["absmax"], 1e-30)
-        distance = float(np.max(np.abs(np.asarray(moved) - np.asarray(c_info.fingerprint))) / scale)
+        distance = fingerprint_distance(fingerprint(np.transpose(values, permutation)), c_info.fingerprint, scale)
         best = min(best, (distance, permutation), key=lambda item: item[0])
     return best[1], best[0]
 

@@ -27,7 +27,6 @@ import numpy as np
 
 from .align import Alignment
 from .analysis import Analysis, OpEvidence, noise_floor
-from .metrics import error_metrics
 from .run import Run
 from .trace import OpNode, Trace, is_floating
 
@@ -79,7 +78,6 @@ class Search:
         self.analysis = analysis
         self.candidate_reruns = 0
         self.reference_reruns = 0
-        self.output_pairs = run.output_pairs()
         self.first_read = _first_reads(run.candidate)
 
     # -- re-runs ---------------------------------------------------------------
@@ -87,19 +85,12 @@ class Search:
         """Outputs' error (vs the reference) of a candidate re-run with `patches`."""
         self.candidate_reruns += 1
         outputs = self.run.rerun("candidate", patches).outputs
-        return self._worst_error({p.key: outputs[p.candidate_key] for p in self.output_pairs})
+        return self.run.candidate_output_error(outputs)
 
     def reference_error(self, patches: dict[int, np.ndarray]) -> float:
         """How far a reference re-run with `patches` moves the reference's own outputs."""
         self.reference_reruns += 1
-        return self._worst_error(self.run.rerun("reference", patches).outputs)
-
-    def _worst_error(self, outputs: dict[str, np.ndarray]) -> float:
-        worst = 0.0
-        for pair in self.output_pairs:
-            ref_values = self.run.reference.value(pair.reference)
-            worst = max(worst, error_metrics(outputs[pair.key].reshape(ref_values.shape), ref_values)["max_rel"])
-        return worst
+        return self.run.worst_output_error(self.run.rerun("reference", patches).outputs)
 
     def patches_up_to(self, cut: int) -> dict[int, np.ndarray]:
         """Reference values for every paired candidate tensor produced or first read by op `cut`.

@@ -6,6 +6,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ class Run:
     # Where each side's model runs; present after `trace`, not after `load`.
     runners: dict[str, SideRunner] = field(default_factory=dict)
     saved_result: dict | None = None
+    _pairs: list[OutputPair] | None = field(default=None, init=False, repr=False)
 
     @property
     def traces(self) -> dict[str, Trace]:
@@ -54,7 +56,21 @@ class Run:
         return bool(self.runners)
 
     def output_pairs(self) -> list[OutputPair]:
-        return pair_outputs(self.reference, self.candidate, self.model_file)
+        if self._pairs is None:
+            self._pairs = pair_outputs(self.reference, self.candidate, self.model_file)
+        return self._pairs
+
+    def worst_output_error(self, outputs: dict[str, np.ndarray]) -> float:
+        """The largest max_rel of `outputs` (keyed like the reference's outputs) against the reference's."""
+        worst = 0.0
+        for pair in self.output_pairs():
+            reference = self.reference.value(pair.reference)
+            worst = max(worst, error_metrics(outputs[pair.key].reshape(reference.shape), reference)["max_rel"])
+        return worst
+
+    def candidate_output_error(self, outputs: dict[str, np.ndarray]) -> float:
+        """`worst_output_error` of outputs keyed like the candidate's."""
+        return self.worst_output_error({pair.key: outputs[pair.candidate_key] for pair in self.output_pairs()})
 
     def output_error(self) -> dict[str, float]:
         """Worst max_abs and max_rel over all paired outputs."""
@@ -68,6 +84,7 @@ class Run:
         """Run one side again with `patches` (tid -> values) swapped in; see `PatchedRerun`."""
         return self._runner(role).rerun(self.traces[role], patches, capture)
 
+    @cached_property
     def pins(self) -> dict[str, str] | None:
         """`ALIGN_MODULES` of the model file: candidate module paths pinned to reference ones."""
         if not self.model_file.is_file():
@@ -75,7 +92,7 @@ class Run:
         return getattr(load_module(self.model_file), "ALIGN_MODULES", None)
 
     def align(self) -> Alignment:
-        return align_traces(self.reference, self.candidate, self.pins(), input_layout)
+        return align_traces(self.reference, self.candidate, self.pins, input_layout)
 
     def bisect(self, tolerance: float = 0.0, exhaustive: bool = False, progress=None) -> "Result":
         """Align, analyse and search for the culprit (re-runs the models)."""
@@ -84,6 +101,7 @@ class Run:
         if not self.is_live:
             fresh = trace(self.model_file, **self._how_traced())
             self.reference, self.candidate, self.runners = fresh.reference, fresh.candidate, fresh.runners
+            self._pairs = None
         return bisect_run(self, tolerance, exhaustive, progress)
 
     def replay(self, role: str, index: int, values: dict[int, np.ndarray], float64: bool = False) -> list[np.ndarray]:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .align import Alignment, TensorPair
-from .metrics import error_metrics
 from .run import Run
 
 
@@ -42,8 +41,8 @@ def substitute(run: Run, alignment: Alignment, ops: list[str]) -> SubstitutionRe
     units = [u for u in _units(alignment)
              if any(run.candidate.ops[i].op in chosen for i in u.candidate)
              or any(run.reference.ops[i].op in chosen for i in u.reference)]
-    before = _worst_error(run, _replay_candidate(run, alignment, []))
-    after = _worst_error(run, _replay_candidate(run, alignment, units))
+    before = run.candidate_output_error(_replay_candidate(run, alignment, []))
+    after = run.candidate_output_error(_replay_candidate(run, alignment, units))
     return SubstitutionResult(sorted(chosen), units, before, after)
 
 
@@ -114,11 +113,3 @@ def _reference_unit(run: Run, alignment: Alignment, unit: Unit, cand_values: dic
                 values = pair.reference_in_candidate_layout(ref_values[pair.reference], info.shape)
                 defined[tid] = values.astype(cand_values[tid].dtype, copy=False)
     return defined
-
-
-def _worst_error(run: Run, outputs: dict[str, np.ndarray]) -> float:
-    worst = 0.0
-    for pair in run.output_pairs():
-        reference = run.reference.value(pair.reference)
-        worst = max(worst, error_metrics(outputs[pair.candidate_key].reshape(reference.shape), reference)["max_rel"])
-    return worst
