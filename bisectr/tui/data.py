@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..align import Alignment
-from ..metrics import error_metrics
+from ..analysis import Analysis
 from ..repro import write_repro
 from ..report import json_safe, short_source
 from ..run import Run
@@ -166,6 +166,8 @@ class RunData:
             self.alignment = alignment
         elif self.alignment is None:
             self.alignment = self._align()
+        # Pairing evidence on demand (nothing is replayed until asked for).
+        self.analysis = Analysis(self.run, self.alignment) if self.alignment is not None else None
         self.rows = self._rows()
         self.by_index = {row.index: row for row in self.rows}
         self.tree = self._module_tree()
@@ -278,13 +280,7 @@ class RunData:
     # -- one op ---------------------------------------------------------------------
     def reference_values(self, cand_tid: int) -> np.ndarray | None:
         """The reference tensor paired with a candidate tensor, in the candidate's layout."""
-        if self.alignment is None:
-            return None
-        pair = self.alignment.tensors.get(cand_tid)
-        if pair is None or not self.run.reference.has_value(pair.reference):
-            return None
-        return pair.reference_in_candidate_layout(self.run.reference.value(pair.reference),
-                                                  self.run.candidate.tensors[cand_tid].shape)
+        return self.analysis.reference_values_for(cand_tid) if self.analysis is not None else None
 
     def tensor_rows(self, index: int) -> list[TensorRow]:
         cand = self.run.candidate
@@ -292,10 +288,8 @@ class RunData:
         rows = []
         for role, tids in (("in", op.inputs), ("out", op.outputs)):
             for position, tid in enumerate(tids):
-                error = None
-                reference = self.reference_values(tid)
-                if reference is not None and cand.has_value(tid):
-                    error = error_metrics(cand.value(tid), reference)["max_rel"]
+                metrics = self.analysis.tensor_error(tid) if self.analysis is not None else None
+                error = metrics["max_rel"] if metrics is not None else None
                 rows.append(self._tensor_row("candidate", f"{role} {position}", cand, tid, error))
         ref_index = self.by_index[index].reference
         if ref_index is not None:
@@ -346,11 +340,9 @@ class RunData:
     def replay_evidence(self, index: int) -> dict | None:
         """Replay one op (live runs): local error and the fp64 oracle. Slow-ish: call from a worker."""
         row = self.by_index[index]
-        if not self.run.is_live or row.reference is None or self.alignment is None:
+        if not self.run.is_live or row.reference is None or self.analysis is None:
             return None
-        from ..analysis import Analysis
-
-        evidence = Analysis(self.run, self.alignment).evidence(index, row.reference)
+        evidence = self.analysis.evidence(index, row.reference)
         return json_safe({"local_error": evidence.local_error, "fp64": evidence.fp64, "verdict": evidence.verdict,
                           "input_error": evidence.input_error, "output_error": evidence.output_error["max_abs"],
                           "amplification": evidence.amplification})
@@ -359,12 +351,11 @@ class RunData:
     def patch_effect(self, index: int) -> dict[str, float]:
         """Re-run the candidate with the reference's values patched in (live runs): for this op's
         outputs only, and for everything up to this op (the search's cut)."""
-        from ..analysis import Analysis
         from ..bisection import Search, op_patches
 
-        if not self.live or self.alignment is None:
+        if not self.live or self.analysis is None:
             raise RuntimeError("patching needs a live run")
-        analysis = Analysis(self.run, self.alignment)
+        analysis = self.analysis
         search = Search(self.run, self.alignment, analysis)
         before = (self.result or {}).get("output_error", {}).get("max_rel")
         if before is None:
