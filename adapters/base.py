@@ -7,6 +7,7 @@ primitives.
 """
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Iterator, Protocol
@@ -29,13 +30,23 @@ class OpListener(Protocol):
 
 class Adapter(ABC):
     name: str = ""
+    tensor_class: tuple[str, str] = ("", "")  # (module, class name) of the framework's tensors
+    _tensor_types: tuple[type, ...] = ()
 
     @abstractmethod
     def owns(self, obj: Any) -> bool:
         """Is `obj` a model, layer or tensor of this framework? Must not import the framework."""
 
-    @abstractmethod
-    def is_tensor(self, obj: Any) -> bool: ...
+    def is_tensor(self, obj: Any) -> bool:
+        """Is `obj` a tensor of this framework? Called on every argument of every op, so the
+        class is looked up once, as soon as the framework has been imported (never importing it)."""
+        if not self._tensor_types:
+            module, name = self.tensor_class
+            tensor_type = getattr(sys.modules.get(module), name, None)
+            if tensor_type is None:
+                return False
+            self._tensor_types = (tensor_type,)
+        return isinstance(obj, self._tensor_types)
 
     @abstractmethod
     def to_numpy(self, tensor: Any) -> np.ndarray:

@@ -210,14 +210,11 @@ _patches: _Patches | None = None
 
 class PaddleAdapter(Adapter):
     name = "paddle"
+    tensor_class = ("paddle", "Tensor")
 
     def owns(self, obj: Any) -> bool:
         paddle = sys.modules.get("paddle")
         return paddle is not None and isinstance(obj, (paddle.nn.Layer, paddle.Tensor))
-
-    def is_tensor(self, obj: Any) -> bool:
-        paddle = sys.modules.get("paddle")
-        return paddle is not None and isinstance(obj, paddle.Tensor)
 
     def to_numpy(self, tensor: Any) -> np.ndarray:
         paddle = _paddle()

@@ -19,14 +19,11 @@ def _torch():
 
 class TorchAdapter(Adapter):
     name = "torch"
+    tensor_class = ("torch", "Tensor")
 
     def owns(self, obj: Any) -> bool:
         torch = sys.modules.get("torch")
         return torch is not None and isinstance(obj, (torch.nn.Module, torch.Tensor))
-
-    def is_tensor(self, obj: Any) -> bool:
-        torch = sys.modules.get("torch")
-        return torch is not None and isinstance(obj, torch.Tensor)
 
     def to_numpy(self, tensor: Any) -> np.ndarray:
         torch = _torch()

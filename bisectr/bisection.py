@@ -78,7 +78,7 @@ class Search:
         self.analysis = analysis
         self.candidate_reruns = 0
         self.reference_reruns = 0
-        self.first_read = _first_reads(run.candidate)
+        self.patchable = self._patchable_tensors()
 
     # -- re-runs ---------------------------------------------------------------
     def candidate_error(self, patches: dict[int, np.ndarray]) -> float:
@@ -93,18 +93,30 @@ class Search:
         return self.run.worst_output_error(self.run.rerun("reference", patches).outputs)
 
     def patches_up_to(self, cut: int) -> dict[int, np.ndarray]:
-        """Reference values for every paired candidate tensor produced or first read by op `cut`.
-        Only floating tensors are patched: indices, masks and shapes are structure, not values."""
+        """Reference values for every patchable candidate tensor produced or first read by op `cut`."""
         patches = {}
-        for tid, pair in self.alignment.tensors.items():
-            info = self.run.candidate.tensors[tid]
-            position = info.producer if info.producer is not None else self.first_read.get(tid)
-            if position is None or position > cut or (info.leaf or "").startswith("input:") or not is_floating(info.dtype):
-                continue
+        for position, tid in self.patchable:
+            if position > cut:
+                break
             values = self.analysis.reference_values_for(tid)
             if values is not None:
                 patches[tid] = values
         return patches
+
+    def _patchable_tensors(self) -> list[tuple[int, int]]:
+        """(op position, tid) of the paired candidate tensors a cut patches, in op order: the op
+        that produced or first read each. Only floating tensors are patched (indices, masks and
+        shapes are structure, not values), and no leaf that already holds the reference's values."""
+        first_read = _first_reads(self.run.candidate)
+        patchable = []
+        for tid in self.alignment.tensors:
+            info = self.run.candidate.tensors[tid]
+            position = info.producer if info.producer is not None else first_read.get(tid)
+            leaf = self.analysis.leaves.get(tid)
+            if position is None or (info.leaf or "").startswith("input:") or not is_floating(info.dtype) or (leaf and leaf.verdict == "exact"):
+                continue
+            patchable.append((position, tid))
+        return sorted(patchable)
 
     # -- the search ------------------------------------------------------------
     def entry_point(self, cuts: list[int], full_error: float, exhaustive: bool) -> tuple[int | None, list[tuple[int, float]]]:

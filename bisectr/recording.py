@@ -22,7 +22,7 @@ from .errors import TraceMismatchError
 from .ops import canonical_op
 from .store import TensorWriter
 from .structure import flatten_outputs, iter_tensors, map_tensors
-from .trace import OpNode, TensorInfo, Trace, fingerprint, tensor_stats
+from .trace import OpNode, StatsBatch, TensorInfo, Trace, fingerprint
 
 _BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
@@ -155,6 +155,7 @@ class Recorder(_Session):
         self._adapter_dir = os.path.dirname(os.path.abspath(sys.modules[type(adapter).__module__].__file__)) + os.sep
         self._internal = adapter.internal_paths() + (_BISECTR_DIR, self._adapter_dir, _STDLIB_DIR)
         self._code_is_internal: dict[Any, bool] = {}
+        self._stats = StatsBatch()
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         inputs = iter_tensors((args, kwargs), self.adapter.is_tensor)
@@ -195,18 +196,16 @@ class Recorder(_Session):
         stored = store and self.writer is not None
         if stored:
             self.writer.write(tid, values)
-        self.trace.tensors[tid] = TensorInfo(
-            tid=tid,
-            shape=tuple(values.shape),
-            dtype=self.adapter.dtype_name(tensor),
-            stats=tensor_stats(values),
-            fingerprint=fingerprint(values),
-            producer=producer,
-            leaf=leaf,
-            stored=stored,
-        )
+        info = TensorInfo(tid, tuple(values.shape), self.adapter.dtype_name(tensor), {}, [], producer, leaf, stored)
+        self.trace.tensors[tid] = info
+        self._stats.add(info, values)
 
-    def record_outputs(self, outputs: list[tuple[str, Any]]) -> None:
+    def finish(self, outputs: list[tuple[str, Any]]) -> None:
+        """Mark the model's outputs and complete every tensor's statistics."""
+        self._record_outputs(outputs)
+        self._stats.flush()
+
+    def _record_outputs(self, outputs: list[tuple[str, Any]]) -> None:
         for key, tensor in outputs:
             tid = self.ids.lookup(tensor)
             if tid is None:

@@ -43,7 +43,7 @@ def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions)
     pairs = output_pairs(side.adapter, outputs)
     if not pairs:
         raise ModelFileError(f"{side.model_file}: the {side.role} model returned no tensors (got {type(outputs).__name__})")
-    recorder.record_outputs(pairs)
+    recorder.finish(pairs)
     return trace, recorder.calls
 
 

@@ -15,6 +15,7 @@ Values are read back lazily through one memory map per side.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -62,15 +63,20 @@ class TensorWriter:
             self._file.close()
 
 
-def _read_array(path: Path, entry: tuple[int, str, tuple[int, ...]], mapped: np.memmap | None = None) -> np.ndarray:
+def _read_array(path: Path, entry: tuple[int, str, tuple[int, ...]], mapped: np.ndarray | None = None) -> np.ndarray:
     offset, dtype, shape = entry
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape)
     if count == 0:
         return np.zeros(shape, dtype)
     if mapped is None:
-        mapped = np.memmap(path, dtype=np.uint8, mode="r")
+        mapped = _map(path)
     return mapped[offset : offset + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def _map(path: Path) -> np.ndarray:
+    """The file's bytes, memory-mapped, as a plain array (slicing a `np.memmap` costs more)."""
+    return np.memmap(path, dtype=np.uint8, mode="r").view(np.ndarray)
 
 
 class StoredValues:
@@ -79,11 +85,11 @@ class StoredValues:
     def __init__(self, path: Path, index: dict[int, tuple[int, str, tuple[int, ...]]]):
         self.path = path
         self.index = index
-        self._mapped: np.memmap | None = None
+        self._mapped: np.ndarray | None = None
 
     def __call__(self, tid: int) -> np.ndarray:
         if self._mapped is None and self.path.stat().st_size > 0:
-            self._mapped = np.memmap(self.path, dtype=np.uint8, mode="r")
+            self._mapped = _map(self.path)
         return _read_array(self.path, self.index[tid], self._mapped)
 
 

@@ -223,6 +223,72 @@ def fingerprint(values: np.ndarray) -> list[float]:
 
 @lru_cache(maxsize=4096)
 def _fingerprint_index(shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
-    size = math.prod(shape)
-    positions = np.linspace(0, size - 1, num=min(FINGERPRINT_SIZE, size)).astype(np.int64)
-    return np.unravel_index(positions, shape)
+    return np.unravel_index(_fingerprint_positions(math.prod(shape)), shape)
+
+
+@lru_cache(maxsize=4096)
+def _fingerprint_positions(size: int) -> np.ndarray:
+    return np.linspace(0, size - 1, num=min(FINGERPRINT_SIZE, size)).astype(np.int64)
+
+
+class StatsBatch:
+    """Fills in `TensorInfo.stats` and `.fingerprint` for many tensors at once.
+
+    Every numpy call costs about a microsecond whatever its size, and describing a tensor
+    takes a dozen: more than a small op itself costs. So small tensors are copied into one
+    float64 buffer as they arrive (a later in-place write cannot change what is described)
+    and reduced segment by segment (`ufunc.reduceat`) when the buffer fills or on `flush()`.
+    Large tensors, and tensors holding NaN or Inf, go through `tensor_stats` one by one.
+    """
+
+    SMALL = 1 << 16  # elements; larger tensors are described at once
+    CAPACITY = 1 << 20  # elements in the buffer (8 MB)
+
+    def __init__(self):
+        self._buffer = np.empty(self.CAPACITY)
+        self._squares = np.empty(self.CAPACITY)
+        self._used = 0
+        self._queued: list[TensorInfo] = []
+        self._starts: list[int] = []
+
+    def add(self, info: TensorInfo, values: np.ndarray) -> None:
+        size = values.size
+        if size == 0 or size > self.SMALL or values.dtype.kind not in "biuf":
+            info.stats, info.fingerprint = tensor_stats(values), fingerprint(values)
+            return
+        if self._used + size > self.CAPACITY:
+            self.flush()
+        np.copyto(self._buffer[self._used:self._used + size].reshape(values.shape), values, casting="unsafe")
+        self._queued.append(info)
+        self._starts.append(self._used)
+        self._used += size
+
+    def flush(self) -> None:
+        if not self._queued:
+            return
+        data = self._buffer[: self._used]
+        starts = np.array(self._starts)
+        sizes = np.diff(starts, append=self._used)
+        lows = np.minimum.reduceat(data, starts)
+        highs = np.maximum.reduceat(data, starts)
+        means = np.add.reduceat(data, starts) / sizes
+        with np.errstate(over="ignore", invalid="ignore"):
+            squares = np.multiply(data, data, out=self._squares[: self._used])
+            variances = np.add.reduceat(squares, starts) / sizes - means * means
+        finite = np.isfinite(lows) & np.isfinite(highs) & np.isfinite(variances)
+        stds = np.sqrt(np.maximum(np.where(finite, variances, 0.0), 0.0))
+        positions = [_fingerprint_positions(int(size)) for size in sizes]
+        picked = data[np.concatenate(positions) + np.repeat(starts, [len(p) for p in positions])].tolist()
+        offset = 0
+        for info, start, size, ok, low, high, mean, std, count in zip(
+            self._queued, self._starts, sizes.tolist(), finite.tolist(), lows.tolist(), highs.tolist(),
+            means.tolist(), stds.tolist(), map(len, positions),
+        ):
+            info.fingerprint = picked[offset: offset + count]
+            offset += count
+            if ok:
+                info.stats = {"min": low, "max": high, "mean": mean, "absmax": max(abs(low), abs(high)),
+                              "std": std, "nan": 0, "inf": 0}
+            else:
+                info.stats = tensor_stats(data[start: start + size])
+        self._queued, self._starts, self._used = [], [], 0

@@ -303,7 +303,8 @@ def test_plain_function_with_copy_into_a_tensor():
     trace = Trace("candidate", "paddle", "cpu", "float32")
     recorder = Recorder(adapter, forward, [("0", x)], trace, None, RecordOptions(store_values=False))
     with adapter.intercept(forward, recorder):
-        forward(x)
+        recorded = forward(x)
+    recorder.finish([("output", recorded)])
     assert [o.framework_op for o in trace.ops] == ["_C_ops.full_like", "Tensor.__mul__", "Tensor.copy_",
                                                    "Tensor.__neg__", "Tensor.__add__"]
     assert [o.op for o in trace.ops] == ["full", "mul", "copy", "neg", "add"]
