@@ -160,8 +160,7 @@ def trace(model_file: str | os.PathLike, reference: str = "reference", candidate
     except BaseException:
         writer.abort()
         raise
-    loaded = {role: read_trace(final_dir, role) for role in traces}
-    return Run(model_file, loaded["reference"], loaded["candidate"], final_dir, runners)
+    return Run(model_file, traces["reference"], traces["candidate"], final_dir, runners)
 
 
 def load(run_dir: str | os.PathLike) -> Run:

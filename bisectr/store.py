@@ -111,6 +111,8 @@ class RunWriter:
         return self.writers[side]
 
     def commit(self, traces: dict[str, Trace], manifest: dict[str, Any], result: dict | None = None) -> Path:
+        """Write the traces and the manifest, move the run into place, and point each trace's
+        values at their final place."""
         for side, trace in traces.items():
             writer = self.writers.get(side)
             if writer is not None:
@@ -130,6 +132,9 @@ class RunWriter:
             shutil.rmtree(retired, ignore_errors=True)
         else:
             self.work_dir.rename(self.final_dir)
+        for side, trace in traces.items():
+            writer = self.writers.get(side)
+            trace.value_reader = StoredValues(self.final_dir / side / "tensors.bin", writer.index if writer else {})
         return self.final_dir
 
     def abort(self) -> None:
@@ -183,7 +188,7 @@ def read_trace(run_dir: Path, side: str) -> Trace:
     blob = side_dir / "tensors.bin"
     if index:
         blob_size = blob.stat().st_size if blob.is_file() else -1
-        needed = max(offset + int(np.prod(shape)) * np.dtype(dtype).itemsize for offset, dtype, shape in index.values())
+        needed = max(offset + math.prod(shape) * np.dtype(dtype).itemsize for offset, dtype, shape in index.values())
         if blob_size < needed:
             raise RunDirError(f"{blob}: truncated or missing ({blob_size} bytes, the trace needs {needed})")
     trace.value_reader = StoredValues(blob, index)
