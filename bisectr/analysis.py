@@ -20,7 +20,7 @@ import numpy as np
 from .align import Alignment, TensorPair
 from .metrics import error_metrics
 from .run import Run
-from .trace import Trace
+from .trace import OpNode, Trace
 
 NOISE_FACTOR = 4.0
 _EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
@@ -142,11 +142,23 @@ class Analysis:
         """The candidate op replayed on the reference's inputs, keeping the candidate's own
         parameters (and its own values for inputs with no reference partner)."""
         cand_op = self.candidate.ops[cand_index]
+        if self._reads_its_own_inputs(cand_op):  # the replay would compute what was recorded
+            return self.candidate.value(cand_op.outputs[0])
         values = {}
         for tid in cand_op.inputs:
             from_reference = None if self.candidate.tensors[tid].producer is None else self.reference_values_for(tid)
             values[tid] = from_reference if from_reference is not None else self.candidate.value(tid)
         return self.run.replay("candidate", cand_index, values)[0]
+
+    def _reads_its_own_inputs(self, cand_op: OpNode) -> bool:
+        """Does the local replay feed the op exactly the values it read when recorded?"""
+        if not self.candidate.has_value(cand_op.outputs[0]):
+            return False
+        for tid in cand_op.inputs:
+            error = self.tensor_error(tid) if self.candidate.tensors[tid].producer is not None else None
+            if error is not None and error["max_abs"] != 0:
+                return False
+        return True
 
     def _replayed_errors(self, cand_index: int, ref_index: int) -> tuple[float | None, dict | None]:
         """Local error, and (unless the replay is bit-exact, when it decides nothing) the fp64 evidence."""

@@ -60,7 +60,7 @@ class LocalSide:
 
     def rerun(self, trace: Trace, patches: dict[int, np.ndarray], capture: set[int] | frozenset = frozenset()) -> RerunResult:
         side = self.side
-        listener = PatchedRerun(side.adapter, side.model, side.input_items(), trace, patches, capture)
+        listener = PatchedRerun(side.adapter, trace, patches, capture)
         with side.adapter.intercept(side.model, listener):
             outputs = side.forward()
         return listener.finish(output_pairs(side.adapter, outputs))

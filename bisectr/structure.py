@@ -37,6 +37,20 @@ def iter_tensors(obj: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
     return found
 
 
+def call_tensors(args: tuple, kwargs: dict, is_tensor: Callable[[Any], bool]) -> list[Any]:
+    """`iter_tensors((args, kwargs))`, with a fast path for the usual op call (runs on every
+    op): positional arguments only, none of them a container."""
+    if kwargs:
+        return iter_tensors((args, kwargs), is_tensor)
+    found = []
+    for arg in args:
+        if is_tensor(arg):
+            found.append(arg)
+        elif isinstance(arg, (tuple, list, dict)):
+            return iter_tensors(args, is_tensor)
+    return found
+
+
 def flatten_outputs(obj: Any, is_tensor: Callable[[Any], bool], prefix: str = "") -> list[tuple[str, Any]]:
     """(key, tensor) pairs of a model's output: "0", "1.logits", "start_logits", ...
 

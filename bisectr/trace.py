@@ -218,7 +218,7 @@ def fingerprint(values: np.ndarray) -> list[float]:
         return []
     if values.ndim == 0:
         return [float(values)]
-    return [float(v) for v in values[_fingerprint_index(values.shape)].astype(np.float64)]
+    return values[_fingerprint_index(values.shape)].astype(np.float64).tolist()
 
 
 @lru_cache(maxsize=4096)

@@ -311,7 +311,7 @@ def test_plain_function_with_copy_into_a_tensor():
     copy_op = trace.ops[2]
     assert copy_op.inplace and copy_op.inputs[0] == trace.ops[0].outputs[0] and len(copy_op.outputs) == 1
     assert {o.module for o in trace.ops} == {""}
-    runner = PatchedRerun(adapter, forward, [("0", x)], trace, {copy_op.outputs[0]: np.full((2, 3), 7.0, np.float32)})
+    runner = PatchedRerun(adapter, trace, {copy_op.outputs[0]: np.full((2, 3), 7.0, np.float32)})
     with adapter.intercept(forward, runner):
         out = forward(x)
     assert np.array_equal(runner.finish([("output", out)]).outputs["output"], np.full((2, 3), -6.0, np.float32))
