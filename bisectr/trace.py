@@ -235,30 +235,31 @@ class StatsBatch:
     """Fills in `TensorInfo.stats` and `.fingerprint` for many tensors at once.
 
     Every numpy call costs about a microsecond whatever its size, and describing a tensor
-    takes a dozen: more than a small op itself costs. So small tensors are copied into one
-    float64 buffer as they arrive (a later in-place write cannot change what is described)
-    and reduced segment by segment (`ufunc.reduceat`) when the buffer fills or on `flush()`.
-    Large tensors, and tensors holding NaN or Inf, go through `tensor_stats` one by one.
+    takes a dozen: more than a small op itself costs. So small floating tensors (float32 and
+    narrower) are copied into one float32 buffer as they arrive (a later in-place write cannot
+    change what is described) and reduced segment by segment (`ufunc.reduceat`, pairwise sums)
+    when the buffer fills or on `flush()`. Large tensors, other dtypes, and tensors holding NaN
+    or Inf go through `tensor_stats` one by one.
     """
 
     SMALL = 1 << 16  # elements; larger tensors are described at once
-    CAPACITY = 1 << 20  # elements in the buffer (8 MB)
+    CAPACITY = 1 << 20  # elements in the buffer (4 MB)
 
     def __init__(self):
-        self._buffer = np.empty(self.CAPACITY)
-        self._squares = np.empty(self.CAPACITY)
+        self._buffer = np.empty(self.CAPACITY, np.float32)
+        self._squares = np.empty(self.CAPACITY, np.float32)
         self._used = 0
         self._queued: list[TensorInfo] = []
         self._starts: list[int] = []
 
     def add(self, info: TensorInfo, values: np.ndarray) -> None:
         size = values.size
-        if size == 0 or size > self.SMALL or values.dtype.kind not in "biuf":
+        if size == 0 or size > self.SMALL or values.dtype.kind != "f" or values.dtype.itemsize > 4:
             info.stats, info.fingerprint = tensor_stats(values), fingerprint(values)
             return
         if self._used + size > self.CAPACITY:
             self.flush()
-        np.copyto(self._buffer[self._used:self._used + size].reshape(values.shape), values, casting="unsafe")
+        np.copyto(self._buffer[self._used:self._used + size].reshape(values.shape), values)
         self._queued.append(info)
         self._starts.append(self._used)
         self._used += size
@@ -271,10 +272,10 @@ class StatsBatch:
         sizes = np.diff(starts, append=self._used)
         lows = np.minimum.reduceat(data, starts)
         highs = np.maximum.reduceat(data, starts)
-        means = np.add.reduceat(data, starts) / sizes
+        means = np.add.reduceat(data, starts).astype(np.float64) / sizes
         with np.errstate(over="ignore", invalid="ignore"):
             squares = np.multiply(data, data, out=self._squares[: self._used])
-            variances = np.add.reduceat(squares, starts) / sizes - means * means
+            variances = np.add.reduceat(squares, starts).astype(np.float64) / sizes - means * means
         finite = np.isfinite(lows) & np.isfinite(highs) & np.isfinite(variances)
         stds = np.sqrt(np.maximum(np.where(finite, variances, 0.0), 0.0))
         positions = [_fingerprint_positions(int(size)) for size in sizes]

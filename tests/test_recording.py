@@ -4,6 +4,7 @@ import pytest
 
 import bisectr
 from bisectr.errors import TraceMismatchError, UserModelError
+from bisectr.trace import fingerprint, tensor_stats
 from conftest import MODELS, line_of
 
 OPS_FILE = MODELS / "torch_ops.py"
@@ -71,6 +72,20 @@ def test_tensor_statistics_are_recorded(ops_run):
     assert info.stats["max"] == pytest.approx(float(values.max()))
     assert info.stats["mean"] == pytest.approx(1 / 8, rel=1e-5)  # rows of a softmax average 1/8
     assert info.stats["nan"] == 0 and info.stats["inf"] == 0
+
+
+def test_statistics_and_fingerprints_describe_each_tensor_as_it_was_produced(ops_run):
+    """Small tensors are described in batches after the forward; the GELU output is changed in
+    place by a later op, and its statistics must still be those of the values it was produced with."""
+    trace = ops_run.candidate
+    gelu = _op_at(trace, "LINE_GELU", "gelu")
+    described = [info for info in trace.tensors.values() if info.stored]
+    assert gelu.outputs[0] in {info.tid for info in described} and len(described) == len(trace.tensors)
+    for info in described:
+        values = trace.value(info.tid)
+        expected = tensor_stats(values)
+        assert info.stats == pytest.approx(expected, rel=1e-5, abs=1e-6), (info.tid, info.leaf)
+        assert info.fingerprint == fingerprint(values), (info.tid, info.leaf)
 
 
 def test_recording_twice_gives_the_same_graph(ops_run, tmp_path):
