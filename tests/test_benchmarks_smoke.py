@@ -29,6 +29,8 @@ def test_quick_benchmark_runs_and_prints_the_table(tmp_path):
     assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     for heading in HEADINGS:
         assert heading in done.stdout, f"missing {heading!r} in:\n{done.stdout[-3000:]}"
+    for row in ("interception alone", "the search (Run.bisect()", "whole `bisectr bisect`"):
+        assert row in done.stdout, f"missing row {row!r}"
     for column in ("torch", "paddle", "target", "holds"):
         assert column in done.stdout
     assert raw.is_file() and raw.stat().st_size > 0
