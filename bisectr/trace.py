@@ -238,16 +238,15 @@ class StatsBatch:
     takes a dozen: more than a small op itself costs. So small floating tensors (float32 and
     narrower) are copied into one float32 buffer as they arrive (a later in-place write cannot
     change what is described) and reduced segment by segment (`ufunc.reduceat`, pairwise sums)
-    when the buffer fills or on `flush()`. Large tensors, other dtypes, and tensors holding NaN
-    or Inf go through `tensor_stats` one by one.
+    when the buffer fills or on `flush()`. Large tensors, other dtypes, and tensors holding NaN,
+    Inf or values whose float32 squares would overflow go through `tensor_stats` one by one.
     """
 
-    SMALL = 1 << 16  # elements; larger tensors are described at once
-    CAPACITY = 1 << 20  # elements in the buffer (4 MB)
+    SMALL = 1 << 14  # elements; larger tensors are described at once
+    CAPACITY = 1 << 18  # elements in the buffer (1 MB)
 
     def __init__(self):
         self._buffer = np.empty(self.CAPACITY, np.float32)
-        self._squares = np.empty(self.CAPACITY, np.float32)
         self._used = 0
         self._queued: list[TensorInfo] = []
         self._starts: list[int] = []
@@ -270,26 +269,24 @@ class StatsBatch:
         data = self._buffer[: self._used]
         starts = np.array(self._starts)
         sizes = np.diff(starts, append=self._used)
+        positions = [_fingerprint_positions(int(size)) for size in sizes]
+        picked = data[np.concatenate(positions) + np.repeat(starts, [len(p) for p in positions])].tolist()
         lows = np.minimum.reduceat(data, starts)
         highs = np.maximum.reduceat(data, starts)
         means = np.add.reduceat(data, starts).astype(np.float64) / sizes
-        with np.errstate(over="ignore", invalid="ignore"):
-            squares = np.multiply(data, data, out=self._squares[: self._used])
+        with np.errstate(invalid="ignore"):
+            special = ~(np.maximum(-lows, highs) < 1e18)  # NaN, Inf, or squares beyond float32
+        one_by_one = {i: tensor_stats(data[self._starts[i]: self._starts[i] + sizes[i]]) for i in np.flatnonzero(special).tolist()}
+        with np.errstate(over="ignore", invalid="ignore"):  # in the special segments, described already
+            squares = np.multiply(data, data, out=data)  # the values are not needed any more
             variances = np.add.reduceat(squares, starts).astype(np.float64) / sizes - means * means
-        finite = np.isfinite(lows) & np.isfinite(highs) & np.isfinite(variances)
-        stds = np.sqrt(np.maximum(np.where(finite, variances, 0.0), 0.0))
-        positions = [_fingerprint_positions(int(size)) for size in sizes]
-        picked = data[np.concatenate(positions) + np.repeat(starts, [len(p) for p in positions])].tolist()
+        stds = np.sqrt(np.maximum(variances, 0.0))
         offset = 0
-        for info, start, size, ok, low, high, mean, std, count in zip(
-            self._queued, self._starts, sizes.tolist(), finite.tolist(), lows.tolist(), highs.tolist(),
-            means.tolist(), stds.tolist(), map(len, positions),
-        ):
+        for i, (info, low, high, mean, std, count) in enumerate(zip(
+            self._queued, lows.tolist(), highs.tolist(), means.tolist(), stds.tolist(), map(len, positions),
+        )):
             info.fingerprint = picked[offset: offset + count]
             offset += count
-            if ok:
-                info.stats = {"min": low, "max": high, "mean": mean, "absmax": max(abs(low), abs(high)),
-                              "std": std, "nan": 0, "inf": 0}
-            else:
-                info.stats = tensor_stats(data[start: start + size])
+            info.stats = one_by_one.get(i) or {"min": low, "max": high, "mean": mean, "absmax": max(abs(low), abs(high)),
+                                                "std": std, "nan": 0, "inf": 0}
         self._queued, self._starts, self._used = [], [], 0
