@@ -113,13 +113,14 @@ class RunWriter:
     def commit(self, traces: dict[str, Trace], manifest: dict[str, Any], result: dict | None = None) -> Path:
         """Write the traces and the manifest, move the run into place, and point each trace's
         values at their final place."""
+        indexes = {}
         for side, trace in traces.items():
             writer = self.writers.get(side)
             if writer is not None:
                 writer.close()
             side_dir = self.work_dir / side
             side_dir.mkdir(exist_ok=True)
-            index = writer.index if writer else {}
+            index = indexes[side] = writer.index if writer else {}
             body = {**trace.to_json(), "storage": {str(tid): list(entry) for tid, entry in index.items()}}
             _write_json(side_dir / "trace.json", body)
         if result is not None:
@@ -133,8 +134,7 @@ class RunWriter:
         else:
             self.work_dir.rename(self.final_dir)
         for side, trace in traces.items():
-            writer = self.writers.get(side)
-            trace.value_reader = StoredValues(self.final_dir / side / "tensors.bin", writer.index if writer else {})
+            trace.value_reader = StoredValues(self.final_dir / side / "tensors.bin", indexes[side])
         return self.final_dir
 
     def abort(self) -> None:
