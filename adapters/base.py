@@ -28,9 +28,19 @@ class OpListener(Protocol):
         """The innermost module's forward ended (also when it raised)."""
 
 
+# Tensor methods that bring a tensor's values into Python (`t.item()`, `if t:`). A value read this
+# way is baked into the calls recorded after it, so the recorder counts them.
+VALUE_READ_METHODS = (
+    "item", "tolist", "numpy", "__bool__", "__nonzero__", "__float__", "__int__", "__index__", "__complex__",
+    "__array__", "__format__", "__contains__",
+)
+TENSOR_VALUE_READS = frozenset(f"Tensor.{method}" for method in VALUE_READ_METHODS)
+
+
 class Adapter(ABC):
     name: str = ""
     tensor_class: tuple[str, str] = ("", "")  # (module, class name) of the framework's tensors
+    value_reads: frozenset[str] = TENSOR_VALUE_READS  # names of the calls that read values into Python
     _tensor_types: tuple[type, ...] = ()
 
     @abstractmethod
@@ -79,6 +89,10 @@ class Adapter(ABC):
     def intercept(self, model: Any, listener: OpListener) -> AbstractContextManager:
         """While active, route every outermost op call and module entry/exit to `listener`,
         with gradients off. Everything it installs is removed on exit, also after an exception."""
+
+    @abstractmethod
+    def no_grad(self) -> AbstractContextManager:
+        """Gradients off, nothing intercepted: for re-executing recorded calls."""
 
     @abstractmethod
     def internal_paths(self) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .base import Adapter, OpListener
+from .base import VALUE_READ_METHODS, Adapter, OpListener
 
 
 def _paddle():
@@ -155,7 +155,7 @@ class _Patches:
             self._bindings_key = len(sys.modules)
         plan += [entry for entry in self._bindings if getattr(entry[0], entry[1], None) is entry[2]]
         tensor = paddle.Tensor
-        for attr in _TENSOR_C_METHODS + _TENSOR_PY_METHODS:
+        for attr in _TENSOR_C_METHODS + _TENSOR_PY_METHODS + VALUE_READ_METHODS:  # value reads: for the recorder's count
             original = tensor.__dict__.get(attr)
             if original is not None:
                 replay = _copy_and_bump(original) if attr == "copy_" else None
@@ -256,6 +256,9 @@ class PaddleAdapter(Adapter):
             for name, tensor in model.named_buffers():
                 if tensor is not None:
                     yield f"buffer:{name}", tensor
+
+    def no_grad(self) -> Any:
+        return _paddle().no_grad()
 
     def internal_paths(self) -> tuple[str, ...]:
         return (os.path.dirname(_paddle().__file__) + os.sep,)

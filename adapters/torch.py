@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .base import Adapter, OpListener
+from .base import TENSOR_VALUE_READS, Adapter, OpListener
 
 
 def _torch():
@@ -20,6 +20,7 @@ def _torch():
 class TorchAdapter(Adapter):
     name = "torch"
     tensor_class = ("torch", "Tensor")
+    value_reads = TENSOR_VALUE_READS | {"equal", "allclose"}
 
     def owns(self, obj: Any) -> bool:
         torch = sys.modules.get("torch")
@@ -63,6 +64,9 @@ class TorchAdapter(Adapter):
     def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
         # nn.Linear stores its weight as (out, in); the shared layout is (in, out).
         return (1, 0) if op == "linear" and position == 1 else None
+
+    def no_grad(self) -> Any:
+        return _torch().no_grad()
 
     def internal_paths(self) -> tuple[str, ...]:
         return (os.path.dirname(_torch().__file__) + os.sep,)

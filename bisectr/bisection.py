@@ -79,6 +79,7 @@ class Search:
         self.candidate_reruns = 0
         self.reference_reruns = 0
         self.patchable = self._patchable_tensors()
+        self._reference_values: dict[int, np.ndarray | None] = {}
 
     # -- re-runs ---------------------------------------------------------------
     def candidate_error(self, patches: dict[int, np.ndarray]) -> float:
@@ -98,7 +99,9 @@ class Search:
         for position, tid in self.patchable:
             if position > cut:
                 break
-            values = self.analysis.reference_values_for(tid)
+            if tid not in self._reference_values:  # read once: successive cuts patch overlapping prefixes
+                self._reference_values[tid] = self.analysis.reference_values_for(tid)
+            values = self._reference_values[tid]
             if values is not None:
                 patches[tid] = values
         return patches

@@ -1,10 +1,12 @@
 """Recording, patched re-runs and single-op replay, over any adapter.
 
 This is bisectr's interpreter: the one place where framework calls are executed
-on bisectr's behalf. `Recorder` builds a `Trace` from a forward pass;
-`PatchedRerun` runs the same forward again, checks it follows the recording op
-for op, and substitutes given values for chosen tensors; `replay_op` calls one
-recorded op again on substituted (optionally float64) inputs.
+on bisectr's behalf. `Recorder` builds a `Trace` from a forward pass (and a
+`Recording` of the calls it made); `PatchedRerun` runs the same forward again,
+checks it follows the recording op for op, and substitutes given values for
+chosen tensors; `rerun_recorded` gets the same answer by executing the recorded
+calls instead of the model's code; `replay_op` calls one recorded op again on
+substituted (optionally float64) inputs.
 """
 from __future__ import annotations
 
@@ -57,6 +59,30 @@ class Call:
     fn: Callable[..., Any]
     args: tuple
     kwargs: dict
+    device: str = ""  # where its outputs live
+
+
+@dataclass
+class Recording:
+    """What a side keeps in memory from its recording: each op's call, and each leaf tensor
+    read (tid -> (tensor, its version when first read)); `value_reads` counts the calls that
+    brought tensor values into Python (`.item()`, `if t:`), whose results later calls have baked in."""
+
+    calls: list[Call] = field(default_factory=list)
+    leaves: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    value_reads: int = 0
+    # False once executing the calls made tensors of other shapes or dtypes than recorded:
+    # state around the calls (autocast) or data-dependent shapes shaped the forward.
+    faithful: bool = True
+
+    def replayable(self, adapter: Adapter) -> bool:
+        """Can the recorded calls stand in for the model's code? Not after a value read (a patch
+        could change what was read), nor once a leaf has been changed in place."""
+        return self.faithful and not self.value_reads and all(adapter.version(t) == v for t, v in self.leaves.values())
+
+
+class UnfaithfulReplay(Exception):
+    """Executing the recorded calls did not make the tensors the recording made."""
 
 
 @dataclass
@@ -148,7 +174,7 @@ class Recorder(_Session):
         for name, tensor in adapter.named_leaves(model):
             self._leaf_names.setdefault(id(tensor), (weakref.ref(tensor), name))
         self.options = options
-        self.calls: list[Call] = []
+        self.recording = Recording()
         self._adapter_dir = os.path.dirname(os.path.abspath(sys.modules[type(adapter).__module__].__file__)) + os.sep
         self._internal = adapter.internal_paths() + (_BISECTR_DIR, self._adapter_dir, _STDLIB_DIR)
         self._code_is_internal: dict[Any, bool] = {}
@@ -161,6 +187,8 @@ class Recorder(_Session):
         result = execute_op(fn, args, kwargs)
         produced, mutated = written_tensors(self.adapter, inputs, versions, result)
         if not produced:
+            if name in self.adapter.value_reads:
+                self.recording.value_reads += 1
             return result
         index = self.op_count
         self.op_count += 1
@@ -171,10 +199,12 @@ class Recorder(_Session):
                                      input_tids, output_tids, bool(mutated)))
         tid_by_object = dict(zip(map(id, inputs), input_tids))
         slot = lambda t: Slot(tid_by_object[id(t)])  # noqa: E731
-        self.calls.append(Call(fn, map_tensors(args, self.adapter.is_tensor, slot), map_tensors(kwargs, self.adapter.is_tensor, slot)))
+        self.recording.calls.append(Call(fn, map_tensors(args, self.adapter.is_tensor, slot),
+                                         map_tensors(kwargs, self.adapter.is_tensor, slot), self.adapter.device_name(produced[0])))
         return result
 
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
+        self.recording.leaves[tid] = (tensor, self.adapter.version(tensor))
         self._describe(tid, tensor, producer=None, leaf=self.leaf_name(tensor), store=self.options.store_values)
 
     def leaf_name(self, tensor: Any) -> str:
@@ -280,31 +310,20 @@ class PatchedRerun(_Session):
         untouched = not any(tid in self.tainted for tid in input_tids)
         for tensor, tid in zip(produced, expected.outputs):
             if untouched:
-                self._check_reproduced(tensor, tid, expected)
+                check_reproduced(self.adapter, self.trace, tensor, tid, expected)
             else:
                 self.tainted.add(tid)
             if tid in self.patches:
                 if id(tensor) in mutated:
-                    self.adapter.assign(tensor, self._checked_patch(tensor, tid))
+                    self.adapter.assign(tensor, checked_patch(self.patches, tid, tensor.shape))
                 else:
-                    replacements[id(tensor)] = tensor = self._like(tensor, self._checked_patch(tensor, tid))
+                    replacements[id(tensor)] = tensor = _like(self.adapter, tensor, checked_patch(self.patches, tid, tensor.shape))
             self.ids.assign(tensor, tid)
             if tid in self.capture:
                 self.captured[tid] = self.adapter.to_numpy(tensor)
         if replacements:
             result = map_tensors(result, self.adapter.is_tensor, lambda t: replacements.get(id(t), t))
         return result
-
-    def _check_reproduced(self, tensor: Any, tid: int, expected: OpNode) -> None:
-        """An op no patch can have influenced must compute what it computed when recorded."""
-        recorded = self.trace.tensors[tid]
-        now = fingerprint(self.adapter.to_numpy(tensor))
-        if len(now) != len(recorded.fingerprint):
-            raise self._departure(expected, expected.framework_op, "produces a tensor of another size")
-        allowed = VALUE_DRIFT * max(recorded.stats["absmax"], 1e-30)
-        # Sixteen numbers: plain Python beats numpy's per-call cost. NaN == NaN counts as reproduced.
-        if not all(a == b or abs(a - b) <= allowed or (a != a and b != b) for a, b in zip(now, recorded.fingerprint)):
-            raise self._departure(expected, expected.framework_op, "computes other values from the same inputs")
 
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         if tid not in self.trace.tensors or self.trace.tensors[tid].producer is not None:
@@ -315,21 +334,12 @@ class PatchedRerun(_Session):
         for tensor, tid in zip(inputs, tids):
             if tid in self.patches and self.trace.tensors[tid].producer is None:
                 if tid not in self._leaf_substitutes:
-                    self._leaf_substitutes[tid] = self._like(tensor, self._checked_patch(tensor, tid))
+                    self._leaf_substitutes[tid] = _like(self.adapter, tensor, checked_patch(self.patches, tid, tensor.shape))
                 substitutes[id(tensor)] = self._leaf_substitutes[tid]
         swap = lambda t: substitutes.get(id(t), t)  # noqa: E731
         args = map_tensors(args, self.adapter.is_tensor, swap)
         kwargs = map_tensors(kwargs, self.adapter.is_tensor, swap)
         return args, kwargs, call_tensors(args, kwargs, self.adapter.is_tensor)
-
-    def _checked_patch(self, tensor: Any, tid: int) -> np.ndarray:
-        values = self.patches[tid]
-        if tuple(values.shape) != tuple(tensor.shape):
-            raise TraceMismatchError(f"the patch for tensor {tid} has shape {tuple(values.shape)}, the tensor {tuple(tensor.shape)}")
-        return values
-
-    def _like(self, tensor: Any, values: np.ndarray) -> Any:
-        return self.adapter.from_numpy(values, self.adapter.dtype_name(tensor), self.adapter.device_name(tensor))
 
     def _expected_op(self, name: str) -> OpNode:
         if self.op_count >= len(self.trace.ops):
@@ -340,12 +350,7 @@ class PatchedRerun(_Session):
         return expected
 
     def _departure(self, expected: OpNode | None, name: str, what: str) -> TraceMismatchError:
-        index = expected.index if expected is not None else self.op_count
-        where = f" ({expected.framework_op} at {expected.source})" if expected is not None else ""
-        return TraceMismatchError(
-            f"the {self.trace.side} re-run departed from its recording at op {index}{where}: it {what}. "
-            "The forward is not deterministic (dropout or randomness in training mode? data-dependent control flow?)"
-        )
+        return departure(self.trace, expected.index if expected is not None else self.op_count, expected, what)
 
     def finish(self, outputs: list[tuple[str, Any]]) -> RerunResult:
         if self.op_count != len(self.trace.ops):
@@ -354,6 +359,162 @@ class PatchedRerun(_Session):
                 "the forward is not deterministic (dropout in training mode? data-dependent control flow?)"
             )
         return RerunResult({key: self.adapter.to_numpy(t) for key, t in outputs}, self.captured)
+
+
+def check_reproduced(adapter: Adapter, trace: Trace, tensor: Any, tid: int, op: OpNode) -> None:
+    """An op no patch can have influenced must compute what it computed when recorded."""
+    recorded = trace.tensors[tid]
+    now = fingerprint(adapter.to_numpy(tensor))
+    if len(now) != len(recorded.fingerprint):
+        raise departure(trace, op.index, op, "produces a tensor of another size")
+    allowed = VALUE_DRIFT * max(recorded.stats["absmax"], 1e-30)
+    # Sixteen numbers: plain Python beats numpy's per-call cost. NaN == NaN counts as reproduced.
+    if not all(a == b or abs(a - b) <= allowed or (a != a and b != b) for a, b in zip(now, recorded.fingerprint)):
+        raise departure(trace, op.index, op, "computes other values from the same inputs")
+
+
+def departure(trace: Trace, index: int, op: OpNode | None, what: str) -> TraceMismatchError:
+    where = f" ({op.framework_op} at {op.source})" if op is not None else ""
+    return TraceMismatchError(
+        f"the {trace.side} re-run departed from its recording at op {index}{where}: it {what}. "
+        "The forward is not deterministic (dropout or randomness in training mode? data-dependent control flow?)"
+    )
+
+
+def checked_patch(patches: dict[int, np.ndarray], tid: int, shape: Iterable[int]) -> np.ndarray:
+    values = patches[tid]
+    if tuple(values.shape) != tuple(shape):
+        raise TraceMismatchError(f"the patch for tensor {tid} has shape {tuple(values.shape)}, the tensor {tuple(shape)}")
+    return values
+
+
+def _like(adapter: Adapter, tensor: Any, values: np.ndarray) -> Any:
+    return adapter.from_numpy(values, adapter.dtype_name(tensor), adapter.device_name(tensor))
+
+
+def rerun_recorded(adapter: Adapter, trace: Trace, recording: Recording, patches: dict[int, np.ndarray],
+                   capture: Iterable[int] = ()) -> RerunResult:
+    """What `PatchedRerun` computes for the same patches, by executing the recorded calls
+    instead of the model's code, as `torch.fx.Interpreter` runs a graph. Only the ops whose
+    values are needed run: not an op whose outputs are all patched (the patches stand in),
+    nor one whose outputs nothing reads. Tensors are released after their last use.
+    As in `PatchedRerun`, what no patch can reach must reproduce its recorded values: checked
+    where it meets patched values and at the outputs, and where that fails, op by op to name
+    the first op that departs. Valid while `recording.replayable(adapter)`; raises
+    `UnfaithfulReplay` where a call makes another shape or dtype than recorded."""
+    try:
+        return _execute_calls(adapter, trace, recording, patches, set(capture), check_every_op=False)
+    except TraceMismatchError as departed:
+        _execute_calls(adapter, trace, recording, patches, set(capture), check_every_op=True)
+        raise departed
+
+
+def _execute_calls(adapter: Adapter, trace: Trace, recording: Recording, patches: dict[int, np.ndarray],
+                   capture: set[int], check_every_op: bool) -> RerunResult:
+    wanted = set(trace.outputs.values())
+    plan, releases = _replay_plan(trace, patches, wanted, capture)
+    values: dict[int, Any] = {}
+    captured: dict[int, np.ndarray] = {}
+    tainted = set(patches)  # what a patch may have changed
+    checked: set[int] = set()
+
+    def read(tid: int) -> Any:
+        tensor = values.get(tid)
+        if tensor is not None:
+            return tensor
+        info = trace.tensors[tid]
+        if info.producer is None:
+            tensor = recording.leaves[tid][0]
+            if tid in patches:
+                tensor = _like(adapter, tensor, checked_patch(patches, tid, tensor.shape))
+        else:  # produced by an op that was not run: all its outputs are patched
+            device = recording.calls[info.producer].device
+            tensor = adapter.from_numpy(checked_patch(patches, tid, info.shape), info.dtype, device)
+        values[tid] = tensor
+        return tensor
+
+    def check(tid: int, tensor: Any) -> None:
+        checked.add(tid)
+        check_reproduced(adapter, trace, tensor, tid, trace.ops[trace.tensors[tid].producer])
+
+    with adapter.no_grad():
+        for index in plan:
+            op, call = trace.ops[index], recording.calls[index]
+            args, kwargs = _fill_slots(call.args, read), _fill_slots(call.kwargs, read)
+            reached = not tainted.isdisjoint(op.inputs)
+            if reached and not check_every_op:  # values no patch reached meet patched ones here
+                for tid in op.inputs:
+                    if tid not in tainted and tid not in checked and trace.tensors[tid].producer is not None:
+                        check(tid, values[tid])
+            inputs = call_tensors(args, kwargs, adapter.is_tensor) if op.inplace else []
+            versions = [adapter.version(t) for t in inputs]
+            produced, mutated = written_tensors(adapter, inputs, versions, execute_op(call.fn, args, kwargs))
+            if len(produced) != len(op.outputs):
+                raise UnfaithfulReplay(f"op {index} ({op.framework_op}) made {len(produced)} outputs, recorded {len(op.outputs)}")
+            for tensor, tid in zip(produced, op.outputs):
+                info = trace.tensors[tid]
+                if tuple(tensor.shape) != tuple(info.shape) or adapter.dtype_name(tensor) != info.dtype:
+                    raise UnfaithfulReplay(f"op {index} ({op.framework_op}) made a {adapter.dtype_name(tensor)} tensor of "
+                                           f"shape {tuple(tensor.shape)}, recorded {info.dtype} {tuple(info.shape)}")
+                if reached:
+                    tainted.add(tid)
+                elif check_every_op or tid in wanted or tid in capture:
+                    check(tid, tensor)
+                if tid in patches:
+                    if id(tensor) in mutated:
+                        adapter.assign(tensor, checked_patch(patches, tid, tensor.shape))
+                    else:
+                        tensor = _like(adapter, tensor, checked_patch(patches, tid, tensor.shape))
+                values[tid] = tensor
+                if tid in capture:
+                    captured[tid] = adapter.to_numpy(tensor)
+            for tid in releases[index]:
+                values.pop(tid, None)
+        outputs = {key: adapter.to_numpy(read(tid)) for key, tid in trace.outputs.items()}
+        return RerunResult(outputs, captured)
+
+
+def _fill_slots(arguments: tuple | dict, read: Callable[[int], Any]) -> tuple | dict:
+    """A recorded call's arguments with each `Slot` replaced by `read(tid)`; flat ones (the
+    usual op call) in one pass."""
+    if not arguments:
+        return arguments
+    if type(arguments) is tuple:
+        filled = []
+        for argument in arguments:
+            if type(argument) is Slot:
+                filled.append(read(argument.tid))
+            elif isinstance(argument, (tuple, list, dict)):
+                break
+            else:
+                filled.append(argument)
+        else:
+            return tuple(filled)
+    return map_tensors(arguments, _is_slot, lambda slot: read(slot.tid))
+
+
+def _replay_plan(trace: Trace, patches: dict[int, np.ndarray], wanted: set[int],
+                 capture: set[int]) -> tuple[list[int], dict[int, set[int]]]:
+    """The ops `rerun_recorded` runs, in order, and for each the tids no later one reads.
+    An op runs if it writes in place (an alias may see the write), if one of its outputs is
+    to be captured, or if a tid that is needed and not patched comes out of it; its inputs
+    are then needed. `wanted` are read at the end."""
+    needed = set(wanted).difference(patches)  # to compute: read later, and not patched
+    read_later = set(wanted)
+    plan, releases = [], {}
+    for op in reversed(trace.ops):
+        if op.inplace or not needed.isdisjoint(op.outputs) or not capture.isdisjoint(op.outputs):
+            plan.append(op.index)
+            inputs = set(op.inputs)
+            releases[op.index] = inputs - read_later
+            read_later |= inputs
+            needed |= inputs.difference(patches)
+    plan.reverse()
+    return plan, releases
+
+
+def _is_slot(obj: Any) -> bool:
+    return isinstance(obj, Slot)
 
 
 def replay_op(adapter: Adapter, call: Call, values: dict[int, np.ndarray], dtypes: dict[int, str],
@@ -370,9 +531,8 @@ def replay_op(adapter: Adapter, call: Call, values: dict[int, np.ndarray], dtype
             dtype = "float64"
         return adapter.from_numpy(values[slot.tid], dtype, device)
 
-    is_slot = lambda x: isinstance(x, Slot)  # noqa: E731
-    args = map_tensors(call.args, is_slot, materialize)
-    kwargs = map_tensors(call.kwargs, is_slot, materialize)
+    args = map_tensors(call.args, _is_slot, materialize)
+    kwargs = map_tensors(call.kwargs, _is_slot, materialize)
     inputs = call_tensors(args, kwargs, adapter.is_tensor)
     versions = [adapter.version(t) for t in inputs]
     result = execute_op(call.fn, args, kwargs)

@@ -13,7 +13,8 @@ import numpy as np
 
 from .errors import ModelFileError
 from .modelfile import Side
-from .recording import Call, PatchedRerun, RecordOptions, Recorder, RerunResult, output_pairs, replay_op
+from .recording import (Call, PatchedRerun, RecordOptions, Recorder, Recording, RerunResult, output_pairs, replay_op,
+                        UnfaithfulReplay, rerun_recorded)
 from .store import TensorWriter
 from .trace import Trace
 
@@ -32,8 +33,8 @@ class SideRunner(Protocol):
         """The recorded call of op `index`, where it is available in this process."""
 
 
-def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions) -> tuple[Trace, list[Call]]:
-    """Record one side's forward pass: its trace, and the calls that replay needs."""
+def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions) -> tuple[Trace, Recording]:
+    """Record one side's forward pass: its trace, and the calls and leaves that replays need."""
     items = side.input_items()
     device, dtype = side.adapter.describe(side.model, [value for _, value in items])
     trace = Trace(side.role, side.adapter.name, device, dtype)
@@ -44,21 +45,37 @@ def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions)
     if not pairs:
         raise ModelFileError(f"{side.model_file}: the {side.role} model returned no tensors (got {type(outputs).__name__})")
     recorder.finish(pairs)
-    return trace, recorder.calls
+    return trace, recorder.recording
 
 
 class LocalSide:
-    """A side whose model lives in this process."""
+    """A side whose model lives in this process.
+
+    A re-run executes the recorded calls (`rerun_recorded`: the same results, several
+    times faster, and only the ops a cut leaves to compute) where the recording can stand
+    in for the model (see `Recording.replayable`), and the model's own code otherwise
+    (`PatchedRerun`), also once the recorded calls turn out not to stand in (autocast).
+    """
 
     def __init__(self, side: Side):
         self.side = side
-        self.calls: list[Call] = []
+        self.recording = Recording()
 
     def record(self, writer: TensorWriter | None, options: RecordOptions) -> Trace:
-        trace, self.calls = record_side(self.side, writer, options)
+        trace, self.recording = record_side(self.side, writer, options)
         return trace
 
     def rerun(self, trace: Trace, patches: dict[int, np.ndarray], capture: set[int] | frozenset = frozenset()) -> RerunResult:
+        adapter = self.side.adapter
+        if self.recording.replayable(adapter):
+            try:
+                return rerun_recorded(adapter, trace, self.recording, patches, capture)
+            except UnfaithfulReplay:
+                self.recording.faithful = False
+        return self.rerun_model(trace, patches, capture)
+
+    def rerun_model(self, trace: Trace, patches: dict[int, np.ndarray], capture: set[int] | frozenset = frozenset()) -> RerunResult:
+        """A re-run of the model's own code (see `PatchedRerun`)."""
         side = self.side
         listener = PatchedRerun(side.adapter, trace, patches, capture)
         with side.adapter.intercept(side.model, listener):
@@ -67,7 +84,8 @@ class LocalSide:
 
     def replay(self, trace: Trace, index: int, values: dict[int, np.ndarray], float64: bool = False) -> list[np.ndarray]:
         dtypes = {tid: trace.tensors[tid].dtype for tid in trace.ops[index].inputs}
-        return replay_op(self.side.adapter, self.calls[index], values, dtypes, trace.device, float64)
+        return replay_op(self.side.adapter, self.recording.calls[index], values, dtypes, trace.device, float64)
 
     def call(self, index: int) -> Call | None:
-        return self.calls[index] if index < len(self.calls) else None
+        calls = self.recording.calls
+        return calls[index] if index < len(calls) else None

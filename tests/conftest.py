@@ -17,3 +17,34 @@ def line_of(path: Path, marker: str) -> int:
         if marker in line:
             return number
     raise AssertionError(f"{marker!r} not in {path}")
+
+
+def assert_replay_matches_model_rerun(run, role: str) -> None:
+    """Executing the recorded calls (`rerun_recorded`) gives what re-running the model's code
+    gives, bit for bit, for patches cut after several ops (op outputs moved off their recorded
+    values, a parameter replaced) and captured tensors; the patches do move the outputs."""
+    import numpy as np
+
+    from bisectr.recording import rerun_recorded
+    from bisectr.trace import is_floating
+
+    trace, side = run.traces[role], run.runners[role]
+    assert side.recording.replayable(side.side.adapter)
+    floating = [tid for op in trace.ops for tid in op.outputs if is_floating(trace.tensors[tid].dtype)]
+    parameter = next(tid for name, tid in trace.leaves.items() if name.startswith("param:"))
+    n = len(trace.ops)
+    moved = 0
+    for cut in (-1, 0, n // 3, 2 * n // 3, n - 1):
+        patches = {tid: trace.value(tid) * 1.5 + 0.25 for tid in floating if trace.tensors[tid].producer <= cut}
+        if cut == n // 3:
+            patches[parameter] = trace.value(parameter) * 0.5
+        capture = {tid for op in trace.ops[n // 2:n // 2 + 3] for tid in op.outputs}
+        by_model = side.rerun_model(trace, patches, capture)
+        by_calls = rerun_recorded(side.side.adapter, trace, side.recording, patches, capture)
+        for key, values in by_model.outputs.items():
+            assert np.array_equal(by_calls.outputs[key], values, equal_nan=True), (cut, key)
+        assert by_calls.captured.keys() == by_model.captured.keys() == capture
+        for tid, values in by_model.captured.items():
+            assert np.array_equal(by_calls.captured[tid], values, equal_nan=True), (cut, tid)
+        moved += any(not np.array_equal(values, trace.value(trace.outputs[key])) for key, values in by_model.outputs.items())
+    assert moved == 4  # every cut but the one before the first op

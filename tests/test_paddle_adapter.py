@@ -16,9 +16,10 @@ paddle = pytest.importorskip("paddle")
 
 import bisectr  # noqa: E402
 from bisectr.adapters.paddle import PaddleAdapter, patch_counts  # noqa: E402
-from bisectr.errors import UserModelError  # noqa: E402
+from bisectr.errors import TraceMismatchError, UserModelError  # noqa: E402
 from bisectr.recording import RecordOptions, Recorder, replay_op  # noqa: E402
 from bisectr.trace import Trace  # noqa: E402
+from conftest import assert_replay_matches_model_rerun  # noqa: E402
 
 MODEL = Path(__file__).parent / "models" / "paddle_span.py"
 LINES = {m.group(1): n for n, line in enumerate(MODEL.read_text().splitlines(), 1) if (m := re.search(r"# @(\w+)", line))}
@@ -249,8 +250,34 @@ def test_rerun_with_patches_replaces_outputs_including_in_place_ops(run):
     assert np.array_equal(model.classifier.numpy(), before)
 
 
+def test_executing_the_recorded_calls_matches_rerunning_the_model(run):
+    assert_replay_matches_model_rerun(run, "candidate")
+
+
+def test_values_read_into_python_are_counted_and_the_model_is_rerun(tmp_path):
+    """`float(t)` bakes a value into the calls after it: the recorder counts it, and re-runs
+    go through the model's code, where a patch changes what is read (and so the multiply
+    no longer reproduces its recorded values from its recorded tensor inputs)."""
+    path = tmp_path / "paddle_reads.py"
+    path.write_text(
+        "def _model():\n"
+        "    import paddle\n"
+        "    def forward(x):\n"
+        "        scale = float(x.max()) + x.mean().item()\n"
+        "        return x * scale\n"
+        "    return forward, (paddle.to_tensor([1.0, 2.0]),)\n"
+        "reference = candidate = _model\n")
+    run = bisectr.trace(path, out=tmp_path / "run")
+    side = run.runners["candidate"]
+    assert side.recording.value_reads == 2 and not side.recording.replayable(side.side.adapter)
+    maximum = next(op for op in run.candidate.ops if op.op == "max").outputs[0]
+    np.testing.assert_allclose(run.rerun("candidate", {maximum: np.array(2.0, np.float32)}).outputs["output"], [3.5, 7.0])
+    with pytest.raises(TraceMismatchError, match=r"at op 2 \(Tensor.__mul__ .*computes other values"):
+        run.rerun("candidate", {maximum: np.array(4.0, np.float32)})
+
+
 def test_replay_in_float64_matches_numpy_truth(run):
-    trace, calls, adapter = run.candidate, run.runners["candidate"].calls, PaddleAdapter()
+    trace, calls, adapter = run.candidate, run.runners["candidate"].recording.calls, PaddleAdapter()
 
     def replay(op):
         values = {tid: trace.value(tid) for tid in op.inputs}

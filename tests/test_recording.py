@@ -5,7 +5,7 @@ import pytest
 import bisectr
 from bisectr.errors import TraceMismatchError, UserModelError
 from bisectr.trace import fingerprint, tensor_stats
-from conftest import MODELS, line_of
+from conftest import EXAMPLES, MODELS, assert_replay_matches_model_rerun, line_of
 
 OPS_FILE = MODELS / "torch_ops.py"
 
@@ -116,18 +116,45 @@ def test_parameter_patch_is_used_where_the_parameter_is_read(ops_run):
     np.testing.assert_array_equal(result.captured[matmul.outputs[0]], 0.0)
 
 
+def test_executing_the_recorded_calls_matches_rerunning_the_model(ops_run):
+    assert_replay_matches_model_rerun(ops_run, "candidate")
+
+
 def test_dropout_in_training_mode_is_reported_not_mis_patched(models, tmp_path):
     run = bisectr.trace(models / "torch_dropout.py", out=tmp_path / "run")
     assert [op.op for op in run.candidate.ops] == ["linear", "dropout", "linear"]
     with pytest.raises(TraceMismatchError, match=r"at op 1 .*computes other values from the same inputs.*dropout"):
         run.rerun("candidate", {})
+    # With dropout's output patched, neither dropout nor the linear feeding it runs again.
+    dropped = run.candidate.ops[1].outputs[0]
+    values = run.candidate.value(dropped)
+    result = run.rerun("candidate", {dropped: values})
+    np.testing.assert_array_equal(result.outputs["output"], run.candidate.value(run.candidate.outputs["output"]))
+    with pytest.raises(TraceMismatchError, match=r"at op 1 .*dropout"):
+        run.runners["candidate"].rerun_model(run.candidate, {dropped: values})
 
 
 def test_data_dependent_control_flow_is_detected(models, tmp_path):
     run = bisectr.trace(models / "torch_data_dependent.py", out=tmp_path / "run")
+    recording = run.runners["candidate"].recording
+    assert recording.value_reads == 1 and not recording.replayable(run.runners["candidate"].side.adapter)
     doubled = run.candidate.ops[0].outputs[0]
     with pytest.raises(TraceMismatchError, match="at op 2 .*calls Tensor.tanh where the recording called Tensor.exp"):
         run.rerun("candidate", {doubled: -np.ones(4, np.float32)})
+
+
+def test_autocast_around_the_calls_makes_the_model_rerun(tmp_path):
+    """Under autocast the recorded calls make float32 where the forward made bfloat16: the
+    replay notices and the model's code is re-run instead, with the same results."""
+    run = bisectr.trace(EXAMPLES / "torch_vs_torch_bf16.py", out=tmp_path / "run")
+    side = run.runners["candidate"]
+    assert side.recording.replayable(side.side.adapter)
+    patches = {tid: run.candidate.value(tid) for tid in run.candidate.ops[10].outputs}
+    result = run.rerun("candidate", patches)
+    assert not side.recording.faithful
+    expected = side.rerun_model(run.candidate, patches).outputs["output"]
+    np.testing.assert_array_equal(result.outputs["output"], expected)
+    np.testing.assert_array_equal(expected, run.candidate.value(run.candidate.outputs["output"]))
 
 
 def test_user_exception_shows_user_frames_and_leaves_no_run(models, tmp_path):
