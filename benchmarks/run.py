@@ -16,7 +16,8 @@ Prints one table, every figure measured in this run, torch and paddle side by si
   with storage, each in its own subprocess. Target: traced <= plain + one layer's activations.
 - **Search.** `bisectr.bisect()` (= `bisectr.trace()` + `Run.bisect()`) on the 48-layer stack against
   the same stack with the tanh GELU in one block (torch vs torch, paddle vs paddle): candidate
-  re-runs against ceil(log2 ops) and wall time in plain forwards of that stack; the exhaustive mode
+  re-runs against ceil(log2 ops) and wall time in plain forwards of that stack (the median of three
+  searches of one recorded run, each beside plain forwards of the same model); the exhaustive mode
   on a shallow stack, and a full bisect of the base encoder (torch), for contrast.
 - **Aligner.** `align_traces` on synthetic traces of 1k/10k/100k ops built by repeating a recorded
   one-block model (module paths and parameter names renumbered `layers.{i}.`, block i reading block
@@ -437,21 +438,34 @@ def phase_timer():
             setattr(owner, name, original)
 
 
-def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bool = False) -> dict:
+def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bool = False, repeats: int = 1) -> dict:
+    """Trace the pair once, then `Run.bisect()` on it `repeats` times, each beside plain forwards
+    of the same candidate model: the median search, its phases, and the median forward."""
     import bisectr
 
     out = scratch / f"search-{reference}-{candidate}-{int(exhaustive)}"
-    with phase_timer() as spent:
-        start = time.perf_counter()
-        run = bisectr.trace(MODEL_FILE, reference, candidate, out=out)
-        traced = time.perf_counter()
-        result = run.bisect(exhaustive=exhaustive)
-        finished = time.perf_counter()
+    start = time.perf_counter()
+    run = bisectr.trace(MODEL_FILE, reference, candidate, out=out)
+    trace_time = time.perf_counter() - start
+    side = run.runners["candidate"].side
+
+    def forward():
+        with grad_off(candidate.split("_")[0]):
+            side.forward()
+
+    searches, forwards = [], []
+    for _ in range(repeats):
+        forwards.append(median_time(forward, 5))
+        with phase_timer() as spent:
+            started = time.perf_counter()
+            result = run.bisect(exhaustive=exhaustive)
+            searches.append((time.perf_counter() - started, dict(spent), result))
     shutil.rmtree(out, ignore_errors=True)
+    bisect_time, spent, result = sorted(searches, key=lambda entry: entry[0])[len(searches) // 2]
     culprit = result.culprit or {}
     cand = culprit.get("candidate") or {}
     return {
-        "total": finished - start, "trace": traced - start, "bisect": finished - traced,
+        "total": trace_time + bisect_time, "trace": trace_time, "bisect": bisect_time, "forward": statistics.median(forwards),
         "align": spent["align"], "analysis": spent["analysis"], "rerun_time": spent["reruns"],
         "reruns": result.reruns, "reference_reruns": result.reference_reruns,
         "ops": result.ops["candidate"], "verdict": result.verdict,
@@ -751,7 +765,8 @@ def main(argv: list[str] | None = None) -> int:
         "tensors leave RSS; warm-ups identical: one plain forward + one recording of a one-block model; peak reset "
         "via clear_refs), as growth over the RSS just before it; trace metadata = Python size of the trace, replay "
         "calls and store index kept in memory.\n"
-        "search: Run.bisect() (align, op analysis, re-runs; tolerance 0) on the run bisectr.trace() recorded; whole "
+        "search: Run.bisect() (align, op analysis, re-runs; tolerance 0) on the run bisectr.trace() recorded (48-layer "
+        "stack: median of 3, each beside 5 plain forwards of the candidate model); whole "
         "command = bisectr.trace() (building both models, recording both sides, writing the run) + the search; "
         "x forward = wall time / plain forward of the same model in the same framework; phases timed by wrapping "
         "align_traces, Analysis.compute and Run.rerun; interception alone = the adapter's intercept() around a "
@@ -862,8 +877,8 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
     for fw in FRAMEWORKS:
         say(f"search: {fw} deep")
         search[fw, "deep"] = guarded(report, fw, paddle_reason, f"search {fw} deep",
-                                     lambda fw=fw: measure_search(f"{fw}_deep", f"{fw}_deep_tanh", scratch))
-        forwards[fw, "deep"] = overhead[fw, "deep"].plain if ok(overhead[fw, "deep"]) else None
+                                     lambda fw=fw: measure_search(f"{fw}_deep", f"{fw}_deep_tanh", scratch, repeats=3))
+        forwards[fw, "deep"] = search[fw, "deep"]["forward"] if ok(search[fw, "deep"]) else None
         for mode in ("binary", "exhaustive"):
             say(f"search: {fw} shallow {mode}")
             search[fw, f"shallow-{mode}"] = guarded(

@@ -77,7 +77,8 @@ class Recording:
 
     def replayable(self, adapter: Adapter) -> bool:
         """Can the recorded calls stand in for the model's code? Not after a value read (a patch
-        could change what was read), nor once a leaf has been changed in place."""
+        could change what was read), once a leaf has been changed in place, or once they have
+        been found unfaithful."""
         return self.faithful and not self.value_reads and all(adapter.version(t) == v for t, v in self.leaves.values())
 
 
