@@ -311,14 +311,11 @@ class PatchedRerun(_Session):
         untouched = not any(tid in self.tainted for tid in input_tids)
         for tensor, tid in zip(produced, expected.outputs):
             if untouched:
-                check_reproduced(self.adapter, self.trace, tensor, tid, expected)
+                _check_reproduced(self.adapter, self.trace, tensor, tid, expected)
             else:
                 self.tainted.add(tid)
             if tid in self.patches:
-                if id(tensor) in mutated:
-                    self.adapter.assign(tensor, checked_patch(self.patches, tid, tensor.shape))
-                else:
-                    replacements[id(tensor)] = tensor = _like(self.adapter, tensor, checked_patch(self.patches, tid, tensor.shape))
+                replacements[id(tensor)] = tensor = _patched(self.adapter, self.patches, tid, tensor, id(tensor) in mutated)
             self.ids.assign(tensor, tid)
             if tid in self.capture:
                 self.captured[tid] = self.adapter.to_numpy(tensor)
@@ -335,7 +332,7 @@ class PatchedRerun(_Session):
         for tensor, tid in zip(inputs, tids):
             if tid in self.patches and self.trace.tensors[tid].producer is None:
                 if tid not in self._leaf_substitutes:
-                    self._leaf_substitutes[tid] = _like(self.adapter, tensor, checked_patch(self.patches, tid, tensor.shape))
+                    self._leaf_substitutes[tid] = _patched(self.adapter, self.patches, tid, tensor, in_place=False)
                 substitutes[id(tensor)] = self._leaf_substitutes[tid]
         swap = lambda t: substitutes.get(id(t), t)  # noqa: E731
         args = map_tensors(args, self.adapter.is_tensor, swap)
@@ -351,7 +348,7 @@ class PatchedRerun(_Session):
         return expected
 
     def _departure(self, expected: OpNode | None, name: str, what: str) -> TraceMismatchError:
-        return departure(self.trace, expected.index if expected is not None else self.op_count, expected, what)
+        return _departure_error(self.trace, expected.index if expected is not None else self.op_count, expected, what)
 
     def finish(self, outputs: list[tuple[str, Any]]) -> RerunResult:
         if self.op_count != len(self.trace.ops):
@@ -362,19 +359,19 @@ class PatchedRerun(_Session):
         return RerunResult({key: self.adapter.to_numpy(t) for key, t in outputs}, self.captured)
 
 
-def check_reproduced(adapter: Adapter, trace: Trace, tensor: Any, tid: int, op: OpNode) -> None:
+def _check_reproduced(adapter: Adapter, trace: Trace, tensor: Any, tid: int, op: OpNode) -> None:
     """An op no patch can have influenced must compute what it computed when recorded."""
     recorded = trace.tensors[tid]
     now = fingerprint(adapter.to_numpy(tensor))
     if len(now) != len(recorded.fingerprint):
-        raise departure(trace, op.index, op, "produces a tensor of another size")
+        raise _departure_error(trace, op.index, op, "produces a tensor of another size")
     allowed = VALUE_DRIFT * max(recorded.stats["absmax"], 1e-30)
     # Sixteen numbers: plain Python beats numpy's per-call cost. NaN == NaN counts as reproduced.
     if not all(a == b or abs(a - b) <= allowed or (a != a and b != b) for a, b in zip(now, recorded.fingerprint)):
-        raise departure(trace, op.index, op, "computes other values from the same inputs")
+        raise _departure_error(trace, op.index, op, "computes other values from the same inputs")
 
 
-def departure(trace: Trace, index: int, op: OpNode | None, what: str) -> TraceMismatchError:
+def _departure_error(trace: Trace, index: int, op: OpNode | None, what: str) -> TraceMismatchError:
     where = f" ({op.framework_op} at {op.source})" if op is not None else ""
     return TraceMismatchError(
         f"the {trace.side} re-run departed from its recording at op {index}{where}: it {what}. "
@@ -382,14 +379,20 @@ def departure(trace: Trace, index: int, op: OpNode | None, what: str) -> TraceMi
     )
 
 
-def checked_patch(patches: dict[int, np.ndarray], tid: int, shape: Iterable[int]) -> np.ndarray:
+def _checked_patch(patches: dict[int, np.ndarray], tid: int, shape: Iterable[int]) -> np.ndarray:
     values = patches[tid]
     if tuple(values.shape) != tuple(shape):
         raise TraceMismatchError(f"the patch for tensor {tid} has shape {tuple(values.shape)}, the tensor {tuple(shape)}")
     return values
 
 
-def _like(adapter: Adapter, tensor: Any, values: np.ndarray) -> Any:
+def _patched(adapter: Adapter, patches: dict[int, np.ndarray], tid: int, tensor: Any, in_place: bool) -> Any:
+    """`tensor` with the patch for `tid` in it: written into it where an op wrote it in place
+    (its aliases see the write), else as a new tensor of its dtype and device."""
+    values = _checked_patch(patches, tid, tensor.shape)
+    if in_place:
+        adapter.assign(tensor, values)
+        return tensor
     return adapter.from_numpy(values, adapter.dtype_name(tensor), adapter.device_name(tensor))
 
 
@@ -427,16 +430,16 @@ def _execute_calls(adapter: Adapter, trace: Trace, recording: Recording, patches
         if info.producer is None:
             tensor = recording.leaves[tid][0]
             if tid in patches:
-                tensor = _like(adapter, tensor, checked_patch(patches, tid, tensor.shape))
+                tensor = _patched(adapter, patches, tid, tensor, in_place=False)
         else:  # produced by an op that was not run: all its outputs are patched
             device = recording.calls[info.producer].device
-            tensor = adapter.from_numpy(checked_patch(patches, tid, info.shape), info.dtype, device)
+            tensor = adapter.from_numpy(_checked_patch(patches, tid, info.shape), info.dtype, device)
         values[tid] = tensor
         return tensor
 
     def check(tid: int, tensor: Any) -> None:
         checked.add(tid)
-        check_reproduced(adapter, trace, tensor, tid, trace.ops[trace.tensors[tid].producer])
+        _check_reproduced(adapter, trace, tensor, tid, trace.ops[trace.tensors[tid].producer])
 
     with adapter.no_grad():
         for index in plan:
@@ -462,10 +465,7 @@ def _execute_calls(adapter: Adapter, trace: Trace, recording: Recording, patches
                 elif check_every_op or tid in wanted or tid in capture:
                     check(tid, tensor)
                 if tid in patches:
-                    if id(tensor) in mutated:
-                        adapter.assign(tensor, checked_patch(patches, tid, tensor.shape))
-                    else:
-                        tensor = _like(adapter, tensor, checked_patch(patches, tid, tensor.shape))
+                    tensor = _patched(adapter, patches, tid, tensor, id(tensor) in mutated)
                 values[tid] = tensor
                 if tid in capture:
                     captured[tid] = adapter.to_numpy(tensor)
