@@ -17,7 +17,7 @@ Prints one table, every figure measured in this run, torch and paddle side by si
 - **Search.** `bisectr.bisect()` (= `bisectr.trace()` + `Run.bisect()`) on the 48-layer stack against
   the same stack with the tanh GELU in one block (torch vs torch, paddle vs paddle): candidate
   re-runs against ceil(log2 ops) and wall time in plain forwards of that stack (the median of three
-  searches of one recorded run, each beside plain forwards of the same model); the exhaustive mode
+  searches of one recorded run; every search is timed beside plain forwards of its model); the exhaustive mode
   on a shallow stack, and a full bisect of the base encoder (torch), for contrast.
 - **Aligner.** `align_traces` on synthetic traces of 1k/10k/100k ops built by repeating a recorded
   one-block model (module paths and parameter names renumbered `layers.{i}.`, block i reading block
@@ -766,9 +766,9 @@ def main(argv: list[str] | None = None) -> int:
         "via clear_refs), as growth over the RSS just before it; trace metadata = Python size of the trace, replay "
         "calls and store index kept in memory.\n"
         "search: Run.bisect() (align, op analysis, re-runs; tolerance 0) on the run bisectr.trace() recorded (48-layer "
-        "stack: median of 3, each beside 5 plain forwards of the candidate model); whole "
-        "command = bisectr.trace() (building both models, recording both sides, writing the run) + the search; "
-        "x forward = wall time / plain forward of the same model in the same framework; phases timed by wrapping "
+        "stack: median of 3); whole command = bisectr.trace() (building both models, recording both sides, writing "
+        "the run) + the search; x forward = wall time / plain forward of the same candidate model, the median of 5 "
+        "measured beside each search; phases timed by wrapping "
         "align_traces, Analysis.compute and Run.rerun; interception alone = the adapter's intercept() around a "
         "listener that only calls each op."
     )
@@ -878,28 +878,19 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
         say(f"search: {fw} deep")
         search[fw, "deep"] = guarded(report, fw, paddle_reason, f"search {fw} deep",
                                      lambda fw=fw: measure_search(f"{fw}_deep", f"{fw}_deep_tanh", scratch, repeats=3))
-        forwards[fw, "deep"] = search[fw, "deep"]["forward"] if ok(search[fw, "deep"]) else None
         for mode in ("binary", "exhaustive"):
             say(f"search: {fw} shallow {mode}")
             search[fw, f"shallow-{mode}"] = guarded(
                 report, fw, paddle_reason, f"search {fw} shallow {mode}",
                 lambda fw=fw, mode=mode: measure_search(f"{fw}_shallow", f"{fw}_shallow_tanh", scratch, mode == "exhaustive"))
-
-        def shallow_forward(fw=fw):
-            side = build(f"{fw}_shallow")
-
-            def forward():
-                with grad_off(fw):
-                    side.forward()
-            return median_time(forward, 5)
-        forwards[fw, "shallow"] = guarded(report, fw, paddle_reason, f"forward {fw} shallow", shallow_forward)
-        forwards[fw, "base"] = overhead[fw, "base"].plain if ok(overhead[fw, "base"]) else None
         if fw in plan.base_search:
             say(f"search: {fw} base")
             search[fw, "base"] = guarded(report, fw, paddle_reason, f"search {fw} base",
                                          lambda fw=fw: measure_search(f"{fw}_base", f"{fw}_base_tanh", scratch))
         else:
             search[fw, "base"] = Skipped("not run in the full benchmark (time: ~25 paddle forwards of ~2 s)")
+        for key, measured in (("deep", search[fw, "deep"]), ("shallow", search[fw, "shallow-binary"]), ("base", search[fw, "base"])):
+            forwards[fw, key] = measured["forward"] if ok(measured) else None  # beside the search it divides
     report.data["search"] = {"/".join(k): v if ok(v) else str(v) for k, v in search.items()}
 
     report.section("Search for the planted tanh GELU (torch vs torch, paddle vs paddle)")
@@ -958,7 +949,7 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
             if not ok(r):
                 cells[fw] = str(r)
                 continue
-            times = f" = {r['bisect'] / forwards[fw, 'shallow']:.0f}x forward" if ok(forwards[fw, "shallow"]) else ""
+            times = f" = {r['bisect'] / forwards[fw, 'shallow']:.0f}x forward" if forwards[fw, "shallow"] else ""
             cells[fw] = f"{r['reruns']} re-runs, search {secs(r['bisect'])}{times}; {r['culprit_op']} at {r['culprit_module']}"
         report.row(label, cells)
     report.target(f"search re-runs <= ceil(log2 ops) + {TARGET_RERUN_SLACK}, {deep_layers}-layer stack", reruns_ok,
