@@ -7,6 +7,7 @@ primitives.
 """
 from __future__ import annotations
 
+import itertools
 import sys
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
@@ -105,9 +106,13 @@ class Adapter(ABC):
 
     def describe(self, model: Any, inputs: list[Any]) -> tuple[str, str]:
         """(device, dtype) of the model: its first floating parameter, else its first input."""
-        tensors = [tensor for _, tensor in self.named_leaves(model)] + [x for x in inputs if self.is_tensor(x)]
-        floating = [t for t in tensors if self.dtype_name(t).startswith(("float", "bfloat", "complex"))]
-        chosen = (floating or tensors or [None])[0]
+        tensors = itertools.chain((tensor for _, tensor in self.named_leaves(model)), (x for x in inputs if self.is_tensor(x)))
+        chosen = None
+        for tensor in tensors:  # stops at the first floating one: a large model's parameters are not all walked
+            if self.dtype_name(tensor).startswith(("float", "bfloat", "complex")):
+                chosen = tensor
+                break
+            chosen = tensor if chosen is None else chosen
         if chosen is None:
             return "unknown", "unknown"
         return self.device_name(chosen), self.dtype_name(chosen)

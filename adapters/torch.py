@@ -27,6 +27,10 @@ class TorchAdapter(Adapter):
         return torch is not None and isinstance(obj, (torch.nn.Module, torch.Tensor))
 
     def to_numpy(self, tensor: Any) -> np.ndarray:
+        try:  # the usual op output: on the CPU, no grad, a dtype numpy has (runs on every recorded tensor)
+            return tensor.numpy()
+        except (RuntimeError, TypeError):
+            pass
         torch = _torch()
         tensor = tensor.detach()
         if tensor.dtype == torch.bfloat16:

@@ -45,7 +45,7 @@ def execute_op(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         raise
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Slot:
     """Stands for the tensor `tid` inside a recorded call's arguments."""
 
@@ -198,8 +198,8 @@ class Recorder(_Session):
         output_tids = [self._record_tensor(tensor, index, None, keep) for tensor in produced]
         self.trace.ops.append(OpNode(index, name, canonical_op(name), module, self._user_source(),
                                      input_tids, output_tids, bool(mutated)))
-        tid_by_object = dict(zip(map(id, inputs), input_tids))
-        slot = lambda t: Slot(tid_by_object[id(t)])  # noqa: E731
+        slots = {id(t): Slot(tid) for t, tid in zip(inputs, input_tids)}
+        slot = lambda t: slots[id(t)]  # noqa: E731
         self.recording.calls.append(Call(fn, map_tensors(args, self.adapter.is_tensor, slot),
                                          map_tensors(kwargs, self.adapter.is_tensor, slot), self.adapter.device_name(produced[0])))
         return result
@@ -476,21 +476,7 @@ def _execute_calls(adapter: Adapter, trace: Trace, recording: Recording, patches
 
 
 def _fill_slots(arguments: tuple | dict, read: Callable[[int], Any]) -> tuple | dict:
-    """A recorded call's arguments with each `Slot` replaced by `read(tid)`; flat ones (the
-    usual op call) in one pass."""
-    if not arguments:
-        return arguments
-    if type(arguments) is tuple:
-        filled = []
-        for argument in arguments:
-            if type(argument) is Slot:
-                filled.append(read(argument.tid))
-            elif isinstance(argument, (tuple, list, dict)):
-                break
-            else:
-                filled.append(argument)
-        else:
-            return tuple(filled)
+    """A recorded call's arguments with each `Slot` replaced by `read(tid)`."""
     return map_tensors(arguments, _is_slot, lambda slot: read(slot.tid))
 
 

@@ -31,6 +31,7 @@ FORMAT = "bisectr-run"
 FORMAT_VERSION = 1
 SIDES = ("reference", "candidate")
 _ALIGNMENT = 64
+_WRITE_BUFFER = 1 << 18  # small tensors are gathered into 256 KB writes (a write call each costs more than the copy)
 
 
 class TensorWriter:
@@ -39,7 +40,7 @@ class TensorWriter:
     def __init__(self, directory: Path):
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "tensors.bin"
-        self._file: BinaryIO = open(self.path, "wb")
+        self._file: BinaryIO = open(self.path, "wb", buffering=_WRITE_BUFFER)
         self._offset = 0
         self.index: dict[int, tuple[int, str, tuple[int, ...]]] = {}
 

@@ -8,18 +8,22 @@ def _is_mapping(obj: Any) -> bool:
     return isinstance(obj, dict) or (hasattr(obj, "keys") and hasattr(obj, "__getitem__") and not hasattr(obj, "shape"))
 
 
+_CONTAINERS = (tuple, list, dict)
+
+
 def map_tensors(obj: Any, is_tensor: Callable[[Any], bool], fn: Callable[[Any], Any]) -> Any:
-    """A copy of `obj` with every tensor replaced by `fn(tensor)`; other leaves kept as they are."""
+    """A copy of `obj` with every tensor replaced by `fn(tensor)`; other leaves kept as they are.
+    Runs on every op's arguments, so only nested containers cost a recursive call."""
     if is_tensor(obj):
         return fn(obj)
-    if isinstance(obj, tuple):
-        mapped = [map_tensors(x, is_tensor, fn) for x in obj]
-        return type(obj)(*mapped) if hasattr(obj, "_fields") else tuple(mapped)
-    if isinstance(obj, list):
-        return [map_tensors(x, is_tensor, fn) for x in obj]
     if isinstance(obj, dict):
         return {k: map_tensors(v, is_tensor, fn) for k, v in obj.items()}
-    return obj
+    if not isinstance(obj, (tuple, list)):
+        return obj
+    mapped = [fn(x) if is_tensor(x) else map_tensors(x, is_tensor, fn) if isinstance(x, _CONTAINERS) else x for x in obj]
+    if isinstance(obj, list):
+        return mapped
+    return type(obj)(*mapped) if hasattr(obj, "_fields") else tuple(mapped)
 
 
 def iter_tensors(obj: Any, is_tensor: Callable[[Any], bool]) -> list[Any]:
