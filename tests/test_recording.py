@@ -4,7 +4,7 @@ import pytest
 
 import bisectr
 from bisectr.errors import TraceMismatchError, UserModelError
-from bisectr.trace import fingerprint, tensor_stats
+from bisectr.trace import StatsBatch, TensorInfo, fingerprint, tensor_stats
 from conftest import EXAMPLES, MODELS, assert_replay_matches_model_rerun, line_of
 
 OPS_FILE = MODELS / "torch_ops.py"
@@ -86,6 +86,23 @@ def test_statistics_and_fingerprints_describe_each_tensor_as_it_was_produced(ops
         expected = tensor_stats(values)
         assert info.stats == pytest.approx(expected, rel=1e-5, abs=1e-6), (info.tid, info.leaf)
         assert info.fingerprint == fingerprint(values), (info.tid, info.leaf)
+
+
+@pytest.mark.parametrize("size", [8, StatsBatch.SMALL + 8], ids=["batched", "one by one"])
+def test_statistics_skip_nan_and_inf_and_count_them(size):
+    """min/max/mean/std over the finite values only, whether a tensor is described in a batch or alone."""
+    values = np.zeros(size, np.float32)
+    values[:6] = [1.0, -2.0, np.nan, np.inf, 3.0, -np.inf]
+    info = TensorInfo(0, (size,), "float32", {}, [])
+    batch = StatsBatch()
+    batch.add(info, values)
+    batch.flush()
+    finite = np.concatenate([[1.0, -2.0, 3.0], np.zeros(size - 6)])
+    assert info.stats["nan"] == 1 and info.stats["inf"] == 2
+    assert (info.stats["min"], info.stats["max"], info.stats["absmax"]) == (-2.0, 3.0, 3.0)
+    assert info.stats["mean"] == pytest.approx(finite.mean()) and info.stats["std"] == pytest.approx(finite.std())
+    assert tensor_stats(np.full(4, np.nan, np.float32)) == {"min": 0.0, "max": 0.0, "mean": 0.0, "absmax": 0.0,
+                                                            "std": 0.0, "nan": 4, "inf": 0}
 
 
 def test_recording_twice_gives_the_same_graph(ops_run, tmp_path):
