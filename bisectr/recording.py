@@ -35,16 +35,6 @@ _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
 VALUE_DRIFT = 1e-3
 
 
-def execute_op(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """Run one framework op. What it raises is marked as the op's (the user's or the
-    framework's error), so that it is not mistaken for a failure of bisectr itself."""
-    try:
-        return fn(*args, **kwargs)
-    except Exception as exc:
-        exc.raised_by_op = True
-        raise
-
-
 @dataclass(frozen=True, slots=True)
 class Slot:
     """Stands for the tensor `tid` inside a recorded call's arguments."""
@@ -115,20 +105,29 @@ class TensorIds:
         return tid
 
 
-def written_tensors(adapter: Adapter, inputs: list[Any], versions: list[int], result: Any) -> tuple[list[Any], set[int]]:
-    """The tensors an op wrote (what it returned, plus the input it changed in place)
-    and the object id of the one changed in place. Views share their base's version
-    counter, so only the first changed input counts as written."""
+def run_op(adapter: Adapter, fn: Callable[..., Any], args: tuple, kwargs: dict,
+           inputs: list[Any]) -> tuple[Any, list[Any], set[int]]:
+    """Run one framework op on `args` and `kwargs` (whose tensors are `inputs`). Returns its result,
+    the tensors it wrote (what it returned, plus the input it changed in place) and the object id of
+    the one changed in place. Views share their base's version counter, so only the first changed
+    input counts as written. What the op raises is marked as the op's (the user's or the framework's
+    error), so that it is not mistaken for a failure of bisectr itself."""
+    versions = [adapter.version(t) for t in inputs]
+    try:
+        result = fn(*args, **kwargs)
+    except Exception as exc:
+        exc.raised_by_op = True
+        raise
     if adapter.is_tensor(result):
         produced = [result]
     else:
         produced = list({id(t): t for t in iter_tensors(result, adapter.is_tensor)}.values())
     written = next((t for t, v in zip(inputs, versions) if adapter.version(t) != v), None)
     if written is None:
-        return produced, set()
+        return result, produced, set()
     if all(written is not t for t in produced):
         produced.append(written)
-    return produced, {id(written)}
+    return result, produced, {id(written)}
 
 
 class _Session:
@@ -183,10 +182,8 @@ class Recorder(_Session):
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
-        versions = [self.adapter.version(t) for t in inputs]
         input_tids = self.input_tids(inputs)
-        result = execute_op(fn, args, kwargs)
-        produced, mutated = written_tensors(self.adapter, inputs, versions, result)
+        result, produced, mutated = run_op(self.adapter, fn, args, kwargs, inputs)
         if not produced:
             if name in self.adapter.value_reads:
                 self.recording.value_reads += 1
@@ -298,9 +295,7 @@ class PatchedRerun(_Session):
         input_tids = self.input_tids(inputs)
         if any(tid in self.patches and self.trace.tensors[tid].producer is None for tid in input_tids):
             args, kwargs, inputs = self._patch_leaves(args, kwargs, inputs, input_tids)
-        versions = [self.adapter.version(t) for t in inputs]
-        result = execute_op(fn, args, kwargs)
-        produced, mutated = written_tensors(self.adapter, inputs, versions, result)
+        result, produced, mutated = run_op(self.adapter, fn, args, kwargs, inputs)
         if not produced:
             return result
         expected = self._expected_op(name)
@@ -451,8 +446,7 @@ def _execute_calls(adapter: Adapter, trace: Trace, recording: Recording, patches
                     if tid not in tainted and tid not in checked and trace.tensors[tid].producer is not None:
                         check(tid, values[tid])
             inputs = call_tensors(args, kwargs, adapter.is_tensor) if op.inplace else []
-            versions = [adapter.version(t) for t in inputs]
-            produced, mutated = written_tensors(adapter, inputs, versions, execute_op(call.fn, args, kwargs))
+            _, produced, mutated = run_op(adapter, call.fn, args, kwargs, inputs)
             if len(produced) != len(op.outputs):
                 raise UnfaithfulReplay(f"op {index} ({op.framework_op}) made {len(produced)} outputs, recorded {len(op.outputs)}")
             for tensor, tid in zip(produced, op.outputs):
@@ -521,9 +515,7 @@ def replay_op(adapter: Adapter, call: Call, values: dict[int, np.ndarray], dtype
     args = map_tensors(call.args, _is_slot, materialize)
     kwargs = map_tensors(call.kwargs, _is_slot, materialize)
     inputs = call_tensors(args, kwargs, adapter.is_tensor)
-    versions = [adapter.version(t) for t in inputs]
-    result = execute_op(call.fn, args, kwargs)
-    produced, _ = written_tensors(adapter, inputs, versions, result)
+    _, produced, _ = run_op(adapter, call.fn, args, kwargs, inputs)
     return [adapter.to_numpy(t) for t in produced]
 
 
