@@ -186,19 +186,15 @@ def tensor_stats(values: np.ndarray) -> dict[str, float]:
             if flat.size:
                 low, high = float(flat.min()), float(flat.max())
     if flat.size == 0:
-        return {"min": 0.0, "max": 0.0, "mean": 0.0, "absmax": 0.0, "std": 0.0, "nan": nan_count, "inf": inf_count}
+        return _statistics(0.0, 0.0, 0.0, 0.0, nan_count, inf_count)
     mean = _sum(flat) / flat.size
     squares = flat if max(abs(low), abs(high)) < 1e18 else flat.astype(np.float64)  # float32 squares would overflow
     variance = float(np.dot(squares, squares)) / flat.size - mean * mean
-    return {
-        "min": low,
-        "max": high,
-        "mean": mean,
-        "absmax": max(abs(low), abs(high)),
-        "std": math.sqrt(max(variance, 0.0)),
-        "nan": nan_count,
-        "inf": inf_count,
-    }
+    return _statistics(low, high, mean, math.sqrt(max(variance, 0.0)), nan_count, inf_count)
+
+
+def _statistics(low: float, high: float, mean: float, std: float, nan: int = 0, inf: int = 0) -> dict[str, float]:
+    return {"min": low, "max": high, "mean": mean, "absmax": max(abs(low), abs(high)), "std": std, "nan": nan, "inf": inf}
 
 
 _SUM_ROW = 1 << 16
@@ -293,6 +289,5 @@ class StatsBatch:
         )):
             info.fingerprint = picked[offset: offset + count]
             offset += count
-            info.stats = one_by_one.get(i) or {"min": low, "max": high, "mean": mean, "absmax": max(abs(low), abs(high)),
-                                                "std": std, "nan": 0, "inf": 0}
+            info.stats = one_by_one.get(i) or _statistics(low, high, mean, std)
         self._queued, self._starts, self._used = [], [], 0
