@@ -29,8 +29,21 @@ def test_quick_benchmark_runs_and_prints_the_table(tmp_path):
     assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     for heading in HEADINGS:
         assert heading in done.stdout, f"missing {heading!r} in:\n{done.stdout[-3000:]}"
-    for row in ("interception alone", "the search (Run.bisect()", "whole `bisectr bisect`"):
+    for row in ("interception alone", "the search (Run.bisect()", "whole `bisectr bisect`",
+                "recording's extra memory"):
         assert row in done.stdout, f"missing row {row!r}"
     for column in ("torch", "paddle", "target", "holds"):
         assert column in done.stdout
     assert raw.is_file() and raw.stat().st_size > 0
+
+
+def test_profile_names_the_recorders_own_functions():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--profile", "torch", "deep", "stats"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, f"exit {done.returncode}\nstderr:\n{done.stderr[-3000:]}"
+    tree, flat = done.stdout.split("Functions by own time")
+    for frame in ("record_side", "Recorder.call"):
+        assert frame in tree, f"missing {frame!r} in:\n{tree[-3000:]}"
+    assert "recording.py" in flat

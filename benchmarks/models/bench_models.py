@@ -2,7 +2,7 @@
 
 `python benchmarks/run.py` picks functions by name (`bisectr.trace(..., reference=NAME, candidate=NAME)`,
 or `record_side` on one of them). Sizes come from `SIZES` below; `BISECTR_BENCH_QUICK=1` in the
-environment selects the small smoke-test sizes.
+environment selects the small smoke-test sizes, `BISECTR_BENCH_BATCH_SCALE=K` multiplies every batch.
 
 - `{torch,paddle}_small`: a small post-LN encoder on token ids.
 - `{torch,paddle}_base`: a BERT-base-shaped encoder: 12 layers, d=768, 12 heads, FFN 3072, batch 2, seq 128;
@@ -40,7 +40,11 @@ QUICK_SIZES = {
 
 
 def size(name: str) -> dict:
-    return dict((QUICK_SIZES if QUICK else SIZES)[name])
+    """The configuration `name`; `BISECTR_BENCH_BATCH_SCALE=K` multiplies its batch (the memory benchmark
+    records the same op graph with K times bigger tensors)."""
+    cfg = dict((QUICK_SIZES if QUICK else SIZES)[name])
+    cfg["batch"] *= int(os.environ.get("BISECTR_BENCH_BATCH_SCALE", "1"))
+    return cfg
 
 
 def tanh_layer(name: str = "deep") -> int:
