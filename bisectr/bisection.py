@@ -5,7 +5,8 @@
    every paired parameter first read by then): what ops after k still add. F falls
    from the full error to ~0 as k grows; a binary search over the paired ops finds
    the entry point k*, the first cut after which less than half of the error is
-   left (`--exhaustive` evaluates F at every cut instead).
+   left (`--exhaustive` evaluates F at every cut instead). When the candidate's outputs
+   hold NaN or Inf (an infinite error), k* is the first cut after which they are finite.
 2. **First semantic difference.** Ops up to k* whose local replay is judged
    *different* (see `analysis`) are suspects, in order. Each is tested for reach:
    the reference is re-run with only that op's output replaced by the candidate's
@@ -28,7 +29,7 @@ import numpy as np
 from .align import Alignment
 from .analysis import Analysis, OpEvidence, noise_floor
 from .run import Run
-from .trace import OpNode, Trace, is_floating
+from .trace import OpNode, TensorInfo, Trace, is_floating
 
 ENTRY_FRACTION = 0.5  # k* is where the error left after the cut falls under this share
 REACH_FRACTION = 0.1  # a difference reaches the outputs if it alone makes this share of the error
@@ -50,6 +51,7 @@ class Result:
     not_blamed: list[dict] = field(default_factory=list)  # differences that do not reach the outputs
     profile: list[dict] = field(default_factory=list)
     reference_reruns: int = 0
+    nonfinite: dict | None = None  # NaN/Inf in the candidate's outputs: counts and where they start
     alignment: Alignment | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
@@ -65,6 +67,7 @@ class Result:
             "not_blamed": self.not_blamed,
             "cuts": [{"op": k, "output_error": f} for k, f in self.cuts],
             "reference_reruns": self.reference_reruns,
+            "nonfinite": self.nonfinite,
             "profile": self.profile,
         }
 
@@ -123,25 +126,27 @@ class Search:
 
     # -- the search ------------------------------------------------------------
     def entry_point(self, cuts: list[int], full_error: float, exhaustive: bool) -> tuple[int | None, list[tuple[int, float]]]:
-        threshold = ENTRY_FRACTION * full_error
         evaluated: dict[int, float] = {}
 
-        def F(position: int) -> float:
+        def past_entry(position: int) -> bool:
+            """Is most of the outputs' error gone when the candidate is patched up to this cut?"""
             if position not in evaluated:
                 evaluated[position] = self.candidate_error(self.patches_up_to(cuts[position]))
-            return evaluated[position]
+            if math.isinf(full_error):
+                return math.isfinite(evaluated[position])
+            return evaluated[position] <= ENTRY_FRACTION * full_error
 
         if not cuts:
             return None, []
         if exhaustive:
-            entry = next((i for i in range(len(cuts)) if F(i) <= threshold), None)
-        elif F(len(cuts) - 1) > threshold:
+            entry = next((i for i in range(len(cuts)) if past_entry(i)), None)
+        elif not past_entry(len(cuts) - 1):
             entry = None
         else:
-            low, high = -1, len(cuts) - 1  # F(low) > threshold >= F(high)
+            low, high = -1, len(cuts) - 1  # not past_entry(low), past_entry(high)
             while high - low > 1:
                 middle = (low + high) // 2
-                if F(middle) <= threshold:
+                if past_entry(middle):
                     high = middle
                 else:
                     low = middle
@@ -185,6 +190,7 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
     profile = [_profile_row(run, e) for e in analysis.in_order()]
     if full_error <= tolerance:
         return Result("match", output_error, None, 0, ops, profile=profile, alignment=alignment)
+    nonfinite = _nonfinite_outputs(run, alignment)
 
     search = Search(run, alignment, analysis)
     say("searching")
@@ -202,7 +208,36 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
     culprit = _culprit_dict(run, analysis, culprit_evidence) if culprit_evidence else None
     return Result(verdict, output_error, culprit, search.candidate_reruns, ops, entry,
                   [_site(run, r) for r in recurrences], confirmation, trail, not_blamed, profile,
-                  search.reference_reruns, alignment)
+                  search.reference_reruns, nonfinite, alignment)
+
+
+def _nonfinite_count(info: TensorInfo) -> int:
+    return int(info.stats.get("nan", 0) + info.stats.get("inf", 0))
+
+
+def _nonfinite_outputs(run: Run, alignment: Alignment) -> dict | None:
+    """NaN/Inf counts of the candidate's outputs (None when they are finite) and the first candidate
+    tensor, in op order, holding more NaN/Inf than its reference partner: the leaf or op they start at.
+    (A -inf attention mask that both sides build is not where they start.)"""
+    candidate = run.candidate
+    outputs = [candidate.tensors[pair.candidate] for pair in run.output_pairs()]
+    if not any(_nonfinite_count(info) for info in outputs):
+        return None
+
+    def more_than_reference(tid: int) -> bool:
+        pair = alignment.tensors.get(tid)
+        return pair is not None and _nonfinite_count(candidate.tensors[tid]) > _nonfinite_count(run.reference.tensors[pair.reference])
+
+    first = None
+    for op in candidate.ops:
+        tid = next((t for t in op.inputs + op.outputs if more_than_reference(t)), None)
+        if tid is not None:
+            info = candidate.tensors[tid]
+            start = op if info.producer is None else candidate.ops[info.producer]
+            first = {"leaf": info.leaf if info.producer is None else None, **_side(start)}
+            break
+    return {"nan": sum(int(info.stats.get("nan", 0)) for info in outputs),
+            "inf": sum(int(info.stats.get("inf", 0)) for info in outputs), "first": first}
 
 
 def _first_reaching_difference(search: Search, entry: int | None, full_error: float,

@@ -71,8 +71,12 @@ def print_result(console: Console, run: Run, result: dict) -> None:
     verdict = result["verdict"]
     style = {"match": "bold green", "noise": "bold yellow", "divergent": "bold red"}[verdict]
     ops = result["ops"]
-    console.print(f"[{style}]verdict: {verdict}[/]   outputs differ by {fmt(result['output_error']['max_abs'])} "
-                  f"(relative {fmt(result['output_error']['max_rel'])})")
+    nonfinite = result.get("nonfinite")
+    difference = ("NaN/Inf" if nonfinite else
+                  f"{fmt(result['output_error']['max_abs'])} (relative {fmt(result['output_error']['max_rel'])})")
+    console.print(f"[{style}]verdict: {verdict}[/]   outputs differ by {difference}")
+    if nonfinite:
+        console.print(nonfinite_text(nonfinite), highlight=False)
     console.print(f"aligned: {ops['aligned']} of {ops['candidate']} candidate ops "
                   f"({ops['reference']} reference ops); candidate re-runs: {result['reruns']}", highlight=False)
     culprit = result["culprit"]
@@ -84,7 +88,8 @@ def print_result(console: Console, run: Run, result: dict) -> None:
             site = culprit[role]
             module = site["module"] or "(top level)"
             console.print(f"  {role:9}  op {site['index']:<5} {site['op']:<28} {module}", highlight=False)
-            console.print(f"             {short_source(site['source'])}:  {source_text(site['source'])}", highlight=False)
+            if site["source"]:  # empty when no user code called the op (the model is one framework layer)
+                console.print(f"             {short_source(site['source'])}:  {source_text(site['source'])}", highlight=False)
         fp64 = culprit["fp64"] or {}
         console.print(f"  input error {fmt(culprit['input_error'])} -> output error {fmt(culprit['output_error'])} "
                       f"(x{fmt(culprit['amplification'])}); local error {fmt(culprit['local_error'])}", highlight=False)
@@ -105,6 +110,20 @@ def print_result(console: Console, run: Run, result: dict) -> None:
         culprit_index = culprit["candidate"]["index"] if culprit else None
         for line in error_chart(result["profile"], culprit_index):
             console.print(line, highlight=False, markup=False)
+
+
+def nonfinite_text(nonfinite: dict) -> str:
+    """Where the candidate's NaN/Inf outputs come from, in one sentence."""
+    text = f"the candidate's outputs hold {nonfinite['nan']} NaN and {nonfinite['inf']} Inf (the reference's are finite)"
+    first = nonfinite["first"]
+    if first is None:
+        return text
+    site = f"op {first['index']} {first['op']} {first['module'] or '(top level)'}"
+    if first["source"]:
+        site += f" ({short_source(first['source'])})"
+    if first["leaf"]:
+        return f"{text}; they start at {first['leaf']}, read by {site}"
+    return f"{text}; they start at {site}"
 
 
 def error_chart(profile: list[dict], marked: int | None, width: int = CHART_WIDTH) -> list[str]:

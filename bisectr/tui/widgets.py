@@ -11,7 +11,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from ..report import error_chart, fmt, short_source, source_text
+from ..report import error_chart, fmt, nonfinite_text, short_source, source_text
 from .data import HEAT_LEVELS, VERDICT_VARIABLE, HeatMap, ModuleNode, OpRow, RunData, fmt_amplification, fmt_shape, source_context
 
 HEADLINE = {
@@ -51,9 +51,11 @@ class VerdictBanner(Static):
             self.update("NO RESULT  this run holds no search result" + ("; press b to search" if data.live else ""))
             return
         self.add_class(f"-{verdict}")
-        error = data.result["output_error"]
-        self.update(Content.assemble((verdict.upper(), "bold"), "  outputs differ by ", (fmt(error["max_abs"]), "bold"),
-                                     f" (relative {fmt(error['max_rel'])})\n", (HEADLINE[verdict], "$text-muted")))
+        error, nonfinite = data.result["output_error"], data.result.get("nonfinite")
+        difference = [("NaN/Inf", "bold"), "\n", nonfinite_text(nonfinite)] if nonfinite else \
+            [(fmt(error["max_abs"]), "bold"), f" (relative {fmt(error['max_rel'])})"]
+        self.update(Content.assemble((verdict.upper(), "bold"), "  outputs differ by ", *difference, "\n",
+                                     (HEADLINE[verdict], "$text-muted")))
 
 
 def _site_lines(label: str, site: dict, module_shown: bool) -> list[Content]:

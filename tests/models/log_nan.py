@@ -1,0 +1,81 @@
+"""A port that turns the outputs into NaN: the reference clamps before `log`, the candidates do not.
+
+fc1 -> relu -> x2 -> log -> fc2 -> softmax. The relu leaves zeros, so the unclamped `log` makes
+-inf, fc2 mixes -inf into NaN and every output is NaN; the reference stays finite (log of 1e-6).
+- `reference()`: torch, clamped. `candidate()`: torch, unclamped (`@`-marked lines are looked up by the tests).
+- `paddle_candidate()`: the same unclamped model in paddle, the reference's weights copied in.
+- `nan_weight()`: the reference with one NaN in `fc2.weight`: the NaN starts at a parameter.
+"""
+import numpy as np
+
+IN, HIDDEN, OUT, BATCH = 8, 8, 4, 3
+
+
+def _weights():
+    rng = np.random.default_rng(0)
+    weights = {  # torch layout: Linear weight is [out, in]
+        "fc1.weight": rng.standard_normal((HIDDEN, IN)) / np.sqrt(IN),
+        "fc1.bias": 0.1 * rng.standard_normal(HIDDEN),
+        "fc2.weight": rng.standard_normal((OUT, HIDDEN)) / np.sqrt(HIDDEN),
+        "fc2.bias": 0.1 * rng.standard_normal(OUT),
+    }
+    return {name: value.astype(np.float32) for name, value in weights.items()}, rng.standard_normal((BATCH, IN)).astype(np.float32)
+
+
+def _torch_model(clamp: bool):
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(IN, HIDDEN)
+            self.fc2 = torch.nn.Linear(HIDDEN, OUT)
+
+        def forward(self, x):
+            h = torch.relu(self.fc1(x)) * 2.0
+            h = torch.log(h.clamp_min(1e-6)) if clamp else torch.log(h)  # @log
+            return torch.softmax(self.fc2(h), -1)
+
+    weights, inputs = _weights()
+    model = Net().eval()
+    model.load_state_dict({name: torch.from_numpy(value) for name, value in weights.items()})
+    return model, (torch.from_numpy(inputs),)
+
+
+def reference():
+    return _torch_model(clamp=True)
+
+
+def candidate():
+    return _torch_model(clamp=False)
+
+
+def nan_weight():
+    import torch
+
+    model, inputs = _torch_model(clamp=True)
+    with torch.no_grad():
+        model.fc2.weight[1, 2] = float("nan")
+    return model, inputs
+
+
+def paddle_candidate():
+    import paddle
+
+    class Net(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = paddle.nn.Linear(IN, HIDDEN)
+            self.fc2 = paddle.nn.Linear(HIDDEN, OUT)
+
+        def forward(self, x):
+            h = paddle.nn.functional.relu(self.fc1(x)) * 2.0
+            h = paddle.log(h)  # @paddle_log
+            return paddle.nn.functional.softmax(self.fc2(h), -1)
+
+    weights, inputs = _weights()
+    model = Net()
+    model.set_state_dict({name: paddle.to_tensor(value.T if name.endswith("weight") else value)
+                          for name, value in weights.items()})
+    model.eval()
+    return model, (paddle.to_tensor(inputs),)

@@ -1,0 +1,65 @@
+"""NaN/Inf in the candidate's outputs while the reference's are finite: a divergence, named
+where it starts (tests/models/log_nan.py: the candidates drop the reference's clamp before `log`)."""
+import json
+
+import pytest
+
+import bisectr
+from bisectr.cli import main
+from conftest import MODELS, line_of
+
+MODEL = MODELS / "log_nan.py"
+SITE_KEYS = ("index", "op", "module", "source")
+
+
+@pytest.mark.parametrize("candidate, marker", [("candidate", "# @log"), ("paddle_candidate", "# @paddle_log")])
+def test_the_unclamped_log_is_the_culprit_and_where_the_nan_starts(candidate, marker):
+    if candidate.startswith("paddle"):
+        pytest.importorskip("paddle")
+    result = bisectr.bisect(MODEL, candidate=candidate)
+    culprit = result.culprit
+    assert result.verdict == "divergent" and culprit["kind"] == "op" and culprit["op"] == "log"
+    assert culprit["candidate"]["source"] == f"{MODEL}:{line_of(MODEL, marker)}"
+    assert culprit["reference"]["source"] == f"{MODEL}:{line_of(MODEL, '# @log')}"
+    assert result.nonfinite == {"nan": 12, "inf": 0,
+                                "first": {"leaf": None, **{k: culprit["candidate"][k] for k in SITE_KEYS}}}
+    # the log alone patched: the outputs are finite again and within float rounding of the reference's
+    assert result.confirmation["output_error"] < 1e-6
+
+
+def test_a_nan_parameter_is_where_the_nan_starts():
+    result = bisectr.bisect(MODEL, candidate="nan_weight")
+    assert result.verdict == "divergent"
+    assert result.culprit["kind"] == "leaf" and result.culprit["leaf"] == "fc2.weight"
+    first = result.nonfinite["first"]
+    assert first["leaf"] == "param:fc2.weight" and first["index"] == result.culprit["candidate"]["index"]
+    assert result.nonfinite["nan"] == 12 and result.confirmation["output_error"] == 0.0
+
+
+def test_cli_exits_1_and_says_where_the_nan_starts(capsys, monkeypatch):
+    monkeypatch.chdir(MODELS.parent.parent)  # sources print relative to the working directory
+    assert main(["bisect", str(MODEL)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "verdict: divergent outputs differ by NaN/Inf" in out
+    assert (f"the candidate's outputs hold 12 NaN and 0 Inf (the reference's are finite); they start at op 3 log "
+            f"(top level) (tests/models/log_nan.py:{line_of(MODEL, '# @log')})") in out
+    assert main(["bisect", str(MODEL), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["output_error"] == {"max_abs": None, "max_rel": None}  # JSON has no Infinity
+    assert data["nonfinite"]["first"]["index"] == data["culprit"]["candidate"]["index"] == 3
+
+
+async def test_tui_banner_says_where_the_nan_starts(tmp_path, monkeypatch):
+    pytest.importorskip("textual")
+    from bisectr.tui.app import BisectrApp
+    from bisectr.tui.data import RunData
+    from bisectr.tui.widgets import VerdictBanner
+
+    monkeypatch.chdir(MODELS.parent.parent)
+    run = bisectr.trace(MODEL, out=tmp_path / "run")
+    app = BisectrApp(RunData(run, run.bisect()))
+    async with app.run_test(size=(140, 30)) as pilot:
+        await pilot.pause()
+        banner = app.query_one(VerdictBanner).content.plain
+    assert banner.startswith("DIVERGENT  outputs differ by NaN/Inf\nthe candidate's outputs hold 12 NaN and 0 Inf")
+    assert f"they start at op 3 log (top level) (tests/models/log_nan.py:{line_of(MODEL, '# @log')})" in banner
