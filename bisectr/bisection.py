@@ -190,7 +190,7 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
     profile = [_profile_row(run, e) for e in analysis.in_order()]
     if full_error <= tolerance:
         return Result("match", output_error, None, 0, ops, profile=profile, alignment=alignment)
-    nonfinite = _nonfinite_outputs(run, alignment)
+    nonfinite = nonfinite_start(run, alignment)
 
     search = Search(run, alignment, analysis)
     say("searching")
@@ -206,38 +206,75 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
         verdict = "noise"
         culprit_evidence = _most_amplifying(search, analysis, full_error, entry)
     culprit = _culprit_dict(run, analysis, culprit_evidence) if culprit_evidence else None
+    if nonfinite is not None and verdict == "noise":  # NaN/Inf that the reference lacks are not rounding
+        verdict, culprit = "divergent", _nonfinite_culprit(run, nonfinite)
     return Result(verdict, output_error, culprit, search.candidate_reruns, ops, entry,
                   [_site(run, r) for r in recurrences], confirmation, trail, not_blamed, profile,
-                  search.reference_reruns, nonfinite, alignment)
+                  search.reference_reruns, nonfinite and _nonfinite_dict(run, nonfinite), alignment)
 
 
 def _nonfinite_count(info: TensorInfo) -> int:
     return int(info.stats.get("nan", 0) + info.stats.get("inf", 0))
 
 
-def _nonfinite_outputs(run: Run, alignment: Alignment) -> dict | None:
-    """NaN/Inf counts of the candidate's outputs (None when they are finite) and the first candidate
-    tensor, in op order, holding more NaN/Inf than its reference partner: the leaf or op they start at.
-    (A -inf attention mask that both sides build is not where they start.)"""
-    candidate = run.candidate
-    outputs = [candidate.tensors[pair.candidate] for pair in run.output_pairs()]
-    if not any(_nonfinite_count(info) for info in outputs):
+@dataclass
+class NonFiniteStart:
+    """Where the candidate's NaN/Inf (absent from the reference) start."""
+
+    tid: int  # the first such tensor: an op output, or a leaf (a NaN parameter)
+    op: OpNode | None  # the candidate op that produced it, or the first that read the leaf (None: no op did)
+    reference_op: OpNode | None  # the reference op whose finite output it stands against
+
+
+def nonfinite_start(run: Run, alignment: Alignment) -> NonFiniteStart | None:
+    """None when the candidate's outputs are finite. Otherwise: the first candidate tensor, in op order,
+    holding more NaN/Inf than its reference partner (so a -inf mask both sides build is passed over),
+    or the first non-finite output when no paired tensor does; then back through unpaired non-finite
+    inputs (an N:M block such as exp/sum/div against softmax) to the op that made them from finite ones."""
+    candidate, reference = run.candidate, run.reference
+    outputs = {pair.candidate: pair.reference for pair in run.output_pairs()}
+    if not any(_nonfinite_count(candidate.tensors[tid]) for tid in outputs):
         return None
 
-    def more_than_reference(tid: int) -> bool:
+    def excess(tid: int) -> bool:
         pair = alignment.tensors.get(tid)
-        return pair is not None and _nonfinite_count(candidate.tensors[tid]) > _nonfinite_count(run.reference.tensors[pair.reference])
+        return pair is not None and _nonfinite_count(candidate.tensors[tid]) > _nonfinite_count(reference.tensors[pair.reference])
 
-    first = None
-    for op in candidate.ops:
-        tid = next((t for t in op.inputs + op.outputs if more_than_reference(t)), None)
-        if tid is not None:
-            info = candidate.tensors[tid]
-            start = op if info.producer is None else candidate.ops[info.producer]
-            first = {"leaf": info.leaf if info.producer is None else None, **_side(start)}
+    flagged = next(((tid, op) for op in candidate.ops for tid in op.inputs + op.outputs if excess(tid)), None)
+    if flagged is None:
+        tid = next(t for t in outputs if _nonfinite_count(candidate.tensors[t]))
+        flagged = (tid, candidate.producer_op(tid))
+    tid, op = flagged
+    partner = alignment.tensors[tid].reference if tid in alignment.tensors else outputs.get(tid)
+    while candidate.tensors[tid].producer is not None:
+        op = candidate.ops[candidate.tensors[tid].producer]
+        upstream = next((t for t in op.inputs if t not in alignment.tensors and _nonfinite_count(candidate.tensors[t])), None)
+        if upstream is None:
             break
-    return {"nan": sum(int(info.stats.get("nan", 0)) for info in outputs),
-            "inf": sum(int(info.stats.get("inf", 0)) for info in outputs), "first": first}
+        tid = upstream
+    reference_op = None if partner is None else reference.producer_op(partner)
+    return NonFiniteStart(tid, op, reference_op)
+
+
+def _nonfinite_dict(run: Run, start: NonFiniteStart) -> dict:
+    outputs = [run.candidate.tensors[pair.candidate] for pair in run.output_pairs()]
+    info = run.candidate.tensors[start.tid]
+    first = None if start.op is None else {"leaf": info.leaf if info.producer is None else None, **_side(start.op)}
+    return {"nan": sum(int(o.stats.get("nan", 0)) for o in outputs), "inf": sum(int(o.stats.get("inf", 0)) for o in outputs),
+            "first": first}
+
+
+def _nonfinite_culprit(run: Run, start: NonFiniteStart) -> dict[str, Any] | None:
+    """The culprit when no op's evidence names one: where the NaN/Inf start (no replay evidence).
+    None when either side has no op to show (an output that is an input or parameter)."""
+    if start.op is None or start.reference_op is None:
+        return None
+    info = run.candidate.tensors[start.tid]
+    leaf = info.leaf.split(":", 1)[1] if info.producer is None and info.leaf else None
+    return {"kind": "leaf" if leaf else "op", "op": start.op.op, "candidate": _side(start.op),
+            "reference": _side(start.reference_op), "leaf": leaf,
+            "input_error": None, "output_error": math.inf, "output_error_rel": math.inf, "input_error_rel": None,
+            "local_error": None, "amplification": None, "verdict": "different", "fp64": None}
 
 
 def _first_reaching_difference(search: Search, entry: int | None, full_error: float,

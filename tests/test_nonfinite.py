@@ -1,5 +1,5 @@
 """NaN/Inf in the candidate's outputs while the reference's are finite: a divergence, named
-where it starts (tests/models/log_nan.py: the candidates drop the reference's clamp before `log`)."""
+where it starts (tests/models/nonfinite.py: an unclamped `log`, a NaN parameter, a softmax without its max subtracted)."""
 import json
 
 import pytest
@@ -8,7 +8,7 @@ import bisectr
 from bisectr.cli import main
 from conftest import MODELS, line_of
 
-MODEL = MODELS / "log_nan.py"
+MODEL = MODELS / "nonfinite.py"
 SITE_KEYS = ("index", "op", "module", "source")
 
 
@@ -27,6 +27,21 @@ def test_the_unclamped_log_is_the_culprit_and_where_the_nan_starts(candidate, ma
     assert result.confirmation["output_error"] < 1e-6
 
 
+@pytest.mark.parametrize("candidate, marker", [("naive_softmax", "# @exp"), ("paddle_naive_softmax", "# @paddle_exp")])
+def test_an_overflowing_exp_inside_an_unpaired_block_is_named(candidate, marker):
+    """exp/sum/div against softmax: no op of the block pairs one by one, so no replay evidence names
+    it; NaN the reference lacks are never rounding, and they start at the exp."""
+    if candidate.startswith("paddle"):
+        pytest.importorskip("paddle")
+    result = bisectr.bisect(MODEL, reference="softmax_reference", candidate=candidate)
+    culprit = result.culprit
+    assert result.verdict == "divergent" and culprit["op"] == "exp" and culprit["kind"] == "op"
+    assert culprit["candidate"]["source"] == f"{MODEL}:{line_of(MODEL, marker)}"
+    assert culprit["reference"]["op"] == "softmax"
+    assert culprit["reference"]["source"] == f"{MODEL}:{line_of(MODEL, '# @softmax')}"
+    assert result.nonfinite["nan"] == 1 and result.nonfinite["first"]["index"] == culprit["candidate"]["index"] == 2
+
+
 def test_a_nan_parameter_is_where_the_nan_starts():
     result = bisectr.bisect(MODEL, candidate="nan_weight")
     assert result.verdict == "divergent"
@@ -42,7 +57,7 @@ def test_cli_exits_1_and_says_where_the_nan_starts(capsys, monkeypatch):
     out = " ".join(capsys.readouterr().out.split())
     assert "verdict: divergent outputs differ by NaN/Inf" in out
     assert (f"the candidate's outputs hold 12 NaN and 0 Inf (the reference's are finite); they start at op 3 log "
-            f"(top level) (tests/models/log_nan.py:{line_of(MODEL, '# @log')})") in out
+            f"(top level) (tests/models/nonfinite.py:{line_of(MODEL, '# @log')})") in out
     assert main(["bisect", str(MODEL), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["output_error"] == {"max_abs": None, "max_rel": None}  # JSON has no Infinity
@@ -62,4 +77,4 @@ async def test_tui_banner_says_where_the_nan_starts(tmp_path, monkeypatch):
         await pilot.pause()
         banner = app.query_one(VerdictBanner).content.plain
     assert banner.startswith("DIVERGENT  outputs differ by NaN/Inf\nthe candidate's outputs hold 12 NaN and 0 Inf")
-    assert f"they start at op 3 log (top level) (tests/models/log_nan.py:{line_of(MODEL, '# @log')})" in banner
+    assert f"they start at op 3 log (top level) (tests/models/nonfinite.py:{line_of(MODEL, '# @log')})" in banner

@@ -1,10 +1,14 @@
-"""A port that turns the outputs into NaN: the reference clamps before `log`, the candidates do not.
+"""Ports whose outputs hold NaN where the reference's are finite (`@`-marked lines are looked up by the tests).
 
-fc1 -> relu -> x2 -> log -> fc2 -> softmax. The relu leaves zeros, so the unclamped `log` makes
--inf, fc2 mixes -inf into NaN and every output is NaN; the reference stays finite (log of 1e-6).
-- `reference()`: torch, clamped. `candidate()`: torch, unclamped (`@`-marked lines are looked up by the tests).
+fc1 -> relu -> x2 -> log -> fc2 -> softmax. The relu leaves zeros, so an unclamped `log` makes
+-inf, fc2 mixes -inf into NaN and every output is NaN; the reference clamps (log of 1e-6).
+- `reference()`: torch, clamped. `candidate()`: torch, unclamped.
 - `paddle_candidate()`: the same unclamped model in paddle, the reference's weights copied in.
 - `nan_weight()`: the reference with one NaN in `fc2.weight`: the NaN starts at a parameter.
+
+fc1 -> x100 -> softmax, against the same with a naive softmax (exp, sum, div: no max subtracted):
+`exp` overflows to inf and inf / inf is NaN. The three ops cannot pair with `softmax` one by one.
+- `softmax_reference()` (torch), `naive_softmax()` (torch), `paddle_naive_softmax()` (paddle).
 """
 import numpy as np
 
@@ -79,3 +83,48 @@ def paddle_candidate():
                           for name, value in weights.items()})
     model.eval()
     return model, (paddle.to_tensor(inputs),)
+
+
+SCALE = 100.0
+
+
+def _torch_scores():
+    import torch
+
+    weights, inputs = _weights()
+    fc1 = torch.nn.Linear(IN, HIDDEN)
+    fc1.load_state_dict({"weight": torch.from_numpy(weights["fc1.weight"]), "bias": torch.from_numpy(weights["fc1.bias"])})
+    return fc1, torch.from_numpy(inputs)
+
+
+def softmax_reference():
+    import torch
+
+    fc1, inputs = _torch_scores()
+    return (lambda x: torch.softmax(fc1(x) * SCALE, -1)), (inputs,)  # @softmax
+
+
+def naive_softmax():
+    import torch
+
+    fc1, inputs = _torch_scores()
+
+    def forward(x):
+        e = torch.exp(fc1(x) * SCALE)  # @exp
+        return e / e.sum(-1, keepdim=True)
+
+    return forward, (inputs,)
+
+
+def paddle_naive_softmax():
+    import paddle
+
+    weights, inputs = _weights()
+    fc1 = paddle.nn.Linear(IN, HIDDEN)
+    fc1.set_state_dict({"weight": paddle.to_tensor(weights["fc1.weight"].T), "bias": paddle.to_tensor(weights["fc1.bias"])})
+
+    def forward(x):
+        e = paddle.exp(fc1(x) * SCALE)  # @paddle_exp
+        return e / e.sum(-1, keepdim=True)
+
+    return forward, (paddle.to_tensor(inputs),)
