@@ -10,6 +10,10 @@ For each candidate op paired with a reference op:
   candidate is *noise* when its local output is within a small factor of the
   reference's own distance to the oracle (plus a dtype floor), in the spirit of
   torch's `same(..., fp64_ref)`; *different* otherwise; *exact* when bit-equal.
+
+A matched N:M block (a hand-written layer norm against `layer_norm`) is judged as one op:
+its candidate ops replayed in order on the reference's inputs, its reference ops replayed
+in float64 as the oracle. Its evidence sits under the candidate op completing its output.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .align import Alignment, TensorPair
+from .align import Alignment, Block, TensorPair
 from .metrics import error_metrics
 from .run import Run
 from .trace import OpNode, Trace
@@ -59,6 +63,7 @@ class OpEvidence:
     fp64: dict[str, float] | None  # candidate_error, reference_error (relative to the oracle)
     amplification: float
     verdict: str  # exact / noise / different / unknown
+    block: Block | None = None  # set when the evidence is for a matched N:M block
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,6 +86,7 @@ class Analysis:
         self.alignment = alignment
         self.ops: dict[int, OpEvidence] = {}
         self.leaves: dict[int, LeafEvidence] = {}
+        self.blocks: dict[int, Block] = {}  # candidate op completing a matched N:M block -> the block
         self._tensor_errors: dict[int, dict[str, float] | None] = {}
 
     @property
@@ -98,7 +104,21 @@ class Analysis:
                 self.leaves[tid] = self._leaf_evidence(pair)
         for pair in self.alignment.pairs:
             self.ops[pair.candidate] = self.evidence(pair.candidate, pair.reference)
+        for block in self.alignment.blocks:
+            completing = self._completing_ops(block) if block.matched else None
+            if completing is not None:
+                self.blocks[completing[0]] = block
+                self.ops[completing[0]] = self.evidence(*completing)
         return self
+
+    def _completing_ops(self, block: Block) -> tuple[int, int] | None:
+        """(candidate op, reference op) of the block whose first outputs are the last paired tensor it produces."""
+        for index in reversed(block.candidate):
+            pair = self.alignment.tensors.get(self.candidate.ops[index].outputs[0])
+            producer = None if pair is None else self.reference.tensors[pair.reference].producer
+            if producer in block.reference and self.reference.ops[producer].outputs[0] == pair.reference:
+                return index, producer
+        return None
 
     def in_order(self) -> list[OpEvidence]:
         """Evidence for every paired op, in candidate op order."""
@@ -126,29 +146,58 @@ class Analysis:
         return LeafEvidence(info.leaf, self.reference.tensors[pair.reference].leaf or "", pair.candidate, error, verdict)
 
     def evidence(self, cand_index: int, ref_index: int) -> OpEvidence:
+        block = self.blocks.get(cand_index)
         cand_op = self.candidate.ops[cand_index]
         out_tid = cand_op.outputs[0]
-        dtype = coarsest_dtype([self.candidate.tensors[t].dtype for t in cand_op.inputs + cand_op.outputs])
+        cand_ops = block.candidate if block else [cand_index]
+        inputs = external_inputs(self.candidate, cand_ops)
+        dtype = coarsest_dtype([self.candidate.tensors[t].dtype for i in cand_ops for t in self.candidate.ops[i].inputs + self.candidate.ops[i].outputs])
         output_error = self.tensor_error(out_tid) or {"max_abs": float("nan"), "mean_abs": float("nan"), "max_rel": float("nan"), "cosine": float("nan")}
-        input_errors = [e for e in (self.tensor_error(t) for t in cand_op.inputs) if e is not None]
+        input_errors = [e for e in (self.tensor_error(t) for t in inputs) if e is not None]
         input_abs = max((e["max_abs"] for e in input_errors), default=0.0)
         input_rel = max((e["max_rel"] for e in input_errors), default=0.0)
         local, fp64 = self._replayed_errors(cand_index, ref_index)
         verdict = "unknown" if local is None else judge(local, fp64 and fp64["candidate_error"], fp64 and fp64["reference_error"], dtype)
         amplification = _ratio(output_error["max_abs"], input_abs)
-        return OpEvidence(cand_index, ref_index, cand_op.op, dtype, output_error, input_abs, input_rel, local, fp64, amplification, verdict)
+        name = "+".join(dict.fromkeys(self.reference.ops[i].op for i in block.reference)) if block else cand_op.op
+        return OpEvidence(cand_index, ref_index, name, dtype, output_error, input_abs, input_rel, local, fp64, amplification,
+                          verdict, block)
 
-    def local_output(self, cand_index: int) -> np.ndarray:
-        """The candidate op replayed on the reference's inputs, keeping the candidate's own
-        parameters (and its own values for inputs with no reference partner)."""
-        cand_op = self.candidate.ops[cand_index]
-        if self._reads_its_own_inputs(cand_op):  # the replay would compute what was recorded
-            return self.candidate.value(cand_op.outputs[0])
+    def compared_outputs(self, cand_index: int, ref_index: int) -> list[tuple[int, int]]:
+        """(candidate tid, reference tid) that an op's evidence compares: its first output, or every
+        paired tensor a block hands on."""
+        block = self.blocks.get(cand_index)
+        if block is None:
+            return [(self.candidate.ops[cand_index].outputs[0], self.reference.ops[ref_index].outputs[0])]
+        inside = set(block.reference)
+        return [(tid, self.alignment.tensors[tid].reference) for i in block.candidate for tid in self.candidate.ops[i].outputs
+                if tid in self.alignment.tensors and self.reference.tensors[self.alignment.tensors[tid].reference].producer in inside]
+
+    def local_outputs(self, cand_index: int, ref_index: int) -> dict[int, np.ndarray]:
+        """The candidate op (or the block it completes) replayed on the reference's inputs, keeping the
+        candidate's own parameters (and its own values for inputs with no reference partner): the
+        values of `compared_outputs`, by candidate tid."""
+        compared = [tid for tid, _ in self.compared_outputs(cand_index, ref_index)]
+        block = self.blocks.get(cand_index)
+        if block is None and self._reads_its_own_inputs(self.candidate.ops[cand_index]):  # the replay would compute what was recorded
+            return {tid: self.candidate.value(tid) for tid in compared}
+        ops = block.candidate if block else [cand_index]
         values = {}
-        for tid in cand_op.inputs:
+        for tid in external_inputs(self.candidate, ops):
             from_reference = None if self.candidate.tensors[tid].producer is None else self.reference_values_for(tid)
             values[tid] = from_reference if from_reference is not None else self.candidate.value(tid)
-        return self.run.replay("candidate", cand_index, values)[0]
+        computed = self._replay_ops("candidate", ops, values)
+        return {tid: computed[tid] for tid in compared}
+
+    def _replay_ops(self, role: str, indices: list[int], values: dict[int, np.ndarray], float64: bool = False) -> dict[int, np.ndarray]:
+        """Replay ops `indices` of one side in order, each reading what the previous ones computed and
+        `values` for the rest; returns every tensor they computed."""
+        trace = self.run.traces[role]
+        computed = dict(values)
+        for index in indices:
+            op = trace.ops[index]
+            computed.update(zip(op.outputs, self.run.replay(role, index, {t: computed[t] for t in op.inputs}, float64=float64)))
+        return computed
 
     def _reads_its_own_inputs(self, cand_op: OpNode) -> bool:
         """Does the local replay feed the op exactly the values it read when recorded?"""
@@ -166,28 +215,39 @@ class Analysis:
         """Local error, and (unless the replay is bit-exact, when it decides nothing) the fp64 evidence."""
         if not self.run.is_live:
             return None, None
-        ref_op = self.reference.ops[ref_index]
-        if not all(self.reference.has_value(t) for t in ref_op.inputs + ref_op.outputs[:1]):
+        block = self.blocks.get(cand_index)
+        ref_ops = block.reference if block else [ref_index]
+        ref_inputs = external_inputs(self.reference, ref_ops)
+        compared = self.compared_outputs(cand_index, ref_index)
+        if not compared or not all(self.reference.has_value(t) for t in ref_inputs + [r for _, r in compared]):
             return None, None
-        reference_out = self.reference.value(ref_op.outputs[0])
+        reference_out = {r: self.reference.value(r) for _, r in compared}
         try:
-            local_out = self.local_output(cand_index)
+            local_out = self.local_outputs(cand_index, ref_index)
         except Exception:  # an op that cannot run on substituted inputs keeps no local evidence
             return None, None
-        if local_out.size != reference_out.size:
+        if any(local_out[c].size != reference_out[r].size for c, r in compared):
             return None, None
-        local_out = local_out.reshape(reference_out.shape)
-        local = error_metrics(local_out, reference_out)["max_rel"]
+        local_out = {r: local_out[c].reshape(reference_out[r].shape) for c, r in compared}
+
+        def worst(values: dict[int, np.ndarray], truth: dict[int, np.ndarray]) -> float:
+            return max(error_metrics(values[r], truth[r])["max_rel"] for _, r in compared)
+
+        local = worst(local_out, reference_out)
         if local == 0.0:
             return local, None
         try:
-            oracle = self.run.replay("reference", ref_index, {t: self.reference.value(t) for t in ref_op.inputs}, float64=True)[0]
+            oracle = self._replay_ops("reference", ref_ops, {t: self.reference.value(t) for t in ref_inputs}, float64=True)
         except Exception:  # no float64 kernel for this op
             return local, None
-        oracle = oracle.reshape(reference_out.shape)
-        fp64 = {"candidate_error": error_metrics(local_out, oracle)["max_rel"],
-                "reference_error": error_metrics(reference_out, oracle)["max_rel"]}
-        return local, fp64
+        oracle = {r: oracle[r].reshape(reference_out[r].shape) for _, r in compared}
+        return local, {"candidate_error": worst(local_out, oracle), "reference_error": worst(reference_out, oracle)}
+
+
+def external_inputs(trace: Trace, indices: list[int]) -> list[int]:
+    """The tensors ops `indices` read that none of them produced, in reading order."""
+    inside = set(indices)
+    return list(dict.fromkeys(t for i in indices for t in trace.ops[i].inputs if trace.tensors[t].producer not in inside))
 
 
 def _ratio(output_error: float, input_error: float) -> float:

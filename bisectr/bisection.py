@@ -155,12 +155,13 @@ class Search:
         return (cuts[entry] if entry is not None else None), trail
 
     def reach(self, evidence: OpEvidence) -> float:
-        """The outputs' error when only this op's own difference enters the reference run."""
-        local = self.analysis.local_output(evidence.candidate)
-        ref_out = self.run.reference.ops[evidence.reference].outputs[0]
-        shape = self.run.reference.tensors[ref_out].shape
-        dtype = _numpy_dtype(self.run.reference.tensors[ref_out].dtype)
-        return self.reference_error({ref_out: local.astype(dtype, copy=False).reshape(shape)})
+        """The outputs' error when only this op's (or block's) own difference enters the reference run."""
+        local = self.analysis.local_outputs(evidence.candidate, evidence.reference)
+        patches = {}
+        for cand_tid, ref_tid in self.analysis.compared_outputs(evidence.candidate, evidence.reference):
+            info = self.run.reference.tensors[ref_tid]
+            patches[ref_tid] = local[cand_tid].astype(_numpy_dtype(info.dtype), copy=False).reshape(info.shape)
+        return self.reference_error(patches)
 
 
 def _numpy_dtype(dtype: str) -> str:
@@ -274,7 +275,7 @@ def _nonfinite_culprit(run: Run, start: NonFiniteStart) -> dict[str, Any] | None
     return {"kind": "leaf" if leaf else "op", "op": start.op.op, "candidate": _side(start.op),
             "reference": _side(start.reference_op), "leaf": leaf,
             "input_error": None, "output_error": math.inf, "output_error_rel": math.inf, "input_error_rel": None,
-            "local_error": None, "amplification": None, "verdict": "different", "fp64": None}
+            "local_error": None, "amplification": None, "verdict": "different", "fp64": None, "block": None}
 
 
 def _first_reaching_difference(search: Search, entry: int | None, full_error: float,
@@ -303,10 +304,13 @@ def _confirm(search: Search, patched: list[OpEvidence], before: float) -> dict:
 
 
 def op_patches(analysis: Analysis, run: Run, op_indices: list[int]) -> dict[int, np.ndarray]:
-    """Reference values for the outputs of these candidate ops."""
+    """Reference values for the outputs of these candidate ops (all that a block hands on, for an op completing one)."""
     patches = {}
     for index in op_indices:
-        for tid in run.candidate.ops[index].outputs:
+        block = analysis.blocks.get(index)
+        outputs = run.candidate.ops[index].outputs if block is None else \
+            [c for c, _ in analysis.compared_outputs(index, analysis.ops[index].reference)]
+        for tid in outputs:
             values = analysis.reference_values_for(tid)
             if values is not None:
                 patches[tid] = values
@@ -364,6 +368,7 @@ def _culprit_dict(run: Run, analysis: Analysis, evidence: OpEvidence) -> dict[st
         "amplification": evidence.amplification,
         "verdict": evidence.verdict,
         "fp64": evidence.fp64,
+        "block": {"candidate": evidence.block.candidate, "reference": evidence.block.reference} if evidence.block else None,
     }
 
 

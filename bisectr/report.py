@@ -90,6 +90,8 @@ def print_result(console: Console, run: Run, result: dict) -> None:
             console.print(f"  {role:9}  op {site['index']:<5} {site['op']:<28} {module}", highlight=False)
             if site["source"]:  # empty when no user code called the op (the model is one framework layer)
                 console.print(f"             {short_source(site['source'])}:  {source_text(site['source'])}", highlight=False)
+        if culprit.get("block"):
+            console.print(f"  block      {block_text(run, culprit['block'])}", highlight=False)
         fp64 = culprit["fp64"] or {}
         console.print(f"  input error {fmt(culprit['input_error'])} -> output error {fmt(culprit['output_error'])} "
                       f"(x{fmt(culprit['amplification'])}); local error {fmt(culprit['local_error'])}", highlight=False)
@@ -110,6 +112,17 @@ def print_result(console: Console, run: Run, result: dict) -> None:
         culprit_index = culprit["candidate"]["index"] if culprit else None
         for line in error_chart(result["profile"], culprit_index):
             console.print(line, highlight=False, markup=False)
+
+
+def block_text(run: Run, block: dict[str, list[int]]) -> str:
+    """An N:M block judged as one op: its ops and source lines on both sides."""
+    def side(role: str) -> str:
+        ops = [run.traces[role].ops[i] for i in block[role]]
+        lines = sorted({int(op.source.rpartition(":")[2]) for op in ops if op.source})
+        path = short_source(next((op.source for op in ops if op.source), "")).rpartition(":")[0]
+        span = f"{lines[0]}-{lines[-1]}" if len(lines) > 1 else "".join(map(str, lines))
+        return f"{role} ops {ops[0].index}..{ops[-1].index}" + (f" at {path}:{span}" if lines else "")
+    return f"{side('candidate')} against {side('reference')}, compared as one op"
 
 
 def nonfinite_text(nonfinite: dict) -> str:

@@ -49,3 +49,37 @@ def test_python_api_and_json_shape():
 
 def test_identical_models_match(models):
     assert bisectr.bisect(models / "torch_stack.py").verdict == "match"
+
+
+def test_a_wrong_epsilon_inside_a_decomposed_layer_norm_is_found(tmp_path):
+    """A hand-written layer norm (mean/var/rsqrt) against nn.LayerNorm: no op pairs one by one, so the
+    N:M block is judged as one op. eps 1e-3 instead of 1e-5 is divergent; the right eps stays noise."""
+    path = MODELS / "torch_decomposed.py"
+    assert bisectr.bisect(path).verdict == "noise"
+    run = bisectr.trace(path, candidate="wrong_eps", out=tmp_path / "run")
+    result = run.bisect()
+    culprit = result.culprit
+    assert result.verdict == "divergent" and culprit["op"].startswith("layer_norm")
+    eps_source = f"{path}:{line_of(path, '# @eps')}"
+    assert eps_source in {run.candidate.ops[i].source for i in culprit["block"]["candidate"]}
+    assert "layer_norm" in {run.reference.ops[i].op for i in culprit["block"]["reference"]}
+    assert culprit["fp64"]["candidate_error"] > 1e-4 and culprit["fp64"]["reference_error"] < 1e-6
+    assert result.confirmation["output_error"] < 1e-6 < 1e-5 < result.confirmation["before"]
+
+
+async def test_tui_culprit_panel_lists_the_block(tmp_path, monkeypatch):
+    pytest.importorskip("textual")
+    from bisectr.tui.app import BisectrApp
+    from bisectr.tui.data import RunData
+    from bisectr.tui.widgets import CulpritPanel
+
+    path = MODELS / "torch_decomposed.py"
+    monkeypatch.chdir(MODELS.parent.parent)  # sources print relative to the working directory
+    run = bisectr.trace(path, candidate="wrong_eps", out=tmp_path / "run")
+    app = BisectrApp(RunData(run, run.bisect()))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        panel = " ".join(app.query_one(CulpritPanel).content.plain.split())
+    eps_line = line_of(path, "# @eps")
+    assert f"block candidate ops 0..11 at tests/models/torch_decomposed.py:{eps_line - 2}-{eps_line + 1}" in panel
+    assert "against reference ops 0..7" in panel and "compared as one op" in panel

@@ -28,18 +28,31 @@ def test_the_unclamped_log_is_the_culprit_and_where_the_nan_starts(candidate, ma
 
 
 @pytest.mark.parametrize("candidate, marker", [("naive_softmax", "# @exp"), ("paddle_naive_softmax", "# @paddle_exp")])
-def test_an_overflowing_exp_inside_an_unpaired_block_is_named(candidate, marker):
-    """exp/sum/div against softmax: no op of the block pairs one by one, so no replay evidence names
-    it; NaN the reference lacks are never rounding, and they start at the exp."""
+def test_an_overflowing_exp_inside_a_block_is_where_the_nan_starts(candidate, marker):
+    """exp/sum/div against one softmax: the block is judged as one op (the culprit, at the div that
+    completes it), and the NaN are traced back inside it to the exp that overflowed."""
     if candidate.startswith("paddle"):
         pytest.importorskip("paddle")
     result = bisectr.bisect(MODEL, reference="softmax_reference", candidate=candidate)
     culprit = result.culprit
-    assert result.verdict == "divergent" and culprit["op"] == "exp" and culprit["kind"] == "op"
-    assert culprit["candidate"]["source"] == f"{MODEL}:{line_of(MODEL, marker)}"
-    assert culprit["reference"]["op"] == "softmax"
+    assert result.verdict == "divergent" and culprit["op"] == "softmax" and culprit["kind"] == "op"
+    assert culprit["block"] == {"candidate": [2, 3, 4], "reference": [2]}
     assert culprit["reference"]["source"] == f"{MODEL}:{line_of(MODEL, '# @softmax')}"
-    assert result.nonfinite["nan"] == 1 and result.nonfinite["first"]["index"] == culprit["candidate"]["index"] == 2
+    assert culprit["candidate"]["source"] == f"{MODEL}:{line_of(MODEL, marker) + 1}"  # the div
+    first = result.nonfinite["first"]
+    assert result.nonfinite["nan"] == 1 and first["index"] == 2 and first["source"] == f"{MODEL}:{line_of(MODEL, marker)}"
+
+
+def test_when_the_block_cannot_pair_the_culprit_is_where_the_nan_start():
+    """No replay evidence names anything (the exp/sum/div block is unpaired): the NaN still make the
+    run divergent, and the culprit is the exp they start at, against the reference's softmax."""
+    result = bisectr.bisect(MODEL, reference="hotter_reference", candidate="hotter_naive_softmax")
+    culprit = result.culprit
+    assert result.verdict == "divergent" and culprit["op"] == "exp" and culprit["block"] is None
+    assert culprit["candidate"]["source"] == f"{MODEL}:{line_of(MODEL, '# @exp')}"
+    assert culprit["reference"]["op"] == "softmax"
+    assert culprit["reference"]["source"] == f"{MODEL}:{line_of(MODEL, '# @hotter_softmax')}"
+    assert culprit["local_error"] is None and result.nonfinite["nan"] == 9
 
 
 def test_a_nan_parameter_is_where_the_nan_starts():

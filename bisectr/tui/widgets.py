@@ -11,7 +11,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from ..report import error_chart, fmt, nonfinite_text, short_source, source_text
+from ..report import block_text, error_chart, fmt, nonfinite_text, short_source, source_text
 from .data import HEAT_LEVELS, VERDICT_VARIABLE, HeatMap, ModuleNode, OpRow, RunData, fmt_amplification, fmt_shape, source_context
 
 HEADLINE = {
@@ -85,6 +85,8 @@ class CulpritPanel(Static):
                                   *(["  in ", (culprit["candidate"]["module"] or "(top level)", "bold $text-accent")] if same_module else []))]
         lines += _site_lines("candidate", culprit["candidate"], same_module)
         lines += _site_lines("reference", culprit["reference"], same_module)
+        if culprit.get("block"):
+            lines.append(Content.assemble(("  block     ", "$text-muted"), block_text(data.run, culprit["block"])))
         lines.append(Content.assemble(("  evidence  ", "$text-muted"), f"error in {fmt(culprit['input_error'])} → out "
                                       f"{fmt(culprit['output_error'])} (amp {fmt_amplification(culprit['amplification'], culprit['output_error'])})"
                                       f" · local {fmt(culprit['local_error'])}"))

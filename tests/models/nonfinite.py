@@ -9,6 +9,7 @@ fc1 -> relu -> x2 -> log -> fc2 -> softmax. The relu leaves zeros, so an unclamp
 fc1 -> x100 -> softmax, against the same with a naive softmax (exp, sum, div: no max subtracted):
 `exp` overflows to inf and inf / inf is NaN. The three ops cannot pair with `softmax` one by one.
 - `softmax_reference()` (torch), `naive_softmax()` (torch), `paddle_naive_softmax()` (paddle).
+- `hotter_reference()`, `hotter_naive_softmax()`: scores 5x larger; the block no longer pairs.
 """
 import numpy as np
 
@@ -104,16 +105,21 @@ def softmax_reference():
     return (lambda x: torch.softmax(fc1(x) * SCALE, -1)), (inputs,)  # @softmax
 
 
-def naive_softmax():
+def naive_softmax(scale: float = SCALE):
     import torch
 
     fc1, inputs = _torch_scores()
 
     def forward(x):
-        e = torch.exp(fc1(x) * SCALE)  # @exp
+        e = torch.exp(fc1(x) * scale)  # @exp
         return e / e.sum(-1, keepdim=True)
 
     return forward, (inputs,)
+
+
+def hotter_naive_softmax():
+    """Scores 5x larger: most rows overflow, the outputs are too far off for the block to pair."""
+    return naive_softmax(5 * SCALE)
 
 
 def paddle_naive_softmax():
@@ -128,3 +134,10 @@ def paddle_naive_softmax():
         return e / e.sum(-1, keepdim=True)
 
     return forward, (paddle.to_tensor(inputs),)
+
+
+def hotter_reference():
+    import torch
+
+    fc1, inputs = _torch_scores()
+    return (lambda x: torch.softmax(fc1(x) * (5 * SCALE), -1)), (inputs,)  # @hotter_softmax

@@ -57,7 +57,7 @@ def reference():
     return FusedBlock().eval(), (_inputs(), pad)
 
 
-def candidate():
+def candidate(eps: float = 1e-5):
     import math
 
     import torch
@@ -79,7 +79,7 @@ def candidate():
         def forward(self, x, pad):
             mean = x.mean(-1, keepdim=True)
             var = ((x - mean) ** 2).mean(-1, keepdim=True)
-            h = (x - mean) * torch.rsqrt(var + 1e-5) * self.gamma + self.beta
+            h = (x - mean) * torch.rsqrt(var + eps) * self.gamma + self.beta  # @eps
             v = self.heads(h @ self.w_v + self.b_v)
             q = self.heads(h @ self.w_q + self.b_q)
             k = self.heads(h @ self.w_k + self.b_k)
@@ -94,3 +94,8 @@ def candidate():
     pad = torch.zeros(2, SEQ, dtype=torch.bool)
     pad[1, -2:] = True
     return DecomposedBlock().eval(), (_inputs(), pad)
+
+
+def wrong_eps():
+    """The candidate with its layer norm epsilon at 1e-3 against nn.LayerNorm's 1e-5."""
+    return candidate(eps=1e-3)
