@@ -112,13 +112,24 @@ class Analysis:
         return self
 
     def _completing_ops(self, block: Block) -> tuple[int, int] | None:
-        """(candidate op, reference op) of the block whose first outputs are the last paired tensor it produces."""
-        for index in reversed(block.candidate):
-            pair = self.alignment.tensors.get(self.candidate.ops[index].outputs[0])
-            producer = None if pair is None else self.reference.tensors[pair.reference].producer
-            if producer in block.reference and self.reference.ops[producer].outputs[0] == pair.reference:
-                return index, producer
+        """(candidate op, reference op) of the block whose first outputs are the last pair it hands on."""
+        for cand_tid, ref_tid in reversed(self._block_outputs(block)):
+            cand_op = self.candidate.producer_op(cand_tid)
+            ref_op = self.reference.producer_op(ref_tid)
+            if cand_op.outputs[0] == cand_tid and ref_op.outputs[0] == ref_tid:
+                return cand_op.index, ref_op.index
         return None
+
+    def _block_outputs(self, block: Block) -> list[tuple[int, int]]:
+        """(candidate tid, reference tid) of the paired tensors the block's ops produce on both sides, in candidate order."""
+        inside = set(block.reference)
+        return [(tid, self.alignment.tensors[tid].reference) for i in block.candidate for tid in self.candidate.ops[i].outputs
+                if tid in self.alignment.tensors and self.reference.tensors[self.alignment.tensors[tid].reference].producer in inside]
+
+    def covered_ops(self, cand_index: int, ref_index: int) -> tuple[list[int], list[int]]:
+        """The candidate and reference ops one piece of evidence covers: the pair, or the block it completes."""
+        block = self.blocks.get(cand_index)
+        return (block.candidate, block.reference) if block else ([cand_index], [ref_index])
 
     def in_order(self) -> list[OpEvidence]:
         """Evidence for every paired op, in candidate op order."""
@@ -149,7 +160,7 @@ class Analysis:
         block = self.blocks.get(cand_index)
         cand_op = self.candidate.ops[cand_index]
         out_tid = cand_op.outputs[0]
-        cand_ops = block.candidate if block else [cand_index]
+        cand_ops, ref_ops = self.covered_ops(cand_index, ref_index)
         inputs = external_inputs(self.candidate, cand_ops)
         dtype = coarsest_dtype([self.candidate.tensors[t].dtype for i in cand_ops for t in self.candidate.ops[i].inputs + self.candidate.ops[i].outputs])
         output_error = self.tensor_error(out_tid) or {"max_abs": float("nan"), "mean_abs": float("nan"), "max_rel": float("nan"), "cosine": float("nan")}
@@ -159,7 +170,7 @@ class Analysis:
         local, fp64 = self._replayed_errors(cand_index, ref_index)
         verdict = "unknown" if local is None else judge(local, fp64 and fp64["candidate_error"], fp64 and fp64["reference_error"], dtype)
         amplification = _ratio(output_error["max_abs"], input_abs)
-        name = "+".join(dict.fromkeys(self.reference.ops[i].op for i in block.reference)) if block else cand_op.op
+        name = "+".join(dict.fromkeys(self.reference.ops[i].op for i in ref_ops)) if block else cand_op.op
         return OpEvidence(cand_index, ref_index, name, dtype, output_error, input_abs, input_rel, local, fp64, amplification,
                           verdict, block)
 
@@ -169,19 +180,16 @@ class Analysis:
         block = self.blocks.get(cand_index)
         if block is None:
             return [(self.candidate.ops[cand_index].outputs[0], self.reference.ops[ref_index].outputs[0])]
-        inside = set(block.reference)
-        return [(tid, self.alignment.tensors[tid].reference) for i in block.candidate for tid in self.candidate.ops[i].outputs
-                if tid in self.alignment.tensors and self.reference.tensors[self.alignment.tensors[tid].reference].producer in inside]
+        return self._block_outputs(block)
 
     def local_outputs(self, cand_index: int, ref_index: int) -> dict[int, np.ndarray]:
         """The candidate op (or the block it completes) replayed on the reference's inputs, keeping the
         candidate's own parameters (and its own values for inputs with no reference partner): the
         values of `compared_outputs`, by candidate tid."""
         compared = [tid for tid, _ in self.compared_outputs(cand_index, ref_index)]
-        block = self.blocks.get(cand_index)
-        if block is None and self._reads_its_own_inputs(self.candidate.ops[cand_index]):  # the replay would compute what was recorded
+        ops = self.covered_ops(cand_index, ref_index)[0]
+        if cand_index not in self.blocks and self._reads_its_own_inputs(self.candidate.ops[cand_index]):  # the replay would compute what was recorded
             return {tid: self.candidate.value(tid) for tid in compared}
-        ops = block.candidate if block else [cand_index]
         values = {}
         for tid in external_inputs(self.candidate, ops):
             from_reference = None if self.candidate.tensors[tid].producer is None else self.reference_values_for(tid)
@@ -215,8 +223,7 @@ class Analysis:
         """Local error, and (unless the replay is bit-exact, when it decides nothing) the fp64 evidence."""
         if not self.run.is_live:
             return None, None
-        block = self.blocks.get(cand_index)
-        ref_ops = block.reference if block else [ref_index]
+        ref_ops = self.covered_ops(cand_index, ref_index)[1]
         ref_inputs = external_inputs(self.reference, ref_ops)
         compared = self.compared_outputs(cand_index, ref_index)
         if not compared or not all(self.reference.has_value(t) for t in ref_inputs + [r for _, r in compared]):

@@ -29,7 +29,7 @@ import numpy as np
 from .align import Alignment
 from .analysis import Analysis, OpEvidence, noise_floor
 from .run import Run
-from .trace import OpNode, TensorInfo, Trace, is_floating
+from .trace import OpNode, Trace, is_floating
 
 ENTRY_FRACTION = 0.5  # k* is where the error left after the cut falls under this share
 REACH_FRACTION = 0.1  # a difference reaches the outputs if it alone makes this share of the error
@@ -214,10 +214,6 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
                   search.reference_reruns, nonfinite and _nonfinite_dict(run, nonfinite), alignment)
 
 
-def _nonfinite_count(info: TensorInfo) -> int:
-    return int(info.stats.get("nan", 0) + info.stats.get("inf", 0))
-
-
 @dataclass
 class NonFiniteStart:
     """Where the candidate's NaN/Inf (absent from the reference) start."""
@@ -234,22 +230,22 @@ def nonfinite_start(run: Run, alignment: Alignment) -> NonFiniteStart | None:
     inputs (an N:M block such as exp/sum/div against softmax) to the op that made them from finite ones."""
     candidate, reference = run.candidate, run.reference
     outputs = {pair.candidate: pair.reference for pair in run.output_pairs()}
-    if not any(_nonfinite_count(candidate.tensors[tid]) for tid in outputs):
+    if not any(candidate.tensors[tid].nonfinite for tid in outputs):
         return None
 
     def excess(tid: int) -> bool:
         pair = alignment.tensors.get(tid)
-        return pair is not None and _nonfinite_count(candidate.tensors[tid]) > _nonfinite_count(reference.tensors[pair.reference])
+        return pair is not None and candidate.tensors[tid].nonfinite > reference.tensors[pair.reference].nonfinite
 
     flagged = next(((tid, op) for op in candidate.ops for tid in op.inputs + op.outputs if excess(tid)), None)
     if flagged is None:
-        tid = next(t for t in outputs if _nonfinite_count(candidate.tensors[t]))
+        tid = next(t for t in outputs if candidate.tensors[t].nonfinite)
         flagged = (tid, candidate.producer_op(tid))
     tid, op = flagged
     partner = alignment.tensors[tid].reference if tid in alignment.tensors else outputs.get(tid)
     while candidate.tensors[tid].producer is not None:
         op = candidate.ops[candidate.tensors[tid].producer]
-        upstream = next((t for t in op.inputs if t not in alignment.tensors and _nonfinite_count(candidate.tensors[t])), None)
+        upstream = next((t for t in op.inputs if t not in alignment.tensors and candidate.tensors[t].nonfinite), None)
         if upstream is None:
             break
         tid = upstream

@@ -194,8 +194,7 @@ def pair_outputs(reference: Trace, candidate: Trace, model_file: Path) -> list[O
         if ref_info.size != cand_info.size:
             raise OutputMismatchError(f"{model_file}: output {ref_key!r} has shape {list(ref_info.shape)} in the reference "
                                       f"but {cand_key!r} has {list(cand_info.shape)} in the candidate")
-        bad = ref_info.stats["nan"] + ref_info.stats["inf"]
-        if bad:
+        if ref_info.nonfinite:
             raise ModelFileError(f"{model_file}: the reference output {ref_key!r} holds {ref_info.stats['nan']} NaN and "
                                  f"{ref_info.stats['inf']} Inf values; a trusted reference must be finite")
         metrics = _output_metrics(reference, candidate, ref_tid, cand_tid)

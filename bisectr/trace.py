@@ -33,6 +33,11 @@ class TensorInfo:
     def size(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def nonfinite(self) -> int:
+        """How many of its values are NaN or Inf."""
+        return int(self.stats.get("nan", 0) + self.stats.get("inf", 0))
+
     def to_json(self) -> dict:
         return _shallow_dict(self)
 
