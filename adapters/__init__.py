@@ -4,7 +4,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from .base import Adapter, OpListener
+from .base import Adapter, CannotUpcast, OpListener
 
 
 @lru_cache(maxsize=1)
@@ -34,4 +34,4 @@ def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
     return None
 
 
-__all__ = ["Adapter", "OpListener", "adapter_for", "adapter_named", "input_layout"]
+__all__ = ["Adapter", "CannotUpcast", "OpListener", "adapter_for", "adapter_named", "input_layout"]

@@ -38,6 +38,10 @@ VALUE_READ_METHODS = (
 TENSOR_VALUE_READS = frozenset(f"Tensor.{method}" for method in VALUE_READ_METHODS)
 
 
+class CannotUpcast(Exception):
+    """The model cannot be run in float64 as a whole; the message says why."""
+
+
 class Adapter(ABC):
     name: str = ""
     tensor_class: tuple[str, str] = ("", "")  # (module, class name) of the framework's tensors
@@ -98,6 +102,15 @@ class Adapter(ABC):
     @abstractmethod
     def internal_paths(self) -> tuple[str, ...]:
         """Directories of the framework's own Python code (not user source)."""
+
+    def float64_model(self, model: Any) -> Any:
+        """A copy of the model with every floating parameter and buffer in float64 (the model
+        itself is left as it is: its recording refers to its tensors). Raises `CannotUpcast`."""
+        raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
+
+    def float64_tensor(self, tensor: Any) -> Any:
+        """A float64 copy of a floating tensor."""
+        raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
 
     def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
         """The permutation that brings input `position` of canonical op `op` from this

@@ -12,6 +12,7 @@ wrapper hands the outermost call to the listener and lets every nested call
 """
 from __future__ import annotations
 
+import copy
 import os
 import re
 import sys
@@ -22,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .base import VALUE_READ_METHODS, Adapter, OpListener
+from .base import VALUE_READ_METHODS, Adapter, CannotUpcast, OpListener
 
 
 def _paddle():
@@ -107,6 +108,10 @@ _TENSOR_C_METHODS = (
     "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__",
     "__matmul__", "__rmatmul__", "__pow__", "__rpow__", "__eq__", "__ne__", "__lt__", "__le__",
     "__gt__", "__ge__", "clone", "contiguous", "copy_", "detach", "detach_", "_copy_to",
+    # New Tensor objects over an existing tensor's data (`adaptive_avg_pool2d` runs
+    # `x._use_gpudnn(False)`). Unrecorded, the next op reads an unknown tensor: a leaf that
+    # holds the recorded values, so replays and patches before it do not reach that op.
+    "_tensor_use_gpudnn", "_new_shared_tensor",
 )
 # Python-level Tensor methods recorded under their own name, as torch names them: their inner
 # call is a C++ method (`x[i]`, `x.cpu()`) or another op (`-x` is `scale`, `~x` is `bitwise_not`).
@@ -147,7 +152,8 @@ class _Patches:
             for attr in names:
                 fn = namespace.get(attr)
                 if isinstance(fn, types.BuiltinFunctionType):
-                    wrapper = self._wrapper(f"{prefix}.{attr}", fn)
+                    replay = _zero_unwritten_stats(fn) if prefix == "_C_ops" and attr in _BATCH_NORMS else None
+                    wrapper = self._wrapper(f"{prefix}.{attr}", fn, replay)
                     builtins.setdefault(id(fn), (fn, wrapper))
                     plan.append((table, attr, fn, wrapper))
         if self._bindings_key != len(sys.modules):  # rescan only when modules were imported
@@ -205,6 +211,30 @@ def _copy_and_bump(copy_: Callable[..., Any]) -> Callable[..., Any]:
     return copy_and_bump
 
 
+# Batch norms that take (x, mean, variance, scale, bias, is_test, momentum, epsilon,
+# data_format, use_global_stats, trainable_statistics) and return (out, mean_out,
+# variance_out, saved_mean, saved_variance, reserve_space).
+_BATCH_NORMS = frozenset({"batch_norm", "batch_norm_", "sync_batch_norm_"})
+
+
+def _zero_unwritten_stats(batch_norm: Callable[..., Any]) -> Callable[..., Any]:
+    """With global statistics (eval mode), the kernel leaves `saved_mean` and `saved_variance`
+    unwritten: uninitialised memory, other values on every call, that no re-run or replay could
+    reproduce. Nothing reads them then; they are zeroed."""
+
+    def batch_norm_with_defined_outputs(*args, **kwargs):
+        outputs = batch_norm(*args, **kwargs)
+        if len(args) == 11 and not kwargs and len(outputs) == 6:
+            is_test, use_global_stats, trainable_statistics = args[5], args[9], args[10]
+            if use_global_stats or (is_test and not trainable_statistics):
+                for saved in outputs[3:5]:
+                    saved.zero_()
+        return outputs
+
+    batch_norm_with_defined_outputs.__name__ = getattr(batch_norm, "__name__", "batch_norm")
+    return batch_norm_with_defined_outputs
+
+
 _patches: _Patches | None = None
 
 
@@ -256,6 +286,17 @@ class PaddleAdapter(Adapter):
             for name, tensor in model.named_buffers():
                 if tensor is not None:
                     yield f"buffer:{name}", tensor
+
+    def float64_model(self, model: Any) -> Any:
+        paddle = _paddle()
+        if not isinstance(model, paddle.nn.Layer):
+            raise CannotUpcast("it is a plain function, whose tensors bisectr cannot reach")
+        upcast = copy.deepcopy(model)
+        upcast.to(dtype="float64")
+        return upcast
+
+    def float64_tensor(self, tensor: Any) -> Any:
+        return tensor.detach().astype("float64")
 
     def no_grad(self) -> Any:
         return _paddle().no_grad()

@@ -1,6 +1,7 @@
 """PyTorch adapter: `TorchFunctionMode` sees every API call, global module hooks give paths."""
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from contextlib import contextmanager
@@ -8,7 +9,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .base import TENSOR_VALUE_READS, Adapter, OpListener
+from .base import TENSOR_VALUE_READS, Adapter, CannotUpcast, OpListener
 
 
 def _torch():
@@ -64,6 +65,15 @@ class TorchAdapter(Adapter):
                 yield f"param:{name}", tensor
             for name, tensor in model.named_buffers(remove_duplicate=True):
                 yield f"buffer:{name}", tensor
+
+    def float64_model(self, model: Any) -> Any:
+        torch = _torch()
+        if not isinstance(model, torch.nn.Module):
+            raise CannotUpcast("it is a plain function, whose tensors bisectr cannot reach")
+        return copy.deepcopy(model).double()
+
+    def float64_tensor(self, tensor: Any) -> Any:
+        return tensor.detach().double()
 
     def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
         # nn.Linear stores its weight as (out, in); the shared layout is (in, out).

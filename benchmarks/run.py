@@ -446,7 +446,8 @@ def phase_timer():
     import bisectr.bisection as bisection
     import bisectr.run as run_module
 
-    spent = {"align": 0.0, "analysis": 0.0, "reruns": 0.0, "candidate_reruns": 0, "reference_reruns": 0}
+    spent = {"align": 0.0, "analysis": 0.0, "reruns": 0.0, "candidate_reruns": 0, "reference_reruns": 0, "float64": 0.0,
+             "reproduce": 0.0}
     patches: list[tuple[Any, str, Any]] = []
 
     def wrap(owner: Any, name: str, phase: str, counter: bool = False) -> None:
@@ -470,6 +471,8 @@ def phase_timer():
     for module in (bisection, run_module):
         wrap(module, "align_traces", "align")
     wrap(analysis.Analysis, "compute", "analysis")
+    wrap(bisection, "float64_check", "float64")
+    wrap(bisection, "check_reproducible", "reproduce")
     wrap(run_module.Run, "rerun", "reruns", counter=True)
     try:
         yield spent
@@ -507,6 +510,7 @@ def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bo
     return {
         "total": trace_time + bisect_time, "trace": trace_time, "bisect": bisect_time, "forward": statistics.median(forwards),
         "align": spent["align"], "analysis": spent["analysis"], "rerun_time": spent["reruns"],
+        "float64": spent["float64"], "reproduce": spent["reproduce"],
         "reruns": result.reruns, "reference_reruns": result.reference_reruns,
         "ops": result.ops["candidate"], "verdict": result.verdict,
         "culprit_op": culprit.get("op"), "culprit_module": cand.get("module"), "culprit_index": cand.get("index"),
@@ -984,6 +988,9 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
     report.row("    of which: align / op analysis / re-runs",
                {fw: cell(fw, lambda s: f"{secs(s['align'])} / {secs(s['analysis'])} / {secs(s['rerun_time'])} for "
                                        f"{s['reruns'] + s['reference_reruns']} re-runs") for fw in FRAMEWORKS})
+    report.row("    the float64 check / the reproducibility check (both sides each), in forwards",
+               {fw: cell(fw, lambda s, fw=fw: f"{in_forwards(fw, phase='float64'):.1f}x / {in_forwards(fw, phase='reproduce'):.1f}x"
+                         if in_forwards(fw) is not None else "") for fw in FRAMEWORKS})
     report.row("  whole `bisectr bisect` (building both models, tracing both sides, the search)",
                {fw: cell(fw, lambda s, fw=fw: f"{secs(s['total'])} = {in_forwards(fw, phase='total'):.0f}x one forward "
                                               f"(trace {secs(s['trace'])})" if in_forwards(fw) is not None else secs(s["total"]))
@@ -995,8 +1002,8 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
         if not ok(r):
             base_cells[fw] = str(r)
             continue
-        times = (f" = [bold]{in_forwards(fw, 'base'):.0f}x[/] forward (whole command {in_forwards(fw, 'base', 'total'):.0f}x)"
-                 if in_forwards(fw, "base") is not None else "")
+        times = (f" = [bold]{in_forwards(fw, 'base'):.0f}x[/] forward (whole command {in_forwards(fw, 'base', 'total'):.0f}x, "
+                 f"float64 check {in_forwards(fw, 'base', 'float64'):.1f}x)" if in_forwards(fw, "base") is not None else "")
         base_cells[fw] = (f"search {secs(r['bisect'])}{times}: analysis {secs(r['analysis'])}, "
                           f"{r['reruns'] + r['reference_reruns']} re-runs {secs(r['rerun_time'])}; "
                           f"{r['culprit_op']} at {r['culprit_module']}")

@@ -455,8 +455,14 @@ def _block_for(sides: _Sides, alignment: Alignment, cand_ops: list[int], paired_
     options = [t for r in ref_ops for t in reference.ops[r].outputs]
     options += [alignment.tensors[t].reference for i in cand_ops for t in candidate.ops[i].inputs if t in alignment.tensors]
     unpartnered: set[int] = set()
+    unpaired = set(unpaired_ref)
     for c_tid in _handed_on(candidate, cand_ops, sides.readers["candidate"]):
         partner = _partner_by_consumer(sides, c_tid, paired_ref_of) or _partner_by_value(sides, c_tid, options)
+        producer = reference.tensors[partner].producer if partner is not None else None
+        if producer in unpaired and producer not in ref_ops:
+            # The two sides order the block's ops differently (paddle's MLP computes `up` before the
+            # activation of `gate`, Hugging Face's after): the partner's unpaired producer belongs here.
+            ref_ops = sorted({*ref_ops, producer})
         if partner is None:
             # Integer and boolean hand-ons (indices, masks, shapes) are structure, and so is
             # a scalar the reference passes as a Python number: a block is matched when the

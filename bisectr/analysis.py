@@ -126,9 +126,10 @@ class Analysis:
         return [(tid, self.alignment.tensors[tid].reference) for i in block.candidate for tid in self.candidate.ops[i].outputs
                 if tid in self.alignment.tensors and self.reference.tensors[self.alignment.tensors[tid].reference].producer in inside]
 
-    def covered_ops(self, cand_index: int, ref_index: int) -> tuple[list[int], list[int]]:
-        """The candidate and reference ops one piece of evidence covers: the pair, or the block it completes."""
-        block = self.blocks.get(cand_index)
+    def covered_ops(self, cand_index: int, ref_index: int, block: Block | None = None) -> tuple[list[int], list[int]]:
+        """The candidate and reference ops one piece of evidence covers: the pair, or the block it completes
+        (`block`, or the matched block `cand_index` completes)."""
+        block = block or self.blocks.get(cand_index)
         return (block.candidate, block.reference) if block else ([cand_index], [ref_index])
 
     def in_order(self) -> list[OpEvidence]:
@@ -156,39 +157,41 @@ class Analysis:
         verdict = "exact" if error["max_abs"] == 0 else ("noise" if error["max_rel"] <= noise_floor(info.dtype) else "different")
         return LeafEvidence(info.leaf, self.reference.tensors[pair.reference].leaf or "", pair.candidate, error, verdict)
 
-    def evidence(self, cand_index: int, ref_index: int) -> OpEvidence:
-        block = self.blocks.get(cand_index)
+    def evidence(self, cand_index: int, ref_index: int, block: Block | None = None) -> OpEvidence:
+        """Evidence for a pair, or for the block it completes (`block`, or the matched block `cand_index` completes)."""
+        block = block or self.blocks.get(cand_index)
         cand_op = self.candidate.ops[cand_index]
         out_tid = cand_op.outputs[0]
-        cand_ops, ref_ops = self.covered_ops(cand_index, ref_index)
+        cand_ops, ref_ops = self.covered_ops(cand_index, ref_index, block)
         inputs = external_inputs(self.candidate, cand_ops)
         dtype = coarsest_dtype([self.candidate.tensors[t].dtype for i in cand_ops for t in self.candidate.ops[i].inputs + self.candidate.ops[i].outputs])
         output_error = self.tensor_error(out_tid) or {"max_abs": float("nan"), "mean_abs": float("nan"), "max_rel": float("nan"), "cosine": float("nan")}
         input_errors = [e for e in (self.tensor_error(t) for t in inputs) if e is not None]
         input_abs = max((e["max_abs"] for e in input_errors), default=0.0)
         input_rel = max((e["max_rel"] for e in input_errors), default=0.0)
-        local, fp64 = self._replayed_errors(cand_index, ref_index)
+        local, fp64 = self._replayed_errors(cand_index, ref_index, block)
         verdict = "unknown" if local is None else judge(local, fp64 and fp64["candidate_error"], fp64 and fp64["reference_error"], dtype)
         amplification = _ratio(output_error["max_abs"], input_abs)
         name = "+".join(dict.fromkeys(self.reference.ops[i].op for i in ref_ops)) if block else cand_op.op
         return OpEvidence(cand_index, ref_index, name, dtype, output_error, input_abs, input_rel, local, fp64, amplification,
                           verdict, block)
 
-    def compared_outputs(self, cand_index: int, ref_index: int) -> list[tuple[int, int]]:
+    def compared_outputs(self, cand_index: int, ref_index: int, block: Block | None = None) -> list[tuple[int, int]]:
         """(candidate tid, reference tid) that an op's evidence compares: its first output, or every
         paired tensor a block hands on."""
-        block = self.blocks.get(cand_index)
+        block = block or self.blocks.get(cand_index)
         if block is None:
             return [(self.candidate.ops[cand_index].outputs[0], self.reference.ops[ref_index].outputs[0])]
         return self._block_outputs(block)
 
-    def local_outputs(self, cand_index: int, ref_index: int) -> dict[int, np.ndarray]:
+    def local_outputs(self, cand_index: int, ref_index: int, block: Block | None = None) -> dict[int, np.ndarray]:
         """The candidate op (or the block it completes) replayed on the reference's inputs, keeping the
         candidate's own parameters (and its own values for inputs with no reference partner): the
         values of `compared_outputs`, by candidate tid."""
-        compared = [tid for tid, _ in self.compared_outputs(cand_index, ref_index)]
-        ops = self.covered_ops(cand_index, ref_index)[0]
-        if cand_index not in self.blocks and self._reads_its_own_inputs(self.candidate.ops[cand_index]):  # the replay would compute what was recorded
+        block = block or self.blocks.get(cand_index)
+        compared = [tid for tid, _ in self.compared_outputs(cand_index, ref_index, block)]
+        ops = self.covered_ops(cand_index, ref_index, block)[0]
+        if block is None and self._reads_its_own_inputs(self.candidate.ops[cand_index]):  # the replay would compute what was recorded
             return {tid: self.candidate.value(tid) for tid in compared}
         values = {}
         for tid in external_inputs(self.candidate, ops):
@@ -219,18 +222,18 @@ class Analysis:
                 return False
         return True
 
-    def _replayed_errors(self, cand_index: int, ref_index: int) -> tuple[float | None, dict | None]:
+    def _replayed_errors(self, cand_index: int, ref_index: int, block: Block | None) -> tuple[float | None, dict | None]:
         """Local error, and (unless the replay is bit-exact, when it decides nothing) the fp64 evidence."""
         if not self.run.is_live:
             return None, None
-        ref_ops = self.covered_ops(cand_index, ref_index)[1]
+        ref_ops = self.covered_ops(cand_index, ref_index, block)[1]
         ref_inputs = external_inputs(self.reference, ref_ops)
-        compared = self.compared_outputs(cand_index, ref_index)
+        compared = self.compared_outputs(cand_index, ref_index, block)
         if not compared or not all(self.reference.has_value(t) for t in ref_inputs + [r for _, r in compared]):
             return None, None
         reference_out = {r: self.reference.value(r) for _, r in compared}
         try:
-            local_out = self.local_outputs(cand_index, ref_index)
+            local_out = self.local_outputs(cand_index, ref_index, block)
         except Exception:  # an op that cannot run on substituted inputs keeps no local evidence
             return None, None
         if any(local_out[c].size != reference_out[r].size for c, r in compared):

@@ -1,5 +1,7 @@
 """The search for the culprit, and its result.
 
+0. **Reproducibility.** Each side is re-run once, unpatched: a model whose outputs move
+   (dropout in training mode, random ops) is refused before any verdict.
 1. **Cut search.** F(k) is the outputs' error when the candidate is re-run with the
    reference's tensors patched in for every paired op up to candidate op k (and
    every paired parameter first read by then): what ops after k still add. F falls
@@ -7,34 +9,48 @@
    the entry point k*, the first cut after which less than half of the error is
    left (`--exhaustive` evaluates F at every cut instead). When the candidate's outputs
    hold NaN or Inf (an infinite error), k* is the first cut after which they are finite.
-2. **First semantic difference.** Ops up to k* whose local replay is judged
-   *different* (see `analysis`) are suspects, in order. Each is tested for reach:
-   the reference is re-run with only that op's output replaced by the candidate's
-   local output; a difference that does not move the outputs (a masked score, a dead
-   branch) is not blamed. The first suspect that reaches is the culprit: `divergent`.
-3. Otherwise the run is `noise` and the culprit is the op that amplifies rounding
-   the most among the ops carrying a real share of the outputs' error whose own
-   (local) rounding reaches the outputs.
-4. **Confirmation.** The candidate is re-run with only the culprit (and its
-   recurrences) patched; the outputs' error should fall back to noise.
+   The ops between the cut before k* and k* are the bracket: where the error enters.
+2. **Float64 check** (`precision`): both sides run in float64. If they agree there, the
+   difference is rounding and the run is `noise`.
+3. **First semantic difference.** Suspects, in order: ops up to k* whose local replay is
+   judged *different* (see `analysis`), then the bracket itself when it holds ops that have
+   no partner (an activation changed for another), judged as one block. Each is tested for
+   reach: the reference is re-run with only that suspect's own difference in it; one that
+   does not move the outputs (a masked score, a dead branch) is not blamed. A suspect that
+   reaches must then be **confirmed**: the candidate re-run with only its own difference
+   taken out (its outputs shifted by reference output minus local replay; then with its
+   recurrences too) must bring the outputs' error down to rounding. A patch that makes the
+   error worse contradicts the pairing; one that leaves it unconfirmed lets the search go on.
+   The first confirmed suspect is the culprit: `divergent`.
+4. When nothing confirms but a suspect reaches, or the float64 outputs still disagree, the
+   run is `divergent` and unconfirmed, and the bracket says where the difference lies.
+5. Otherwise the run is `noise` and the culprit is the op that amplifies rounding the most
+   among the ops carrying a real share of the outputs' error whose own (local) rounding
+   reaches the outputs.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from .align import Alignment
-from .analysis import Analysis, OpEvidence, noise_floor
+from .align import Alignment, Block
+from .analysis import NOISE_FACTOR, Analysis, OpEvidence, noise_floor
+from .errors import TraceMismatchError
+from .precision import Float64Check, float64_check
 from .run import Run
+from .store import SIDES
 from .trace import OpNode, Trace, is_floating
 
 ENTRY_FRACTION = 0.5  # k* is where the error left after the cut falls under this share
 REACH_FRACTION = 0.1  # a difference reaches the outputs if it alone makes this share of the error
 NOISE_REACH_FRACTION = 0.01  # an op's own rounding must make this share of the error to be named
+CONFIRM_FRACTION = 0.1  # a confirmation takes the outputs' error under this share of it (or down to rounding)
 MAX_REACH_TESTS = 8
+RERUN_SLACK = 3  # candidate re-runs stay within ceil(log2 ops) + this
 
 
 @dataclass
@@ -52,7 +68,13 @@ class Result:
     profile: list[dict] = field(default_factory=list)
     reference_reruns: int = 0
     nonfinite: dict | None = None  # NaN/Inf in the candidate's outputs: counts and where they start
+    float64: Float64Check | None = None
+    bracket: dict | None = None  # where the difference enters, for a divergent result no patch confirmed
     alignment: Alignment | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self.confirmation and self.confirmation["confirmed"])
 
     def to_dict(self) -> dict:
         return {
@@ -68,6 +90,8 @@ class Result:
             "cuts": [{"op": k, "output_error": f} for k, f in self.cuts],
             "reference_reruns": self.reference_reruns,
             "nonfinite": self.nonfinite,
+            "fp64_check": self.float64.to_dict() if self.float64 else None,
+            "bracket": self.bracket,
             "profile": self.profile,
         }
 
@@ -156,9 +180,9 @@ class Search:
 
     def reach(self, evidence: OpEvidence) -> float:
         """The outputs' error when only this op's (or block's) own difference enters the reference run."""
-        local = self.analysis.local_outputs(evidence.candidate, evidence.reference)
+        local = self.analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
         patches = {}
-        for cand_tid, ref_tid in self.analysis.compared_outputs(evidence.candidate, evidence.reference):
+        for cand_tid, ref_tid in self.analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
             info = self.run.reference.tensors[ref_tid]
             patches[ref_tid] = local[cand_tid].astype(_numpy_dtype(info.dtype), copy=False).reshape(info.shape)
         return self.reference_error(patches)
@@ -178,8 +202,10 @@ def _first_reads(trace: Trace) -> dict[int, int]:
 
 def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
                progress: Callable[[str], None] | None = None) -> Result:
-    """Align, analyse and search a live run (see the module docstring)."""
+    """Check, align, analyse and search a live run (see the module docstring)."""
     say = progress or (lambda message: None)
+    say("re-running each side unpatched")
+    check_reproducible(run)
     say("aligning")
     alignment = run.align()
     say("replaying ops")
@@ -192,26 +218,124 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
     if full_error <= tolerance:
         return Result("match", output_error, None, 0, ops, profile=profile, alignment=alignment)
     nonfinite = nonfinite_start(run, alignment)
+    say("running both sides in float64")
+    float64 = float64_check(run)
 
     search = Search(run, alignment, analysis)
     say("searching")
     cuts = [e.candidate for e in analysis.in_order() if run.reference.has_value(run.reference.ops[e.reference].outputs[0])]
     entry, trail = search.entry_point(cuts, full_error, exhaustive)
-    culprit_evidence, not_blamed = _first_reaching_difference(search, entry, full_error, say)
-    recurrences, confirmation = [], None
-    if culprit_evidence is not None:
-        verdict = "divergent"
-        recurrences = _recurrences(analysis, culprit_evidence)
-        confirmation = _confirm(search, [culprit_evidence, *recurrences], full_error)
+    region = _entry_region(analysis, entry)
+    finding = Finding()
+    if float64.status != "agree":
+        rounding = NOISE_FACTOR * float64.predicted if float64.predicted is not None else 0.0
+        finding = _first_confirmed_difference(search, entry, region, full_error, rounding, say)
+    bracket = None
+    if finding.confirmed:
+        verdict, culprit_evidence = "divergent", finding.evidence
+    elif finding.evidence is not None or float64.status == "disagree" or nonfinite is not None:
+        verdict, culprit_evidence = "divergent", finding.evidence
+        bracket = _bracket_dict(run, analysis, region, cuts, entry)
     else:
-        verdict = "noise"
-        culprit_evidence = _most_amplifying(search, analysis, full_error, entry)
+        verdict, culprit_evidence = "noise", _most_amplifying(search, analysis, full_error, entry)
     culprit = _culprit_dict(run, analysis, culprit_evidence) if culprit_evidence else None
-    if nonfinite is not None and verdict == "noise":  # NaN/Inf that the reference lacks are not rounding
-        verdict, culprit = "divergent", _nonfinite_culprit(run, nonfinite)
+    if nonfinite is not None and culprit is None:  # NaN/Inf that the reference lacks are not rounding
+        culprit = _nonfinite_culprit(run, nonfinite)
     return Result(verdict, output_error, culprit, search.candidate_reruns, ops, entry,
-                  [_site(run, r) for r in recurrences], confirmation, trail, not_blamed, profile,
-                  search.reference_reruns, nonfinite and _nonfinite_dict(run, nonfinite), alignment)
+                  [_site(run, r) for r in finding.recurrences], finding.confirmation, trail, finding.not_blamed, profile,
+                  search.reference_reruns, nonfinite and _nonfinite_dict(run, nonfinite), float64, bracket, alignment)
+
+
+def check_reproducible(run: Run) -> None:
+    """Refuse a model whose unpatched re-run does not reproduce its recording: a random
+    difference (dropout in training mode, random ops) is neither a bug nor rounding."""
+    for role in SIDES:
+        try:
+            run.rerun(role, {})
+        except TraceMismatchError as exc:
+            raise TraceMismatchError(f"{run.model_file}: the {role} side does not reproduce its own outputs when run "
+                                     f"twice, so no verdict can be given: {exc} If the model has dropout, put it in "
+                                     "eval mode (model.eval()) in the model file.") from None
+
+
+@dataclass
+class Finding:
+    """The first suspect whose own difference reaches the outputs (confirmed or not), and what was tried."""
+
+    evidence: OpEvidence | None = None
+    recurrences: list[OpEvidence] = field(default_factory=list)
+    confirmation: dict | None = None
+    not_blamed: list[dict] = field(default_factory=list)
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self.confirmation and self.confirmation["confirmed"])
+
+
+def _entry_region(analysis: Analysis, entry: int | None) -> Block | None:
+    """The entry op with the ops without a partner that feed it (through such ops only), on both
+    sides: an activation changed for another, an extra scale, a missing op. None without an entry
+    point, or when every op feeding the entry op has a partner."""
+    if entry is None:
+        return None
+    alignment = analysis.alignment
+    sides = {}
+    for role, index in (("candidate", entry), ("reference", analysis.ops[entry].reference)):
+        trace, aligned = analysis.run.traces[role], alignment.aligned_ops(role)
+        region, pending = {index}, list(trace.ops[index].inputs)
+        while pending:
+            producer = trace.tensors[pending.pop()].producer
+            if producer is not None and producer not in aligned and producer not in region:
+                region.add(producer)
+                pending.extend(trace.ops[producer].inputs)
+        sides[role] = sorted(region)
+    if len(sides["candidate"]) == len(sides["reference"]) == 1:
+        return None
+    return Block(sides["candidate"], sides["reference"], matched=True)
+
+
+def _suspects(analysis: Analysis, entry: int | None, region: Block | None, limit: int) -> list[OpEvidence]:
+    """Paired ops (and matched blocks) judged different up to the entry point, in order; then
+    the entry region as one block when it is judged different."""
+    suspects = [e for e in analysis.in_order() if e.verdict == "different" and e.candidate <= limit]
+    if region is not None:
+        evidence = analysis.evidence(entry, analysis.ops[entry].reference, region)
+        if evidence.verdict == "different":
+            suspects.append(evidence)
+    return suspects
+
+
+def _first_confirmed_difference(search: Search, entry: int | None, region: Block | None, full_error: float,
+                                rounding: float, say: Callable[[str], None]) -> Finding:
+    """The first suspect whose own difference moves the outputs and whose removal confirms it; else
+    the first that moves them, unconfirmed. What was tested and does not reach is not blamed."""
+    run, analysis = search.run, search.analysis
+    limit = entry if entry is not None else len(run.candidate.ops)
+    reach_needed = max(REACH_FRACTION * full_error, noise_floor(run.candidate.dtype))
+    finding = Finding()
+    # Confirmations keep the search within its re-run budget, but get two re-runs at least (the suspect
+    # alone, then with its recurrences) after an exhaustive cut search.
+    budget = max(math.ceil(math.log2(max(len(run.candidate.ops), 2))) + RERUN_SLACK, search.candidate_reruns + 2)
+    for evidence in _suspects(analysis, entry, region, limit)[:MAX_REACH_TESTS]:
+        if search.candidate_reruns >= budget:  # what is left untested stays in the bracket
+            break
+        say(f"testing op {evidence.candidate}")
+        reached = search.reach(evidence)
+        if reached < reach_needed:
+            finding.not_blamed.append({"index": evidence.candidate, "op": evidence.op, "reaches": reached})
+            continue
+        recurrences = _recurrences(analysis, evidence)
+        confirmation = _confirm(search, [evidence], full_error, rounding)
+        if not confirmation["confirmed"] and recurrences:
+            confirmation = _confirm(search, [evidence, *recurrences], full_error, rounding)
+        if confirmation["confirmed"]:
+            return Finding(evidence, recurrences, confirmation, finding.not_blamed)
+        if confirmation["output_error"] >= full_error:  # the values contradict the pairing
+            finding.not_blamed.append({"index": evidence.candidate, "op": evidence.op, "reaches": reached,
+                                       "contradicted": confirmation["output_error"]})
+        elif finding.evidence is None:
+            finding.evidence, finding.confirmation = evidence, confirmation
+    return finding
 
 
 @dataclass
@@ -274,29 +398,37 @@ def _nonfinite_culprit(run: Run, start: NonFiniteStart) -> dict[str, Any] | None
             "local_error": None, "amplification": None, "verdict": "different", "fp64": None, "block": None}
 
 
-def _first_reaching_difference(search: Search, entry: int | None, full_error: float,
-                               say: Callable[[str], None]) -> tuple[OpEvidence | None, list[dict]]:
-    """The first op up to the entry point judged different whose own difference moves the
-    outputs; and the differences that were tested and do not (not blamed)."""
-    run = search.run
-    limit = entry if entry is not None else len(run.candidate.ops)
-    reach_needed = max(REACH_FRACTION * full_error, noise_floor(run.candidate.dtype))
-    suspects = [e for e in search.analysis.in_order() if e.verdict == "different" and e.candidate <= limit]
-    not_blamed = []
-    for evidence in suspects[:MAX_REACH_TESTS]:
-        say(f"testing op {evidence.candidate}")
-        reached = search.reach(evidence)
-        if reached >= reach_needed:
-            return evidence, not_blamed
-        not_blamed.append({"index": evidence.candidate, "op": evidence.op, "reaches": reached})
-    return None, not_blamed
+def _confirm(search: Search, patched: list[OpEvidence], before: float, rounding: float) -> dict:
+    """Re-run the candidate with only these ops' (or blocks') own differences taken out. Confirmed
+    when the outputs' error falls under a tenth of what it was, or to what rounding explains, and
+    in any case under half; for NaN/Inf outputs, when they become finite."""
+    after = search.candidate_error(own_difference_patches(search.analysis, search.run, patched))
+    if math.isinf(before):
+        confirmed = math.isfinite(after)
+    else:
+        confirmed = after <= max(CONFIRM_FRACTION * before, rounding) and after < ENTRY_FRACTION * before
+    return {"patched_ops": [e.candidate for e in patched], "output_error": after, "before": before, "confirmed": confirmed}
 
 
-def _confirm(search: Search, patched: list[OpEvidence], before: float) -> dict:
-    """Re-run the candidate with only these ops' outputs taken from the reference."""
-    indices = [e.candidate for e in patched]
-    after = search.candidate_error(op_patches(search.analysis, search.run, indices))
-    return {"patched_ops": indices, "output_error": after, "before": before}
+def own_difference_patches(analysis: Analysis, run: Run, evidences: list[OpEvidence]) -> dict[int, np.ndarray]:
+    """For each op (or block), what it hands on with its own difference taken out: its candidate
+    outputs shifted by (reference output - the candidate op replayed on the reference's inputs).
+    Unlike patching in the reference's values, this leaves the error that reached the op from
+    upstream in place, so it fixes nothing the op did not add."""
+    patches = {}
+    for evidence in evidences:
+        local = analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
+        for cand_tid, _ in analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
+            reference = analysis.reference_values_for(cand_tid)
+            if reference is None:
+                continue
+            info = run.candidate.tensors[cand_tid]
+            with np.errstate(invalid="ignore", over="ignore"):
+                shifted = run.candidate.value(cand_tid) + (reference - local[cand_tid].reshape(reference.shape))
+            # Where the op itself made NaN/Inf, taking its own difference out leaves the reference's value.
+            shifted = np.where(np.isfinite(shifted), shifted, reference)
+            patches[cand_tid] = shifted.astype(_numpy_dtype(info.dtype), copy=False)
+    return patches
 
 
 def op_patches(analysis: Analysis, run: Run, op_indices: list[int]) -> dict[int, np.ndarray]:
@@ -314,22 +446,37 @@ def op_patches(analysis: Analysis, run: Run, op_indices: list[int]) -> dict[int,
 
 
 def _recurrences(analysis: Analysis, culprit: OpEvidence) -> list[OpEvidence]:
-    """Later ops with the same canonical op whose own replay is also judged different."""
-    return [e for e in analysis.in_order()
-            if e.candidate != culprit.candidate and e.verdict == "different" and e.op == culprit.op]
+    """Later ops carrying the same difference: the same canonical op from the same line of code
+    (or, where no user line called it, the same module up to layer numbers), also judged different."""
+    def code_site(evidence: OpEvidence) -> str:
+        op = analysis.run.candidate.ops[evidence.candidate]
+        return op.source or re.sub(r"\d+", "#", op.module)
+
+    site = code_site(culprit)
+    return [e for e in analysis.in_order() if e.candidate > culprit.candidate and e.verdict == "different"
+            and e.op == culprit.op and code_site(e) == site]
 
 
 def _most_amplifying(search: Search, analysis: Analysis, full_error: float, entry: int | None) -> OpEvidence | None:
-    """The op amplifying rounding the most among those where the two frameworks' kernels
-    really differ (not bit-equal on equal inputs) and whose own rounding reaches the
-    outputs. An exact op's large amplification (a -1e4 mask add, rounded at magnitude
-    1e4, then zeroed by a softmax) is passed over."""
+    """The op amplifying rounding the most (its output's absolute error the largest multiple of
+    its inputs') among those whose output carries a real share of the outputs' error and whose
+    own rounding reaches the outputs. An op whose kernels agree bitwise (exact) has no rounding of
+    its own and counts only where it makes a model output, as seed 004's span matmul does on CPUs
+    where both frameworks' GEMMs agree: nothing downstream can undo its growth. Elsewhere an exact
+    op's large amplification (a -1e4 mask add, rounded at magnitude 1e4, then zeroed by a softmax)
+    is passed over."""
+    outputs = {pair.candidate for pair in search.run.output_pairs()}
+
+    def makes_output(evidence: OpEvidence) -> bool:
+        return search.run.candidate.ops[evidence.candidate].outputs[0] in outputs
+
     candidates = sorted((e for e in analysis.ops.values()
-                         if e.verdict == "noise" and e.output_error["max_rel"] >= REACH_FRACTION * full_error
+                         if (e.verdict == "noise" or (e.verdict == "exact" and makes_output(e)))
+                         and e.output_error["max_rel"] >= REACH_FRACTION * full_error
                          and math.isfinite(e.amplification) and e.amplification > 0),
                         key=lambda e: (-e.amplification, e.candidate))
     for evidence in candidates[:MAX_REACH_TESTS]:
-        if search.reach(evidence) >= NOISE_REACH_FRACTION * full_error:
+        if evidence.verdict == "exact" or search.reach(evidence) >= NOISE_REACH_FRACTION * full_error:
             return evidence
     return analysis.ops.get(entry) if entry is not None else None
 
@@ -339,6 +486,23 @@ def _site(run: Run, evidence: OpEvidence) -> dict:
             "module": run.candidate.ops[evidence.candidate].module,
             "source": run.candidate.ops[evidence.candidate].source,
             "local_error": evidence.local_error}
+
+
+def _bracket_dict(run: Run, analysis: Analysis, region: Block | None, cuts: list[int], entry: int | None) -> dict:
+    """Where an unconfirmed difference enters: the cut before the entry point and the entry point,
+    and the ops from one to the other (with the entry region's), on both sides. Without an entry
+    point: everything after the last cut."""
+    def sites(role: str, after: int, upto: int, extra: list[int]) -> list[dict]:
+        return [_side(run.traces[role].ops[i]) for i in sorted(set(range(after + 1, upto + 1)).union(extra))]
+
+    position = cuts.index(entry) if entry is not None else len(cuts)
+    low = cuts[position - 1] if position > 0 else None
+    ref_low = analysis.ops[low].reference if low is not None else -1
+    cand_high, ref_high = (entry, analysis.ops[entry].reference) if entry is not None else \
+        (len(run.candidate.ops) - 1, len(run.reference.ops) - 1)
+    return {"low": low, "high": entry,
+            "candidate": sites("candidate", low if low is not None else -1, cand_high, region.candidate if region else []),
+            "reference": sites("reference", ref_low, ref_high, region.reference if region else [])}
 
 
 def _side(op: OpNode) -> dict:

@@ -28,6 +28,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from . import errors
+from .adapters import CannotUpcast
 from .errors import BisectrError, UserModelError
 from .modelfile import build_side, load_module
 from .recording import Call, RecordOptions, RerunResult, Slot
@@ -163,6 +164,12 @@ class _Worker:
         call = self.runner.call(index)
         return None if call is None else (_portable(call.args), _portable(call.kwargs))
 
+    def float64_outputs(self) -> tuple[dict[str, np.ndarray] | None, str]:
+        try:
+            return self.runner.float64_outputs(), ""
+        except CannotUpcast as exc:
+            return None, str(exc)
+
 
 def _error_reply(exc: BaseException) -> tuple:
     if isinstance(exc, BisectrError):
@@ -254,6 +261,12 @@ class IsolatedSide:
         """The recorded call's arguments, framework objects as `StandIn`s; its function stays in the worker."""
         found = self._request(f"describing op {index}", "call", index)
         return None if found is None else Call(_runs_in_the_worker, *found)
+
+    def float64_outputs(self) -> dict[str, np.ndarray]:
+        outputs, reason = self._request("running in float64", "float64_outputs")
+        if outputs is None:
+            raise CannotUpcast(reason)
+        return outputs
 
     def close(self) -> None:
         self._finalizer()

@@ -55,6 +55,8 @@ SYNONYMS = {
     "assign": "copy",
     "contiguous": "copy",
     "detach": "copy",
+    "tensor_use_gpudnn": "copy",
+    "new_shared_tensor": "copy",
     "masked_fill": "where",
     "embedding": "embedding",
     "lookup_table_v2": "embedding",

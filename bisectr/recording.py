@@ -367,7 +367,8 @@ def _check_reproduced(adapter: Adapter, trace: Trace, tensor: Any, tid: int, op:
 
 
 def _departure_error(trace: Trace, index: int, op: OpNode | None, what: str) -> TraceMismatchError:
-    where = f" ({op.framework_op} at {op.source})" if op is not None else ""
+    where = "" if op is None else \
+        f" ({op.framework_op} in {op.module or '(top level)'}" + (f" at {op.source})" if op.source else ")")
     return TraceMismatchError(
         f"the {trace.side} re-run departed from its recording at op {index}{where}: it {what}. "
         "The forward is not deterministic (dropout or randomness in training mode? data-dependent control flow?)"

@@ -74,9 +74,12 @@ def print_result(console: Console, run: Run, result: dict) -> None:
     nonfinite = result.get("nonfinite")
     difference = ("NaN/Inf" if nonfinite else
                   f"{fmt(result['output_error']['max_abs'])} (relative {fmt(result['output_error']['max_rel'])})")
-    console.print(f"[{style}]verdict: {verdict}[/]   outputs differ by {difference}")
+    unconfirmed = " (unconfirmed)" if verdict == "divergent" and not (result.get("confirmation") or {}).get("confirmed") else ""
+    console.print(f"[{style}]verdict: {verdict}[/]{unconfirmed}   outputs differ by {difference}")
     if nonfinite:
         console.print(nonfinite_text(nonfinite), highlight=False)
+    if result.get("fp64_check"):
+        console.print(float64_text(result["fp64_check"]), highlight=False)
     console.print(f"aligned: {ops['aligned']} of {ops['candidate']} candidate ops "
                   f"({ops['reference']} reference ops); candidate re-runs: {result['reruns']}", highlight=False)
     culprit = result["culprit"]
@@ -100,13 +103,14 @@ def print_result(console: Console, run: Run, result: dict) -> None:
                           f"  -> {culprit['verdict']}", highlight=False)
     for recurrence in result.get("recurrences", []):
         console.print(f"  recurs at op {recurrence['index']} {recurrence['module']} ({short_source(recurrence['source'])})", highlight=False)
-    confirmation = result.get("confirmation")
-    if confirmation:
-        console.print(f"  confirmed: patching only {confirmation['patched_ops']} takes the outputs' error "
-                      f"from {fmt(confirmation['before'])} to {fmt(confirmation['output_error'])}", highlight=False)
+    if result.get("confirmation"):
+        console.print(f"  {confirmation_text(result['confirmation'])}", highlight=False)
     for item in result.get("not_blamed", []):
-        console.print(f"  not blamed: op {item['index']} {item['op']} differs but moves the outputs by only "
-                      f"{fmt(item['reaches'])}", highlight=False)
+        console.print(f"  {not_blamed_text(item)}", highlight=False)
+    if result.get("bracket"):
+        console.print("")
+        for line in bracket_lines(result["bracket"]):
+            console.print(line, highlight=False)
     if result.get("profile"):
         console.print("\nerror by op (log scale, relative):")
         culprit_index = culprit["candidate"]["index"] if culprit else None
@@ -123,6 +127,54 @@ def block_text(run: Run, block: dict[str, list[int]]) -> str:
         span = f"{lines[0]}-{lines[-1]}" if len(lines) > 1 else "".join(map(str, lines))
         return f"{role} ops {ops[0].index}..{ops[-1].index}" + (f" at {path}:{span}" if lines else "")
     return f"{side('candidate')} against {side('reference')}, compared as one op"
+
+
+def float64_text(check: dict) -> str:
+    """The whole-model float64 check in one line."""
+    if check["status"] == "skipped":
+        return f"float64 check: skipped ({check['reason']})"
+    rounding = (f"rounding predicts up to {fmt(check['predicted'])} (reference {fmt(check['reference_rounding'])}, "
+                f"candidate {fmt(check['candidate_rounding'])} from their own float64 outputs)")
+    conclusion = "rounding" if check["status"] == "agree" else "something computes differently"
+    return (f"float64 check: outputs differ by {fmt(check['error'])} as run and by {fmt(check['float64_error'])} with both sides "
+            f"in float64; {rounding} -> {conclusion}")
+
+
+def confirmation_text(confirmation: dict) -> str:
+    """What taking the culprit's own difference out did to the outputs' error."""
+    first, *recurrences = confirmation["patched_ops"]
+    what = f"op {first}'s own difference" + (f" and its {len(recurrences)} recurrences' (ops {', '.join(map(str, recurrences))}: "
+                                             "the same op from the same line, each judged different)" if recurrences else "")
+    change = f"from {fmt(confirmation['before'])} to {fmt(confirmation['output_error'])}"
+    if confirmation["confirmed"]:
+        return f"confirmed: taking out only {what} takes the outputs' error {change}"
+    return f"unconfirmed: taking out only {what} takes the outputs' error only {change}"
+
+
+def not_blamed_text(item: dict) -> str:
+    if item.get("contradicted") is not None:
+        return (f"not blamed: op {item['index']} {item['op']} differs, but taking its own difference out makes the "
+                f"outputs' error worse ({fmt(item['contradicted'])}): the values contradict its pairing")
+    return f"not blamed: op {item['index']} {item['op']} differs but moves the outputs by only {fmt(item['reaches'])}"
+
+
+BRACKET_LISTED = 12  # ops listed per side
+
+
+def bracket_lines(bracket: dict) -> list[str]:
+    """Where an unconfirmed difference enters: the cuts around it and the ops between, both sides."""
+    low = "the start" if bracket["low"] is None else f"candidate op {bracket['low']}"
+    high = "the end" if bracket["high"] is None else f"op {bracket['high']}"
+    lines = [f"the difference enters between {low} (most of the error still ahead) and {high} (most of it behind):"]
+    for role in ("candidate", "reference"):
+        sites = bracket[role]
+        lines.append(f"  {role} ops there: {len(sites)}")
+        for site in sites[:BRACKET_LISTED]:
+            source = f"  {short_source(site['source'])}:  {source_text(site['source'])}" if site["source"] else ""
+            lines.append(f"    op {site['index']:<5} {site['op']:<28} {site['module'] or '(top level)'}{source}")
+        if len(sites) > BRACKET_LISTED:
+            lines.append(f"    ... and {len(sites) - BRACKET_LISTED} more")
+    return lines
 
 
 def nonfinite_text(nonfinite: dict) -> str:

@@ -7,16 +7,19 @@ know where a model lives.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
-from .errors import ModelFileError
+from .adapters import CannotUpcast
+from .errors import ModelFileError, UserModelError
 from .modelfile import Side
 from .recording import (Call, PatchedRerun, RecordOptions, Recorder, Recording, RerunResult, output_pairs, replay_op,
                         UnfaithfulReplay, rerun_recorded)
 from .store import TensorWriter
-from .trace import Trace
+from .structure import map_tensors
+from .trace import Trace, is_floating
 
 
 class SideRunner(Protocol):
@@ -31,6 +34,10 @@ class SideRunner(Protocol):
 
     def call(self, index: int) -> Call | None:
         """The recorded call of op `index`, where it is available in this process."""
+
+    def float64_outputs(self) -> dict[str, np.ndarray]:
+        """The outputs of a float64 copy of the model on float64 inputs, keyed like the trace's
+        outputs; raises `CannotUpcast` saying why the side cannot run in float64."""
 
 
 def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions) -> tuple[Trace, Recording]:
@@ -89,3 +96,19 @@ class LocalSide:
     def call(self, index: int) -> Call | None:
         calls = self.recording.calls
         return calls[index] if index < len(calls) else None
+
+    def float64_outputs(self) -> dict[str, np.ndarray]:
+        side, adapter = self.side, self.side.adapter
+        model = adapter.float64_model(side.model)
+        inputs = map_tensors(side.inputs, adapter.is_tensor,
+                             lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
+        try:
+            with adapter.no_grad():
+                outputs = replace(side, model=model, inputs=inputs).forward()
+        except UserModelError as exc:
+            raise CannotUpcast(f"its float64 forward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
+        values = {key: adapter.to_numpy(tensor) for key, tensor in output_pairs(adapter, outputs)}
+        narrow = next((key for key, v in values.items() if v.dtype.kind == "f" and v.dtype != np.float64), None)
+        if narrow is not None:
+            raise CannotUpcast(f"its output {narrow!r} stays {values[narrow].dtype} (a dtype fixed inside the forward)")
+        return values

@@ -28,7 +28,8 @@ run where transformers is made importable.
 
 bisectr should conclude: `noise` for `candidate()`; `divergent` for `candidate_untransposed()`, with
 the culprit the `linear` of `model.layers.1.self_attn.q_proj` (the leaf
-`model.layers.1.self_attn.q_proj.weight` it reads).
+`model.layers.1.self_attn.q_proj.weight` it reads). `candidate_gelu_layer()` is the correct port with
+layer 2's MLP activation GELU instead of SiLU: `divergent` at that layer's MLP.
 """
 import os
 import sys
@@ -73,3 +74,12 @@ def candidate(forgotten: str | None = None):
 def candidate_untransposed():
     """The same port with the square q_proj of layer 1 copied without its transpose."""
     return candidate(forgotten=FORGOTTEN)
+
+
+def candidate_gelu_layer():
+    """The correct port with GELU instead of SiLU in layer 2's MLP."""
+    import paddle
+
+    model, inputs = candidate()
+    model.model.layers[2].mlp.act_fn = paddle.nn.GELU()
+    return model, inputs

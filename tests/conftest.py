@@ -48,3 +48,18 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
             assert np.array_equal(by_calls.captured[tid], values, equal_nan=True), (cut, tid)
         moved += any(not np.array_equal(values, trace.value(trace.outputs[key])) for key, values in by_model.outputs.items())
     assert moved == 4  # every cut but the one before the first op
+
+
+def assert_verdict_contract(result: dict) -> None:
+    """What a user may rely on in any result (`bisect --json` or `Result.to_dict()`): "confirmed"
+    only where the numbers fell below half (and under a tenth, or to rounding); `divergent` either
+    confirmed or bracketed; `noise` never against a float64 check that disagrees."""
+    confirmation, check = result["confirmation"], result["fp64_check"]
+    if confirmation and confirmation["confirmed"] and confirmation["before"] is not None:
+        assert confirmation["output_error"] < 0.5 * confirmation["before"], confirmation
+    if result["verdict"] == "divergent":
+        assert (confirmation and confirmation["confirmed"]) or result["bracket"], result
+    if result["verdict"] == "noise" and check:
+        assert check["status"] != "disagree", check
+        if check["status"] == "agree":  # the triangle inequality: measured <= predicted + what float64 leaves
+            assert check["error"] <= 1.01 * (check["predicted"] + check["float64_error"]), check

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLES
+from conftest import EXAMPLES, assert_verdict_contract
 
 
 def bisect_json(name, *args):
@@ -19,6 +19,7 @@ def bisect_json(name, *args):
     assert done.returncode == (1 if result["verdict"] == "divergent" else 0)
     assert result["reruns"] <= math.ceil(math.log2(result["ops"]["candidate"])) + 3
     assert result["ops"]["aligned"] >= 0.9 * result["ops"]["candidate"]
+    assert_verdict_contract(result)
     return result
 
 
@@ -35,8 +36,8 @@ def test_span_head_is_noise_amplified_by_the_span_matmul():
     assert culprit_line(result).startswith(("start_logits = paddle.matmul(temp", "end_logits = paddle.matmul(temp"))
     assert culprit_line(result, "reference").startswith(("start_logits = torch.matmul(temp", "end_logits = torch.matmul(temp"))
     assert 1e-5 < culprit["input_error"] < 1e-4 and 1e-3 < culprit["output_error"] < 1e-2  # absolute: the growth seed 004 saw
-    fp64 = culprit["fp64"]
-    assert fp64["candidate_error"] < 2 * fp64["reference_error"] + 1e-7  # both frameworks equally accurate
+    fp64 = culprit["fp64"]  # both frameworks equally accurate: bit-equal (no oracle needed), or as far from float64
+    assert culprit["local_error"] == 0 or fp64["candidate_error"] < 2 * fp64["reference_error"] + 1e-7
 
 
 def test_one_tanh_gelu_is_divergent_at_that_gelu():
@@ -134,7 +135,8 @@ def test_substituting_the_reference_ops_brings_the_difference_to_zero():
     named = bisect_json("op_substitution.py", "--substitute", "layer_norm,linear,matmul,sum,logsumexp")["substitution"]
     assert named["before"] > 1e-7 and named["output_error"] < named["before"]
     every = bisect_json("op_substitution.py", "--substitute", "rounding")["substitution"]
-    assert {"layer_norm", "linear", "matmul", "logsumexp"} <= {"layer_norm", *every["ops"]}
+    # On some CPUs both frameworks' GEMMs agree bitwise (linear and matmul are then exact, not rounding).
+    assert {"layer_norm", "logsumexp"} <= {"layer_norm", *every["ops"]}
     assert every["output_error"] == 0.0
     assert every["replaced"][0]["candidate"] == [0] and len(every["replaced"][0]["reference"]) > 5  # fused vs by hand
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bisectr.weights import paddle_to_torch, torch_to_paddle
-from conftest import EXAMPLES
+from conftest import EXAMPLES, assert_verdict_contract
 from test_isolate import make_interpreter
 
 # ---------------------------------------------------------------- state dicts (no model library needed)
@@ -73,13 +73,15 @@ def bisect_hf_llama(hf_python: str, candidate: str) -> dict:
                            "--candidate", candidate, "--isolate", "--reference-python", hf_python],
                           capture_output=True, text=True)
     assert done.returncode in (0, 1), done.stderr
-    return json.loads(done.stdout)
+    result = json.loads(done.stdout)
+    assert_verdict_contract(result)
+    return result
 
 
 @needs_libraries
 def test_the_right_weights_are_noise(hf_python):
     result = bisect_hf_llama(hf_python, "candidate")
-    assert result["verdict"] == "noise"
+    assert result["verdict"] == "noise" and result["fp64_check"]["status"] == "agree"
     assert result["output_error"]["max_rel"] < 1e-4
     assert result["ops"]["aligned"] >= 0.9 * result["ops"]["candidate"]
 
@@ -93,3 +95,13 @@ def test_the_untransposed_square_q_proj_is_divergent_at_that_projection(hf_pytho
     assert culprit["op"] == "linear"
     assert culprit["candidate"]["module"] == culprit["reference"]["module"] == "model.layers.1.self_attn.q_proj"
     assert result["recurrences"] == []  # later layers only carry the difference, they add none
+
+
+@needs_libraries
+def test_one_layer_on_gelu_is_divergent_at_that_activation_confirmed(hf_python):
+    result = bisect_hf_llama(hf_python, "candidate_gelu_layer")
+    culprit, confirmation = result["culprit"], result["confirmation"]
+    assert result["verdict"] == "divergent" and result["output_error"]["max_rel"] > 0.01
+    assert culprit["candidate"]["op"] == "_C_ops.gelu" and culprit["reference"]["op"] == "nn.functional.silu"
+    assert culprit["candidate"]["module"] == culprit["reference"]["module"] == "model.layers.2.mlp.act_fn"
+    assert confirmation["confirmed"] and confirmation["output_error"] < confirmation["before"] / 10

@@ -11,7 +11,8 @@ from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from ..report import block_text, error_chart, fmt, nonfinite_text, short_source, source_text
+from ..report import (block_text, confirmation_text, error_chart, float64_text, fmt, nonfinite_text, not_blamed_text,
+                      short_source, source_text)
 from .data import HEAT_LEVELS, VERDICT_VARIABLE, HeatMap, ModuleNode, OpRow, RunData, fmt_amplification, fmt_shape, source_context
 
 HEADLINE = {
@@ -54,7 +55,10 @@ class VerdictBanner(Static):
         error, nonfinite = data.result["output_error"], data.result.get("nonfinite")
         difference = [("NaN/Inf", "bold"), "\n", nonfinite_text(nonfinite)] if nonfinite else \
             [(fmt(error["max_abs"]), "bold"), f" (relative {fmt(error['max_rel'])})"]
-        self.update(Content.assemble((verdict.upper(), "bold"), "  outputs differ by ", *difference, "\n",
+        result = data.result
+        unconfirmed = " (UNCONFIRMED)" if verdict == "divergent" and not (result.get("confirmation") or {}).get("confirmed") else ""
+        float64 = ["\n", float64_text(result["fp64_check"])] if result.get("fp64_check") else []
+        self.update(Content.assemble((verdict.upper() + unconfirmed, "bold"), "  outputs differ by ", *difference, *float64, "\n",
                                      (HEADLINE[verdict], "$text-muted")))
 
 
@@ -96,9 +100,7 @@ class CulpritPanel(Static):
                                           f"{fmt(fp64['reference_error'])} → ", (culprit["verdict"], f"bold {verdict_style(culprit['verdict'])}")))
         confirmation = result.get("confirmation")
         if confirmation:
-            patched = ", ".join(str(i) for i in confirmation["patched_ops"])
-            lines.append(Content.assemble(("  confirmed ", "$text-muted"), f"patching op {patched} alone: outputs' error "
-                                          f"{fmt(confirmation['before'])} → ", (fmt(confirmation["output_error"]), "bold")))
+            lines.append(Content.styled(f"  {confirmation_text(confirmation)}", "" if confirmation["confirmed"] else "bold $warning"))
         recurrences = result.get("recurrences") or []
         for recurrence in recurrences[:3]:
             lines.append(Content.assemble(("  recurs    ", "$text-muted"), f"op {recurrence['index']} in {recurrence['module']} "
@@ -106,8 +108,7 @@ class CulpritPanel(Static):
         if len(recurrences) > 3:
             lines.append(Content.styled(f"            … and {len(recurrences) - 3} more", "$text-muted"))
         for item in (result.get("not_blamed") or [])[:3]:
-            lines.append(Content.assemble(("  not blamed", "$text-muted"), f" op {item['index']} {item['op']} differs but moves the "
-                                          f"outputs by only {fmt(item['reaches'])}"))
+            lines.append(Content.styled(f"  {not_blamed_text(item)}", "$text-muted"))
         self.update(Content("\n").join(lines))
 
 

@@ -1,0 +1,70 @@
+"""The whole-model float64 check: is the outputs' difference what rounding makes?
+
+Both sides run once more as float64 copies (parameters, buffers and floating inputs
+upcast), as seed 002 did by hand. Each side's distance to its own float64 outputs is its
+rounding; their sum is what rounding predicts for the measured difference, which the
+triangle inequality bounds by that prediction plus the difference left in float64.
+Rounding shrinks by about 2^29 from float32 to float64, a semantic difference does not:
+when what is left in float64 is under a tenth of the prediction (or under the float32
+noise floor, as where a side keeps a few float32 casts or constants), rounding explains
+the measured difference; otherwise something computes differently.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .adapters import CannotUpcast
+from .analysis import noise_floor
+from .metrics import error_metrics
+from .run import Run
+
+ROUNDING_SHARE = 0.1  # float64 outputs agree when they differ by at most this share of what rounding predicts
+
+
+@dataclass
+class Float64Check:
+    status: str  # "agree" | "disagree" | "skipped"
+    reason: str  # why it was skipped, or what the numbers say
+    error: float | None  # the measured difference (max_rel over the outputs)
+    float64_error: float | None = None  # the same with both sides in float64
+    reference_rounding: float | None = None  # the reference's outputs vs its own float64 outputs
+    candidate_rounding: float | None = None
+
+    @property
+    def predicted(self) -> float | None:
+        """What rounding alone predicts for the measured difference (None when skipped)."""
+        if self.reference_rounding is None or self.candidate_rounding is None:
+            return None
+        return self.reference_rounding + self.candidate_rounding
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "predicted": self.predicted}
+
+
+def float64_check(run: Run) -> Float64Check:
+    """Run both sides of a live run in float64 and compare (see the module docstring)."""
+    error = run.output_error()["max_rel"]
+    if not math.isfinite(error):
+        return Float64Check("skipped", "the candidate's outputs hold NaN/Inf", error)
+    if all(trace.dtype == "float64" for trace in run.traces.values()):
+        return Float64Check("skipped", "both sides already run in float64", error)
+    outputs = {}
+    for role in ("reference", "candidate"):
+        try:
+            outputs[role] = run.runners[role].float64_outputs()
+        except CannotUpcast as exc:
+            return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
+    float64_error = reference_rounding = candidate_rounding = 0.0
+    for pair in run.output_pairs():
+        reference64 = outputs["reference"][pair.key]
+        candidate64 = outputs["candidate"][pair.candidate_key].reshape(reference64.shape)
+        float64_error = max(float64_error, error_metrics(candidate64, reference64)["max_rel"])
+        reference_rounding = max(reference_rounding, error_metrics(run.reference.value(pair.reference), reference64)["max_rel"])
+        candidate32 = run.candidate.value(pair.candidate).reshape(reference64.shape)
+        candidate_rounding = max(candidate_rounding, error_metrics(candidate32, candidate64)["max_rel"])
+    floor = min((noise_floor(t.dtype) for t in run.traces.values() if noise_floor(t.dtype) > 0), default=0.0)
+    agree = float64_error <= max(ROUNDING_SHARE * (reference_rounding + candidate_rounding), floor)
+    reason = ("in float64 the outputs agree: the difference is rounding" if agree else
+              "in float64 the outputs still differ: something computes differently")
+    return Float64Check("agree" if agree else "disagree", reason, error, float64_error, reference_rounding, candidate_rounding)

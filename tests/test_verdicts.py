@@ -1,0 +1,70 @@
+"""The verdict contract on model pairs the project did not write: library layers against hand
+ports (torch `nn.MultiheadAttention`, paddle.vision's ResNet, a Hugging Face Llama), each correct
+and with one planted bug, and models that do not reproduce themselves."""
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import MODELS, assert_verdict_contract, line_of
+
+
+def bisect(model: str, candidate: str) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MODELS / model), "--candidate", candidate, "--json"],
+                          capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr
+    result = json.loads(done.stdout)
+    assert done.returncode == (1 if result["verdict"] == "divergent" else 0)
+    assert result["reruns"] <= math.ceil(math.log2(result["ops"]["candidate"])) + 3
+    assert_verdict_contract(result)
+    return done.returncode, result
+
+
+def test_multihead_attention_against_a_correct_hand_port_is_noise_by_the_float64_check():
+    status, result = bisect("torch_mha.py", "candidate")
+    check = result["fp64_check"]
+    assert status == 0 and result["verdict"] == "noise"
+    assert check["status"] == "agree" and check["float64_error"] < 1e-12 < 1e-8 < check["error"] < 1e-6
+
+
+def test_multihead_attention_with_a_wrong_scale_is_divergent_and_bracketed_at_it():
+    status, result = bisect("torch_mha.py", "candidate_wrong_scale")
+    check = result["fp64_check"]
+    assert status == 1 and check["status"] == "disagree" and 0.5 < check["float64_error"] / check["error"] < 2
+    if not (result["confirmation"] or {}).get("confirmed"):
+        scale_line = f"{MODELS / 'torch_mha.py'}:{line_of(MODELS / 'torch_mha.py', 'self.scale  # @scale')}"
+        assert scale_line in [site["source"] for site in result["bracket"]["candidate"]]
+        assert all(site["module"].startswith("blocks.1") for site in result["bracket"]["candidate"])
+
+
+def test_paddle_vision_resnet_against_a_torch_port_is_noise():
+    status, result = bisect("paddle_resnet.py", "candidate")
+    assert status == 0 and result["verdict"] == "noise" and result["fp64_check"]["status"] == "agree"
+
+
+def test_a_wrong_batch_norm_eps_deep_in_the_port_is_that_batch_norm_confirmed():
+    status, result = bisect("paddle_resnet.py", "candidate_bn_eps")
+    culprit, confirmation = result["culprit"], result["confirmation"]
+    assert status == 1 and culprit["op"] == "batch_norm"
+    assert culprit["candidate"]["module"] == culprit["reference"]["module"] == "layer4.1.bn1"
+    assert confirmation["confirmed"] and confirmation["output_error"] < confirmation["before"] / 10
+    assert result["fp64_check"]["status"] == "disagree"
+
+
+def test_hugging_face_llama_with_one_layer_on_gelu_is_divergent_at_that_activation():
+    pytest.importorskip("transformers")
+    status, result = bisect("hf_llama_activation.py", "candidate_gelu_layer")
+    culprit, confirmation = result["culprit"], result["confirmation"]
+    assert status == 1 and culprit["candidate"]["op"] == "nn.functional.gelu" and culprit["reference"]["op"] == "nn.functional.silu"
+    assert culprit["candidate"]["module"] == culprit["reference"]["module"] == "model.layers.2.mlp.act_fn"
+    assert confirmation["confirmed"] and confirmation["output_error"] < confirmation["before"] / 10
+
+
+@pytest.mark.parametrize("model, framework_op", [("torch_dropout.py", "nn.functional.dropout"), ("paddle_dropout.py", "_C_ops.dropout")])
+def test_dropout_in_training_mode_is_refused_naming_the_side_and_the_op(model, framework_op):
+    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MODELS / model), "--json"], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "the reference side does not reproduce its own outputs" in done.stderr
+    assert f"op 1 ({framework_op}" in done.stderr and "model.eval()" in done.stderr
