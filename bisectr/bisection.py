@@ -72,10 +72,6 @@ class Result:
     bracket: dict | None = None  # where the difference enters, for a divergent result no patch confirmed
     alignment: Alignment | None = field(default=None, repr=False, compare=False)
 
-    @property
-    def confirmed(self) -> bool:
-        return bool(self.confirmation and self.confirmation["confirmed"])
-
     def to_dict(self) -> dict:
         return {
             "verdict": self.verdict,
