@@ -193,6 +193,7 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
     rest_cand = [op for op in candidate.ops if op.index not in pinned_cand]
     rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
     pairs.update(_align_sequences(sides, rest_cand, rest_ref, use_layers=sides.use_layers))
+    _drop_layout_pairs_that_cannot_correspond(sides, pairs)
 
     alignment = Alignment()
     for cand_index in sorted(pairs):
@@ -209,6 +210,34 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
     _pair_op_tensors(sides, alignment, input_layout)
     _form_blocks(sides, alignment)
     return alignment
+
+
+# Ops that only move their first input's data (or view it in another shape): two of them
+# correspond only if the data they move does.
+LAYOUT_OPS = frozenset({"transpose", "reshape", "expand", "copy", "contiguous"})
+
+
+def _drop_layout_pairs_that_cannot_correspond(sides: _Sides, pairs: dict[int, tuple[int, str, float]]) -> None:
+    """Unpair layout ops that cannot be the same step: the shapes they take and make differ, or
+    their inputs come from ops paired elsewhere. `k.transpose(-1, -2)` of a hand-written attention
+    is not `nn.MultiheadAttention`'s batch-first transpose of the layer's input, whatever their
+    names and sizes. In candidate order, so that a dropped pair's readers are judged without it."""
+    candidate, reference = sides.traces["candidate"], sides.traces["reference"]
+    cand_of = {r: c for c, (r, _, _) in pairs.items()}
+    for c in sorted(pairs):
+        r = pairs[c][0]
+        cand_op, ref_op = candidate.ops[c], reference.ops[r]
+        if cand_op.op not in LAYOUT_OPS or not cand_op.inputs or not ref_op.inputs:
+            continue
+        cand_in, ref_in = candidate.tensors[cand_op.inputs[0]], reference.tensors[ref_op.inputs[0]]
+        same_shapes = cand_in.shape == ref_in.shape and \
+            candidate.tensors[cand_op.outputs[0]].shape == reference.tensors[ref_op.outputs[0]].shape
+        cand_from, ref_from = cand_in.producer, ref_in.producer
+        paired_elsewhere = (cand_from is not None and cand_from in pairs and pairs[cand_from][0] != ref_from) or \
+                           (ref_from is not None and ref_from in cand_of and cand_of[ref_from] != cand_from)
+        if paired_elsewhere or not same_shapes:
+            del pairs[c]
+            del cand_of[r]
 
 
 def _under(module: str, prefix: str) -> bool:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .align import Alignment, Block, TensorPair
+from .align import LAYOUT_OPS, Alignment, Block, TensorPair
 from .metrics import error_metrics
 from .run import Run
 from .trace import OpNode, Trace
@@ -172,7 +172,7 @@ class Analysis:
         local, fp64 = self._replayed_errors(cand_index, ref_index, block)
         verdict = "unknown" if local is None else judge(local, fp64 and fp64["candidate_error"], fp64 and fp64["reference_error"], dtype)
         amplification = _ratio(output_error["max_abs"], input_abs)
-        name = "+".join(dict.fromkeys(self.reference.ops[i].op for i in ref_ops)) if block else cand_op.op
+        name = block_name([self.reference.ops[i].op for i in ref_ops]) if block else cand_op.op
         return OpEvidence(cand_index, ref_index, name, dtype, output_error, input_abs, input_rel, local, fp64, amplification,
                           verdict, block)
 
@@ -252,6 +252,12 @@ class Analysis:
             return local, None
         oracle = {r: oracle[r].reshape(reference_out[r].shape) for _, r in compared}
         return local, {"candidate_error": worst(local_out, oracle), "reference_error": worst(reference_out, oracle)}
+
+
+def block_name(ops: list[str]) -> str:
+    """A block is named by the ops that compute in it (`attention`, not `transpose+attention+transpose`)."""
+    computing = [op for op in ops if op not in LAYOUT_OPS] or ops
+    return "+".join(dict.fromkeys(computing))
 
 
 def external_inputs(trace: Trace, indices: list[int]) -> list[int]:

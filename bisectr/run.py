@@ -92,7 +92,19 @@ class Run:
         return getattr(load_module(self.model_file), "ALIGN_MODULES", None)
 
     def align(self) -> Alignment:
+        self._check_pins()
         return align_traces(self.reference, self.candidate, self.pins, input_layout)
+
+    def _check_pins(self) -> None:
+        """Every `ALIGN_MODULES` pin must name a module that ran ops on its side."""
+        for cand_prefix, ref_prefix in (self.pins or {}).items():
+            for role, prefix in (("candidate", cand_prefix), ("reference", ref_prefix)):
+                modules = {op.module for op in self.traces[role].ops}
+                if not any(m == prefix or m.startswith(prefix + ".") for m in modules):
+                    tops = sorted({m.split(".")[0] for m in modules if m})
+                    raise ModelFileError(f"{self.model_file}: ALIGN_MODULES pins {cand_prefix!r} to {ref_prefix!r}, but no "
+                                         f"op of the {role} ran in a module {prefix!r} (its top-level modules: "
+                                         f"{', '.join(tops) or 'none'})")
 
     def bisect(self, tolerance: float = 0.0, exhaustive: bool = False, progress=None) -> "Result":
         """Align, analyse and search for the culprit (re-runs the models)."""

@@ -1,4 +1,7 @@
 """Aligning traces recorded from real torch code written two different ways."""
+import subprocess
+import sys
+
 import pytest
 
 import bisectr
@@ -98,3 +101,13 @@ def test_pins_come_from_the_model_file(tmp_path):
     result = bisectr.trace(path).bisect()
     pinned = [p for p in result.alignment.pairs if result.alignment and p.evidence["candidate_module"] == "blocks.3.mlp.fc_in"]
     assert [p.evidence["reference_module"] for p in pinned] == ["layers.4.ffn.up"]
+
+
+def test_a_pin_naming_no_module_is_a_model_file_error(tmp_path):
+    source = (MODELS / "torch_stack.py").read_text() + '\nALIGN_MODULES = {"blocks.3": "layer.4"}\n'
+    path = tmp_path / "pinned.py"
+    path.write_text(source)
+    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(path)], capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "ALIGN_MODULES pins 'blocks.3' to 'layer.4', but no op of the reference ran in a module 'layer.4'" in done.stderr
+    assert "top-level modules: layers" in done.stderr
