@@ -38,6 +38,7 @@ from .trace import OpNode, TensorInfo, Trace, fingerprint, is_floating
 
 NEIGHBOURHOOD = 8  # how far apart in a key group two paired occurrences may be
 VALUE_MATCH = 0.1  # the largest value distance at which a tensor is paired on values alone
+SAME_LAYOUT = 1e-3  # tensors of equal shapes this close are taken to share their layout
 CLEARLY_CLOSER = 0.1  # an out-of-order occurrence wins only when this many times closer in value
 MAX_PERMUTED_DIMS = 5
 MAX_GAP_CELLS = 250_000  # gap DP size above which gaps are matched greedily
@@ -194,6 +195,7 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
     rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
     pairs.update(_align_sequences(sides, rest_cand, rest_ref, use_layers=sides.use_layers))
     _drop_layout_pairs_that_cannot_correspond(sides, pairs)
+    _drop_pairs_whose_parameter_is_read_later(sides, pairs)
 
     alignment = Alignment()
     for cand_index in sorted(pairs):
@@ -238,6 +240,34 @@ def _drop_layout_pairs_that_cannot_correspond(sides: _Sides, pairs: dict[int, tu
         if paired_elsewhere or not same_shapes:
             del pairs[c]
             del cand_of[r]
+
+
+def _drop_pairs_whose_parameter_is_read_later(sides: _Sides, pairs: dict[int, tuple[int, str, float]]) -> None:
+    """Unpair ops where one side reads a parameter that the other side's op does not, but a later
+    op of that side does: paddle's `conv2d` adds its bias in ops of its own (reshape, add), torch's
+    takes it in the call. The step is one op against several, a block for `_form_blocks`."""
+    readers = {side: _parameter_readers(sides.traces[side]) for side in ("candidate", "reference")}
+    for c in sorted(pairs):
+        r = pairs[c][0]
+        ops = {"candidate": c, "reference": r}
+        read = {side: {name for name, readers_of in readers[side].items() if ops[side] in readers_of} for side in ops}
+        for side, other in (("candidate", "reference"), ("reference", "candidate")):
+            later = [name for name in read[other] - read[side] if name in readers[side]
+                     and min(readers[side][name]) > ops[side]]
+            if later:
+                del pairs[c]
+                break
+
+
+def _parameter_readers(trace: Trace) -> dict[str, list[int]]:
+    """Parameter name -> the ops that read it."""
+    readers: dict[str, list[int]] = {}
+    for op in trace.ops:
+        for tid in op.inputs:
+            leaf = trace.tensors[tid].leaf
+            if leaf and leaf.startswith("param:"):
+                readers.setdefault(leaf, []).append(op.index)
+    return readers
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -486,7 +516,7 @@ def _block_for(sides: _Sides, alignment: Alignment, cand_ops: list[int], paired_
     unpartnered: set[int] = set()
     unpaired = set(unpaired_ref)
     for c_tid in _handed_on(candidate, cand_ops, sides.readers["candidate"]):
-        partner = _partner_by_consumer(sides, c_tid, paired_ref_of) or _partner_by_value(sides, c_tid, options)
+        partner = _partner_by_consumer(sides, alignment, c_tid, paired_ref_of) or _partner_by_value(sides, c_tid, options)
         producer = reference.tensors[partner].producer if partner is not None else None
         if producer in unpaired and producer not in ref_ops:
             # The two sides order the block's ops differently (paddle's MLP computes `up` before the
@@ -505,20 +535,30 @@ def _block_for(sides: _Sides, alignment: Alignment, cand_ops: list[int], paired_
     return Block(list(cand_ops), ref_ops, not unpartnered), unpartnered
 
 
-def _partner_by_consumer(sides: _Sides, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
-    """The reference tensor in the same argument position of a paired op that reads `c_tid`."""
+COMMUTATIVE_OPS = frozenset({"add", "mul", "maximum", "minimum"})
+
+
+def _partner_by_consumer(sides: _Sides, alignment: Alignment, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
+    """The reference tensor in the same argument position of a paired op that reads `c_tid` (any
+    position of a commutative op: `x + attn` against `attn + x`), not one that another argument of
+    that op is paired with already."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     info = candidate.tensors[c_tid]
     for reader in sides.readers["candidate"].get(c_tid, []):
         if reader not in paired_ref_of:
             continue
-        ref_inputs = reference.ops[paired_ref_of[reader]].inputs
-        for position, tid in enumerate(candidate.ops[reader].inputs):
-            if tid != c_tid or position >= len(ref_inputs):
+        cand_inputs, ref_inputs = candidate.ops[reader].inputs, reference.ops[paired_ref_of[reader]].inputs
+        taken = {alignment.tensors[t].reference for t in cand_inputs if t != c_tid and t in alignment.tensors}
+        for position, tid in enumerate(cand_inputs):
+            if tid != c_tid:
                 continue
-            partner = reference.tensors[ref_inputs[position]]
-            if partner.size == info.size or broadcasts(partner.shape, info.shape):
-                return partner.tid
+            others = [p for p in range(len(ref_inputs)) if p != position] if candidate.ops[reader].op in COMMUTATIVE_OPS else []
+            for ref_position in [position, *others]:
+                if ref_position >= len(ref_inputs) or ref_inputs[ref_position] in taken:
+                    continue
+                partner = reference.tensors[ref_inputs[ref_position]]
+                if partner.size == info.size or broadcasts(partner.shape, info.shape):
+                    return partner.tid
     return None
 
 
@@ -550,7 +590,8 @@ def _layout(sides: _Sides, c_tid: int, r_tid: int) -> tuple[Permutation, float]:
     c_info, r_info = candidate.tensors[c_tid], reference.tensors[r_tid]
     plain = value_distance(c_info, r_info)
     rank = len(r_info.shape)
-    if c_info.shape == r_info.shape or rank > MAX_PERMUTED_DIMS or not reference.has_value(r_tid):
+    # Equal shapes can still hide a transpose (a square (seq, head_dim) block of k against k^T).
+    if (c_info.shape == r_info.shape and plain <= SAME_LAYOUT) or rank > MAX_PERMUTED_DIMS or not reference.has_value(r_tid):
         return None, plain
     identity = tuple(range(rank))
     permutations = [p for p in itertools.permutations(range(rank))

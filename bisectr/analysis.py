@@ -143,6 +143,15 @@ class Analysis:
             return None
         return pair.reference_in_candidate_layout(self.reference.value(pair.reference), self.candidate.tensors[cand_tid].shape)
 
+    def in_reference_layout(self, cand_tid: int, ref_tid: int, values: np.ndarray) -> np.ndarray:
+        """Values of the candidate tensor `cand_tid` laid out as its partner `ref_tid` (a transpose
+        absorbed by `transpose_y` on one side is undone here)."""
+        pair = self.alignment.tensors.get(cand_tid)
+        shape = self.reference.tensors[ref_tid].shape
+        if pair is not None and pair.reference == ref_tid:
+            return pair.candidate_in_reference_layout(values, shape)
+        return values.reshape(shape)
+
     def tensor_error(self, cand_tid: int) -> dict[str, float] | None:
         """Propagated error of a candidate tensor against its reference partner (None if unpaired)."""
         if cand_tid not in self._tensor_errors:
@@ -238,7 +247,7 @@ class Analysis:
             return None, None
         if any(local_out[c].size != reference_out[r].size for c, r in compared):
             return None, None
-        local_out = {r: local_out[c].reshape(reference_out[r].shape) for c, r in compared}
+        local_out = {r: self.in_reference_layout(c, r, local_out[c]) for c, r in compared}
 
         def worst(values: dict[int, np.ndarray], truth: dict[int, np.ndarray]) -> float:
             return max(error_metrics(values[r], truth[r])["max_rel"] for _, r in compared)
@@ -256,7 +265,7 @@ class Analysis:
 
 def block_name(ops: list[str]) -> str:
     """A block is named by the ops that compute in it (`attention`, not `transpose+attention+transpose`)."""
-    computing = [op for op in ops if op not in LAYOUT_OPS] or ops
+    computing = [op for op in ops if op not in LAYOUT_OPS and op != "dropout"] or ops  # eval-mode dropout passes values on
     return "+".join(dict.fromkeys(computing))
 
 

@@ -180,7 +180,8 @@ class Search:
         patches = {}
         for cand_tid, ref_tid in self.analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
             info = self.run.reference.tensors[ref_tid]
-            patches[ref_tid] = local[cand_tid].astype(_numpy_dtype(info.dtype), copy=False).reshape(info.shape)
+            values = self.analysis.in_reference_layout(cand_tid, ref_tid, local[cand_tid])
+            patches[ref_tid] = values.astype(_numpy_dtype(info.dtype), copy=False)
         return self.reference_error(patches)
 
 
@@ -225,7 +226,7 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
     finding = Finding()
     if float64.status != "agree":
         rounding = NOISE_FACTOR * float64.predicted if float64.predicted is not None else 0.0
-        finding = _first_confirmed_difference(search, entry, region, full_error, rounding, say)
+        finding = _first_confirmed_difference(search, cuts, entry, region, full_error, rounding, say)
     bracket = None
     if finding.confirmed:
         verdict, culprit_evidence = "divergent", finding.evidence
@@ -290,29 +291,39 @@ def _entry_region(analysis: Analysis, entry: int | None) -> Block | None:
     return Block(sides["candidate"], sides["reference"], matched=True)
 
 
-def _suspects(analysis: Analysis, entry: int | None, region: Block | None, limit: int) -> list[OpEvidence]:
-    """Paired ops (and matched blocks) judged different up to the entry point, in order; then
-    the entry region as one block when it is judged different."""
-    suspects = [e for e in analysis.in_order() if e.verdict == "different" and e.candidate <= limit]
+def _suspects(analysis: Analysis, cuts: list[int], entry: int | None, region: Block | None) -> list[OpEvidence]:
+    """Paired ops (and matched blocks) judged different up to the entry point. The cut search says
+    most of the error enters between the cut before the entry point and the entry point, so the
+    ones there come first, then the entry region as one block (when judged different), then the
+    earlier ones, in order."""
+    limit = entry if entry is not None else len(analysis.run.candidate.ops)
+    low = _cut_before(cuts, entry)
+    different = [e for e in analysis.in_order() if e.verdict == "different" and e.candidate <= limit]
+    inside = [e for e in different if low is None or e.candidate > low]
     if region is not None:
         evidence = analysis.evidence(entry, analysis.ops[entry].reference, region)
         if evidence.verdict == "different":
-            suspects.append(evidence)
-    return suspects
+            inside.append(evidence)
+    return inside + [e for e in different if low is not None and e.candidate <= low]
 
 
-def _first_confirmed_difference(search: Search, entry: int | None, region: Block | None, full_error: float,
-                                rounding: float, say: Callable[[str], None]) -> Finding:
+def _cut_before(cuts: list[int], entry: int | None) -> int | None:
+    """The last cut before the entry point (the last cut of all without one); None if there is none."""
+    position = cuts.index(entry) if entry is not None else len(cuts)
+    return cuts[position - 1] if position > 0 else None
+
+
+def _first_confirmed_difference(search: Search, cuts: list[int], entry: int | None, region: Block | None,
+                                full_error: float, rounding: float, say: Callable[[str], None]) -> Finding:
     """The first suspect whose own difference moves the outputs and whose removal confirms it; else
     the first that moves them, unconfirmed. What was tested and does not reach is not blamed."""
     run, analysis = search.run, search.analysis
-    limit = entry if entry is not None else len(run.candidate.ops)
     reach_needed = max(REACH_FRACTION * full_error, noise_floor(run.candidate.dtype))
     finding = Finding()
     # Confirmations keep the search within its re-run budget, but get two re-runs at least (the suspect
     # alone, then with its recurrences) after an exhaustive cut search.
     budget = max(math.ceil(math.log2(max(len(run.candidate.ops), 2))) + RERUN_SLACK, search.candidate_reruns + 2)
-    for evidence in _suspects(analysis, entry, region, limit)[:MAX_REACH_TESTS]:
+    for evidence in _suspects(analysis, cuts, entry, region)[:MAX_REACH_TESTS]:
         if search.candidate_reruns >= budget:  # what is left untested stays in the bracket
             break
         say(f"testing op {evidence.candidate}")
@@ -491,8 +502,7 @@ def _bracket_dict(run: Run, analysis: Analysis, region: Block | None, cuts: list
     def sites(role: str, after: int, upto: int, extra: list[int]) -> list[dict]:
         return [_side(run.traces[role].ops[i]) for i in sorted(set(range(after + 1, upto + 1)).union(extra))]
 
-    position = cuts.index(entry) if entry is not None else len(cuts)
-    low = cuts[position - 1] if position > 0 else None
+    low = _cut_before(cuts, entry)
     ref_low = analysis.ops[low].reference if low is not None else -1
     cand_high, ref_high = (entry, analysis.ops[entry].reference) if entry is not None else \
         (len(run.candidate.ops) - 1, len(run.reference.ops) - 1)

@@ -143,6 +143,9 @@ SYNONYMS = {
     "expand_v2": "expand",
     "top_k_v2": "topk",
     "max_pool2d": "max_pool",
+    # paddle runs average pools as `pool2d` (its pooling type and `adaptive` are arguments)
+    "avg_pool2d": "pool2d",
+    "adaptive_avg_pool2d": "pool2d",
 }
 
 _REVERSED_DUNDERS = {"radd", "rsub", "rmul", "rtruediv", "rdiv", "rpow", "rmatmul", "rfloordiv", "rmod", "rand", "ror", "rxor", "rlshift", "rrshift"}

@@ -68,3 +68,15 @@ def test_dropout_in_training_mode_is_refused_naming_the_side_and_the_op(model, f
     assert done.returncode == 2 and done.stdout == ""
     assert "the reference side does not reproduce its own outputs" in done.stderr
     assert f"op 1 ({framework_op}" in done.stderr and "model.eval()" in done.stderr
+
+
+def test_the_third_party_corpus_benchmark_holds_on_every_pair(tmp_path):
+    """`benchmarks/corpus.py`: every correct port noise or match with no pair its values contradict,
+    every planted bug divergent at its module and confirmed, re-runs within ceil(log2 ops) + 3."""
+    rows_file = tmp_path / "rows.json"
+    done = subprocess.run([sys.executable, str(MODELS.parent.parent / "benchmarks" / "corpus.py"), "--json", str(rows_file)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(rows_file.read_text())
+    assert len(rows) == 14 and all(r["right"] and r["coverage"] >= 0.9 for r in rows)
+    assert all(r["confirmed"] for r in rows if r["verdict"] == "divergent")
