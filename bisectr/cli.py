@@ -4,9 +4,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+import traceback
 import warnings
+from contextlib import contextmanager
+from importlib.metadata import version
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 from rich.console import Console
 
@@ -15,7 +19,34 @@ from .report import json_safe
 from .errors import BisectrError, UserModelError
 from .store import save_result
 
-EXIT_OK, EXIT_DIVERGENT, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_DIVERGENT, EXIT_ERROR, EXIT_BUG = 0, 1, 2, 3
+# Off a terminal (a pipe, a file) tables are printed at their natural width: no cell cut or wrapped.
+UNBOUNDED_WIDTH = 1 << 16
+
+MODEL_FILE_HELP = """\
+A model file defines two functions without arguments, each returning (model, inputs):
+
+    def reference():
+        import torch
+        return TorchNet().eval(), (torch.ones(2, 8),)
+
+    def candidate():
+        import paddle
+        return PaddleNet(), (paddle.ones([2, 8]),)
+
+model: a torch.nn.Module, a paddle.nn.Layer or any function calling framework ops;
+inputs: a tuple of positional arguments or a dict of keyword arguments."""
+
+EXIT_STATUS_HELP = """\
+exit status:
+  0  match or noise (the outputs agree, or rounding explains their difference)
+  1  divergent (something computes differently; the culprit is named)
+  2  usage errors, model-file and model errors, refused models, corrupt run directories
+  3  a bug in bisectr itself (the message names the log holding its traceback)"""
+
+EXAMPLE_HELP = """\
+example:
+  bisectr trace examples/span_head.py --no-tui"""
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,11 +59,18 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate")
 
 
+def _help_texts(description: str) -> dict:
+    return {"description": f"{description}\n\n{MODEL_FILE_HELP}", "epilog": f"{EXAMPLE_HELP}\n\n{EXIT_STATUS_HELP}",
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bisectr", description="Find where two implementations of a network start to disagree.")
+    parser = argparse.ArgumentParser(prog="bisectr", **_help_texts("Find where two implementations of a network start to disagree."))
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('bisectr')}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    trace = commands.add_parser("trace", help="record both sides, align, analyse and show the result")
+    trace = commands.add_parser("trace", help="record both sides, align, analyse and show the result",
+                                **_help_texts("Record both sides, align, analyse and show the result."))
     _add_model_arguments(trace)
     trace.add_argument("-o", "--out", metavar="RUN_DIR", help="run directory to write (default: .bisectr/runs/<model>)")
     trace.add_argument("--no-tui", action="store_true", help="print the text summary even on a terminal")
@@ -41,8 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="store values only for ops under this module path (repeatable)")
     trace.add_argument("--alignment", action="store_true", help="print the op alignment as a table")
     trace.add_argument("--ops", action="store_true", help="print every paired op with its mean and max difference")
+    trace.add_argument("--format", choices=("table", "tsv"), default="table",
+                       help="tsv: print only the --ops or --alignment table, tab-separated (for scripts)")
 
-    bisect = commands.add_parser("bisect", help="scripted first-divergence search")
+    bisect = commands.add_parser("bisect", help="scripted first-divergence search", **_help_texts("The scripted first-divergence search."))
     _add_model_arguments(bisect)
     bisect.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     bisect.add_argument("--exhaustive", action="store_true", help="patch every op instead of searching")
@@ -58,9 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "trace" and args.format == "tsv" and (args.ops == args.alignment or args.stats_only):
+        parser.error("--format tsv prints one table: give either --ops or --alignment (and no --stats-only)")
     warnings.filterwarnings("ignore", message="No ccache found")  # printed by paddle on import
     console = Console(soft_wrap=True)
+    if not console.is_terminal:
+        console.width = UNBOUNDED_WIDTH
     try:
         return COMMANDS[args.command](args, console)
     except BisectrError as exc:
@@ -72,6 +117,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         Console(stderr=True, soft_wrap=True).print("bisectr: interrupted; nothing was saved")
         return EXIT_ERROR
+    except Exception as exc:  # what bisectr did not expect is its own bug, never a verdict
+        return _report_bug(exc)
+
+
+def _report_bug(exc: Exception) -> int:
+    with tempfile.NamedTemporaryFile("w", prefix="bisectr-bug-", suffix=".log", delete=False) as log:
+        log.write("".join(traceback.format_exception(exc)))
+    Console(stderr=True, soft_wrap=True).print(
+        f"[bold red]bisectr: internal error:[/] {type(exc).__name__}: {exc}\n"
+        f"This is a bug in bisectr, not in your model. Its traceback is in {log.name}; please report it with that file.",
+        markup=True, highlight=False)
+    return EXIT_BUG
 
 
 def _exit_status(result: dict) -> int:
@@ -85,6 +142,33 @@ def _search(run, console: Console, exhaustive: bool, quiet: bool):
         return run.bisect(exhaustive=exhaustive, progress=lambda message: status.update(message))
 
 
+class _RecordingText:
+    """The status line while the sides are recorded. Rich renders it a dozen times a second from its
+    own thread, reading the count of ops recorded so far: the recording does nothing for it."""
+
+    def __init__(self, model_file: str):
+        self.model_file = model_file
+        self.role: str | None = None
+        self.ops: Callable[[], int] | None = None
+
+    def watch(self, role: str, ops: Callable[[], int]) -> None:
+        self.role, self.ops = role, ops
+
+    def __rich__(self) -> str:
+        return f"loading {self.model_file}" if self.ops is None else f"recording {self.role}: {self.ops()} ops"
+
+
+@contextmanager
+def _recording_status(console: Console, model_file: str, quiet: bool) -> Iterator[Callable[[str, Callable[[], int]], None] | None]:
+    """The `watch` argument of `trace`: a status line on `console`, or None (nothing shown) when quiet."""
+    if quiet:
+        yield None
+        return
+    text = _RecordingText(model_file)
+    with console.status(text):
+        yield text.watch
+
+
 def _isolation(args: argparse.Namespace) -> dict:
     return {"isolate": args.isolate, "reference_python": args.reference_python, "candidate_python": args.candidate_python}
 
@@ -93,34 +177,52 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
     from .run import trace
 
     out = Path(args.out) if args.out else Path(".bisectr/runs") / Path(args.model_file).stem
-    run = trace(args.model_file, args.reference, args.candidate, out=out,
-                store_values=not args.stats_only, keep_modules=tuple(args.keep_module), **_isolation(args))
-    report.print_trace_summary(console, run)
+    with _recording_status(console, args.model_file, quiet=not console.is_terminal) as watch:
+        run = trace(args.model_file, args.reference, args.candidate, out=out, store_values=not args.stats_only,
+                    keep_modules=tuple(args.keep_module), watch=watch, **_isolation(args))
     if args.stats_only:
+        report.print_trace_summary(console, run)
         console.print("statistics only: no values stored, so no search (trace again without --stats-only)")
         return EXIT_OK
+    tui = console.is_terminal and not args.no_tui and args.format == "table"
+    if tui:
+        report.print_trace_summary(console, run)  # something to read while the search runs
     result = _search(run, console, exhaustive=False, quiet=not console.is_terminal)
-    if args.alignment:
-        report.print_alignment(console, run, result.alignment)
     saved = json_safe(result.to_dict())
-    if args.ops:
-        report.print_ops(console, run, saved)
     save_result(run.run_dir, saved)
-    if console.is_terminal and not args.no_tui:
+    if args.format == "tsv":
+        _print_tables(console, run, result, saved, args)
+        return _exit_status(saved)
+    if tui:
         from .tui import run_app
 
+        _print_tables(console, run, result, saved, args)  # still on the terminal when the TUI closes
         run_app(run, result)
         return _exit_status(run.saved_result or saved)
     report.print_result(console, run, saved)
+    console.print()
+    report.print_trace_summary(console, run)
+    _print_tables(console, run, result, saved, args)
     console.print(f"\nrun saved in {run.run_dir}  (reopen with: bisectr view {run.run_dir})", highlight=False)
     return _exit_status(saved)
+
+
+def _print_tables(console: Console, run, result, saved: dict, args: argparse.Namespace) -> None:
+    """The tables asked for with --alignment and --ops, in the chosen --format."""
+    tsv = args.format == "tsv"
+    if args.alignment:
+        report.print_alignment(console, run, result.alignment, tsv)
+    if args.ops:
+        report.print_ops(console, run, saved, tsv)
 
 
 def run_bisect(args: argparse.Namespace, console: Console) -> int:
     from .run import trace
 
-    run = trace(args.model_file, args.reference, args.candidate, **_isolation(args))
-    searched = _search(run, Console(stderr=True), args.exhaustive, quiet=args.json)
+    status_console = Console(stderr=True)
+    with _recording_status(status_console, args.model_file, quiet=args.json) as watch:
+        run = trace(args.model_file, args.reference, args.candidate, watch=watch, **_isolation(args))
+    searched = _search(run, status_console, args.exhaustive, quiet=args.json)
     result = json_safe(searched.to_dict())
     if args.repro and searched.culprit is not None:
         from .repro import write_repro
@@ -161,11 +263,13 @@ def run_view(args: argparse.Namespace, console: Console) -> int:
 
         run_app(run)
         return _exit_status(run.saved_result) if run.saved_result else EXIT_OK
-    report.print_trace_summary(console, run)
     if run.saved_result is None:
+        report.print_trace_summary(console, run)
         console.print("this run holds no search result")
         return EXIT_OK
     report.print_result(console, run, run.saved_result)
+    console.print()
+    report.print_trace_summary(console, run)
     return _exit_status(run.saved_result)
 
 

@@ -32,7 +32,7 @@ from .adapters import CannotUpcast
 from .errors import BisectrError, UserModelError
 from .modelfile import build_side, load_module
 from .recording import Call, RecordOptions, RerunResult, Slot
-from .sides import LocalSide
+from .sides import LocalSide, Watch
 from .store import TensorWriter
 from .trace import Trace
 
@@ -240,7 +240,8 @@ class IsolatedSide:
         """Wait until the worker has built the side (the build request is sent on start)."""
         self._receive("building the side")
 
-    def record(self, writer: TensorWriter | None, options: RecordOptions) -> Trace:
+    def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
+        """As `LocalSide.record`; the worker records in another process, so `watch` is not called."""
         directory = None
         if writer is not None:
             writer.close()  # the worker writes this side's tensors.bin; the run adopts its index

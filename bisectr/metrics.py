@@ -19,10 +19,12 @@ def error_metrics(candidate: np.ndarray, reference: np.ndarray) -> dict[str, flo
         return dict(_NO_DIFFERENCE)
     if cand.dtype != ref.dtype:
         cand, ref = cand.astype(np.float64), ref.astype(np.float64)
-    diff = np.abs(cand - ref)
-    max_abs = float(diff.max())
+    diff, max_abs = _abs_difference(cand, ref)
     if max_abs == 0.0:  # bit-identical: common upstream of a difference, and cheap to say
         return dict(_NO_DIFFERENCE)
+    if not np.isfinite(max_abs) and cand.dtype != np.float64 and np.isfinite(cand).all() and np.isfinite(ref).all():
+        cand, ref = cand.astype(np.float64), ref.astype(np.float64)  # finite values whose difference overflows float32
+        diff, max_abs = _abs_difference(cand, ref)
     if np.isfinite(max_abs):
         scale = float(np.abs(ref).max())
         ok_cand, ok_ref = cand, ref
@@ -41,6 +43,13 @@ def error_metrics(candidate: np.ndarray, reference: np.ndarray) -> dict[str, flo
         "max_rel": max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf")),
         "cosine": _cosine(ok_cand, ok_ref),
     }
+
+
+def _abs_difference(cand: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
+    """|cand - ref| and its largest value. Inf - Inf gives NaN here; the caller judges NaN and Inf."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(cand - ref)
+    return diff, float(diff.max())
 
 
 def _flat(values: np.ndarray) -> np.ndarray:

@@ -224,28 +224,70 @@ def print_substitution(console: Console, substitution: dict) -> None:
                   highlight=False)
 
 
-def print_ops(console: Console, run: Run, result: dict) -> None:
-    """The numbered list of paired ops with their differences (what seeds 001/002 wrote by hand)."""
-    table = Table(title="Ops (candidate numbering; differences vs the paired reference op)", title_justify="left")
-    for column in ("op", "name", "module", "source", "mean dif", "max dif", "max rel", "local", "verdict"):
-        table.add_column(column, no_wrap=column in ("op", "name"))
+OP_COLUMNS = ("op", "name", "module", "source", "mean dif", "max dif", "max rel", "local", "verdict")
+ALIGNMENT_COLUMNS = ("cand op", "ref op", "op", "candidate module", "reference module", "confidence")
+
+
+def op_rows(run: Run, result: dict) -> list[list]:
+    """One row per paired candidate op (`OP_COLUMNS`): where it is and how far it is from its partner."""
+    rows = []
     for row in result.get("profile", []):
         op = run.candidate.ops[row["index"]]
-        table.add_row(str(row["index"]), row["op"], op.module, short_source(op.source), fmt(row.get("mean_abs")),
-                      fmt(row.get("max_abs")), fmt(row["output_error"]), fmt(row["local_error"]), row["verdict"])
-    console.print(table)
+        rows.append([row["index"], row["op"], op.module, short_source(op.source), row.get("mean_abs"), row.get("max_abs"),
+                     row["output_error"], row["local_error"], row["verdict"]])
+    return rows
 
 
-def print_alignment(console: Console, run: Run, alignment: Alignment) -> None:
-    table = Table(title="Alignment (candidate -> reference)", title_justify="left")
-    for column in ("cand op", "ref op", "op", "candidate module", "reference module", "confidence"):
-        table.add_column(column)
+def alignment_rows(run: Run, alignment: Alignment) -> list[list]:
+    """One row per aligned op pair (`ALIGNMENT_COLUMNS`)."""
+    rows = []
     for pair in alignment.pairs:
         cand, ref = run.candidate.ops[pair.candidate], run.reference.ops[pair.reference]
-        table.add_row(str(cand.index), str(ref.index), cand.op, cand.module, ref.module, f"{pair.confidence:.2f}")
-    console.print(table)
+        rows.append([cand.index, ref.index, cand.op, cand.module, ref.module, pair.confidence])
+    return rows
+
+
+def print_ops(console: Console, run: Run, result: dict, tsv: bool = False) -> None:
+    """The numbered list of paired ops with their differences (what seeds 001/002 wrote by hand)."""
+    rows = op_rows(run, result)
+    if tsv:
+        print_tsv(console, OP_COLUMNS, rows)
+    else:
+        console.print(_table("Ops (candidate numbering; differences vs the paired reference op)", OP_COLUMNS, rows,
+                             no_wrap=("op", "name")))
+
+
+def print_alignment(console: Console, run: Run, alignment: Alignment, tsv: bool = False) -> None:
+    """The aligned op pairs, then the N:M blocks (the blocks only in the table form)."""
+    rows = alignment_rows(run, alignment)
+    if tsv:
+        print_tsv(console, ALIGNMENT_COLUMNS, rows)
+        return
+    console.print(_table("Alignment (candidate -> reference)", ALIGNMENT_COLUMNS, rows))
     for block in alignment.blocks:
         state = "matched block" if block.matched else "unmatched"
         cand_ops = " ".join(f"{i}:{run.candidate.ops[i].op}" for i in block.candidate) or "-"
         ref_ops = " ".join(f"{i}:{run.reference.ops[i].op}" for i in block.reference) or "-"
         console.print(f"{state}: candidate [{cand_ops}]  reference [{ref_ops}]", highlight=False)
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[list], no_wrap: tuple[str, ...] = ()) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, no_wrap=column in no_wrap)
+    for row in rows:
+        table.add_row(*(fmt(value) if value is None or isinstance(value, float) else str(value) for value in row))
+    return table
+
+
+def print_tsv(console: Console, columns: tuple[str, ...], rows: list[list]) -> None:
+    """Tab-separated values: a header line, then one line per row, numbers at full precision,
+    `n/a` where a number is missing. Written past rich, which would expand the tabs."""
+    lines = ["\t".join(columns)] + ["\t".join(_tsv_cell(value) for value in row) for row in rows]
+    console.file.write("\n".join(lines) + "\n")
+
+
+def _tsv_cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "n/a"
+    return repr(value) if isinstance(value, float) else str(value)

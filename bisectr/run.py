@@ -6,9 +6,9 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -145,8 +145,12 @@ def bisect(model_file: str | os.PathLike, reference: str = "reference", candidat
 
 def trace(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
           out: str | os.PathLike | None = None, store_values: bool = True, keep_modules: tuple[str, ...] = (),
-          isolate: bool = False, reference_python: str | None = None, candidate_python: str | None = None) -> Run:
+          isolate: bool = False, reference_python: str | None = None, candidate_python: str | None = None,
+          watch: Callable[[str, Callable[[], int]], None] | None = None) -> Run:
     """Record both sides of `model_file` into the run directory `out` (a temporary one if None).
+
+    `watch(role, ops)`, for a progress display, is called as each side's recording starts with a
+    function returning the number of ops recorded so far (not for an isolated side).
 
     With `isolate`, each side's model runs in its own worker process (`bisectr.isolate`), started
     with `reference_python` / `candidate_python` (default: this interpreter); naming one implies it.
@@ -163,7 +167,8 @@ def trace(model_file: str | os.PathLike, reference: str = "reference", candidate
     writer = RunWriter(run_dir)
     options = RecordOptions(store_values=store_values, keep_modules=tuple(keep_modules))
     try:
-        traces = {role: runner.record(writer.tensor_writer(role), options) for role, runner in runners.items()}
+        traces = {role: runner.record(writer.tensor_writer(role), options, watch and partial(watch, role))
+                  for role, runner in runners.items()}
         pair_outputs(traces["reference"], traces["candidate"], model_file)
         manifest = {"model_file": str(model_file.resolve()), "reference_fn": reference, "candidate_fn": candidate,
                     "store_values": store_values, "keep_modules": list(keep_modules), "isolate": isolate,

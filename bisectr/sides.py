@@ -8,7 +8,7 @@ know where a model lives.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -23,8 +23,8 @@ from .trace import Trace, is_floating
 
 
 class SideRunner(Protocol):
-    def record(self, writer: TensorWriter | None, options: RecordOptions) -> Trace:
-        """Record one forward pass, writing tensor values through `writer`."""
+    def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
+        """Record one forward pass, writing tensor values through `writer`; `watch`: see `record_side`."""
 
     def rerun(self, trace: Trace, patches: dict[int, np.ndarray], capture: set[int] | frozenset) -> RerunResult:
         """Run again, following `trace`, with `patches` (tid -> values) swapped in."""
@@ -40,12 +40,20 @@ class SideRunner(Protocol):
         outputs; raises `CannotUpcast` saying why the side cannot run in float64."""
 
 
-def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions) -> tuple[Trace, Recording]:
+# Called as a recording starts with a function returning the number of ops recorded so far (read
+# from another thread by a progress display: the recording itself pays nothing for it).
+Watch = Callable[[Callable[[], int]], None]
+
+
+def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions,
+                watch: Watch | None = None) -> tuple[Trace, Recording]:
     """Record one side's forward pass: its trace, and the calls and leaves that replays need."""
     items = side.input_items()
     device, dtype = side.adapter.describe(side.model, [value for _, value in items])
     trace = Trace(side.role, side.adapter.name, device, dtype)
     recorder = Recorder(side.adapter, side.model, items, trace, writer, options)
+    if watch is not None:
+        watch(lambda: recorder.op_count)
     with side.adapter.intercept(side.model, recorder):
         outputs = side.forward()
     pairs = output_pairs(side.adapter, outputs)
@@ -68,8 +76,8 @@ class LocalSide:
         self.side = side
         self.recording = Recording()
 
-    def record(self, writer: TensorWriter | None, options: RecordOptions) -> Trace:
-        trace, self.recording = record_side(self.side, writer, options)
+    def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
+        trace, self.recording = record_side(self.side, writer, options, watch)
         return trace
 
     def rerun(self, trace: Trace, patches: dict[int, np.ndarray], capture: set[int] | frozenset = frozenset()) -> RerunResult:

@@ -175,7 +175,8 @@ def tensor_stats(values: np.ndarray) -> dict[str, float]:
 
     Runs on every recorded tensor and parameter, so it is kept to four cheap passes: min
     and max first (NaN propagates through them, so finiteness is only checked when one is
-    not finite), then the sum and the sum of squares through BLAS (`_sum`, `np.dot`)."""
+    not finite), then the sum and the sum of squares through BLAS (`_sum`, `np.dot`), in
+    float64 where float32 sums could overflow (an attention mask of -3.4e38)."""
     if values.dtype.kind == "c":
         values = np.abs(values)
     elif values.dtype.kind != "f" or values.dtype.itemsize < 4:
@@ -192,10 +193,20 @@ def tensor_stats(values: np.ndarray) -> dict[str, float]:
                 low, high = float(flat.min()), float(flat.max())
     if flat.size == 0:
         return _statistics(0.0, 0.0, 0.0, 0.0, nan_count, inf_count)
+    if not _fits_float32_sums(max(abs(low), abs(high)), flat.size):
+        flat = flat.astype(np.float64, copy=False)
     mean = _sum(flat) / flat.size
-    squares = flat if max(abs(low), abs(high)) < 1e18 else flat.astype(np.float64)  # float32 squares would overflow
-    variance = float(np.dot(squares, squares)) / flat.size - mean * mean
+    variance = float(np.dot(flat, flat)) / flat.size - mean * mean
     return _statistics(low, high, mean, math.sqrt(max(variance, 0.0)), nan_count, inf_count)
+
+
+_FLOAT32_SUM_LIMIT = 1e38  # below float32's largest value, 3.4e38
+
+
+def _fits_float32_sums(absmax: float | np.ndarray, size: int | np.ndarray) -> bool | np.ndarray:
+    """Can `size` values no larger than `absmax` be summed, and their squares summed, in float32?
+    No partial sum exceeds `size * absmax**2`. False for NaN and Inf."""
+    return absmax * absmax * size < _FLOAT32_SUM_LIMIT
 
 
 def _statistics(low: float, high: float, mean: float, std: float, nan: int = 0, inf: int = 0) -> dict[str, float]:
@@ -246,7 +257,7 @@ class StatsBatch:
     narrower) are copied into one float32 buffer as they arrive (a later in-place write cannot
     change what is described) and reduced segment by segment (`ufunc.reduceat`, pairwise sums)
     when the buffer fills or on `flush()`. Large tensors, other dtypes, and tensors holding NaN,
-    Inf or values whose float32 squares would overflow go through `tensor_stats` one by one.
+    Inf or values whose float32 sums would overflow go through `tensor_stats` one by one.
     """
 
     SMALL = 1 << 14  # elements; larger tensors are described at once
@@ -280,11 +291,10 @@ class StatsBatch:
         picked = data[np.concatenate(positions) + np.repeat(starts, [len(p) for p in positions])].tolist()
         lows = np.minimum.reduceat(data, starts)
         highs = np.maximum.reduceat(data, starts)
-        means = np.add.reduceat(data, starts).astype(np.float64) / sizes
-        with np.errstate(invalid="ignore"):
-            special = ~(np.maximum(-lows, highs) < 1e18)  # NaN, Inf, or squares beyond float32
+        special = ~_fits_float32_sums(np.maximum(-lows, highs).astype(np.float64), sizes)  # also NaN and Inf
         one_by_one = {i: tensor_stats(data[self._starts[i]: self._starts[i] + sizes[i]]) for i in np.flatnonzero(special).tolist()}
-        with np.errstate(over="ignore", invalid="ignore"):  # in the special segments, described already
+        with np.errstate(over="ignore", invalid="ignore"):  # only in the special segments, described already
+            means = np.add.reduceat(data, starts).astype(np.float64) / sizes
             squares = np.multiply(data, data, out=data)  # the values are not needed any more
             variances = np.add.reduceat(squares, starts).astype(np.float64) / sizes - means * means
         stds = np.sqrt(np.maximum(variances, 0.0))

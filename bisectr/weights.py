@@ -9,6 +9,11 @@ on only one side (a custom layer on the other) is copied as stored and listed in
 `WeightReport.layout_unknown`; `transpose_overrides` settles such cases, and can also skip one
 transpose on purpose (the `untransposed_weight` example does that to plant a bug).
 
+BatchNorm running statistics are paired by the owner's type as well: torch `running_mean` /
+`running_var` and paddle `_mean` / `_variance` of a BatchNorm layer on both sides fill each other
+without a `name_map`. Torch's `num_batches_tracked` (a training counter that eval ignores) has no
+paddle counterpart; without a partner it is neither copied nor reported.
+
 Linear layers of model libraries that are not `nn.Linear` are known by type too: Hugging Face's
 GPT-2 `Conv1D` stores (in, out), PaddleFormers' `LMHead` stores (vocab, hidden) = (out, in) like
 Hugging Face's `lm_head`. PaddleFormers names its Llama/Qwen2 parameters as Hugging Face does
@@ -50,6 +55,14 @@ IN_OUT = "(in, out)"
 _LINEAR_LAYOUT = {"torch": OUT_IN, "paddle": IN_OUT}
 # Linear layers of model libraries that are not nn.Linear: (top-level package, class name) -> layout.
 _LIBRARY_LINEARS = {("transformers", "Conv1D"): IN_OUT, ("paddleformers", "LMHead"): OUT_IN}
+
+# Each framework's BatchNorm classes, and its names for their running statistics -> what they hold.
+_BATCH_NORMS = {"torch": ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"),
+                "paddle": ("BatchNorm", "BatchNorm1D", "BatchNorm2D", "BatchNorm3D", "SyncBatchNorm")}
+_NORM_STATISTICS = {"torch": {"running_mean": "mean", "running_var": "variance", "num_batches_tracked": "count"},
+                    "paddle": {"_mean": "mean", "_variance": "variance"}}
+# Torch's batch counter: paddle has none, so it may go without a partner.
+_BATCH_COUNT = "count"
 
 
 @dataclass
@@ -143,7 +156,8 @@ def copy_weights(source: Source, destination: Any, name_map: NameMap | None = No
     for name, dst in dst_entries.items():
         src = pairs.get(name)
         if src is None:
-            report.extra.append(name)
+            if dst.statistic != _BATCH_COUNT:
+                report.extra.append(name)
             continue
         transpose = src.layout is not None and dst.layout is not None and src.layout != dst.layout
         override = overrides.get(name, overrides.get(src.name))
@@ -172,6 +186,7 @@ class _Entry:
     name: str
     tensor: Any
     layout: str | None  # OUT_IN / IN_OUT for a linear layer's weight, else None
+    statistic: str | None = None  # what a BatchNorm's running statistic holds ("mean", "variance", "count")
 
 
 def _rename(name: str, rules: list[tuple[re.Pattern, str]]) -> str:
@@ -182,12 +197,18 @@ def _rename(name: str, rules: list[tuple[re.Pattern, str]]) -> str:
 
 def _pair(src_entries: dict[str, _Entry], dst_entries: dict[str, _Entry], rules: list[tuple[re.Pattern, str]],
           report: WeightReport) -> dict[str, _Entry]:
-    """Destination name -> source entry; source names without a destination go to `report.unmatched`."""
+    """Destination name -> source entry; source names without a destination go to `report.unmatched`.
+    A BatchNorm statistic without a destination of its name goes to the same statistic of the
+    destination's BatchNorm at the same path (the other framework's name for it)."""
+    statistics = {(_owner_path(name), entry.statistic): name for name, entry in dst_entries.items() if entry.statistic}
     pairs: dict[str, _Entry] = {}
     for entry in src_entries.values():
         target = _rename(entry.name, rules)
+        if target not in dst_entries and entry.statistic:
+            target = statistics.get((_owner_path(target), entry.statistic), target)
         if target not in dst_entries:
-            report.unmatched.append(target)
+            if entry.statistic != _BATCH_COUNT:
+                report.unmatched.append(target)
         elif target in pairs:
             raise ValueError(f"name_map sends both {pairs[target].name!r} and {entry.name!r} to {target!r}")
         else:
@@ -197,13 +218,22 @@ def _pair(src_entries: dict[str, _Entry], dst_entries: dict[str, _Entry], rules:
 
 def _state_dict_entries(state: Mapping[str, Any], framework: str, dst_entries: dict[str, _Entry],
                         rules: list[tuple[re.Pattern, str]]) -> dict[str, _Entry]:
-    """A state dict's entries, each in `framework`'s nn.Linear layout where its destination is a linear weight."""
+    """A state dict's entries, each in `framework`'s nn.Linear layout where its destination is a linear
+    weight, and named as `framework` names BatchNorm statistics where its destination's owner is a BatchNorm."""
+    norms = {_owner_path(name) for name, entry in dst_entries.items() if entry.statistic}
     entries = {}
     for name, value in state.items():
-        dst = dst_entries.get(_rename(name, rules))
+        target = _rename(name, rules)
+        dst = dst_entries.get(target)
         linear = dst is not None and dst.layout is not None
-        entries[name] = _Entry(name, value, _LINEAR_LAYOUT[framework] if linear else None)
+        owner, _, local = target.rpartition(".")
+        statistic = _NORM_STATISTICS[framework].get(local) if owner in norms else None
+        entries[name] = _Entry(name, value, _LINEAR_LAYOUT[framework] if linear else None, statistic)
     return entries
+
+
+def _owner_path(name: str) -> str:
+    return name.rpartition(".")[0]
 
 
 def _framework(obj: Any) -> str | None:
@@ -252,7 +282,8 @@ def _entries(root: Any, persistent_only: bool = False) -> dict[str, _Entry]:
     entries = {}
     for name, tensor in tensors:
         owner_name, _, local = name.rpartition(".")
-        entries[name] = _Entry(name, tensor, _layout(owners[owner_name], local, framework))
+        owner = owners[owner_name]
+        entries[name] = _Entry(name, tensor, _layout(owner, local, framework), _statistic(owner, local, framework))
     return entries
 
 
@@ -264,6 +295,15 @@ def _layout(owner: Any, local: str, framework: str) -> str | None:
         return _LINEAR_LAYOUT[framework]
     kind = type(owner)
     return _LIBRARY_LINEARS.get((kind.__module__.partition(".")[0], kind.__name__))
+
+
+def _statistic(owner: Any, local: str, framework: str) -> str | None:
+    """What a BatchNorm's running statistic holds, decided by the owner's type; None for anything else."""
+    statistic = _NORM_STATISTICS[framework].get(local)
+    if statistic is None:
+        return None
+    norms = tuple(_layer_class(framework, name) for name in _BATCH_NORMS[framework])
+    return statistic if isinstance(owner, norms) else None
 
 
 def _shape(tensor: Any) -> tuple[int, ...]:

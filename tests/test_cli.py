@@ -1,12 +1,19 @@
-"""The command line: summaries, JSON, exit codes and bad input."""
+"""The command line: summaries, tables, JSON, exit codes and bad input."""
 import json
+import os
+import pty
+import re
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
+import bisectr
+from bisectr import load, report
 from bisectr.cli import main
-from conftest import MODELS
+from conftest import EXAMPLES, MODELS
 
 
 def bisectr_cli(*args, cwd=None):
@@ -94,3 +101,110 @@ def test_stats_only_trace_summarises_without_searching(tmp_path):
     assert "statistics only: no values stored, so no search" in done.stdout and "verdict" not in done.stdout
     viewed = bisectr_cli("view", tmp_path / "run", "--no-tui")
     assert viewed.returncode == 0 and "this run holds no search result" in viewed.stdout
+
+
+SPAN_HEAD = EXAMPLES / "span_head.py"
+
+
+def test_trace_in_a_pipe_prints_the_verdict_first_and_whole_table_cells(tmp_path):
+    """Off a terminal, even with COLUMNS=80, tables keep their natural width: no cell is cut (`encoder.layer…`)."""
+    done = subprocess.run([sys.executable, "-m", "bisectr", "trace", str(SPAN_HEAD), "--ops", "--alignment", "--no-tui",
+                           "-o", str(tmp_path / "run")], capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "…" not in done.stdout
+    order = [next(i for i, line in enumerate(lines) if line.startswith(title))
+             for title in ("verdict: noise", "Sides", "Outputs", "Alignment (candidate", "Ops (candidate", "run saved in")]
+    assert order == sorted(order)
+    ops = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines[order[4]:] if line.startswith("│ ")]
+    assert len(ops) == len(json.loads((tmp_path / "run" / "result.json").read_text())["profile"]) == 71
+    query = next(row for row in ops if row[2] == "encoder.layers.0.attn.q_proj")
+    assert query[1] == "linear" and query[3].startswith("examples/_paddle_blocks.py:")
+    assert max(map(len, lines[order[4]:order[5]])) > 80
+
+
+def test_trace_format_tsv_prints_one_table_at_full_precision(tmp_path):
+    run_dir = tmp_path / "run"
+    done = bisectr_cli("trace", SPAN_HEAD, "--ops", "--format", "tsv", "-o", run_dir)
+    assert done.returncode == 0, done.stderr
+    header, *rows = [line.split("\t") for line in done.stdout.splitlines()]
+    assert header == ["op", "name", "module", "source", "mean dif", "max dif", "max rel", "local", "verdict"]
+    profile = json.loads((run_dir / "result.json").read_text())["profile"]
+    assert len(rows) == len(profile) == 71
+    for row, measured in zip(rows, profile):
+        assert int(row[0]) == measured["index"] and row[1] == measured["op"] and row[8] == measured["verdict"]
+        assert [float(v) for v in row[4:8]] == [measured[k] for k in ("mean_abs", "max_abs", "output_error", "local_error")]
+    assert max(float(row[5]) for row in rows) > 1e-3  # the amplified span logits
+
+    done = bisectr_cli("trace", SPAN_HEAD, "--alignment", "--format", "tsv", "-o", run_dir)
+    assert done.returncode == 0, done.stderr
+    header, *rows = [line.split("\t") for line in done.stdout.splitlines()]
+    assert header == ["cand op", "ref op", "op", "candidate module", "reference module", "confidence"]
+    run = load(run_dir)
+    assert [(int(c), int(r), op) for c, r, op, *_ in rows] == [
+        (p.candidate, p.reference, run.candidate.ops[p.candidate].op) for p in run.align().pairs]
+    assert len(rows) == 70
+
+
+def test_tsv_needs_exactly_one_table(capsys):
+    with pytest.raises(SystemExit) as exit_status:
+        main(["trace", str(SPAN_HEAD), "--ops", "--alignment", "--format", "tsv"])
+    assert exit_status.value.code == 2 and "give either --ops or --alignment" in capsys.readouterr().err
+
+
+def test_version_and_help():
+    version = bisectr_cli("--version")
+    project = tomllib.loads((EXAMPLES.parent / "pyproject.toml").read_text())["project"]["version"]
+    assert version.returncode == 0 and version.stdout == f"bisectr {project}\n" and bisectr.__version__ == project
+    shown = bisectr_cli("--help").stdout
+    for text in ("def reference():", "def candidate():", "returning (model, inputs)", "bisectr trace examples/span_head.py",
+                 "0  match or noise", "1  divergent", "2  usage errors", "3  a bug in bisectr"):
+        assert text in shown, text
+    assert "exit status:" in bisectr_cli("bisect", "--help").stdout
+
+
+def test_a_bug_in_bisectr_exits_3_and_points_at_its_traceback(monkeypatch, capsys):
+    def broken(*args):
+        raise KeyError("profile")
+
+    monkeypatch.setattr(report, "print_result", broken)
+    assert main(["bisect", str(MODELS / "torch_ops.py")]) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    assert "bisectr: internal error: KeyError: 'profile'" in err and "This is a bug in bisectr, not in your model" in err
+    log = Path(re.search(r"Its traceback is in (\S+);", err).group(1))
+    try:
+        assert "Traceback (most recent call last)" in log.read_text() and "in broken" in log.read_text()
+    finally:
+        log.unlink()
+
+
+def _output_on_a_terminal(*args) -> str:
+    """What `bisectr ARGS` writes to a terminal (a pseudo-terminal as stdout and stderr)."""
+    main_end, side_end = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "bisectr", *map(str, args)], stdin=side_end, stdout=side_end, stderr=side_end)
+    os.close(side_end)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main_end, 1 << 16)
+        except OSError:  # the process exited and closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    process.wait()
+    os.close(main_end)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_recording_shows_the_op_count_on_a_terminal_only(tmp_path):
+    """A status line counts each side's ops as they are recorded; it is drawn a last time as the
+    recording ends, so the candidate's full count (320 ops) is always shown."""
+    model = MODELS / "hf_llama_activation.py"
+    status = re.compile(r"recording (reference|candidate): \d+ ops")
+    shown = _output_on_a_terminal("trace", model, "--no-tui", "-o", tmp_path / "run")
+    assert "recording candidate: 320 ops" in shown and "verdict: match" in shown
+    piped = bisectr_cli("trace", model, "--no-tui", "-o", tmp_path / "run")
+    assert not status.search(piped.stdout + piped.stderr) and "verdict: match" in piped.stdout
+    quiet = _output_on_a_terminal("bisect", model, "--json")
+    assert not status.search(quiet) and json.loads(quiet)["verdict"] == "match"
