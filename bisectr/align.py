@@ -190,7 +190,7 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
         ref_ops = [op for op in reference.ops if _under(op.module, ref_prefix)]
         pinned_cand.update(op.index for op in cand_ops)
         pinned_ref.update(op.index for op in ref_ops)
-        pairs.update(_align_sequences(sides, cand_ops, ref_ops, use_layers=False))
+        pairs.update({c: (r, "pin", d) for c, (r, _, d) in _align_sequences(sides, cand_ops, ref_ops, use_layers=False).items()})
     rest_cand = [op for op in candidate.ops if op.index not in pinned_cand]
     rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
     pairs.update(_align_sequences(sides, rest_cand, rest_ref, use_layers=sides.use_layers))

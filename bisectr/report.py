@@ -225,7 +225,12 @@ def print_substitution(console: Console, substitution: dict) -> None:
 
 
 OP_COLUMNS = ("op", "name", "module", "source", "mean dif", "max dif", "max rel", "local", "verdict")
-ALIGNMENT_COLUMNS = ("cand op", "ref op", "op", "candidate module", "reference module", "confidence")
+ALIGNMENT_COLUMNS = ("cand op", "ref op", "op", "candidate module", "reference module", "confidence", "why")
+PAIRED_BECAUSE = {
+    "anchor": "same op, output shape and layer numbers, in order",
+    "gap": "the best match in order between two anchors",
+    "pin": "ALIGN_MODULES pins these modules together",
+}
 
 
 def op_rows(run: Run, result: dict) -> list[list]:
@@ -243,7 +248,8 @@ def alignment_rows(run: Run, alignment: Alignment) -> list[list]:
     rows = []
     for pair in alignment.pairs:
         cand, ref = run.candidate.ops[pair.candidate], run.reference.ops[pair.reference]
-        rows.append([cand.index, ref.index, cand.op, cand.module, ref.module, pair.confidence])
+        why = f"{PAIRED_BECAUSE[pair.evidence['how']]}; outputs {pair.evidence['value_distance']:.2g} apart"
+        rows.append([cand.index, ref.index, cand.op, cand.module, ref.module, pair.confidence, why])
     return rows
 
 

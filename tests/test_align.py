@@ -101,6 +101,12 @@ def test_pins_come_from_the_model_file(tmp_path):
     result = bisectr.trace(path).bisect()
     pinned = [p for p in result.alignment.pairs if result.alignment and p.evidence["candidate_module"] == "blocks.3.mlp.fc_in"]
     assert [p.evidence["reference_module"] for p in pinned] == ["layers.4.ffn.up"]
+    done = subprocess.run([sys.executable, "-m", "bisectr", "trace", str(path), "--alignment", "--format", "tsv",
+                           "-o", str(tmp_path / "run")], capture_output=True, text=True)
+    rows = [line.split("\t") for line in done.stdout.splitlines()]
+    why = {row[3]: row[-1] for row in rows[1:]}  # candidate module -> why it was paired
+    assert why["blocks.3.mlp.fc_in"].startswith("ALIGN_MODULES pins these modules together")
+    assert why["blocks.0.mlp.fc_in"].startswith("same op, output shape and layer numbers")
 
 
 def test_a_pin_naming_no_module_is_a_model_file_error(tmp_path):

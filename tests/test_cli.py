@@ -139,7 +139,7 @@ def test_trace_format_tsv_prints_one_table_at_full_precision(tmp_path):
     done = bisectr_cli("trace", SPAN_HEAD, "--alignment", "--format", "tsv", "-o", run_dir)
     assert done.returncode == 0, done.stderr
     header, *rows = [line.split("\t") for line in done.stdout.splitlines()]
-    assert header == ["cand op", "ref op", "op", "candidate module", "reference module", "confidence"]
+    assert header == ["cand op", "ref op", "op", "candidate module", "reference module", "confidence", "why"]
     run = load(run_dir)
     assert [(int(c), int(r), op) for c, r, op, *_ in rows] == [
         (p.candidate, p.reference, run.candidate.ops[p.candidate].op) for p in run.align().pairs]
