@@ -246,28 +246,28 @@ def _drop_pairs_whose_parameter_is_read_later(sides: _Sides, pairs: dict[int, tu
     """Unpair ops where one side reads a parameter that the other side's op does not, but a later
     op of that side does: paddle's `conv2d` adds its bias in ops of its own (reshape, add), torch's
     takes it in the call. The step is one op against several, a block for `_form_blocks`."""
-    readers = {side: _parameter_readers(sides.traces[side]) for side in ("candidate", "reference")}
+    traces = sides.traces
+    first_reader = {side: _first_parameter_readers(traces[side]) for side in traces}
     for c in sorted(pairs):
-        r = pairs[c][0]
-        ops = {"candidate": c, "reference": r}
-        read = {side: {name for name, readers_of in readers[side].items() if ops[side] in readers_of} for side in ops}
+        ops = {"candidate": c, "reference": pairs[c][0]}
+        read = {side: _parameters_read(traces[side], ops[side]) for side in ops}
         for side, other in (("candidate", "reference"), ("reference", "candidate")):
-            later = [name for name in read[other] - read[side] if name in readers[side]
-                     and min(readers[side][name]) > ops[side]]
-            if later:
+            if any(first_reader[side].get(name, -1) > ops[side] for name in read[other] - read[side]):
                 del pairs[c]
                 break
 
 
-def _parameter_readers(trace: Trace) -> dict[str, list[int]]:
-    """Parameter name -> the ops that read it."""
-    readers: dict[str, list[int]] = {}
+def _parameters_read(trace: Trace, index: int) -> set[str]:
+    return {leaf for leaf in (trace.tensors[t].leaf for t in trace.ops[index].inputs) if leaf and leaf.startswith("param:")}
+
+
+def _first_parameter_readers(trace: Trace) -> dict[str, int]:
+    """Parameter name -> the first op that reads it."""
+    first: dict[str, int] = {}
     for op in trace.ops:
-        for tid in op.inputs:
-            leaf = trace.tensors[tid].leaf
-            if leaf and leaf.startswith("param:"):
-                readers.setdefault(leaf, []).append(op.index)
-    return readers
+        for name in _parameters_read(trace, op.index):
+            first.setdefault(name, op.index)
+    return first
 
 
 def _under(module: str, prefix: str) -> bool:
