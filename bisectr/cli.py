@@ -165,8 +165,9 @@ def _recording_status(console: Console, model_file: str, quiet: bool) -> Iterato
         yield None
         return
     text = _RecordingText(model_file)
-    with console.status(text):
+    with console.status(text) as status:
         yield text.watch
+        status.update(text)  # a last frame with the final count, however short the recording was
 
 
 def _isolation(args: argparse.Namespace) -> dict:
