@@ -199,11 +199,12 @@ def _output_on_a_terminal(*args) -> str:
 
 def test_recording_shows_the_op_count_on_a_terminal_only(tmp_path):
     """A status line counts each side's ops as they are recorded; it is drawn a last time as the
-    recording ends, so the candidate's full count (320 ops) is always shown."""
+    recording ends, so the candidate's full count is always shown."""
     model = MODELS / "hf_llama_activation.py"
     status = re.compile(r"recording (reference|candidate): \d+ ops")
     shown = _output_on_a_terminal("trace", model, "--no-tui", "-o", tmp_path / "run")
-    assert "recording candidate: 320 ops" in shown and "verdict: match" in shown
+    recorded = len(load(tmp_path / "run").candidate.ops)  # 316-320 with the transformers version
+    assert f"recording candidate: {recorded} ops" in shown and "verdict: match" in shown
     piped = bisectr_cli("trace", model, "--no-tui", "-o", tmp_path / "run")
     assert not status.search(piped.stdout + piped.stderr) and "verdict: match" in piped.stdout
     quiet = _output_on_a_terminal("bisect", model, "--json")
