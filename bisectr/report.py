@@ -74,7 +74,7 @@ def print_result(console: Console, run: Run, result: dict) -> None:
     nonfinite = result.get("nonfinite")
     difference = ("NaN/Inf" if nonfinite else
                   f"{fmt(result['output_error']['max_abs'])} (relative {fmt(result['output_error']['max_rel'])})")
-    unconfirmed = " (unconfirmed)" if verdict == "divergent" and not (result.get("confirmation") or {}).get("confirmed") else ""
+    unconfirmed = " (unconfirmed)" if is_unconfirmed(result) else ""
     console.print(f"[{style}]verdict: {verdict}[/]{unconfirmed}   outputs differ by {difference}")
     if nonfinite:
         console.print(nonfinite_text(nonfinite), highlight=False)
@@ -127,6 +127,11 @@ def block_text(run: Run, block: dict[str, list[int]]) -> str:
         span = f"{lines[0]}-{lines[-1]}" if len(lines) > 1 else "".join(map(str, lines))
         return f"{role} ops {ops[0].index}..{ops[-1].index}" + (f" at {path}:{span}" if lines else "")
     return f"{side('candidate')} against {side('reference')}, compared as one op"
+
+
+def is_unconfirmed(result: dict) -> bool:
+    """A divergent result whose culprit no patch confirmed (it comes with a bracket)."""
+    return result["verdict"] == "divergent" and not (result.get("confirmation") or {}).get("confirmed")
 
 
 def float64_text(check: dict) -> str:

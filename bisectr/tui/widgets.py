@@ -11,8 +11,8 @@ from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from ..report import (block_text, confirmation_text, error_chart, float64_text, fmt, nonfinite_text, not_blamed_text,
-                      short_source, source_text)
+from ..report import (block_text, confirmation_text, error_chart, float64_text, fmt, is_unconfirmed, nonfinite_text,
+                      not_blamed_text, short_source, source_text)
 from .data import HEAT_LEVELS, VERDICT_VARIABLE, HeatMap, ModuleNode, OpRow, RunData, fmt_amplification, fmt_shape, source_context
 
 HEADLINE = {
@@ -56,7 +56,7 @@ class VerdictBanner(Static):
         difference = [("NaN/Inf", "bold"), "\n", nonfinite_text(nonfinite)] if nonfinite else \
             [(fmt(error["max_abs"]), "bold"), f" (relative {fmt(error['max_rel'])})"]
         result = data.result
-        unconfirmed = " (UNCONFIRMED)" if verdict == "divergent" and not (result.get("confirmation") or {}).get("confirmed") else ""
+        unconfirmed = " (UNCONFIRMED)" if is_unconfirmed(result) else ""
         float64 = ["\n", float64_text(result["fp64_check"])] if result.get("fp64_check") else []
         self.update(Content.assemble((verdict.upper() + unconfirmed, "bold"), "  outputs differ by ", *difference, *float64, "\n",
                                      (HEADLINE[verdict], "$text-muted")))
