@@ -60,19 +60,19 @@ def measure(pair: Pair) -> dict:
     run = bisectr.trace(MODELS / pair.model, candidate=pair.candidate)
     result = run.bisect()
     seconds = time.perf_counter() - started
-    culprit = result.culprit or {}
-    module = (culprit.get("candidate") or {}).get("module", "")
+    culprit = result.culprit
+    module = culprit.candidate.module if culprit else ""
     ops = result.ops["candidate"]
     contradicted = None
     if pair.planted is None:
-        analysis = Analysis(run, result.alignment)
-        errors = (analysis.tensor_error(run.candidate.ops[p.candidate].outputs[0]) for p in result.alignment.pairs)
+        analysis = Analysis(run)
+        errors = (analysis.tensor_error(run.candidate.ops[p.candidate].outputs[0]) for p in run.alignment.pairs)
         contradicted = sum(1 for e in errors if e is not None and e["max_rel"] > CONTRADICTION)
     expected = "noise/match" if pair.planted is None else f"divergent at {pair.planted}"
     right = (result.verdict in ("noise", "match") if pair.planted is None else
              result.verdict == "divergent" and (module == pair.planted or module.startswith(pair.planted + ".")))
-    return {"pair": pair.name, "expected": expected, "verdict": result.verdict, "culprit": f"{culprit.get('op')} at {module}",
-            "right": right, "confirmed": bool(result.confirmation and result.confirmation["confirmed"]),
+    return {"pair": pair.name, "expected": expected, "verdict": result.verdict, "culprit": f"{culprit.op if culprit else None} at {module}",
+            "right": right, "confirmed": bool(result.confirmation and result.confirmation.confirmed),
             "reruns": result.reruns, "budget": math.ceil(math.log2(ops)) + 3,
             "coverage": result.ops["aligned"] / ops, "contradicted": contradicted, "seconds": seconds}
 

@@ -440,11 +440,13 @@ def run_probe(args: list[str], threads: int, timeout: float = 600, env: dict[str
 # -- 3. the search -------------------------------------------------------------------------------
 @contextlib.contextmanager
 def phase_timer():
-    """Times the phases of `Run.bisect` by wrapping (in this process only, restored on exit) the
-    functions it calls: `align_traces` wherever a bisectr module bound it, `Analysis.compute`, `Run.rerun`."""
+    """Times the phases of `bisectr.trace` and `Run.bisect` by wrapping (in this process only, restored
+    on exit) the functions they call: `align_traces` wherever a bisectr module bound it (the alignment is
+    made as the run is traced), `Analysis.compute`, `Sides.rerun`."""
     import bisectr.analysis as analysis
     import bisectr.bisection as bisection
     import bisectr.run as run_module
+    import bisectr.sides as sides_module
 
     spent = {"align": 0.0, "analysis": 0.0, "reruns": 0.0, "candidate_reruns": 0, "reference_reruns": 0, "float64": 0.0,
              "reproduce": 0.0}
@@ -473,7 +475,7 @@ def phase_timer():
     wrap(analysis.Analysis, "compute", "analysis")
     wrap(bisection, "float64_check", "float64")
     wrap(bisection, "check_reproducible", "reproduce")
-    wrap(run_module.Run, "rerun", "reruns", counter=True)
+    wrap(sides_module.Sides, "rerun", "reruns", counter=True)
     try:
         yield spent
     finally:
@@ -487,10 +489,11 @@ def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bo
     import bisectr
 
     out = scratch / f"search-{reference}-{candidate}-{int(exhaustive)}"
-    start = time.perf_counter()
-    run = bisectr.trace(MODEL_FILE, reference, candidate, out=out)
-    trace_time = time.perf_counter() - start
-    side = run.runners["candidate"].side
+    with phase_timer() as traced:  # the alignment is made as the run is traced
+        start = time.perf_counter()
+        run = bisectr.trace(MODEL_FILE, reference, candidate, out=out)
+        trace_time = time.perf_counter() - start
+    side = run.sides.runners["candidate"].side
 
     def forward():
         with grad_off(candidate.split("_")[0]):
@@ -505,16 +508,16 @@ def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bo
             searches.append((time.perf_counter() - started, dict(spent), result))
     shutil.rmtree(out, ignore_errors=True)
     bisect_time, spent, result = sorted(searches, key=lambda entry: entry[0])[len(searches) // 2]
-    culprit = result.culprit or {}
-    cand = culprit.get("candidate") or {}
+    culprit = result.culprit
+    cand = culprit.candidate if culprit else None
     return {
         "total": trace_time + bisect_time, "trace": trace_time, "bisect": bisect_time, "forward": statistics.median(forwards),
-        "align": spent["align"], "analysis": spent["analysis"], "rerun_time": spent["reruns"],
+        "align": traced["align"], "analysis": spent["analysis"], "rerun_time": spent["reruns"],
         "float64": spent["float64"], "reproduce": spent["reproduce"],
         "reruns": result.reruns, "reference_reruns": result.reference_reruns,
         "ops": result.ops["candidate"], "verdict": result.verdict,
-        "culprit_op": culprit.get("op"), "culprit_module": cand.get("module"), "culprit_index": cand.get("index"),
-        "culprit_source": cand.get("source"),
+        "culprit_op": culprit and culprit.op, "culprit_module": cand and cand.module, "culprit_index": cand and cand.index,
+        "culprit_source": cand and cand.source,
     }
 
 
@@ -576,7 +579,7 @@ def measure_alignment(reference_fn: str, candidate_fn: str, sizes: tuple[int, ..
     from bisectr.recording import RecordOptions
     from bisectr.sides import record_side
 
-    # what `Run.align` passes (older cores had no `adapters.input_layout`)
+    # what `bisectr.trace` passes (older cores had no `adapters.input_layout`)
     input_layout = getattr(adapters, "input_layout", None) or (
         lambda framework, op, position: adapters.adapter_named(framework).input_layout(op, position))
 
@@ -821,11 +824,11 @@ def main(argv: list[str] | None = None) -> int:
         "via clear_refs), as growth over the RSS just before it; batch xK = the same model built with K times the "
         "batch (BISECTR_BENCH_BATCH_SCALE); trace metadata = Python size of the trace, replay "
         "calls and store index kept in memory.\n"
-        "search: Run.bisect() (align, op analysis, re-runs; tolerance 0) on the run bisectr.trace() recorded (48-layer "
-        "stack: median of 3); whole command = bisectr.trace() (building both models, recording both sides, writing "
-        "the run) + the search; x forward = wall time / plain forward of the same candidate model, the median of 5 "
+        "search: Run.bisect() (op analysis, re-runs; tolerance 0) on the run bisectr.trace() recorded (48-layer "
+        "stack: median of 3); whole command = bisectr.trace() (building both models, recording both sides, aligning "
+        "them, writing the run) + the search; x forward = wall time / plain forward of the same candidate model, the median of 5 "
         "measured beside each search; phases timed by wrapping "
-        "align_traces, Analysis.compute and Run.rerun; interception alone = the adapter's intercept() around a "
+        "align_traces (in the trace), Analysis.compute and Sides.rerun; interception alone = the adapter's intercept() around a "
         "listener that only calls each op."
     )
     report.render("bisectr benchmarks", caption)
@@ -985,15 +988,16 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
                                               f"({ms(forwards[fw, 'deep'])})" if in_forwards(fw) is not None else secs(s["bisect"]))
                 for fw in FRAMEWORKS},
                f"<= {TARGET_SEARCH_FORWARDS:.0f}x forward", wall_ok)
-    report.row("    of which: align / op analysis / re-runs",
-               {fw: cell(fw, lambda s: f"{secs(s['align'])} / {secs(s['analysis'])} / {secs(s['rerun_time'])} for "
+    report.row("    of which: op analysis / re-runs",
+               {fw: cell(fw, lambda s: f"{secs(s['analysis'])} / {secs(s['rerun_time'])} for "
                                        f"{s['reruns'] + s['reference_reruns']} re-runs") for fw in FRAMEWORKS})
     report.row("    the float64 check / the reproducibility check (both sides each), in forwards",
                {fw: cell(fw, lambda s, fw=fw: f"{in_forwards(fw, phase='float64'):.1f}x / {in_forwards(fw, phase='reproduce'):.1f}x"
                          if in_forwards(fw) is not None else "") for fw in FRAMEWORKS})
     report.row("  whole `bisectr bisect` (building both models, tracing both sides, the search)",
                {fw: cell(fw, lambda s, fw=fw: f"{secs(s['total'])} = {in_forwards(fw, phase='total'):.0f}x one forward "
-                                              f"(trace {secs(s['trace'])})" if in_forwards(fw) is not None else secs(s["total"]))
+                                              f"(trace {secs(s['trace'])}, of which align {secs(s['align'])})"
+                                              if in_forwards(fw) is not None else secs(s["total"]))
                 for fw in FRAMEWORKS})
     base = {fw: search[fw, "base"] for fw in FRAMEWORKS}
     base_cells = {}

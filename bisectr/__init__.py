@@ -2,8 +2,9 @@
 from importlib.metadata import version
 
 from .errors import BisectrError
-from .bisection import Result
+from .result import Result
+from .notebook import compare
 from .run import Run, bisect, load, trace
 
-__all__ = ["BisectrError", "Result", "Run", "bisect", "load", "trace"]
+__all__ = ["BisectrError", "Result", "Run", "bisect", "compare", "load", "trace"]
 __version__ = version("bisectr")

@@ -89,11 +89,23 @@ def broadcasts(reference: tuple[int, ...], candidate: tuple[int, ...]) -> bool:
 
 
 @dataclass
+class PairEvidence:
+    """Why two ops were paired."""
+
+    how: str  # "anchor" | "gap" | "pin"
+    op: str
+    candidate_module: str
+    reference_module: str
+    shape: list[int]  # the candidate output's
+    value_distance: float
+
+
+@dataclass
 class OpPair:
     candidate: int
     reference: int
     confidence: float
-    evidence: dict
+    evidence: PairEvidence
 
 
 @dataclass
@@ -201,14 +213,9 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
     for cand_index in sorted(pairs):
         ref_index, how, distance = pairs[cand_index]
         cand_op, ref_op = candidate.ops[cand_index], reference.ops[ref_index]
-        alignment.pairs.append(OpPair(cand_index, ref_index, _confidence(sides, cand_op, ref_op, distance), {
-            "how": how,
-            "op": cand_op.op,
-            "candidate_module": cand_op.module,
-            "reference_module": ref_op.module,
-            "shape": list(sides.output("candidate", cand_op).shape) if cand_op.outputs else [],
-            "value_distance": distance,
-        }))
+        alignment.pairs.append(OpPair(cand_index, ref_index, _confidence(sides, cand_op, ref_op, distance), PairEvidence(
+            how, cand_op.op, cand_op.module, ref_op.module,
+            list(sides.output("candidate", cand_op).shape) if cand_op.outputs else [], distance)))
     _pair_op_tensors(sides, alignment, input_layout)
     _form_blocks(sides, alignment)
     return alignment

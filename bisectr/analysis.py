@@ -21,9 +21,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .align import LAYOUT_OPS, Alignment, Block, TensorPair
+from .align import LAYOUT_OPS, Block, TensorPair
 from .metrics import error_metrics
-from .run import Run
+from .record import RunRecord
+from .sides import Sides
 from .trace import OpNode, Trace
 
 NOISE_FACTOR = 4.0
@@ -79,11 +80,13 @@ class LeafEvidence:
 
 
 class Analysis:
-    """Evidence for every paired op and leaf of a live run."""
+    """Evidence for every paired op and leaf of a run. Local errors and the fp64 oracle replay
+    ops, through live `sides`; without them (a saved run) only the recorded values are compared."""
 
-    def __init__(self, run: Run, alignment: Alignment):
+    def __init__(self, run: RunRecord, sides: Sides | None = None):
         self.run = run
-        self.alignment = alignment
+        self.sides = sides
+        self.alignment = run.alignment
         self.ops: dict[int, OpEvidence] = {}
         self.leaves: dict[int, LeafEvidence] = {}
         self.blocks: dict[int, Block] = {}  # candidate op completing a matched N:M block -> the block
@@ -216,7 +219,7 @@ class Analysis:
         computed = dict(values)
         for index in indices:
             op = trace.ops[index]
-            computed.update(zip(op.outputs, self.run.replay(role, index, {t: computed[t] for t in op.inputs}, float64=float64)))
+            computed.update(zip(op.outputs, self.sides.replay(role, index, {t: computed[t] for t in op.inputs}, float64=float64)))
         return computed
 
     def _reads_its_own_inputs(self, cand_op: OpNode) -> bool:
@@ -233,7 +236,7 @@ class Analysis:
 
     def _replayed_errors(self, cand_index: int, ref_index: int, block: Block | None) -> tuple[float | None, dict | None]:
         """Local error, and (unless the replay is bit-exact, when it decides nothing) the fp64 evidence."""
-        if not self.run.is_live:
+        if self.sides is None:
             return None, None
         ref_ops = self.covered_ops(cand_index, ref_index, block)[1]
         ref_inputs = external_inputs(self.reference, ref_ops)

@@ -33,15 +33,18 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from .align import Alignment, Block
 from .analysis import NOISE_FACTOR, Analysis, OpEvidence, noise_floor
 from .errors import TraceMismatchError
-from .precision import Float64Check, float64_check
-from .run import Run
+from .precision import float64_check
+from .record import RunRecord
+from .result import (BlockOps, Bracket, Confirmation, Culprit, Cut, NonFinite, NonFiniteSite, NotBlamed, OpSite,
+                     ProfileRow, Recurrence, Result)
+from .sides import Sides
 from .store import SIDES
 from .trace import OpNode, Trace, is_floating
 
@@ -53,51 +56,13 @@ MAX_REACH_TESTS = 8
 RERUN_SLACK = 3  # candidate re-runs stay within ceil(log2 ops) + this
 
 
-@dataclass
-class Result:
-    verdict: str
-    output_error: dict[str, float]
-    culprit: dict | None
-    reruns: int
-    ops: dict[str, int]
-    entry: int | None = None  # k*
-    recurrences: list[dict] = field(default_factory=list)
-    confirmation: dict | None = None
-    cuts: list[tuple[int, float]] = field(default_factory=list)  # (candidate op, F) evaluated
-    not_blamed: list[dict] = field(default_factory=list)  # differences that do not reach the outputs
-    profile: list[dict] = field(default_factory=list)
-    reference_reruns: int = 0
-    nonfinite: dict | None = None  # NaN/Inf in the candidate's outputs: counts and where they start
-    float64: Float64Check | None = None
-    bracket: dict | None = None  # where the difference enters, for a divergent result no patch confirmed
-    alignment: Alignment | None = field(default=None, repr=False, compare=False)
-
-    def to_dict(self) -> dict:
-        return {
-            "verdict": self.verdict,
-            "output_error": self.output_error,
-            "culprit": self.culprit,
-            "reruns": self.reruns,
-            "ops": self.ops,
-            "entry": self.entry,
-            "recurrences": self.recurrences,
-            "confirmation": self.confirmation,
-            "not_blamed": self.not_blamed,
-            "cuts": [{"op": k, "output_error": f} for k, f in self.cuts],
-            "reference_reruns": self.reference_reruns,
-            "nonfinite": self.nonfinite,
-            "fp64_check": self.float64.to_dict() if self.float64 else None,
-            "bracket": self.bracket,
-            "profile": self.profile,
-        }
-
-
 class Search:
     """Re-runs of either side with patches, and the measures the search takes from them."""
 
-    def __init__(self, run: Run, alignment: Alignment, analysis: Analysis):
+    def __init__(self, run: RunRecord, sides: Sides, analysis: Analysis):
         self.run = run
-        self.alignment = alignment
+        self.sides = sides
+        self.alignment = run.alignment
         self.analysis = analysis
         self.candidate_reruns = 0
         self.reference_reruns = 0
@@ -108,13 +73,13 @@ class Search:
     def candidate_error(self, patches: dict[int, np.ndarray]) -> float:
         """Outputs' error (vs the reference) of a candidate re-run with `patches`."""
         self.candidate_reruns += 1
-        outputs = self.run.rerun("candidate", patches).outputs
+        outputs = self.sides.rerun("candidate", patches).outputs
         return self.run.candidate_output_error(outputs)
 
     def reference_error(self, patches: dict[int, np.ndarray]) -> float:
         """How far a reference re-run with `patches` moves the reference's own outputs."""
         self.reference_reruns += 1
-        return self.run.worst_output_error(self.run.rerun("reference", patches).outputs)
+        return self.run.worst_output_error(self.sides.rerun("reference", patches).outputs)
 
     def patches_up_to(self, cut: int) -> dict[int, np.ndarray]:
         """Reference values for every patchable candidate tensor produced or first read by op `cut`."""
@@ -197,28 +162,27 @@ def _first_reads(trace: Trace) -> dict[int, int]:
     return first
 
 
-def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
+def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive: bool = False,
                progress: Callable[[str], None] | None = None) -> Result:
-    """Check, align, analyse and search a live run (see the module docstring)."""
+    """Check, analyse and search a run through its live sides (see the module docstring)."""
     say = progress or (lambda message: None)
     say("re-running each side unpatched")
-    check_reproducible(run)
-    say("aligning")
-    alignment = run.align()
+    check_reproducible(run, sides)
+    alignment = run.alignment
     say("replaying ops")
-    analysis = Analysis(run, alignment).compute()
+    analysis = Analysis(run, sides).compute()
     output_error = run.output_error()
     full_error = output_error["max_rel"]
     ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops),
            "aligned": len(alignment.aligned_ops("candidate"))}
     profile = [_profile_row(run, e) for e in analysis.in_order()]
     if full_error <= tolerance:
-        return Result("match", output_error, None, 0, ops, profile=profile, alignment=alignment)
+        return Result("match", output_error, None, 0, ops, profile=profile)
     nonfinite = nonfinite_start(run, alignment)
     say("running both sides in float64")
-    float64 = float64_check(run)
+    float64 = float64_check(run, sides)
 
-    search = Search(run, alignment, analysis)
+    search = Search(run, sides, analysis)
     say("searching")
     cuts = [e.candidate for e in analysis.in_order() if run.reference.has_value(run.reference.ops[e.reference].outputs[0])]
     entry, trail = search.entry_point(cuts, full_error, exhaustive)
@@ -232,23 +196,26 @@ def bisect_run(run: Run, tolerance: float = 0.0, exhaustive: bool = False,
         verdict, culprit_evidence = "divergent", finding.evidence
     elif finding.evidence is not None or float64.status == "disagree" or nonfinite is not None:
         verdict, culprit_evidence = "divergent", finding.evidence
-        bracket = _bracket_dict(run, analysis, region, cuts, entry)
+        bracket = _bracket(run, analysis, region, cuts, entry)
     else:
         verdict, culprit_evidence = "noise", _most_amplifying(search, analysis, full_error, entry)
-    culprit = _culprit_dict(run, analysis, culprit_evidence) if culprit_evidence else None
+    culprit = _culprit(run, analysis, culprit_evidence) if culprit_evidence else None
     if nonfinite is not None and culprit is None:  # NaN/Inf that the reference lacks are not rounding
         culprit = _nonfinite_culprit(run, nonfinite)
     return Result(verdict, output_error, culprit, search.candidate_reruns, ops, entry,
-                  [_site(run, r) for r in finding.recurrences], finding.confirmation, trail, finding.not_blamed, profile,
-                  search.reference_reruns, nonfinite and _nonfinite_dict(run, nonfinite), float64, bracket, alignment)
+                  recurrences=[_recurrence(run, r) for r in finding.recurrences], confirmation=finding.confirmation,
+                  not_blamed=finding.not_blamed, cuts=[Cut(op, error) for op, error in trail],
+                  reference_reruns=search.reference_reruns,
+                  nonfinite=_nonfinite(run, nonfinite) if nonfinite is not None else None,
+                  fp64_check=float64, bracket=bracket, profile=profile)
 
 
-def check_reproducible(run: Run) -> None:
+def check_reproducible(run: RunRecord, sides: Sides) -> None:
     """Refuse a model whose unpatched re-run does not reproduce its recording: a random
     difference (dropout in training mode, random ops) is neither a bug nor rounding."""
     for role in SIDES:
         try:
-            run.rerun(role, {})
+            sides.rerun(role, {})
         except TraceMismatchError as exc:
             raise TraceMismatchError(f"{run.model_file}: the {role} side does not reproduce its own outputs when run "
                                      f"twice, so no verdict can be given: {exc} If the model has dropout, put it in "
@@ -261,12 +228,12 @@ class Finding:
 
     evidence: OpEvidence | None = None
     recurrences: list[OpEvidence] = field(default_factory=list)
-    confirmation: dict | None = None
-    not_blamed: list[dict] = field(default_factory=list)
+    confirmation: Confirmation | None = None
+    not_blamed: list[NotBlamed] = field(default_factory=list)
 
     @property
     def confirmed(self) -> bool:
-        return bool(self.confirmation and self.confirmation["confirmed"])
+        return bool(self.confirmation and self.confirmation.confirmed)
 
 
 def _entry_region(analysis: Analysis, entry: int | None) -> Block | None:
@@ -276,7 +243,7 @@ def _entry_region(analysis: Analysis, entry: int | None) -> Block | None:
     if entry is None:
         return None
     alignment = analysis.alignment
-    sides = {}
+    regions = {}
     for role, index in (("candidate", entry), ("reference", analysis.ops[entry].reference)):
         trace, aligned = analysis.run.traces[role], alignment.aligned_ops(role)
         region, pending = {index}, list(trace.ops[index].inputs)
@@ -285,10 +252,10 @@ def _entry_region(analysis: Analysis, entry: int | None) -> Block | None:
             if producer is not None and producer not in aligned and producer not in region:
                 region.add(producer)
                 pending.extend(trace.ops[producer].inputs)
-        sides[role] = sorted(region)
-    if len(sides["candidate"]) == len(sides["reference"]) == 1:
+        regions[role] = sorted(region)
+    if len(regions["candidate"]) == len(regions["reference"]) == 1:
         return None
-    return Block(sides["candidate"], sides["reference"], matched=True)
+    return Block(regions["candidate"], regions["reference"], matched=True)
 
 
 def _suspects(analysis: Analysis, cuts: list[int], entry: int | None, region: Block | None) -> list[OpEvidence]:
@@ -329,17 +296,16 @@ def _first_confirmed_difference(search: Search, cuts: list[int], entry: int | No
         say(f"testing op {evidence.candidate}")
         reached = search.reach(evidence)
         if reached < reach_needed:
-            finding.not_blamed.append({"index": evidence.candidate, "op": evidence.op, "reaches": reached})
+            finding.not_blamed.append(NotBlamed(evidence.candidate, evidence.op, reached))
             continue
         recurrences = _recurrences(analysis, evidence)
         confirmation = _confirm(search, [evidence], full_error, rounding)
-        if not confirmation["confirmed"] and recurrences:
+        if not confirmation.confirmed and recurrences:
             confirmation = _confirm(search, [evidence, *recurrences], full_error, rounding)
-        if confirmation["confirmed"]:
+        if confirmation.confirmed:
             return Finding(evidence, recurrences, confirmation, finding.not_blamed)
-        if confirmation["output_error"] >= full_error:  # the values contradict the pairing
-            finding.not_blamed.append({"index": evidence.candidate, "op": evidence.op, "reaches": reached,
-                                       "contradicted": confirmation["output_error"]})
+        if confirmation.output_error >= full_error:  # the values contradict the pairing
+            finding.not_blamed.append(NotBlamed(evidence.candidate, evidence.op, reached, confirmation.output_error))
         elif finding.evidence is None:
             finding.evidence, finding.confirmation = evidence, confirmation
     return finding
@@ -354,13 +320,13 @@ class NonFiniteStart:
     reference_op: OpNode | None  # the reference op whose finite output it stands against
 
 
-def nonfinite_start(run: Run, alignment: Alignment) -> NonFiniteStart | None:
+def nonfinite_start(run: RunRecord, alignment: Alignment) -> NonFiniteStart | None:
     """None when the candidate's outputs are finite. Otherwise: the first candidate tensor, in op order,
     holding more NaN/Inf than its reference partner (so a -inf mask both sides build is passed over),
     or the first non-finite output when no paired tensor does; then back through unpaired non-finite
     inputs (an N:M block such as exp/sum/div against softmax) to the op that made them from finite ones."""
     candidate, reference = run.candidate, run.reference
-    outputs = {pair.candidate: pair.reference for pair in run.output_pairs()}
+    outputs = {pair.candidate: pair.reference for pair in run.output_pairs}
     if not any(candidate.tensors[tid].nonfinite for tid in outputs):
         return None
 
@@ -384,28 +350,26 @@ def nonfinite_start(run: Run, alignment: Alignment) -> NonFiniteStart | None:
     return NonFiniteStart(tid, op, reference_op)
 
 
-def _nonfinite_dict(run: Run, start: NonFiniteStart) -> dict:
-    outputs = [run.candidate.tensors[pair.candidate] for pair in run.output_pairs()]
+def _nonfinite(run: RunRecord, start: NonFiniteStart) -> NonFinite:
+    outputs = [run.candidate.tensors[pair.candidate] for pair in run.output_pairs]
     info = run.candidate.tensors[start.tid]
-    first = None if start.op is None else {"leaf": info.leaf if info.producer is None else None, **_side(start.op)}
-    return {"nan": sum(int(o.stats.get("nan", 0)) for o in outputs), "inf": sum(int(o.stats.get("inf", 0)) for o in outputs),
-            "first": first}
+    first = None if start.op is None else NonFiniteSite(**vars(_site(start.op)), leaf=info.leaf if info.producer is None else None)
+    return NonFinite(sum(int(o.stats.get("nan", 0)) for o in outputs), sum(int(o.stats.get("inf", 0)) for o in outputs), first)
 
 
-def _nonfinite_culprit(run: Run, start: NonFiniteStart) -> dict[str, Any] | None:
+def _nonfinite_culprit(run: RunRecord, start: NonFiniteStart) -> Culprit | None:
     """The culprit when no op's evidence names one: where the NaN/Inf start (no replay evidence).
     None when either side has no op to show (an output that is an input or parameter)."""
     if start.op is None or start.reference_op is None:
         return None
     info = run.candidate.tensors[start.tid]
     leaf = info.leaf.split(":", 1)[1] if info.producer is None and info.leaf else None
-    return {"kind": "leaf" if leaf else "op", "op": start.op.op, "candidate": _side(start.op),
-            "reference": _side(start.reference_op), "leaf": leaf,
-            "input_error": None, "output_error": math.inf, "output_error_rel": math.inf, "input_error_rel": None,
-            "local_error": None, "amplification": None, "verdict": "different", "fp64": None, "block": None}
+    return Culprit("leaf" if leaf else "op", start.op.op, _site(start.op), _site(start.reference_op), leaf,
+                   input_error=None, output_error=math.inf, output_error_rel=math.inf, input_error_rel=None,
+                   local_error=None, amplification=None, verdict="different", fp64=None)
 
 
-def _confirm(search: Search, patched: list[OpEvidence], before: float, rounding: float) -> dict:
+def _confirm(search: Search, patched: list[OpEvidence], before: float, rounding: float) -> Confirmation:
     """Re-run the candidate with only these ops' (or blocks') own differences taken out. Confirmed
     when the outputs' error falls under a tenth of what it was, or to what rounding explains, and
     in any case under half; for NaN/Inf outputs, when they become finite."""
@@ -414,10 +378,10 @@ def _confirm(search: Search, patched: list[OpEvidence], before: float, rounding:
         confirmed = math.isfinite(after)
     else:
         confirmed = after <= max(CONFIRM_FRACTION * before, rounding) and after < ENTRY_FRACTION * before
-    return {"patched_ops": [e.candidate for e in patched], "output_error": after, "before": before, "confirmed": confirmed}
+    return Confirmation([e.candidate for e in patched], after, before, confirmed)
 
 
-def own_difference_patches(analysis: Analysis, run: Run, evidences: list[OpEvidence]) -> dict[int, np.ndarray]:
+def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[OpEvidence]) -> dict[int, np.ndarray]:
     """For each op (or block), what it hands on with its own difference taken out: its candidate
     outputs shifted by (reference output - the candidate op replayed on the reference's inputs).
     Unlike patching in the reference's values, this leaves the error that reached the op from
@@ -438,7 +402,7 @@ def own_difference_patches(analysis: Analysis, run: Run, evidences: list[OpEvide
     return patches
 
 
-def op_patches(analysis: Analysis, run: Run, op_indices: list[int]) -> dict[int, np.ndarray]:
+def op_patches(analysis: Analysis, run: RunRecord, op_indices: list[int]) -> dict[int, np.ndarray]:
     """Reference values for the outputs of these candidate ops (all that a block hands on, for an op completing one)."""
     patches = {}
     for index in op_indices:
@@ -472,7 +436,7 @@ def _most_amplifying(search: Search, analysis: Analysis, full_error: float, entr
     where both frameworks' GEMMs agree: nothing downstream can undo its growth. Elsewhere an exact
     op's large amplification (a -1e4 mask add, rounded at magnitude 1e4, then zeroed by a softmax)
     is passed over."""
-    outputs = {pair.candidate for pair in search.run.output_pairs()}
+    outputs = {pair.candidate for pair in search.run.output_pairs}
 
     def makes_output(evidence: OpEvidence) -> bool:
         return search.run.candidate.ops[evidence.candidate].outputs[0] in outputs
@@ -488,59 +452,43 @@ def _most_amplifying(search: Search, analysis: Analysis, full_error: float, entr
     return analysis.ops.get(entry) if entry is not None else None
 
 
-def _site(run: Run, evidence: OpEvidence) -> dict:
-    return {"index": evidence.candidate, "op": evidence.op,
-            "module": run.candidate.ops[evidence.candidate].module,
-            "source": run.candidate.ops[evidence.candidate].source,
-            "local_error": evidence.local_error}
+def _recurrence(run: RunRecord, evidence: OpEvidence) -> Recurrence:
+    op = run.candidate.ops[evidence.candidate]
+    return Recurrence(evidence.candidate, evidence.op, op.module, op.source, evidence.local_error)
 
 
-def _bracket_dict(run: Run, analysis: Analysis, region: Block | None, cuts: list[int], entry: int | None) -> dict:
+def _bracket(run: RunRecord, analysis: Analysis, region: Block | None, cuts: list[int], entry: int | None) -> Bracket:
     """Where an unconfirmed difference enters: the cut before the entry point and the entry point,
     and the ops from one to the other (with the entry region's), on both sides. Without an entry
     point: everything after the last cut."""
-    def sites(role: str, after: int, upto: int, extra: list[int]) -> list[dict]:
-        return [_side(run.traces[role].ops[i]) for i in sorted(set(range(after + 1, upto + 1)).union(extra))]
+    def sites(role: str, after: int, upto: int, extra: list[int]) -> list[OpSite]:
+        return [_site(run.traces[role].ops[i]) for i in sorted(set(range(after + 1, upto + 1)).union(extra))]
 
     low = _cut_before(cuts, entry)
     ref_low = analysis.ops[low].reference if low is not None else -1
     cand_high, ref_high = (entry, analysis.ops[entry].reference) if entry is not None else \
         (len(run.candidate.ops) - 1, len(run.reference.ops) - 1)
-    return {"low": low, "high": entry,
-            "candidate": sites("candidate", low if low is not None else -1, cand_high, region.candidate if region else []),
-            "reference": sites("reference", ref_low, ref_high, region.reference if region else [])}
+    return Bracket(low, entry, sites("candidate", low if low is not None else -1, cand_high, region.candidate if region else []),
+                   sites("reference", ref_low, ref_high, region.reference if region else []))
 
 
-def _side(op: OpNode) -> dict:
-    return {"index": op.index, "op": op.framework_op, "module": op.module, "source": op.source}
+def _site(op: OpNode) -> OpSite:
+    return OpSite(op.index, op.framework_op, op.module, op.source)
 
 
-def _culprit_dict(run: Run, analysis: Analysis, evidence: OpEvidence) -> dict[str, Any]:
+def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culprit:
     cand_op = run.candidate.ops[evidence.candidate]
     different_leaves = [analysis.leaves[t] for t in cand_op.inputs
                         if t in analysis.leaves and analysis.leaves[t].verdict == "different"]
     leaf = different_leaves[0].candidate.split(":", 1)[1] if different_leaves else None
-    return {
-        "kind": "leaf" if leaf else "op",
-        "op": evidence.op,
-        "candidate": _side(cand_op),
-        "reference": _side(run.reference.ops[evidence.reference]),
-        "leaf": leaf,
-        "input_error": evidence.input_error,
-        "output_error": evidence.output_error["max_abs"],
-        "output_error_rel": evidence.output_error["max_rel"],
-        "input_error_rel": evidence.input_error_rel,
-        "local_error": evidence.local_error,
-        "amplification": evidence.amplification,
-        "verdict": evidence.verdict,
-        "fp64": evidence.fp64,
-        "block": {"candidate": evidence.block.candidate, "reference": evidence.block.reference} if evidence.block else None,
-    }
+    return Culprit("leaf" if leaf else "op", evidence.op, _site(cand_op), _site(run.reference.ops[evidence.reference]), leaf,
+                   input_error=evidence.input_error, output_error=evidence.output_error["max_abs"],
+                   output_error_rel=evidence.output_error["max_rel"], input_error_rel=evidence.input_error_rel,
+                   local_error=evidence.local_error, amplification=evidence.amplification, verdict=evidence.verdict,
+                   fp64=evidence.fp64, block=BlockOps(evidence.block.candidate, evidence.block.reference) if evidence.block else None)
 
 
-def _profile_row(run: Run, evidence: OpEvidence) -> dict:
-    return {"index": evidence.candidate, "reference": evidence.reference, "op": evidence.op,
-            "module": run.candidate.ops[evidence.candidate].module,
-            "output_error": evidence.output_error["max_rel"], "max_abs": evidence.output_error["max_abs"],
-            "mean_abs": evidence.output_error["mean_abs"], "local_error": evidence.local_error,
-            "verdict": evidence.verdict, "amplification": evidence.amplification}
+def _profile_row(run: RunRecord, evidence: OpEvidence) -> ProfileRow:
+    return ProfileRow(evidence.candidate, evidence.reference, evidence.op, run.candidate.ops[evidence.candidate].module,
+                      evidence.output_error["max_rel"], evidence.output_error["max_abs"], evidence.output_error["mean_abs"],
+                      evidence.local_error, evidence.verdict, evidence.amplification)

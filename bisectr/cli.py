@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -10,14 +13,14 @@ import warnings
 from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, NoReturn, Sequence
 
 from rich.console import Console
 
 from . import report
 from .report import json_safe
+from .result import Result
 from .errors import BisectrError, UserModelError
-from .store import save_result
 
 EXIT_OK, EXIT_DIVERGENT, EXIT_ERROR, EXIT_BUG = 0, 1, 2, 3
 # Off a terminal (a pipe, a file) tables are printed at their natural width: no cell cut or wrapped.
@@ -97,7 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def program() -> NoReturn:
+    """The `bisectr` command: `main`, then exit with its status (the work is done and said: a
+    Ctrl-C during the interpreter's shutdown no longer changes the status)."""
+    status = main(exit_on_interrupt=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)
+
+
+def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "trace" and args.format == "tsv" and (args.ops == args.alignment or args.stats_only):
@@ -114,11 +125,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, UserModelError) and exc.user_traceback:
             error_console.print(exc.user_traceback, markup=False, highlight=False)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        Console(stderr=True, soft_wrap=True).print("bisectr: interrupted; nothing was saved")
+    except KeyboardInterrupt as exc:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # what was kept is said: the shutdown must not be cut short
+        Console(stderr=True, soft_wrap=True).print(f"bisectr: interrupted; {str(exc) or 'nothing was saved'}", highlight=False)
+        if exit_on_interrupt:
+            _exit_interrupted()
         return EXIT_ERROR
     except Exception as exc:  # what bisectr did not expect is its own bug, never a verdict
         return _report_bug(exc)
+
+
+def _exit_interrupted() -> NoReturn:
+    """End the process with status 2 after an interruption. CPython marks a KeyboardInterrupt raised
+    inside code that C++ bindings run with `PyRun_String` (torch's and paddle's, while they import)
+    as unhandled, even once caught, and its normal exit would then end the process by SIGINT."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_ERROR)
 
 
 def _report_bug(exc: Exception) -> int:
@@ -131,8 +155,8 @@ def _report_bug(exc: Exception) -> int:
     return EXIT_BUG
 
 
-def _exit_status(result: dict) -> int:
-    return EXIT_DIVERGENT if result["verdict"] == "divergent" else EXIT_OK
+def _exit_status(result: Result | None) -> int:
+    return EXIT_DIVERGENT if result is not None and result.verdict == "divergent" else EXIT_OK
 
 
 def _search(run, console: Console, exhaustive: bool, quiet: bool):
@@ -178,43 +202,63 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
     from .run import trace
 
     out = Path(args.out) if args.out else Path(".bisectr/runs") / Path(args.model_file).stem
-    with _recording_status(console, args.model_file, quiet=not console.is_terminal) as watch:
-        run = trace(args.model_file, args.reference, args.candidate, out=out, store_values=not args.stats_only,
-                    keep_modules=tuple(args.keep_module), watch=watch, **_isolation(args))
+    run = None
+    try:
+        with _recording_status(console, args.model_file, quiet=not console.is_terminal) as watch:
+            run = trace(args.model_file, args.reference, args.candidate, out=out, store_values=not args.stats_only,
+                        keep_modules=tuple(args.keep_module), watch=watch, commit=False, **_isolation(args))
+        if not args.stats_only:
+            _search(run, console, exhaustive=False, quiet=not console.is_terminal)
+        run.save()  # traces, alignment and result land together: until here the previous run stays
+        return _show_trace(args, console, run)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_what_is_kept(run, out)) from None
+    except BaseException:
+        if run is not None:
+            run.discard()
+        raise
+
+
+def _what_is_kept(run, out: Path) -> str:
+    """After an interruption: drop the run if it was not saved, and say what `out` holds."""
+    from .store import is_run_dir
+
+    if run is not None and run.writer is None:
+        return f"the new run was saved in {run.run_dir}"
+    if run is not None:
+        run.discard()
+    return "nothing was saved; " + (f"the previous run in {out} is untouched" if is_run_dir(out) else f"{out} holds no run")
+
+
+def _show_trace(args: argparse.Namespace, console: Console, run) -> int:
     if args.stats_only:
         report.print_trace_summary(console, run)
         console.print("statistics only: no values stored, so no search (trace again without --stats-only)")
         return EXIT_OK
-    tui = console.is_terminal and not args.no_tui and args.format == "table"
-    if tui:
-        report.print_trace_summary(console, run)  # something to read while the search runs
-    result = _search(run, console, exhaustive=False, quiet=not console.is_terminal)
-    saved = json_safe(result.to_dict())
-    save_result(run.run_dir, saved)
     if args.format == "tsv":
-        _print_tables(console, run, result, saved, args)
-        return _exit_status(saved)
-    if tui:
+        _print_tables(console, run, args)
+        return _exit_status(run.result)
+    if console.is_terminal and not args.no_tui:
         from .tui import run_app
 
-        _print_tables(console, run, result, saved, args)  # still on the terminal when the TUI closes
-        run_app(run, result)
-        return _exit_status(run.saved_result or saved)
-    report.print_result(console, run, saved)
+        _print_tables(console, run, args)  # still on the terminal when the TUI closes
+        run_app(run)
+        return _exit_status(run.result)
+    report.print_result(console, run, run.result)
     console.print()
     report.print_trace_summary(console, run)
-    _print_tables(console, run, result, saved, args)
+    _print_tables(console, run, args)
     console.print(f"\nrun saved in {run.run_dir}  (reopen with: bisectr view {run.run_dir})", highlight=False)
-    return _exit_status(saved)
+    return _exit_status(run.result)
 
 
-def _print_tables(console: Console, run, result, saved: dict, args: argparse.Namespace) -> None:
+def _print_tables(console: Console, run, args: argparse.Namespace) -> None:
     """The tables asked for with --alignment and --ops, in the chosen --format."""
     tsv = args.format == "tsv"
     if args.alignment:
-        report.print_alignment(console, run, result.alignment, tsv)
+        report.print_alignment(console, run, tsv)
     if args.ops:
-        report.print_ops(console, run, saved, tsv)
+        report.print_ops(console, run, run.result, tsv)
 
 
 def run_bisect(args: argparse.Namespace, console: Console) -> int:
@@ -228,30 +272,31 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
     if args.repro and searched.culprit is not None:
         from .repro import write_repro
 
-        where = write_repro(run, searched.alignment, searched.culprit["candidate"]["index"], args.repro)
+        where = write_repro(run, searched.culprit.candidate.index, args.repro, run.sides)
         result["repro"] = str(where / "repro.py")
+    substitution = None
     if args.substitute:
         from .substitution import substitute
 
-        chosen = _substituted_ops(args.substitute, result)
-        result["substitution"] = json_safe(substitute(run, searched.alignment, chosen).to_dict())
+        substitution = substitute(run, run.sides, _substituted_ops(args.substitute, searched))
+        result["substitution"] = json_safe(substitution.to_dict())
     if args.json:
         print(json.dumps(result))
     else:
-        report.print_result(console, run, result)
+        report.print_result(console, run, searched)
         if "repro" in result:
             console.print(f"repro written: python {result['repro']}", highlight=False)
-        if "substitution" in result:
+        if substitution is not None:
             report.print_substitution(console, result["substitution"])
-    return _exit_status(result)
+    return _exit_status(searched)
 
 
-def _substituted_ops(spec: str, result: dict) -> list[str]:
+def _substituted_ops(spec: str, result) -> list[str]:
     """Canonical op names from `--substitute`; 'rounding' names every op whose replay is not bit-exact."""
     names = [name.strip() for name in spec.split(",") if name.strip()]
     if "rounding" in names:
         names.remove("rounding")
-        names += sorted({row["op"] for row in result["profile"] if row["verdict"] in ("noise", "different")})
+        names += sorted({row.op for row in result.profile if row.verdict in ("noise", "different")})
     return names
 
 
@@ -263,15 +308,15 @@ def run_view(args: argparse.Namespace, console: Console) -> int:
         from .tui import run_app
 
         run_app(run)
-        return _exit_status(run.saved_result) if run.saved_result else EXIT_OK
-    if run.saved_result is None:
+        return _exit_status(run.result)
+    if run.result is None:
         report.print_trace_summary(console, run)
         console.print("this run holds no search result")
         return EXIT_OK
-    report.print_result(console, run, run.saved_result)
+    report.print_result(console, run, run.result)
     console.print()
     report.print_trace_summary(console, run)
-    return _exit_status(run.saved_result)
+    return _exit_status(run.result)
 
 
 COMMANDS = {"trace": run_trace, "bisect": run_bisect, "view": run_view}

@@ -28,3 +28,7 @@ class TraceMismatchError(BisectrError):
 
 class OutputMismatchError(BisectrError):
     """The two sides' outputs cannot be paired."""
+
+
+class RunWriteError(RunDirError):
+    """Writing a run failed (disk full, I/O error, permissions): nothing of it was saved."""

@@ -104,20 +104,26 @@ def build_side(module: ModuleType, model_file: Path, role: str, function: str) -
     if not callable(factory):
         raise ModelFileError(f"{model_file}: {function} is not a function")
     built = run_user_code(factory, f"{model_file}: {function}() raised")
+    return side_of(role, built, model_file, function, f"{function}() returned")
+
+
+def side_of(role: str, built: Any, model_file: Path, function: str, given: str) -> Side:
+    """A side from what its function returned (`given` says where that came from, in messages):
+    `(model, inputs)` with a callable model and a tuple or dict of inputs, in a known framework."""
     if not (isinstance(built, tuple) and len(built) == 2):
-        raise ModelFileError(f"{model_file}: {function}() must return (model, inputs), got {_describe(built)}")
+        raise ModelFileError(f"{model_file}: {given} {_describe(built)}, not (model, inputs)")
     model, inputs = built
     if not callable(model):
-        raise ModelFileError(f"{model_file}: {function}() returned a model that is not callable: {_describe(model)}")
+        raise ModelFileError(f"{model_file}: {given} a model that is not callable: {_describe(model)}")
     if isinstance(inputs, list):
         inputs = tuple(inputs)
     if not isinstance(inputs, (tuple, dict)):
-        raise ModelFileError(f"{model_file}: {function}() must return inputs as a tuple of positional arguments "
-                             f"or a dict of keyword arguments, got {_describe(inputs)}")
+        raise ModelFileError(f"{model_file}: {given} inputs that are neither a tuple of positional arguments "
+                             f"nor a dict of keyword arguments: {_describe(inputs)}")
     values = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
     adapter = adapter_for(model, values)
     if adapter is None:
-        raise ModelFileError(f"{model_file}: cannot tell the framework of the {role} side: {function}() returned "
+        raise ModelFileError(f"{model_file}: cannot tell the framework of the {role} side: {given} "
                              f"a {_describe(model)} and inputs {[_describe(v) for v in values]}; "
                              "expected a torch.nn.Module / paddle.nn.Layer, or torch / paddle tensors as inputs")
     return Side(role, function, model_file, model, inputs, adapter)

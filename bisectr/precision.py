@@ -12,37 +12,18 @@ the measured difference; otherwise something computes differently.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 from .adapters import CannotUpcast
 from .analysis import noise_floor
 from .metrics import error_metrics
-from .run import Run
+from .record import RunRecord
+from .result import Float64Check
+from .sides import Sides
 
 ROUNDING_SHARE = 0.1  # float64 outputs agree when they differ by at most this share of what rounding predicts
 
 
-@dataclass
-class Float64Check:
-    status: str  # "agree" | "disagree" | "skipped"
-    reason: str  # why it was skipped, or what the numbers say
-    error: float | None  # the measured difference (max_rel over the outputs)
-    float64_error: float | None = None  # the same with both sides in float64
-    reference_rounding: float | None = None  # the reference's outputs vs its own float64 outputs
-    candidate_rounding: float | None = None
-
-    @property
-    def predicted(self) -> float | None:
-        """What rounding alone predicts for the measured difference (None when skipped)."""
-        if self.reference_rounding is None or self.candidate_rounding is None:
-            return None
-        return self.reference_rounding + self.candidate_rounding
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "predicted": self.predicted}
-
-
-def float64_check(run: Run) -> Float64Check:
+def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
     """Run both sides of a live run in float64 and compare (see the module docstring)."""
     error = run.output_error()["max_rel"]
     if not math.isfinite(error):
@@ -52,16 +33,16 @@ def float64_check(run: Run) -> Float64Check:
     outputs = {}
     for role in ("reference", "candidate"):
         try:
-            outputs[role] = run.runners[role].float64_outputs()
+            outputs[role] = sides.float64_outputs(role)
         except CannotUpcast as exc:
             return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
     float64_error = reference_rounding = candidate_rounding = 0.0
-    for pair in run.output_pairs():
+    for pair in run.output_pairs:
         reference64 = outputs["reference"][pair.key]
-        candidate64 = outputs["candidate"][pair.candidate_key].reshape(reference64.shape)
+        candidate64 = pair.in_reference_layout(outputs["candidate"][pair.candidate_key], reference64.shape)
         float64_error = max(float64_error, error_metrics(candidate64, reference64)["max_rel"])
         reference_rounding = max(reference_rounding, error_metrics(run.reference.value(pair.reference), reference64)["max_rel"])
-        candidate32 = run.candidate.value(pair.candidate).reshape(reference64.shape)
+        candidate32 = pair.in_reference_layout(run.candidate.value(pair.candidate), reference64.shape)
         candidate_rounding = max(candidate_rounding, error_metrics(candidate32, candidate64)["max_rel"])
     check = Float64Check("disagree", "in float64 the outputs still differ: something computes differently", error,
                          float64_error, reference_rounding, candidate_rounding)

@@ -8,9 +8,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from .align import Alignment
-from .run import Run
+from .record import RunRecord
+from .result import BlockOps, Bracket, Confirmation, Float64Check, NonFinite, NotBlamed, ProfileRow, Result
 
 _LEVELS = "▁▂▃▄▅▆▇█"
 CHART_WIDTH = 64
@@ -33,6 +34,16 @@ def fmt(value: float | None) -> str:
     return f"{value:.3g}"
 
 
+def fmt_amplification(amplification: float | None, output_error: float | None) -> str:
+    """Amplification, with `inf` for an error that appears from exact inputs (JSON stores it as null,
+    a run's result.json as Infinity)."""
+    if amplification is None:
+        return "inf" if output_error else "n/a"
+    if math.isinf(amplification):
+        return "inf"
+    return "-" if amplification == 0 else f"x{amplification:.3g}"
+
+
 def short_source(source: str) -> str:
     """`path:line` relative to the working directory when it lies below it."""
     path, _, line = source.rpartition(":")
@@ -43,11 +54,15 @@ def short_source(source: str) -> str:
 
 
 def source_text(source: str) -> str:
+    """The text of the line at `path:line`; "" unless it is a line of a regular file (a saved run
+    names any path it likes: a device or a pipe must not be read)."""
     path, _, line = source.rpartition(":")
-    return linecache.getline(path, int(line)).strip() if path and line.isdigit() else ""
+    if not (path and line.isdigit() and os.path.isfile(path)):
+        return ""
+    return linecache.getline(path, int(line)).strip()
 
 
-def print_trace_summary(console: Console, run: Run) -> None:
+def print_trace_summary(console: Console, run: RunRecord) -> None:
     sides = Table(title="Sides", title_justify="left")
     for column in ("side", "framework", "device", "dtype", "ops", "leaves", "stored tensors"):
         sides.add_column(column)
@@ -59,144 +74,175 @@ def print_trace_summary(console: Console, run: Run) -> None:
     outputs = Table(title="Outputs", title_justify="left")
     for column in ("output", "shape", "max abs", "max rel", "cosine"):
         outputs.add_column(column)
-    for pair in run.output_pairs():
+    for pair in run.output_pairs:
         info = run.reference.tensors[pair.reference]
         metrics = pair.metrics
-        outputs.add_row(pair.key, str(list(info.shape)), fmt(metrics["max_abs"]), fmt(metrics["max_rel"]), fmt(metrics["cosine"]))
+        outputs.add_row(pair.key, str(list(info.shape)), fmt(metrics.get("max_abs")), fmt(metrics.get("max_rel")), fmt(metrics.get("cosine")))
     console.print(outputs)
 
 
-def print_result(console: Console, run: Run, result: dict) -> None:
-    """The search's conclusion: verdict, culprit on both sides, evidence and the error profile."""
-    verdict = result["verdict"]
-    style = {"match": "bold green", "noise": "bold yellow", "divergent": "bold red"}[verdict]
-    ops = result["ops"]
-    nonfinite = result.get("nonfinite")
-    difference = ("NaN/Inf" if nonfinite else
-                  f"{fmt(result['output_error']['max_abs'])} (relative {fmt(result['output_error']['max_rel'])})")
-    unconfirmed = " (unconfirmed)" if is_unconfirmed(result) else ""
-    console.print(f"[{style}]verdict: {verdict}[/]{unconfirmed}   outputs differ by {difference}")
-    if nonfinite:
-        console.print(nonfinite_text(nonfinite), highlight=False)
-    if result.get("fp64_check"):
-        console.print(float64_text(result["fp64_check"]), highlight=False)
-    console.print(f"aligned: {ops['aligned']} of {ops['candidate']} candidate ops "
-                  f"({ops['reference']} reference ops); candidate re-runs: {result['reruns']}", highlight=False)
-    culprit = result["culprit"]
+# A line of output: (text, style) segments. Styles are named for what they mark, and mapped
+# to rich styles here (`STYLES`) and to the TUI's theme (`bisectr.tui.widgets`).
+Line = list[tuple[str, str]]
+STYLES = {"": "", "bold": "bold", "muted": "dim", "accent": "cyan", "source": "underline", "code": "",
+          "warning": "bold yellow", "match": "bold green", "noise": "bold yellow", "divergent": "bold red",
+          "exact": "green", "different": "bold red", "unknown": "dim"}
+HEADLINE = {
+    "divergent": "a semantic difference reaches the outputs",
+    "noise": "the outputs differ only by rounding that some ops amplify",
+    "match": "the outputs are equal within the tolerance",
+}
+
+
+def rich_line(line: Line) -> Text:
+    return Text.assemble(*((text, STYLES.get(style, style)) for text, style in line))
+
+
+def verdict_lines(result: Result) -> list[Line]:
+    """The verdict, the outputs' difference, where NaN/Inf start and the float64 check."""
+    error = result.output_error
+    difference = "NaN/Inf" if result.nonfinite else f"{fmt(error.get('max_abs'))} (relative {fmt(error.get('max_rel'))})"
+    unconfirmed = " (unconfirmed)" if result.unconfirmed else ""
+    lines: list[Line] = [[(f"verdict: {result.verdict}", result.verdict), (unconfirmed, "warning"),
+                          (f"   outputs differ by {difference}", "")]]
+    if result.nonfinite:
+        lines.append([(nonfinite_text(result.nonfinite), "")])
+    if result.fp64_check:
+        lines.append([(float64_text(result.fp64_check), "")])
+    return lines
+
+
+def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> list[Line]:
+    """The culprit on both sides with its source lines, the evidence, the confirmation, what was not
+    blamed and (unconfirmed) the bracket. `listed` caps the recurrences and not-blamed items shown."""
+    culprit = result.culprit
+    lines: list[Line] = []
     if culprit is not None:
-        what = "first semantic difference" if verdict == "divergent" else "most amplifying op"
-        leaf = f" (its parameter {culprit['leaf']} differs)" if culprit["leaf"] else ""
-        console.print(f"\nculprit ({what}): [bold]{culprit['op']}[/]{leaf}")
+        what = "first semantic difference" if result.verdict == "divergent" else "most amplifying op"
+        leaf = f" (its parameter {culprit.leaf} differs)" if culprit.leaf else ""
+        lines.append([(f"culprit ({what}): ", ""), (culprit.op, "bold"), (leaf, "")])
         for role in ("candidate", "reference"):
-            site = culprit[role]
-            module = site["module"] or "(top level)"
-            console.print(f"  {role:9}  op {site['index']:<5} {site['op']:<28} {module}", highlight=False)
-            if site["source"]:  # empty when no user code called the op (the model is one framework layer)
-                console.print(f"             {short_source(site['source'])}:  {source_text(site['source'])}", highlight=False)
-        if culprit.get("block"):
-            console.print(f"  block      {block_text(run, culprit['block'])}", highlight=False)
-        fp64 = culprit["fp64"] or {}
-        console.print(f"  input error {fmt(culprit['input_error'])} -> output error {fmt(culprit['output_error'])} "
-                      f"(x{fmt(culprit['amplification'])}); local error {fmt(culprit['local_error'])}", highlight=False)
-        if fp64:
-            console.print(f"  vs fp64: candidate {fmt(fp64['candidate_error'])}, reference {fmt(fp64['reference_error'])}"
-                          f"  -> {culprit['verdict']}", highlight=False)
-    for recurrence in result.get("recurrences", []):
-        console.print(f"  recurs at op {recurrence['index']} {recurrence['module']} ({short_source(recurrence['source'])})", highlight=False)
-    if result.get("confirmation"):
-        console.print(f"  {confirmation_text(result['confirmation'])}", highlight=False)
-    for item in result.get("not_blamed", []):
-        console.print(f"  {not_blamed_text(item)}", highlight=False)
-    if result.get("bracket"):
-        console.print("")
-        for line in bracket_lines(result["bracket"]):
-            console.print(line, highlight=False)
-    if result.get("profile"):
-        console.print("\nerror by op (log scale, relative):")
-        culprit_index = culprit["candidate"]["index"] if culprit else None
-        for line in error_chart(result["profile"], culprit_index):
+            site = getattr(culprit, role)
+            lines.append([(f"  {role:9}  op {site.index:<5} {site.op:<28} ", ""), (site.module or "(top level)", "accent")])
+            if site.source:  # empty when no user code called the op (the model is one framework layer)
+                lines.append([("             ", ""), (short_source(site.source), "source"), (f":  {source_text(site.source)}", "code")])
+        if culprit.block:
+            lines.append([(f"  block      {block_text(run, culprit.block)}", "")])
+        lines.append([(f"  input error {fmt(culprit.input_error)} -> output error {fmt(culprit.output_error)} "
+                       f"({fmt_amplification(culprit.amplification, culprit.output_error)}); local error {fmt(culprit.local_error)}", "")])
+        if culprit.fp64:
+            lines.append([(f"  vs fp64: candidate {fmt(culprit.fp64.get('candidate_error'))}, reference "
+                           f"{fmt(culprit.fp64.get('reference_error'))}  -> ", ""), (culprit.verdict, culprit.verdict)])
+    recurrences = result.recurrences[:listed]
+    for recurrence in recurrences:
+        lines.append([(f"  recurs at op {recurrence.index} {recurrence.module} ({short_source(recurrence.source)})", "")])
+    if len(result.recurrences) > len(recurrences):
+        lines.append([(f"  ... and {len(result.recurrences) - len(recurrences)} more recurrences", "muted")])
+    if result.confirmation:
+        lines.append([(f"  {confirmation_text(result.confirmation)}", "" if result.confirmation.confirmed else "warning")])
+    for item in result.not_blamed[:listed]:
+        lines.append([(f"  {not_blamed_text(item)}", "muted")])
+    if result.bracket:
+        lines.append([])
+        lines += [[(line, "")] for line in bracket_lines(result.bracket)]
+    return lines
+
+
+def print_result(console: Console, run: RunRecord, result: Result) -> None:
+    """The search's conclusion: verdict, culprit on both sides, evidence and the error profile."""
+    for line in verdict_lines(result):
+        console.print(rich_line(line), highlight=False)
+    ops = result.ops
+    console.print(f"aligned: {ops.get('aligned')} of {ops.get('candidate')} candidate ops "
+                  f"({ops.get('reference')} reference ops); candidate re-runs: {result.reruns}", highlight=False)
+    lines = culprit_lines(run, result)
+    if result.culprit is not None:
+        console.print()
+    for line in lines:
+        console.print(rich_line(line), highlight=False)
+    if result.profile:
+        console.print("\nerror by op (log scale, relative):", highlight=False)
+        culprit_index = result.culprit.candidate.index if result.culprit else None
+        for line in error_chart(result.profile, culprit_index):
             console.print(line, highlight=False, markup=False)
 
 
-def block_text(run: Run, block: dict[str, list[int]]) -> str:
+def block_text(run: RunRecord, block: BlockOps) -> str:
     """An N:M block judged as one op: its ops and source lines on both sides."""
     def side(role: str) -> str:
-        ops = [run.traces[role].ops[i] for i in block[role]]
-        lines = sorted({int(op.source.rpartition(":")[2]) for op in ops if op.source})
+        ops = [run.traces[role].ops[i] for i in getattr(block, role)]
+        if not ops:
+            return f"no {role} ops"
+        lines = sorted({int(op.source.rpartition(":")[2]) for op in ops if op.source.rpartition(":")[2].isdigit()})
         path = short_source(next((op.source for op in ops if op.source), "")).rpartition(":")[0]
         span = f"{lines[0]}-{lines[-1]}" if len(lines) > 1 else "".join(map(str, lines))
         return f"{role} ops {ops[0].index}..{ops[-1].index}" + (f" at {path}:{span}" if lines else "")
     return f"{side('candidate')} against {side('reference')}, compared as one op"
 
 
-def is_unconfirmed(result: dict) -> bool:
-    """A divergent result whose culprit no patch confirmed (it comes with a bracket)."""
-    return result["verdict"] == "divergent" and not (result.get("confirmation") or {}).get("confirmed")
-
-
-def float64_text(check: dict) -> str:
+def float64_text(check: Float64Check) -> str:
     """The whole-model float64 check in one line."""
-    if check["status"] == "skipped":
-        return f"float64 check: skipped ({check['reason']})"
-    rounding = (f"rounding predicts up to {fmt(check['predicted'])} (reference {fmt(check['reference_rounding'])}, "
-                f"candidate {fmt(check['candidate_rounding'])} from their own float64 outputs)")
-    conclusion = "rounding" if check["status"] == "agree" else "something computes differently"
-    return (f"float64 check: outputs differ by {fmt(check['error'])} as run and by {fmt(check['float64_error'])} with both sides "
+    if check.status == "skipped":
+        return f"float64 check: skipped ({check.reason})"
+    rounding = (f"rounding predicts up to {fmt(check.predicted)} (reference {fmt(check.reference_rounding)}, "
+                f"candidate {fmt(check.candidate_rounding)} from their own float64 outputs)")
+    conclusion = "rounding" if check.status == "agree" else "something computes differently"
+    return (f"float64 check: outputs differ by {fmt(check.error)} as run and by {fmt(check.float64_error)} with both sides "
             f"in float64; {rounding} -> {conclusion}")
 
 
-def confirmation_text(confirmation: dict) -> str:
+def confirmation_text(confirmation: Confirmation) -> str:
     """What taking the culprit's own difference out did to the outputs' error."""
-    first, *recurrences = confirmation["patched_ops"]
+    first, *recurrences = confirmation.patched_ops or ["?"]
     what = f"op {first}'s own difference" + (f" and its {len(recurrences)} recurrences' (ops {', '.join(map(str, recurrences))}: "
                                              "the same op from the same line, each judged different)" if recurrences else "")
-    change = f"from {fmt(confirmation['before'])} to {fmt(confirmation['output_error'])}"
-    if confirmation["confirmed"]:
+    change = f"from {fmt(confirmation.before)} to {fmt(confirmation.output_error)}"
+    if confirmation.confirmed:
         return f"confirmed: taking out only {what} takes the outputs' error {change}"
     return f"unconfirmed: taking out only {what} takes the outputs' error only {change}"
 
 
-def not_blamed_text(item: dict) -> str:
-    if item.get("contradicted") is not None:
-        return (f"not blamed: op {item['index']} {item['op']} differs, but taking its own difference out makes the "
-                f"outputs' error worse ({fmt(item['contradicted'])}): the values contradict its pairing")
-    return f"not blamed: op {item['index']} {item['op']} differs but moves the outputs by only {fmt(item['reaches'])}"
+def not_blamed_text(item: NotBlamed) -> str:
+    if item.contradicted is not None:
+        return (f"not blamed: op {item.index} {item.op} differs, but taking its own difference out makes the "
+                f"outputs' error worse ({fmt(item.contradicted)}): the values contradict its pairing")
+    return f"not blamed: op {item.index} {item.op} differs but moves the outputs by only {fmt(item.reaches)}"
 
 
 BRACKET_LISTED = 12  # ops listed per side
 
 
-def bracket_lines(bracket: dict) -> list[str]:
+def bracket_lines(bracket: Bracket) -> list[str]:
     """Where an unconfirmed difference enters: the cuts around it and the ops between, both sides."""
-    low = "the start" if bracket["low"] is None else f"candidate op {bracket['low']}"
-    high = "the end" if bracket["high"] is None else f"op {bracket['high']}"
+    low = "the start" if bracket.low is None else f"candidate op {bracket.low}"
+    high = "the end" if bracket.high is None else f"op {bracket.high}"
     lines = [f"the difference enters between {low} (most of the error still ahead) and {high} (most of it behind):"]
     for role in ("candidate", "reference"):
-        sites = bracket[role]
+        sites = getattr(bracket, role)
         lines.append(f"  {role} ops there: {len(sites)}")
         for site in sites[:BRACKET_LISTED]:
-            source = f"  {short_source(site['source'])}:  {source_text(site['source'])}" if site["source"] else ""
-            lines.append(f"    op {site['index']:<5} {site['op']:<28} {site['module'] or '(top level)'}{source}")
+            source = f"  {short_source(site.source)}:  {source_text(site.source)}" if site.source else ""
+            lines.append(f"    op {site.index:<5} {site.op:<28} {site.module or '(top level)'}{source}")
         if len(sites) > BRACKET_LISTED:
             lines.append(f"    ... and {len(sites) - BRACKET_LISTED} more")
     return lines
 
 
-def nonfinite_text(nonfinite: dict) -> str:
+def nonfinite_text(nonfinite: NonFinite) -> str:
     """Where the candidate's NaN/Inf outputs come from, in one sentence."""
-    text = f"the candidate's outputs hold {nonfinite['nan']} NaN and {nonfinite['inf']} Inf (the reference's are finite)"
-    first = nonfinite["first"]
+    text = f"the candidate's outputs hold {nonfinite.nan} NaN and {nonfinite.inf} Inf (the reference's are finite)"
+    first = nonfinite.first
     if first is None:
         return text
-    site = f"op {first['index']} {first['op']} {first['module'] or '(top level)'}"
-    if first["source"]:
-        site += f" ({short_source(first['source'])})"
-    if first["leaf"]:
-        return f"{text}; they start at {first['leaf']}, read by {site}"
+    site = f"op {first.index} {first.op} {first.module or '(top level)'}"
+    if first.source:
+        site += f" ({short_source(first.source)})"
+    if first.leaf:
+        return f"{text}; they start at {first.leaf}, read by {site}"
     return f"{text}; they start at {site}"
 
 
-def error_chart(profile: list[dict], marked: int | None, width: int = CHART_WIDTH) -> list[str]:
+def error_chart(profile: list[ProfileRow], marked: int | None, width: int = CHART_WIDTH) -> list[str]:
     """Two sparklines (propagated and local error per op, bucketed) and a marker line."""
     if not profile:
         return []
@@ -204,7 +250,7 @@ def error_chart(profile: list[dict], marked: int | None, width: int = CHART_WIDT
     columns = [profile[i : i + buckets] for i in range(0, len(profile), buckets)]
 
     def line(key: str) -> str:
-        values = [max((r[key] or 0.0) for r in column) for column in columns]
+        values = [max((getattr(r, key) or 0.0) for r in column) for column in columns]
         logs = [math.log10(v) for v in values if v and v > 0 and math.isfinite(v)]
         low, high = (min(logs), max(logs)) if logs else (0.0, 0.0)
         chars = []
@@ -216,8 +262,8 @@ def error_chart(profile: list[dict], marked: int | None, width: int = CHART_WIDT
                 chars.append(_LEVELS[level])
         return "".join(chars) + f"  {fmt(10 ** low if logs else 0)}..{fmt(10 ** high if logs else 0)}"
 
-    marker = "".join("^" if marked is not None and any(r["index"] == marked for r in column) else " " for column in columns)
-    first, last = profile[0]["index"], profile[-1]["index"]
+    marker = "".join("^" if marked is not None and any(r.index == marked for r in column) else " " for column in columns)
+    first, last = profile[0].index, profile[-1].index
     return [f"propagated {line('output_error')}", f"local      {line('local_error')}",
             f"           {marker}", f"           op {first} .. op {last}, {buckets} op(s) per column"]
 
@@ -238,27 +284,27 @@ PAIRED_BECAUSE = {
 }
 
 
-def op_rows(run: Run, result: dict) -> list[list]:
+def op_rows(run: RunRecord, result: Result) -> list[list]:
     """One row per paired candidate op (`OP_COLUMNS`): where it is and how far it is from its partner."""
     rows = []
-    for row in result.get("profile", []):
-        op = run.candidate.ops[row["index"]]
-        rows.append([row["index"], row["op"], op.module, short_source(op.source), row.get("mean_abs"), row.get("max_abs"),
-                     row["output_error"], row["local_error"], row["verdict"]])
+    for row in result.profile:
+        op = run.candidate.ops[row.index]
+        rows.append([row.index, row.op, op.module, short_source(op.source), row.mean_abs, row.max_abs,
+                     row.output_error, row.local_error, row.verdict])
     return rows
 
 
-def alignment_rows(run: Run, alignment: Alignment) -> list[list]:
+def alignment_rows(run: RunRecord) -> list[list]:
     """One row per aligned op pair (`ALIGNMENT_COLUMNS`)."""
     rows = []
-    for pair in alignment.pairs:
+    for pair in run.alignment.pairs:
         cand, ref = run.candidate.ops[pair.candidate], run.reference.ops[pair.reference]
-        why = f"{PAIRED_BECAUSE[pair.evidence['how']]}; outputs {pair.evidence['value_distance']:.2g} apart"
+        why = f"{PAIRED_BECAUSE.get(pair.evidence.how, pair.evidence.how)}; outputs {pair.evidence.value_distance:.2g} apart"
         rows.append([cand.index, ref.index, cand.op, cand.module, ref.module, pair.confidence, why])
     return rows
 
 
-def print_ops(console: Console, run: Run, result: dict, tsv: bool = False) -> None:
+def print_ops(console: Console, run: RunRecord, result: Result, tsv: bool = False) -> None:
     """The numbered list of paired ops with their differences (what seeds 001/002 wrote by hand)."""
     rows = op_rows(run, result)
     if tsv:
@@ -268,14 +314,14 @@ def print_ops(console: Console, run: Run, result: dict, tsv: bool = False) -> No
                              no_wrap=("op", "name")))
 
 
-def print_alignment(console: Console, run: Run, alignment: Alignment, tsv: bool = False) -> None:
+def print_alignment(console: Console, run: RunRecord, tsv: bool = False) -> None:
     """The aligned op pairs, then the N:M blocks (the blocks only in the table form)."""
-    rows = alignment_rows(run, alignment)
+    rows = alignment_rows(run)
     if tsv:
         print_tsv(console, ALIGNMENT_COLUMNS, rows)
         return
     console.print(_table("Alignment (candidate -> reference)", ALIGNMENT_COLUMNS, rows))
-    for block in alignment.blocks:
+    for block in run.alignment.blocks:
         state = "matched block" if block.matched else "unmatched"
         cand_ops = " ".join(f"{i}:{run.candidate.ops[i].op}" for i in block.candidate) or "-"
         ref_ops = " ".join(f"{i}:{run.reference.ops[i].op}" for i in block.reference) or "-"

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from .align import Alignment
 from .recording import Call, Slot
 from .report import short_source, source_text
-from .run import Run
+from .record import RunRecord
+from .sides import Sides
 
 _TENSOR = {
     "torch": ("import torch", "torch.from_numpy(a).to(getattr(torch, dtype))", "t.detach().to(torch.float64).cpu().numpy()"),
@@ -77,8 +77,10 @@ def call_expression(framework: str, framework_op: str, inputs: list[int], call: 
     return f"{function}({', '.join(args)}){note}"
 
 
-def write_repro(run: Run, alignment: Alignment, cand_index: int, directory: str | Path) -> Path:
-    """Write `repro.py` and `inputs.npz` for candidate op `cand_index` and its reference partner."""
+def write_repro(run: RunRecord, cand_index: int, directory: str | Path, sides: Sides | None = None) -> Path:
+    """Write `repro.py` and `inputs.npz` for candidate op `cand_index` and its reference partner
+    (with the non-tensor arguments of the recorded calls when `sides` are live)."""
+    alignment = run.alignment
     ref_index = alignment.reference_of(cand_index)
     if ref_index is None:
         raise ValueError(f"candidate op {cand_index} has no reference partner to compare with")
@@ -98,9 +100,9 @@ def write_repro(run: Run, alignment: Alignment, cand_index: int, directory: str 
     np.savez(directory / "inputs.npz", **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
     sides = {
         "reference": (ref.framework, [ref.tensors[t].dtype for t in ref_op.inputs],
-                      call_expression(ref.framework, ref_op.framework_op, ref_op.inputs, run.call("reference", ref_index))),
+                      call_expression(ref.framework, ref_op.framework_op, ref_op.inputs, sides and sides.call("reference", ref_index))),
         "candidate": (cand.framework, [cand.tensors[t].dtype for t in cand_op.inputs],
-                      call_expression(cand.framework, cand_op.framework_op, cand_op.inputs, run.call("candidate", cand_index))),
+                      call_expression(cand.framework, cand_op.framework_op, cand_op.inputs, sides and sides.call("candidate", cand_index))),
     }
     header = "\n".join([
         f'"""bisectr repro: {cand_op.op} — candidate op {cand_index} vs reference op {ref_index}.',

@@ -1,13 +1,15 @@
-"""Where a side's model runs: what `Run` asks of it once it has been recorded.
+"""Where a side's model runs: the live handle a search re-runs and replays through.
 
 A side runner records the forward pass, re-runs it with patches and replays single
 ops. `LocalSide` keeps the model in this process; a runner in another process
-(`--isolate`) offers the same four methods, so the analysis and the search never
-know where a model lives.
+(`--isolate`) offers the same methods, so the analysis and the search never know
+where a model lives. `Sides` holds both runners with the traces they recorded; a run
+record (`record.RunRecord`) never does.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Callable, Protocol
 
 import numpy as np
@@ -120,3 +122,27 @@ class LocalSide:
         if narrow is not None:
             raise CannotUpcast(f"its output {narrow!r} stays {values[narrow].dtype} (a dtype fixed inside the forward)")
         return values
+
+
+@dataclass
+class Sides:
+    """Both sides' runners, with the model file they came from and the traces they recorded."""
+
+    model_file: Path
+    runners: dict[str, SideRunner]
+    traces: dict[str, Trace]
+
+    def rerun(self, role: str, patches: dict[int, np.ndarray], capture: set[int] | frozenset = frozenset()) -> RerunResult:
+        """Run one side again with `patches` (tid -> values) swapped in; see `PatchedRerun`."""
+        return self.runners[role].rerun(self.traces[role], patches, capture)
+
+    def replay(self, role: str, index: int, values: dict[int, np.ndarray], float64: bool = False) -> list[np.ndarray]:
+        """Call op `index` of one side again on `values` (tid -> array) for its inputs; see `replay_op`."""
+        return self.runners[role].replay(self.traces[role], index, values, float64)
+
+    def call(self, role: str, index: int) -> Call | None:
+        """The recorded call of op `index` (function and arguments)."""
+        return self.runners[role].call(index)
+
+    def float64_outputs(self, role: str) -> dict[str, np.ndarray]:
+        return self.runners[role].float64_outputs()

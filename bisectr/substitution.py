@@ -1,7 +1,7 @@
 """Operator substitution (seed 003): run the candidate with the reference framework's
 implementation of chosen ops, and see whether the difference goes away.
 
-The candidate's forward is re-executed from its trace, op by op, with `Run.replay` (an
+The candidate's forward is re-executed from its trace, op by op, with `Sides.replay` (an
 interpreter over the recorded graph, as `torch.fx.Interpreter` is over a graph
 module). An aligned unit (a 1:1 pair, or a matched N:M block such as a fused
 `layer_norm` against mean/var/rsqrt) that contains a chosen op is computed instead by
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .align import Alignment, TensorPair
-from .run import Run
+from .record import RunRecord
+from .sides import Sides
 
 
 @dataclass
@@ -35,14 +36,14 @@ class SubstitutionResult:
                 "before": self.before, "output_error": self.after}
 
 
-def substitute(run: Run, alignment: Alignment, ops: list[str]) -> SubstitutionResult:
+def substitute(run: RunRecord, sides: Sides, ops: list[str]) -> SubstitutionResult:
     """The outputs' error with every unit containing one of `ops` (canonical names) taken from the reference."""
     chosen = set(ops)
-    units = [u for u in _units(alignment)
+    units = [u for u in _units(run.alignment)
              if any(run.candidate.ops[i].op in chosen for i in u.candidate)
              or any(run.reference.ops[i].op in chosen for i in u.reference)]
-    before = run.candidate_output_error(_replay_candidate(run, alignment, []))
-    after = run.candidate_output_error(_replay_candidate(run, alignment, units))
+    before = run.candidate_output_error(_replay_candidate(run, sides, []))
+    after = run.candidate_output_error(_replay_candidate(run, sides, units))
     return SubstitutionResult(sorted(chosen), units, before, after)
 
 
@@ -52,7 +53,7 @@ def _units(alignment: Alignment) -> list[Unit]:
     return sorted(units, key=lambda u: u.candidate[0])
 
 
-def _replay_candidate(run: Run, alignment: Alignment, units: list[Unit]) -> dict[str, np.ndarray]:
+def _replay_candidate(run: RunRecord, sides: Sides, units: list[Unit]) -> dict[str, np.ndarray]:
     """Execute the candidate's trace op by op; `units` are computed by the reference's ops."""
     trace = run.candidate
     by_first_op = {u.candidate[0]: u for u in units}
@@ -65,11 +66,11 @@ def _replay_candidate(run: Run, alignment: Alignment, units: list[Unit]) -> dict
             continue
         unit = by_first_op.get(op.index)
         if unit is None:
-            _run_candidate_op(run, op.index, values)
+            _run_candidate_op(run, sides, op.index, values)
         else:
             for index in unit.candidate:  # the candidate's own values first: block internals stay defined
-                _run_candidate_op(run, index, values)
-            values.update(_reference_unit(run, alignment, unit, values))
+                _run_candidate_op(run, sides, index, values)
+            values.update(_reference_unit(run, sides, unit, values))
             skipped.update(unit.candidate)
         for tid in op.inputs:  # free what no later op reads
             if last_read.get(tid) == op.index and tid not in outputs:
@@ -77,16 +78,16 @@ def _replay_candidate(run: Run, alignment: Alignment, units: list[Unit]) -> dict
     return {key: values[tid] if tid in values else trace.value(tid) for key, tid in trace.outputs.items()}
 
 
-def _run_candidate_op(run: Run, index: int, values: dict[int, np.ndarray]) -> None:
+def _run_candidate_op(run: RunRecord, sides: Sides, index: int, values: dict[int, np.ndarray]) -> None:
     trace = run.candidate
     op = trace.ops[index]
     inputs = {tid: values[tid] if tid in values else trace.value(tid) for tid in op.inputs}
-    values.update(zip(op.outputs, run.replay("candidate", index, inputs)))
+    values.update(zip(op.outputs, sides.replay("candidate", index, inputs)))
 
 
-def _reference_unit(run: Run, alignment: Alignment, unit: Unit, cand_values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+def _reference_unit(run: RunRecord, sides: Sides, unit: Unit, cand_values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
     """Replay the unit's reference ops on the candidate's values; return the candidate tensors they define."""
-    reference = run.reference
+    reference, alignment = run.reference, run.alignment
     from_candidate: dict[int, TensorPair] = {}
     for pair in alignment.tensors.values():
         if pair.candidate in cand_values:
@@ -103,7 +104,7 @@ def _reference_unit(run: Run, alignment: Alignment, unit: Unit, cand_values: dic
                     cand_values[from_candidate[tid].candidate], reference.tensors[tid].shape)
             else:
                 inputs[tid] = reference.value(tid)
-        ref_values.update(zip(op.outputs, run.replay("reference", index, inputs)))
+        ref_values.update(zip(op.outputs, sides.replay("reference", index, inputs)))
     defined = {}
     for index in unit.candidate:
         for tid in run.candidate.ops[index].outputs:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import networkx as nx
 import numpy as np
@@ -164,6 +164,42 @@ class Trace:
             tensors={t["tid"]: TensorInfo.from_json(t) for t in data["tensors"]},
             outputs=data["outputs"],
         )
+
+    def check(self) -> None:
+        """Raise ValueError naming the first field of a wrong type, or the first op, producer or
+        output that names an op or tensor the trace does not hold: a trace read from a file is
+        checked, so that a damaged one is refused there rather than failing later in a view."""
+        for name in ("side", "framework", "device", "dtype"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}: not a string")
+        tids, op_count = self.tensors.keys(), len(self.ops)
+        if not _are_indices(tids):
+            raise ValueError("tensors: a tensor id is not a non-negative integer")
+        for tid, info in self.tensors.items():
+            # Values are checked through the set of their types: a Python loop per value costs as much as parsing the JSON.
+            if not (info.tid == tid and _are_indices(info.shape) and type(info.dtype) is str and type(info.stored) is bool
+                    and type(info.stats) is dict and _NUMBER_TYPES.issuperset(map(type, info.stats.values()))
+                    and type(info.fingerprint) is list and _NUMBER_TYPES.issuperset(map(type, info.fingerprint))
+                    and (info.producer is None or type(info.producer) is int and 0 <= info.producer < op_count)
+                    and (info.leaf is None or type(info.leaf) is str)):
+                raise ValueError(f"tensor {tid}: a field has the wrong type or names no op of the trace")
+        for position, op in enumerate(self.ops):
+            named = op.inputs + op.outputs  # a TypeError unless both are lists (or both strings: checked next)
+            if not (op.index == position and type(named) is list and _are_indices(named) and tids >= set(named)
+                    and type(op.framework_op) is str and type(op.op) is str and type(op.module) is str
+                    and type(op.source) is str and type(op.inplace) is bool):
+                raise ValueError(f"op {position}: a field has the wrong type or names no tensor of the trace")
+        if not (type(self.outputs) is dict and _are_indices(self.outputs.values()) and tids >= set(self.outputs.values())):
+            raise ValueError("outputs: not a mapping of output keys to tensors of the trace")
+
+
+_NUMBER_TYPES = frozenset((int, float))
+_INT_TYPE = frozenset((int,))
+
+
+def _are_indices(values: Iterable[Any]) -> bool:
+    """Are all `values` non-negative ints (bools are not)?"""
+    return _INT_TYPE.issuperset(map(type, values)) and min(values, default=0) >= 0
 
 
 def is_floating(dtype: str) -> bool:

@@ -1,3 +1,7 @@
+import contextlib
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,7 +32,7 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
     from bisectr.recording import rerun_recorded
     from bisectr.trace import is_floating
 
-    trace, side = run.traces[role], run.runners[role]
+    trace, side = run.traces[role], run.sides.runners[role]
     assert side.recording.replayable(side.side.adapter)
     floating = [tid for op in trace.ops for tid in op.outputs if is_floating(trace.tensors[tid].dtype)]
     parameter = next(tid for name, tid in trace.leaves.items() if name.startswith("param:"))
@@ -63,3 +67,21 @@ def assert_verdict_contract(result: dict) -> None:
         assert check["status"] != "disagree", check
         if check["status"] == "agree":  # the triangle inequality: measured <= predicted + what float64 leaves
             assert check["error"] <= 1.01 * (check["predicted"] + check["float64_error"]), check
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mount_point: Path, size: str):
+    """A tmpfs of `size` (such as "1m") mounted at `mount_point` while the block runs, to fill a disk
+    for real; skips the test where that cannot be done (not root, no `mount`, a refusing kernel)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+    mount_point.mkdir(exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        if subprocess.run(["umount", str(mount_point)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount_point)], capture_output=True)

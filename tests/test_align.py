@@ -67,7 +67,7 @@ def test_every_pair_has_confidence_and_evidence(decomposed):
     _, alignment = decomposed
     for pair in alignment.pairs:
         assert 0.5 <= pair.confidence <= 1.0
-        assert {"how", "op", "candidate_module", "reference_module", "shape", "value_distance"} <= set(pair.evidence)
+        assert {"how", "op", "candidate_module", "reference_module", "shape", "value_distance"} <= set(vars(pair.evidence))
 
 
 @pytest.fixture(scope="module")
@@ -98,9 +98,9 @@ def test_pins_come_from_the_model_file(tmp_path):
     source = (MODELS / "torch_stack.py").read_text() + '\nALIGN_MODULES = {"blocks.3": "layers.4"}\n'
     path = tmp_path / "pinned.py"
     path.write_text(source)
-    result = bisectr.trace(path).bisect()
-    pinned = [p for p in result.alignment.pairs if result.alignment and p.evidence["candidate_module"] == "blocks.3.mlp.fc_in"]
-    assert [p.evidence["reference_module"] for p in pinned] == ["layers.4.ffn.up"]
+    alignment = bisectr.trace(path).alignment
+    pinned = [p for p in alignment.pairs if p.evidence.candidate_module == "blocks.3.mlp.fc_in"]
+    assert [p.evidence.reference_module for p in pinned] == ["layers.4.ffn.up"]
     done = subprocess.run([sys.executable, "-m", "bisectr", "trace", str(path), "--alignment", "--format", "tsv",
                            "-o", str(tmp_path / "run")], capture_output=True, text=True)
     rows = [line.split("\t") for line in done.stdout.splitlines()]

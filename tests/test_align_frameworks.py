@@ -9,7 +9,7 @@ from conftest import EXAMPLES
 @pytest.fixture(scope="module")
 def span(tmp_path_factory):
     run = bisectr.trace(EXAMPLES / "span_head.py", out=tmp_path_factory.mktemp("runs") / "span")
-    return run, run.align()
+    return run, run.alignment
 
 
 def _line(trace, op_index):
@@ -69,10 +69,11 @@ def test_linear_weights_pair_through_a_transpose_decided_by_layer_type(span):
 
 
 def test_coverage_is_reported_by_trace(tmp_path):
-    result = bisectr.trace(EXAMPLES / "deep_stack.py", out=tmp_path / "run").bisect()
+    run = bisectr.trace(EXAMPLES / "deep_stack.py", out=tmp_path / "run")
+    result = run.bisect()
     assert result.ops["aligned"] == result.ops["candidate"]
     from bisectr.align import layer_numbers
 
-    run_pairs = result.alignment.pairs
+    run_pairs = run.alignment.pairs
     assert len(run_pairs) > 0.9 * result.ops["candidate"]
-    assert all(layer_numbers(p.evidence["candidate_module"]) == layer_numbers(p.evidence["reference_module"]) for p in run_pairs)
+    assert all(layer_numbers(p.evidence.candidate_module) == layer_numbers(p.evidence.reference_module) for p in run_pairs)

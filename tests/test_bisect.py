@@ -18,14 +18,14 @@ def test_tanh_gelu_block_is_named_on_both_sides(gelu_run):
     result = gelu_run.bisect()
     culprit = result.culprit
     assert result.verdict == "divergent"
-    assert culprit["op"] == "gelu" and culprit["kind"] == "op"
+    assert culprit.op == "gelu" and culprit.kind == "op"
     for side in ("candidate", "reference"):
-        assert culprit[side]["module"] == "blocks.7"
-        assert culprit[side]["source"] == f"{GELU_FILE}:{line_of(GELU_FILE, 'GELU_LINE')}"
+        assert getattr(culprit, side).module == "blocks.7"
+        assert getattr(culprit, side).source == f"{GELU_FILE}:{line_of(GELU_FILE, 'GELU_LINE')}"
     # tanh vs exact GELU: ~1e-4..1e-3 apart, while the reference is fp32-close to fp64
-    assert 1e-5 < culprit["fp64"]["candidate_error"] < 1e-2
-    assert culprit["fp64"]["reference_error"] < 1e-6
-    assert result.confirmation["output_error"] == 0.0 < result.confirmation["before"]
+    assert 1e-5 < culprit.fp64["candidate_error"] < 1e-2
+    assert culprit.fp64["reference_error"] < 1e-6
+    assert result.confirmation.output_error == 0.0 < result.confirmation.before
 
 
 def test_search_stays_within_its_rerun_budget_and_agrees_with_exhaustive(gelu_run):
@@ -59,12 +59,12 @@ def test_a_wrong_epsilon_inside_a_decomposed_layer_norm_is_found(tmp_path):
     run = bisectr.trace(path, candidate="wrong_eps", out=tmp_path / "run")
     result = run.bisect()
     culprit = result.culprit
-    assert result.verdict == "divergent" and culprit["op"].startswith("layer_norm")
+    assert result.verdict == "divergent" and culprit.op.startswith("layer_norm")
     eps_source = f"{path}:{line_of(path, '# @eps')}"
-    assert eps_source in {run.candidate.ops[i].source for i in culprit["block"]["candidate"]}
-    assert "layer_norm" in {run.reference.ops[i].op for i in culprit["block"]["reference"]}
-    assert culprit["fp64"]["candidate_error"] > 1e-4 and culprit["fp64"]["reference_error"] < 1e-6
-    assert result.confirmation["output_error"] < 1e-6 < 1e-5 < result.confirmation["before"]
+    assert eps_source in {run.candidate.ops[i].source for i in culprit.block.candidate}
+    assert "layer_norm" in {run.reference.ops[i].op for i in culprit.block.reference}
+    assert culprit.fp64["candidate_error"] > 1e-4 and culprit.fp64["reference_error"] < 1e-6
+    assert result.confirmation.output_error < 1e-6 < 1e-5 < result.confirmation.before
 
 
 async def test_tui_culprit_panel_lists_the_block(tmp_path, monkeypatch):
@@ -76,7 +76,8 @@ async def test_tui_culprit_panel_lists_the_block(tmp_path, monkeypatch):
     path = MODELS / "torch_decomposed.py"
     monkeypatch.chdir(MODELS.parent.parent)  # sources print relative to the working directory
     run = bisectr.trace(path, candidate="wrong_eps", out=tmp_path / "run")
-    app = BisectrApp(RunData(run, run.bisect()))
+    run.bisect()
+    app = BisectrApp(RunData(run))
     async with app.run_test(size=(160, 40)) as pilot:
         await pilot.pause()
         panel = " ".join(app.query_one(CulpritPanel).content.plain.split())

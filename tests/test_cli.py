@@ -47,9 +47,9 @@ BAD_FILES = {
     "missing": (None, "no such model file"),
     "no functions": ("x = 1\n", "defines no function reference() for the reference side"),
     "syntax": ("def reference(:\n", "importing the model file raised SyntaxError"),
-    "wrong return": ("def reference():\n    return 3\ndef candidate():\n    return 3\n", "must return (model, inputs), got int"),
+    "wrong return": ("def reference():\n    return 3\ndef candidate():\n    return 3\n", "reference() returned int, not (model, inputs)"),
     "bad inputs": ("import torch\ndef reference():\n    return torch.nn.Linear(2, 2), 5\ncandidate = reference\n",
-                   "inputs as a tuple of positional arguments or a dict of keyword arguments, got int"),
+                   "inputs that are neither a tuple of positional arguments nor a dict of keyword arguments: int"),
     "unsupported": ("def reference():\n    return (lambda x: x), ([1.0],)\ncandidate = reference\n",
                     "cannot tell the framework of the reference side"),
     "no tensors out": ("import torch\ndef reference():\n    return (lambda x: 3), (torch.ones(2),)\ncandidate = reference\n",
@@ -142,7 +142,7 @@ def test_trace_format_tsv_prints_one_table_at_full_precision(tmp_path):
     assert header == ["cand op", "ref op", "op", "candidate module", "reference module", "confidence", "why"]
     run = load(run_dir)
     assert [(int(c), int(r), op) for c, r, op, *_ in rows] == [
-        (p.candidate, p.reference, run.candidate.ops[p.candidate].op) for p in run.align().pairs]
+        (p.candidate, p.reference, run.candidate.ops[p.candidate].op) for p in run.alignment.pairs]
     assert len(rows) == 70
 
 
@@ -209,3 +209,15 @@ def test_recording_shows_the_op_count_on_a_terminal_only(tmp_path):
     assert not status.search(piped.stdout + piped.stderr) and "verdict: match" in piped.stdout
     quiet = _output_on_a_terminal("bisect", model, "--json")
     assert not status.search(quiet) and json.loads(quiet)["verdict"] == "match"
+
+
+def test_outputs_of_different_shapes_pair_only_through_a_layout_the_values_confirm():
+    model = MODELS / "output_layouts.py"
+    transposed = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(model), "--candidate", "candidate_transposed",
+                                 "--json"], capture_output=True, text=True)
+    assert transposed.returncode == 0 and json.loads(transposed.stdout)["verdict"] == "match"
+    reshaped = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(model), "--candidate", "candidate_reshaped"],
+                              capture_output=True, text=True)
+    assert reshaped.returncode == 2 and "Traceback" not in reshaped.stderr
+    assert "shape [2, 4] in the reference but 'output' has [4, 2]" in reshaped.stderr
+    assert "no layout of the candidate's values matches" in reshaped.stderr

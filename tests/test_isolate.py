@@ -51,11 +51,13 @@ def test_isolated_bisect_gives_the_in_process_result(example):
 
 
 def test_isolated_recording_writes_the_same_run_directory(tmp_path):
-    runs = [bisectr.trace(EXAMPLES / "untransposed_weight.py", out=tmp_path / name, isolate=isolate).run_dir
+    runs = [bisectr.trace(EXAMPLES / "untransposed_weight.py", out=tmp_path / name, isolate=isolate)
             for name, isolate in (("in_process", False), ("isolated", True))]
+    ids = [run.run_id.encode() for run in runs]  # each file names its own run
     for side in ("reference", "candidate"):
         for name in ("trace.json", "tensors.bin"):
-            assert (runs[0] / side / name).read_bytes() == (runs[1] / side / name).read_bytes(), f"{side}/{name}"
+            written = [(run.run_dir / side / name).read_bytes() for run in runs]
+            assert written[0].replace(ids[0], ids[1]) == written[1], f"{side}/{name}"
 
 
 PID_MODEL = """
@@ -139,11 +141,11 @@ def test_a_departing_rerun_raises_trace_mismatch_and_the_worker_keeps_serving(mo
     run = bisectr.trace(models / "torch_data_dependent.py", out=tmp_path / "run", isolate=True)
     doubled = run.candidate.ops[0].outputs[0]
     with pytest.raises(TraceMismatchError, match="at op 2 .*calls Tensor.tanh where the recording called Tensor.exp"):
-        run.rerun("candidate", {doubled: -np.ones(4, np.float32)})
-    result = run.rerun("candidate", {doubled: np.full(4, 3.0, np.float32)}, capture={doubled})
+        run.sides.rerun("candidate", {doubled: -np.ones(4, np.float32)})
+    result = run.sides.rerun("candidate", {doubled: np.full(4, 3.0, np.float32)}, capture={doubled})
     np.testing.assert_array_equal(result.outputs["output"], np.exp(np.full(4, 3.0, np.float32)))
     np.testing.assert_array_equal(result.captured[doubled], 3.0)
-    call = run.call("candidate", 0)  # y = x * 2: the arguments come back, the function stays in the worker
+    call = run.sides.call("candidate", 0)  # y = x * 2: the arguments come back, the function stays in the worker
     assert isinstance(call.args[0], Slot) and call.args[1:] == (2,)
     with pytest.raises(BisectrError, match="lives in its side's worker"):
         call.fn()

@@ -6,10 +6,10 @@ import pytest
 
 import bisectr
 from bisectr.cli import main
+from bisectr.result import BlockOps, NonFinite, NonFiniteSite
 from conftest import MODELS, line_of
 
 MODEL = MODELS / "nonfinite.py"
-SITE_KEYS = ("index", "op", "module", "source")
 
 
 @pytest.mark.parametrize("candidate, marker", [("candidate", "# @log"), ("paddle_candidate", "# @paddle_log")])
@@ -18,13 +18,12 @@ def test_the_unclamped_log_is_the_culprit_and_where_the_nan_starts(candidate, ma
         pytest.importorskip("paddle")
     result = bisectr.bisect(MODEL, candidate=candidate)
     culprit = result.culprit
-    assert result.verdict == "divergent" and culprit["kind"] == "op" and culprit["op"] == "log"
-    assert culprit["candidate"]["source"] == f"{MODEL}:{line_of(MODEL, marker)}"
-    assert culprit["reference"]["source"] == f"{MODEL}:{line_of(MODEL, '# @log')}"
-    assert result.nonfinite == {"nan": 12, "inf": 0,
-                                "first": {"leaf": None, **{k: culprit["candidate"][k] for k in SITE_KEYS}}}
+    assert result.verdict == "divergent" and culprit.kind == "op" and culprit.op == "log"
+    assert culprit.candidate.source == f"{MODEL}:{line_of(MODEL, marker)}"
+    assert culprit.reference.source == f"{MODEL}:{line_of(MODEL, '# @log')}"
+    assert result.nonfinite == NonFinite(12, 0, NonFiniteSite(**vars(culprit.candidate), leaf=None))
     # the log alone patched: the outputs are finite again and within float rounding of the reference's
-    assert result.confirmation["output_error"] < 1e-6
+    assert result.confirmation.output_error < 1e-6
 
 
 @pytest.mark.parametrize("candidate, marker", [("naive_softmax", "# @exp"), ("paddle_naive_softmax", "# @paddle_exp")])
@@ -35,12 +34,12 @@ def test_an_overflowing_exp_inside_a_block_is_where_the_nan_starts(candidate, ma
         pytest.importorskip("paddle")
     result = bisectr.bisect(MODEL, reference="softmax_reference", candidate=candidate)
     culprit = result.culprit
-    assert result.verdict == "divergent" and culprit["op"] == "softmax" and culprit["kind"] == "op"
-    assert culprit["block"] == {"candidate": [2, 3, 4], "reference": [2]}
-    assert culprit["reference"]["source"] == f"{MODEL}:{line_of(MODEL, '# @softmax')}"
-    assert culprit["candidate"]["source"] == f"{MODEL}:{line_of(MODEL, marker) + 1}"  # the div
-    first = result.nonfinite["first"]
-    assert result.nonfinite["nan"] == 1 and first["index"] == 2 and first["source"] == f"{MODEL}:{line_of(MODEL, marker)}"
+    assert result.verdict == "divergent" and culprit.op == "softmax" and culprit.kind == "op"
+    assert culprit.block == BlockOps(candidate=[2, 3, 4], reference=[2])
+    assert culprit.reference.source == f"{MODEL}:{line_of(MODEL, '# @softmax')}"
+    assert culprit.candidate.source == f"{MODEL}:{line_of(MODEL, marker) + 1}"  # the div
+    first = result.nonfinite.first
+    assert result.nonfinite.nan == 1 and first.index == 2 and first.source == f"{MODEL}:{line_of(MODEL, marker)}"
 
 
 def test_when_the_block_cannot_pair_the_culprit_is_where_the_nan_start():
@@ -48,20 +47,20 @@ def test_when_the_block_cannot_pair_the_culprit_is_where_the_nan_start():
     run divergent, and the culprit is the exp they start at, against the reference's softmax."""
     result = bisectr.bisect(MODEL, reference="hotter_reference", candidate="hotter_naive_softmax")
     culprit = result.culprit
-    assert result.verdict == "divergent" and culprit["op"] == "exp" and culprit["block"] is None
-    assert culprit["candidate"]["source"] == f"{MODEL}:{line_of(MODEL, '# @exp')}"
-    assert culprit["reference"]["op"] == "softmax"
-    assert culprit["reference"]["source"] == f"{MODEL}:{line_of(MODEL, '# @hotter_softmax')}"
-    assert culprit["local_error"] is None and result.nonfinite["nan"] == 9
+    assert result.verdict == "divergent" and culprit.op == "exp" and culprit.block is None
+    assert culprit.candidate.source == f"{MODEL}:{line_of(MODEL, '# @exp')}"
+    assert culprit.reference.op == "softmax"
+    assert culprit.reference.source == f"{MODEL}:{line_of(MODEL, '# @hotter_softmax')}"
+    assert culprit.local_error is None and result.nonfinite.nan == 9
 
 
 def test_a_nan_parameter_is_where_the_nan_starts():
     result = bisectr.bisect(MODEL, candidate="nan_weight")
     assert result.verdict == "divergent"
-    assert result.culprit["kind"] == "leaf" and result.culprit["leaf"] == "fc2.weight"
-    first = result.nonfinite["first"]
-    assert first["leaf"] == "param:fc2.weight" and first["index"] == result.culprit["candidate"]["index"]
-    assert result.nonfinite["nan"] == 12 and result.confirmation["output_error"] == 0.0
+    assert result.culprit.kind == "leaf" and result.culprit.leaf == "fc2.weight"
+    first = result.nonfinite.first
+    assert first.leaf == "param:fc2.weight" and first.index == result.culprit.candidate.index
+    assert result.nonfinite.nan == 12 and result.confirmation.output_error == 0.0
 
 
 def test_cli_exits_1_and_says_where_the_nan_starts(capsys, monkeypatch):
@@ -85,9 +84,10 @@ async def test_tui_banner_says_where_the_nan_starts(tmp_path, monkeypatch):
 
     monkeypatch.chdir(MODELS.parent.parent)
     run = bisectr.trace(MODEL, out=tmp_path / "run")
-    app = BisectrApp(RunData(run, run.bisect()))
+    run.bisect()
+    app = BisectrApp(RunData(run))
     async with app.run_test(size=(140, 30)) as pilot:
         await pilot.pause()
         banner = app.query_one(VerdictBanner).content.plain
-    assert banner.startswith("DIVERGENT  outputs differ by NaN/Inf\nthe candidate's outputs hold 12 NaN and 0 Inf")
+    assert banner.startswith("verdict: divergent   outputs differ by NaN/Inf\nthe candidate's outputs hold 12 NaN and 0 Inf")
     assert f"they start at op 3 log (top level) (tests/models/nonfinite.py:{line_of(MODEL, '# @log')})" in banner

@@ -216,12 +216,12 @@ def test_rerun_with_patches_replaces_outputs_including_in_place_ops(run):
     trace = run.candidate
     recorded = {key: trace.value(tid) for key, tid in trace.outputs.items()}
     all_outputs = {tid: trace.value(tid) for op in trace.ops for tid in op.outputs}
-    same = run.rerun("candidate", all_outputs)
+    same = run.sides.rerun("candidate", all_outputs)
     for key in recorded:
         assert np.array_equal(same.outputs[key], recorded[key])
 
     middle = _op_at(trace, "layer_norm", "norm1", 1)  # layers.1.norm1
-    zeroed = run.rerun("candidate", {middle.outputs[0]: np.zeros(trace.tensors[middle.outputs[0]].shape, np.float32)})
+    zeroed = run.sides.rerun("candidate", {middle.outputs[0]: np.zeros(trace.tensors[middle.outputs[0]].shape, np.float32)})
     for key in recorded:
         assert not np.allclose(zeroed.outputs[key], recorded[key])
 
@@ -230,21 +230,21 @@ def test_rerun_with_patches_replaces_outputs_including_in_place_ops(run):
     softmax = lambda v: np.exp(v - v.max(-1, keepdims=True)) / np.exp(v - v.max(-1, keepdims=True)).sum(-1, keepdims=True)  # noqa: E731
     values = rng.standard_normal(trace.tensors[bias_op.outputs[0]].shape).astype(np.float32)
     # `logits.add_(bias)` patched: the later `logits[:, :, 0] = -5` still applies to the patched tensor.
-    patched = run.rerun("candidate", {bias_op.outputs[0]: values}, capture={bias_op.outputs[0]})
+    patched = run.sides.rerun("candidate", {bias_op.outputs[0]: values}, capture={bias_op.outputs[0]})
     expected = values.copy()
     expected[:, :, 0] = -5.0
     assert np.array_equal(patched.outputs["logits"], expected)
     np.testing.assert_allclose(patched.outputs["probs"], softmax(expected), rtol=1e-5, atol=1e-7)
     assert np.array_equal(patched.captured[bias_op.outputs[0]], values)
     # `logits[:, :, 0] = -5` patched: the returned logits are exactly the patch.
-    patched = run.rerun("candidate", {mask_op.outputs[0]: values})
+    patched = run.sides.rerun("candidate", {mask_op.outputs[0]: values})
     assert np.array_equal(patched.outputs["logits"], values)
     np.testing.assert_allclose(patched.outputs["probs"], softmax(values), rtol=1e-5, atol=1e-7)
     # A patched leaf (the classifier parameter) changes what reads it, not the model.
-    model = run.runners["candidate"].side.model
+    model = run.sides.runners["candidate"].side.model
     before = model.classifier.numpy()
     classifier = run.candidate.leaves["param:classifier"]
-    patched = run.rerun("candidate", {classifier: np.zeros_like(before)})
+    patched = run.sides.rerun("candidate", {classifier: np.zeros_like(before)})
     logit_bias = model.logit_bias.numpy()
     assert np.array_equal(patched.outputs["logits"][:, :, 1:], np.broadcast_to(logit_bias[1:], (2, 4, 7)))
     assert np.array_equal(model.classifier.numpy(), before)
@@ -268,16 +268,16 @@ def test_values_read_into_python_are_counted_and_the_model_is_rerun(tmp_path):
         "    return forward, (paddle.to_tensor([1.0, 2.0]),)\n"
         "reference = candidate = _model\n")
     run = bisectr.trace(path, out=tmp_path / "run")
-    side = run.runners["candidate"]
+    side = run.sides.runners["candidate"]
     assert side.recording.value_reads == 2 and not side.recording.replayable(side.side.adapter)
     maximum = next(op for op in run.candidate.ops if op.op == "max").outputs[0]
-    np.testing.assert_allclose(run.rerun("candidate", {maximum: np.array(2.0, np.float32)}).outputs["output"], [3.5, 7.0])
+    np.testing.assert_allclose(run.sides.rerun("candidate", {maximum: np.array(2.0, np.float32)}).outputs["output"], [3.5, 7.0])
     with pytest.raises(TraceMismatchError, match=r"at op 2 \(Tensor.__mul__ .*computes other values"):
-        run.rerun("candidate", {maximum: np.array(4.0, np.float32)})
+        run.sides.rerun("candidate", {maximum: np.array(4.0, np.float32)})
 
 
 def test_replay_in_float64_matches_numpy_truth(run):
-    trace, calls, adapter = run.candidate, run.runners["candidate"].recording.calls, PaddleAdapter()
+    trace, calls, adapter = run.candidate, run.sides.runners["candidate"].recording.calls, PaddleAdapter()
 
     def replay(op):
         values = {tid: trace.value(tid) for tid in op.inputs}
@@ -311,7 +311,7 @@ def test_torch_reference_and_paddle_candidate_agree(tmp_path):
         ops = [o.op for o in trace.ops]
         assert (ops.count("matmul"), ops.count("linear"), ops.count("layer_norm"), ops.count("softmax")) == (6, 13, 4, 3)
     assert run.output_error()["max_rel"] < 1e-5
-    for pair in run.output_pairs():
+    for pair in run.output_pairs:
         assert pair.metrics["max_rel"] < 1e-5
 
 

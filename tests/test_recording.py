@@ -117,12 +117,12 @@ def test_recording_twice_gives_the_same_graph(ops_run, tmp_path):
 def test_rerun_with_own_values_reproduces_outputs_and_a_patch_changes_them(ops_run):
     trace = ops_run.candidate
     own = {tid: np.array(trace.value(tid)) for op in trace.ops for tid in op.outputs}
-    same = ops_run.rerun("candidate", own).outputs["output"]
+    same = ops_run.sides.rerun("candidate", own).outputs["output"]
     np.testing.assert_array_equal(same, trace.value(trace.outputs["output"]))
     mul = _op_at(trace, "LINE_INPLACE", "mul")  # patch an in-place op's result
     zeros = {mul.outputs[0]: np.zeros(trace.tensors[mul.outputs[0]].shape, np.float32)}
     captured_after = _op_at(trace, "LINE_GETITEM", "getitem").outputs[0]
-    result = ops_run.rerun("candidate", zeros, capture={captured_after})
+    result = ops_run.sides.rerun("candidate", zeros, capture={captured_after})
     np.testing.assert_array_equal(result.captured[captured_after], 0.0)
     assert not np.allclose(result.outputs["output"], trace.value(trace.outputs["output"]))
 
@@ -131,7 +131,7 @@ def test_parameter_patch_is_used_where_the_parameter_is_read(ops_run):
     trace = ops_run.candidate
     w = trace.leaves["param:w"]
     matmul = _op_at(trace, "LINE_MATMUL", "matmul")
-    result = ops_run.rerun("candidate", {w: np.zeros((8, 8), np.float32)}, capture={matmul.outputs[0]})
+    result = ops_run.sides.rerun("candidate", {w: np.zeros((8, 8), np.float32)}, capture={matmul.outputs[0]})
     np.testing.assert_array_equal(result.captured[matmul.outputs[0]], 0.0)
 
 
@@ -143,33 +143,33 @@ def test_dropout_in_training_mode_is_reported_not_mis_patched(models, tmp_path):
     run = bisectr.trace(models / "torch_dropout.py", out=tmp_path / "run")
     assert [op.op for op in run.candidate.ops] == ["linear", "dropout", "linear"]
     with pytest.raises(TraceMismatchError, match=r"at op 1 .*computes other values from the same inputs.*dropout"):
-        run.rerun("candidate", {})
+        run.sides.rerun("candidate", {})
     # With dropout's output patched, neither dropout nor the linear feeding it runs again.
     dropped = run.candidate.ops[1].outputs[0]
     values = run.candidate.value(dropped)
-    result = run.rerun("candidate", {dropped: values})
+    result = run.sides.rerun("candidate", {dropped: values})
     np.testing.assert_array_equal(result.outputs["output"], run.candidate.value(run.candidate.outputs["output"]))
     with pytest.raises(TraceMismatchError, match=r"at op 1 .*dropout"):
-        run.runners["candidate"].rerun_model(run.candidate, {dropped: values})
+        run.sides.runners["candidate"].rerun_model(run.candidate, {dropped: values})
 
 
 def test_data_dependent_control_flow_is_detected(models, tmp_path):
     run = bisectr.trace(models / "torch_data_dependent.py", out=tmp_path / "run")
-    recording = run.runners["candidate"].recording
-    assert recording.value_reads == 1 and not recording.replayable(run.runners["candidate"].side.adapter)
+    recording = run.sides.runners["candidate"].recording
+    assert recording.value_reads == 1 and not recording.replayable(run.sides.runners["candidate"].side.adapter)
     doubled = run.candidate.ops[0].outputs[0]
     with pytest.raises(TraceMismatchError, match="at op 2 .*calls Tensor.tanh where the recording called Tensor.exp"):
-        run.rerun("candidate", {doubled: -np.ones(4, np.float32)})
+        run.sides.rerun("candidate", {doubled: -np.ones(4, np.float32)})
 
 
 def test_autocast_around_the_calls_makes_the_model_rerun(tmp_path):
     """Under autocast the recorded calls make float32 where the forward made bfloat16: the
     replay notices and the model's code is re-run instead, with the same results."""
     run = bisectr.trace(EXAMPLES / "torch_vs_torch_bf16.py", out=tmp_path / "run")
-    side = run.runners["candidate"]
+    side = run.sides.runners["candidate"]
     assert side.recording.replayable(side.side.adapter)
     patches = {tid: run.candidate.value(tid) for tid in run.candidate.ops[10].outputs}
-    result = run.rerun("candidate", patches)
+    result = run.sides.rerun("candidate", patches)
     assert not side.recording.faithful
     expected = side.rerun_model(run.candidate, patches).outputs["output"]
     np.testing.assert_array_equal(result.outputs["output"], expected)

@@ -61,10 +61,14 @@ def test_refuses_to_overwrite_a_directory_that_is_not_a_run(tmp_path):
     assert (tmp_path / "precious" / "notes.txt").read_text() == "keep me"
 
 
+def _run_id(run_dir):
+    return json.loads((run_dir / "manifest.json").read_text())["run_id"]
+
+
 @pytest.mark.parametrize("damage, message", [
     (lambda d: (d / "manifest.json").unlink(), "manifest.json is missing"),
     (lambda d: (d / "manifest.json").write_text("{not json"), "unreadable manifest"),
-    (lambda d: (d / "candidate" / "trace.json").write_text('{"ops": 3}'), "corrupt trace"),
+    (lambda d: (d / "candidate" / "trace.json").write_text(json.dumps({"run_id": _run_id(d), "ops": 3})), "corrupt trace"),
     (lambda d: (d / "reference" / "tensors.bin").write_bytes(b"short"), "truncated or missing"),
     (lambda d: (d / "manifest.json").write_text(json.dumps({"format": "bisectr-run", "version": 99})), "version 99"),
 ])

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,12 +22,12 @@ import pytest
 pytest.importorskip("textual")
 pytest.importorskip("torch")
 
+from textual.widgets import Input, Static  # noqa: E402
+
 import bisectr  # noqa: E402
-from bisectr.store import save_result  # noqa: E402
 from bisectr.tui.app import BisectrApp  # noqa: E402
-from bisectr.report import json_safe  # noqa: E402
 from bisectr.tui.data import RunData  # noqa: E402
-from bisectr.tui.screens import DetailScreen, HelpScreen  # noqa: E402
+from bisectr.tui.screens import DetailScreen, HelpScreen, RetraceScreen  # noqa: E402
 from bisectr.tui.widgets import (CulpritPanel, ErrorChart, EvidencePanel, FilterInput, HeatMapView, ModuleTree,  # noqa: E402
                                  OpPreview, OpTable, SearchProgress, VerdictBanner)
 
@@ -48,7 +49,7 @@ def live(tmp_path_factory):
     """A live run (models loaded) and its search result, saved in its run directory."""
     run = bisectr.trace(MODEL, out=tmp_path_factory.mktemp("tui") / "run")
     result = run.bisect()
-    save_result(run.run_dir, json_safe(result.to_dict()))
+    run.save()
     return run, result
 
 
@@ -59,8 +60,7 @@ def saved(live):
 
 
 def live_app(live) -> BisectrApp:
-    run, result = live
-    return BisectrApp(RunData(run, result))
+    return BisectrApp(RunData(live[0]))
 
 
 def saved_app(saved) -> BisectrApp:
@@ -98,7 +98,7 @@ async def settle(pilot) -> None:
 
 # -- data ------------------------------------------------------------------------------
 def test_run_data_pairs_every_op_and_builds_the_module_tree(live):
-    data = RunData(*live)
+    data = RunData(live[0])
     assert data.culprit_index == CULPRIT and data.verdict == "divergent"
     assert [r.reference for r in data.rows] == list(range(13))
     assert data.by_index[CULPRIT].verdict == "different"
@@ -107,15 +107,14 @@ def test_run_data_pairs_every_op_and_builds_the_module_tree(live):
     assert blocks.children["0"].worst == "exact" and data.tree.children["head"].ops == [12]
     assert data.counts() == {"candidate": 13, "reference": 13, "aligned": 13, "paired": 13}
     heat = data.heat_map(CULPRIT)
-    assert heat.cells.shape == (3, 16) and heat.max_abs == pytest.approx(live[1].culprit["output_error"])
+    assert heat.cells.shape == (3, 16) and heat.max_abs == pytest.approx(live[1].culprit.output_error)
 
 
 def test_n_p_fall_back_to_the_most_amplifying_ops_when_none_differs(live):
     run, result = live
-    noisy = json_safe(result.to_dict())
-    for row in noisy["profile"]:
-        row["verdict"] = "noise" if row["verdict"] == "different" else row["verdict"]
-    data = RunData(run, noisy, result.alignment)
+    noisy = replace(result, profile=[replace(row, verdict="noise" if row.verdict == "different" else row.verdict)
+                                     for row in result.profile])
+    data = RunData(replace(run, result=noisy))
     ops, kind = data.notable()
     assert kind == "amplifying" and ops[0] == CULPRIT  # its error appears from exact inputs: infinite amplification
     assert data.step(None, True) == (CULPRIT, "amplifying")
@@ -127,7 +126,7 @@ async def test_overview_shows_verdict_culprit_sources_and_chart(saved):
     app = saved_app(saved)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        assert "DIVERGENT" in text(app.query_one(VerdictBanner))
+        assert text(app.query_one(VerdictBanner)).startswith("verdict: divergent")
         culprit = text(app.query_one(CulpritPanel))
         assert "gelu" in culprit and "blocks.2" in culprit and culprit.count(GELU_LINE) == 2
         assert "tests/models/tui_mlp.py:25" in culprit and "different" in culprit
@@ -254,19 +253,41 @@ async def test_b_searches_again_with_a_progress_bar(live):
         await pilot.press("b")
         await settle(pilot)
         assert not progress.display
-        assert stages[:7] == ["shown: False", "shown: True", "re-running each side unpatched", "aligning", "replaying ops",
+        assert stages[:6] == ["shown: False", "shown: True", "re-running each side unpatched", "replaying ops",
                               "running both sides in float64", "searching"]
         assert any(m.startswith("search done: divergent, culprit op 7") for m in messages)
-        assert app.data.culprit_index == CULPRIT and bisectr.load(live[0].run_dir).saved_result["verdict"] == "divergent"
+        assert app.data.culprit_index == CULPRIT and bisectr.load(live[0].run_dir).result.verdict == "divergent"
 
 
-async def test_b_on_a_saved_run_says_it_needs_a_live_run(saved):
+async def test_b_on_a_saved_run_asks_for_the_model_file_and_escape_searches_nothing(saved):
     app = saved_app(saved)
     async with app.run_test(size=SIZE) as pilot:
-        messages = record_notifications(app)
         await pilot.press("b")
-        assert not app.query_one(SearchProgress).display
-        assert any("needs a live run" in m for m in messages)
+        await pilot.pause()
+        assert isinstance(app.screen, RetraceScreen)
+        shown = " ".join(" ".join(text(widget).split()) for widget in app.screen.query(Static))
+        assert f"This run was traced from: {MODEL}" in shown
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, RetraceScreen) and not app.query_one(SearchProgress).display
+        assert app.data.result is saved.result and not app.data.live
+
+
+async def test_b_on_a_saved_run_traces_the_named_model_file_again(tmp_path):
+    run = bisectr.trace(MODEL, out=tmp_path / "run")
+    first_id = run.run_id
+    app = saved_app(bisectr.load(tmp_path / "run"))
+    async with app.run_test(size=SIZE) as pilot:
+        assert text(app.query_one(VerdictBanner)).startswith("NO RESULT")
+        await pilot.press("b")
+        await pilot.pause()
+        app.screen.query_one(Input).value = str(MODEL)
+        await pilot.press("enter")
+        await settle(pilot)
+        assert text(app.query_one(VerdictBanner)).startswith("verdict: divergent") and app.current == CULPRIT
+        assert app.data.live
+    reopened = bisectr.load(tmp_path / "run")
+    assert reopened.run_id != first_id and reopened.result.culprit.candidate.index == CULPRIT
 
 
 async def test_e_exports_a_repro_that_reproduces_the_op(live, tmp_path):
@@ -282,17 +303,18 @@ async def test_e_exports_a_repro_that_reproduces_the_op(live, tmp_path):
     out = subprocess.run([sys.executable, str(directory / "repro.py")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     _, result = live
-    assert f"candidate vs reference:         {result.culprit['local_error']:.3g}" in out.stdout
-    assert f"candidate op vs float64 oracle: {result.culprit['fp64']['candidate_error']:.3g}" in out.stdout
+    assert f"candidate vs reference:         {result.culprit.local_error:.3g}" in out.stdout
+    assert f"candidate op vs float64 oracle: {result.culprit.fp64['candidate_error']:.3g}" in out.stdout
     assert "=> different: the candidate computes something else" in out.stdout
 
 
 async def test_a_matching_run_has_no_culprit(tmp_path):
     run = bisectr.trace(MODEL, candidate="reference", out=tmp_path / "run")
-    app = BisectrApp(RunData(run, run.bisect()))
+    run.bisect()
+    app = BisectrApp(RunData(run))
     async with app.run_test(size=SIZE) as pilot:
         messages = record_notifications(app)
-        assert text(app.query_one(VerdictBanner)).startswith("MATCH")
+        assert text(app.query_one(VerdictBanner)).startswith("verdict: match")
         assert "No culprit" in text(app.query_one(CulpritPanel))
         await pilot.press("f", "n", "enter")
         await pilot.pause()
@@ -307,7 +329,7 @@ async def test_b_searches_a_live_run_that_has_no_result_yet(tmp_path):
         assert text(app.query_one(VerdictBanner)).startswith("NO RESULT")
         await pilot.press("b")
         await settle(pilot)
-        assert text(app.query_one(VerdictBanner)).startswith("DIVERGENT") and app.current == CULPRIT
+        assert text(app.query_one(VerdictBanner)).startswith("verdict: divergent") and app.current == CULPRIT
         assert (tmp_path / "run" / "result.json").is_file()
 
 
@@ -403,7 +425,7 @@ def terminal(tmp_path):
 
 def test_tmux_end_to_end(live, terminal):
     term = terminal(f"{sys.executable} -m bisectr.tui {live[0].run_dir}")
-    assert _wait_for(lambda: "DIVERGENT" in term.screen()), term.screen()
+    assert _wait_for(lambda: "verdict: divergent" in term.screen()), term.screen()
     term.press("f")
     assert _wait_for(lambda: "op 7 gelu in blocks.2" in term.screen()), term.screen()
     shown = term.screen()
@@ -421,7 +443,8 @@ def span_head(tmp_path_factory):
     """The span-head example traced and searched, reopened from disk as `bisectr view` does."""
     pytest.importorskip("paddle")
     run = bisectr.trace(SPAN_HEAD, out=tmp_path_factory.mktemp("tui") / "span")
-    save_result(run.run_dir, json_safe(run.bisect().to_dict()))
+    run.bisect()
+    run.save()
     return bisectr.load(run.run_dir)
 
 
@@ -437,7 +460,7 @@ def test_tmux_bisectr_trace_opens_the_tui_on_the_span_head(terminal, tmp_path):
     """`bisectr trace` on a terminal opens the TUI; `f` shows the culprit's source line; `q` exits 0."""
     pytest.importorskip("paddle")
     term = terminal(f"{sys.executable} -m bisectr trace examples/span_head.py -o {tmp_path / 'run'}", (110, 32))
-    assert _wait_for(lambda: "NOISE" in term.screen(), 120), term.screen()
+    assert _wait_for(lambda: "verdict: noise" in term.screen(), 120), term.screen()
     term.press("f")
     assert _wait_for(lambda: "_logits = paddle.matmul(temp," in term.screen()), term.screen()
     term.press("q")

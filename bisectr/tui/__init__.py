@@ -1,18 +1,16 @@
 """The interactive Textual TUI of bisectr.
 
-Entry point: `run_app(run, result=None) -> int` (see `bisectr.tui.app.run_app`); the
+Entry point: `run_app(run) -> int` (see `bisectr.tui.app.run_app`); the
 `textual` package is needed (`pip install bisectr[tui]`). `python -m bisectr.tui RUN_DIR`
 opens a saved run.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from ..errors import BisectrError
 
 
-def run_app(run, result: Any = None, alignment=None) -> int:
-    """Open the TUI on `run`; `result` is a `Result`, its JSON dict, or None for `run.saved_result`.
+def run_app(run) -> int:
+    """Open the TUI on `run` (a `bisectr.Run`: its result, alignment and, when live, its sides).
 
     Returns 0 when the user quits. Raises `BisectrError` when Textual is not installed.
     """
@@ -22,7 +20,7 @@ def run_app(run, result: Any = None, alignment=None) -> int:
         if "textual" not in str(exc):
             raise
         raise BisectrError("the TUI needs Textual: pip install 'bisectr[tui]' (or use --no-tui)") from None
-    return _run_app(run, result, alignment)
+    return _run_app(run)
 
 
 __all__ = ["run_app"]

@@ -10,8 +10,10 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Input, TabbedContent, TabPane, Tree
 
+from ..result import Result
+from ..run import Run
 from .data import RunData
-from .screens import DetailScreen, HelpScreen
+from .screens import DetailScreen, HelpScreen, RetraceScreen
 from .widgets import (CulpritPanel, ErrorChart, FilterInput, ModuleTree, OpPreview, OpTable, RunSummary, SearchProgress,
                       VerdictBanner)
 
@@ -227,9 +229,13 @@ class BisectrApp(App[int]):
 
     # -- long work -------------------------------------------------------------------------------
     def action_bisect(self) -> None:
-        if not self.data.live:
-            self.notify("searching again needs a live run: trace the model with `bisectr trace MODEL.py` "
-                        "(this run was reopened from disk)", severity="warning", timeout=6)
+        if self.data.live:
+            self.start_search(None)
+        else:  # a saved run runs nothing by itself: the user names the model file to trace again
+            self.push_screen(RetraceScreen(self.data.run.traced.model_file), self.start_search)
+
+    def start_search(self, model_file: str | None) -> None:
+        if not self.data.live and not model_file:
             return
         if not self.claim("searching"):
             return
@@ -237,12 +243,13 @@ class BisectrApp(App[int]):
             self.pop_screen()
         progress = self.query_one(SearchProgress)
         progress.start()
-        self.bisect_worker(progress)
+        self.bisect_worker(progress, model_file)
 
     @work(thread=True, exclusive=True, group="bisect", exit_on_error=False)
-    def bisect_worker(self, progress: SearchProgress) -> None:
+    def bisect_worker(self, progress: SearchProgress, model_file: str | None) -> None:
         try:
-            result = self.data.bisect(progress=lambda message: self.call_from_thread(progress.stage, message))
+            result = self.data.bisect(progress=lambda message: self.call_from_thread(progress.stage, message),
+                                      model_file=model_file)
         except Exception as exc:
             self.call_from_thread(self._bisect_failed, exc)
             return
@@ -254,14 +261,14 @@ class BisectrApp(App[int]):
         self.query_one(SearchProgress).finish()
         self.notify(f"the search failed: {exc}", severity="error", timeout=8)
 
-    def _bisect_done(self, result: dict) -> None:
+    def _bisect_done(self, result: Result) -> None:
         self.query_one(SearchProgress).finish()
         if self.data.culprit_index is not None:
             self.current = self.data.culprit_index
         self.refresh_views()
-        culprit = result.get("culprit")
-        where = f", culprit op {culprit['candidate']['index']} {culprit['op']}" if culprit else ""
-        self.notify(f"search done: {result['verdict']}{where} ({result.get('reruns', 0)} re-runs)")
+        culprit = result.culprit
+        where = f", culprit op {culprit.candidate.index} {culprit.op}" if culprit else ""
+        self.notify(f"search done: {result.verdict}{where} ({result.reruns} re-runs)")
 
     def action_export(self) -> None:
         if self.current is None:
@@ -286,12 +293,9 @@ class BisectrApp(App[int]):
             self.screen.log_line(message)
 
 
-def run_app(run, result: Any = None, alignment=None) -> int:
+def run_app(run: Run) -> int:
     """Open the TUI on `run` (live after `bisectr.trace`, or reopened by `bisectr.load`).
-
-    `result` is a `Result` or its JSON dict (`Result.to_dict()`, infinities as None); None uses
-    `run.saved_result`. Returns the TUI's exit status: 0 when the user quits.
-    """
-    app = BisectrApp(RunData(run, result, alignment))
+    Returns the TUI's exit status: 0 when the user quits."""
+    app = BisectrApp(RunData(run))
     app.run()
     return app.return_code or 0

@@ -1,9 +1,8 @@
 """What the TUI shows, computed without Textual: op rows, the module tree, tensor
 statistics, error heat maps, source context, patch-and-re-run and repro export.
 
-`RunData` wraps a `Run` and its result dict (the JSON of `Result.to_dict()`); it pairs
-the candidate's ops with the reference's once (the aligner is fast) so every view can
-show both sides.
+`RunData` wraps a `Run`: its traces, alignment and result as saved (nothing is
+recomputed, nothing imported); its sides, when live, for replays and re-runs.
 """
 from __future__ import annotations
 
@@ -13,14 +12,15 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
-from ..align import Alignment
 from ..analysis import Analysis
+from ..errors import BisectrError
 from ..repro import write_repro
 from ..report import json_safe, short_source
+from ..result import Result
 from ..run import Run
 
 # Worst first; "block" (inside a matched N:M block) and "unaligned" ops carry no evidence.
@@ -30,13 +30,6 @@ VERDICT_VARIABLE = {"different": "text-error", "divergent": "text-error", "noise
                     "exact": "text-success", "match": "text-success"}
 HEAT_LEVELS = " ·░▒▓█"
 CONTEXT_LINES = 2
-
-
-def fmt_amplification(amplification: float | None, output_error: float | None) -> str:
-    """Amplification, with `inf` for an error that appears from exact inputs (JSON stores it as null)."""
-    if amplification is None:
-        return "inf" if output_error else "n/a"
-    return "-" if amplification == 0 else f"x{amplification:.3g}"
 
 
 def fmt_shape(shape: tuple[int, ...] | list[int]) -> str:
@@ -149,48 +142,34 @@ def source_context(source: str, lines: int = CONTEXT_LINES) -> list[tuple[int, s
 class RunData:
     """A run, its result and the op pairing, ready for display."""
 
-    def __init__(self, run: Run, result: Any = None, alignment: Alignment | None = None):
+    def __init__(self, run: Run):
         self.run = run
-        self.alignment: Alignment | None = None
-        self.result: dict | None = None
-        self.set_result(result if result is not None else run.saved_result, alignment)
+        self.alignment = run.alignment
+        self.refresh()
 
     # -- building ---------------------------------------------------------------
-    def set_result(self, result: Any, alignment: Alignment | None = None) -> None:
-        """Accept a `Result` (its alignment is reused) or its JSON dict."""
-        if result is not None and not isinstance(result, dict):
-            alignment = alignment or getattr(result, "alignment", None)
-            result = json_safe(result.to_dict())
-        self.result = result
-        if alignment is not None:
-            self.alignment = alignment
-        elif self.alignment is None:
-            self.alignment = self._align()
+    def refresh(self) -> None:
+        """Rebuild what is shown from the run (after a search changed its result)."""
+        self.result: Result | None = self.run.result
         # Pairing evidence on demand (nothing is replayed until asked for).
-        self.analysis = Analysis(self.run, self.alignment) if self.alignment is not None else None
+        self.analysis = Analysis(self.run, self.run.sides)
         self.rows = self._rows()
         self.by_index = {row.index: row for row in self.rows}
         self.tree = self._module_tree()
 
-    def _align(self) -> Alignment | None:
-        try:
-            return self.run.align()
-        except Exception:  # a model file that no longer loads
-            return None
-
     def _rows(self) -> list[OpRow]:
-        profile = {p["index"]: p for p in (self.result or {}).get("profile", [])}
-        paired = {p.candidate: p.reference for p in self.alignment.pairs} if self.alignment else {}
-        in_blocks = self.alignment.aligned_ops("candidate") if self.alignment else set()
+        profile = {p.index: p for p in self.result.profile} if self.result else {}
+        paired = {p.candidate: p.reference for p in self.alignment.pairs}
+        in_blocks = self.alignment.aligned_ops("candidate")
         rows = []
         for op in self.run.candidate.ops:
             out = self.run.candidate.tensors[op.outputs[0]] if op.outputs else None
             row = OpRow(op.index, op.op, op.framework_op, op.module, tuple(out.shape) if out else (), op.source)
             evidence = profile.get(op.index)
             if evidence is not None:
-                row.output_error, row.local_error = evidence["output_error"], evidence["local_error"]
-                row.amplification, row.verdict = evidence["amplification"], evidence["verdict"]
-            elif self.alignment is not None:
+                row.output_error, row.local_error = evidence.output_error, evidence.local_error
+                row.amplification, row.verdict = evidence.amplification, evidence.verdict
+            else:
                 row.verdict = "block" if op.index in in_blocks else ("unaligned" if op.index not in paired else "")
             reference = paired.get(op.index)
             if reference is not None:
@@ -229,12 +208,12 @@ class RunData:
 
     @property
     def culprit_index(self) -> int | None:
-        culprit = (self.result or {}).get("culprit")
-        return culprit["candidate"]["index"] if culprit else None
+        culprit = self.result.culprit if self.result else None
+        return culprit.candidate.index if culprit else None
 
     @property
     def verdict(self) -> str | None:
-        return (self.result or {}).get("verdict")
+        return self.result.verdict if self.result else None
 
     def notable(self) -> tuple[list[int], str]:
         """The ops `n`/`p` walk: those judged different (in op order), else the most amplifying
@@ -261,26 +240,18 @@ class RunData:
         return ops[(position + (1 if forward else -1)) % len(ops)], kind
 
     def counts(self) -> dict[str, int]:
-        ops = (self.result or {}).get("ops") or {}
-        aligned = ops.get("aligned")
-        if aligned is None and self.alignment is not None:
-            aligned = len(self.alignment.aligned_ops("candidate"))
         return {"candidate": len(self.run.candidate.ops), "reference": len(self.run.reference.ops),
-                "aligned": aligned or 0, "paired": len(self.alignment.pairs) if self.alignment else 0}
+                "aligned": len(self.alignment.aligned_ops("candidate")), "paired": len(self.alignment.pairs)}
 
     def output_lines(self) -> list[tuple[str, str, float, float]]:
         """(output key, shape, max abs, max rel) per paired output."""
-        try:
-            pairs = self.run.output_pairs()
-        except Exception:
-            return []
-        return [(p.key, fmt_shape(self.run.reference.tensors[p.reference].shape), p.metrics["max_abs"], p.metrics["max_rel"])
-                for p in pairs]
+        return [(p.key, fmt_shape(self.run.reference.tensors[p.reference].shape), p.metrics.get("max_abs"),
+                 p.metrics.get("max_rel")) for p in self.run.output_pairs]
 
     # -- one op ---------------------------------------------------------------------
     def reference_values(self, cand_tid: int) -> np.ndarray | None:
         """The reference tensor paired with a candidate tensor, in the candidate's layout."""
-        return self.analysis.reference_values_for(cand_tid) if self.analysis is not None else None
+        return self.analysis.reference_values_for(cand_tid)
 
     def tensor_rows(self, index: int) -> list[TensorRow]:
         cand = self.run.candidate
@@ -288,7 +259,10 @@ class RunData:
         rows = []
         for role, tids in (("in", op.inputs), ("out", op.outputs)):
             for position, tid in enumerate(tids):
-                metrics = self.analysis.tensor_error(tid) if self.analysis is not None else None
+                try:
+                    metrics = self.analysis.tensor_error(tid)
+                except BisectrError:  # a damaged tensor file: no error shown (the heat map says why)
+                    metrics = None
                 error = metrics["max_rel"] if metrics is not None else None
                 rows.append(self._tensor_row("candidate", f"{role} {position}", cand, tid, error))
         ref_index = self.by_index[index].reference
@@ -333,14 +307,18 @@ class RunData:
                        float(candidate.reshape(-1)[flat]), float(reference.reshape(-1)[flat]))
 
     def evidence(self, index: int) -> dict | None:
-        """The culprit's full evidence from the result when `index` is the culprit, else None."""
-        culprit = (self.result or {}).get("culprit")
-        return culprit if culprit and culprit["candidate"]["index"] == index else None
+        """The culprit's evidence (`replay_evidence`'s keys) from the result when `index` is the culprit, else None."""
+        if not self.result or self.culprit_index != index:
+            return None
+        culprit = self.result.culprit
+        return json_safe({"local_error": culprit.local_error, "fp64": culprit.fp64, "verdict": culprit.verdict,
+                          "input_error": culprit.input_error, "output_error": culprit.output_error,
+                          "amplification": culprit.amplification})
 
     def replay_evidence(self, index: int) -> dict | None:
         """Replay one op (live runs): local error and the fp64 oracle. Slow-ish: call from a worker."""
         row = self.by_index[index]
-        if not self.run.is_live or row.reference is None or self.analysis is None:
+        if not self.run.is_live or row.reference is None:
             return None
         evidence = self.analysis.evidence(index, row.reference)
         return json_safe({"local_error": evidence.local_error, "fp64": evidence.fp64, "verdict": evidence.verdict,
@@ -353,33 +331,28 @@ class RunData:
         outputs only, and for everything up to this op (the search's cut)."""
         from ..bisection import Search, op_patches
 
-        if not self.live or self.analysis is None:
+        if not self.live:
             raise RuntimeError("patching needs a live run")
         analysis = self.analysis
-        search = Search(self.run, self.alignment, analysis)
-        before = (self.result or {}).get("output_error", {}).get("max_rel")
-        if before is None:
-            before = self.run.output_error()["max_rel"]
+        search = Search(self.run, self.run.sides, analysis)
+        before = self.run.output_error()["max_rel"]
         return {"before": before,
                 "only_this": search.candidate_error(op_patches(analysis, self.run, [index])),
                 "up_to_here": search.candidate_error(search.patches_up_to(index))}
 
-    def bisect(self, progress: Callable[[str], None] | None = None) -> dict:
-        """Run the whole search again (live runs), keep and save its result."""
-        from ..store import save_result
-
-        result = self.run.bisect(progress=progress)
-        self.set_result(result)
-        self.run.saved_result = self.result
-        if self.run.run_dir is not None and Path(self.run.run_dir).is_dir():
-            save_result(self.run.run_dir, self.result)
-        return self.result
+    def bisect(self, progress: Callable[[str], None] | None = None, model_file: str | None = None) -> Result:
+        """Run the whole search again and save the run with its result. A saved run re-runs
+        nothing by itself: `model_file` names the file to trace again (see `Run.bisect`)."""
+        result = self.run.bisect(progress=progress, model_file=model_file)
+        if self.run.run_dir is not None or self.run.writer is not None:
+            self.run.save()
+        self.alignment = self.run.alignment
+        self.refresh()
+        return result
 
     def export_repro(self, index: int, directory: str | os.PathLike | None = None) -> Path:
         """Write `repro.py` and `inputs.npz` for op `index` in both frameworks (see `bisectr.repro`)."""
-        if self.alignment is None:
-            raise RuntimeError("no alignment: nothing to compare the op with")
         if directory is None:
             base = Path(self.run.run_dir) if self.run.run_dir is not None else Path.cwd()
             directory = base / "repro" / f"op{index}_{re.sub(r'[^A-Za-z0-9_]+', '_', self.run.candidate.ops[index].op)}"
-        return write_repro(self.run, self.alignment, index, directory)
+        return write_repro(self.run, index, directory, self.run.sides)

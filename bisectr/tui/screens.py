@@ -7,8 +7,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, Footer, Header, Static
+from textual.widgets import Button, Footer, Header, Input, Static
 
+from ..errors import BisectrError
 from ..report import fmt
 from .data import RunData
 from .widgets import EvidencePanel, HeatMapView, SourcePanel, TensorStats, verdict_style
@@ -20,7 +21,7 @@ KEYS = [
     ("s", "sort ops: op order, output error, local error, amplification, verdict"),
     ("enter", "op detail: sources, statistics, fp64 evidence, error map, actions"),
     ("r", "in the detail: patch the op with the reference's values, re-run (live runs)"),
-    ("b", "run the whole search again, with a progress bar (live runs)"),
+    ("b", "run the whole search again, with a progress bar (a saved run asks for its model file)"),
     ("e", "export a repro of the current op (repro.py + inputs.npz)"),
     ("1 / 2", "overview / ops tab"),
     ("escape", "close the detail, the filter or this help"),
@@ -42,6 +43,33 @@ class HelpScreen(ModalScreen[None]):
             yield Static(Content.styled("escape or ? closes", "$text-muted"), id="help-hint")
 
     def action_dismiss(self, result=None) -> None:  # type: ignore[override]
+        self.dismiss(None)
+
+
+class RetraceScreen(ModalScreen[str | None]):
+    """Asks which model file to trace again before a saved run is searched again: a run
+    directory is data, so what it names is shown, never run, until the user types it."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, recorded: str) -> None:
+        super().__init__()
+        self.recorded = recorded
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help-box"):
+            yield Static(Content.styled("Search again: trace the models again", "bold"), id="help-title")
+            yield Static(Content.assemble(
+                "A saved run holds no models. Searching again imports and runs the model file you name here, "
+                "traced into this run directory as a new run (isolated sides run in this interpreter).\n",
+                ("This run was traced from: ", "$text-muted"), (self.recorded, "bold")))
+            yield Input(placeholder="path of the model file to run", id="retrace-file")
+            yield Static(Content.styled("enter runs it · escape cancels", "$text-muted"), id="help-hint")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
         self.dismiss(None)
 
 
@@ -102,7 +130,11 @@ class DetailScreen(Screen):
         evidence = data.evidence(index)
         pending = evidence is None and data.run.is_live and row.reference is not None
         self.query_one(EvidencePanel).show(data, index, evidence, pending)
-        self.query_one(HeatMapView).show(data.heat_map(index))
+        try:
+            heat, problem = data.heat_map(index), None
+        except BisectrError as exc:  # a damaged tensor file: say so where the map would be
+            heat, problem = None, str(exc)
+        self.query_one(HeatMapView).show(heat, problem)
         self.query_one(TensorStats).show(data, index)
         self.query_one("#action-log", Static).update(
             "" if data.live else Content.styled("patch & re-run needs a live run (bisectr trace)", "$text-muted"))

@@ -11,16 +11,9 @@ from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from ..report import (block_text, confirmation_text, error_chart, float64_text, fmt, is_unconfirmed, nonfinite_text,
-                      not_blamed_text, short_source, source_text)
-from .data import HEAT_LEVELS, VERDICT_VARIABLE, HeatMap, ModuleNode, OpRow, RunData, fmt_amplification, fmt_shape, source_context
-
-HEADLINE = {
-    "divergent": "a semantic difference reaches the outputs",
-    "noise": "the outputs differ only by rounding that some ops amplify",
-    "match": "the outputs are equal within the tolerance",
-}
-
+from ..report import (HEADLINE, Line, culprit_lines, error_chart, fmt, fmt_amplification, short_source, source_text,
+                      verdict_lines)
+from .data import HEAT_LEVELS, VERDICT_VARIABLE, HeatMap, ModuleNode, OpRow, RunData, fmt_shape, source_context
 
 def verdict_style(verdict: str) -> str:
     """A Textual style (theme variables) for a verdict's text."""
@@ -41,6 +34,17 @@ def truncate_left(text: str, width: int) -> str:
 
 
 # -- overview ------------------------------------------------------------------------
+# The theme's styles for the formatter's named styles (`report.Line`).
+LINE_STYLES = {"bold": "bold", "muted": "$text-muted", "accent": "$text-accent", "source": "underline",
+               "code": "$text-primary", "warning": "bold $warning"}
+
+
+def content_line(line: Line) -> Content:
+    """A line of `report`'s formatter, styled with the theme."""
+    return Content.assemble(*((text, LINE_STYLES.get(style) or (f"bold {verdict_style(style)}" if style else ""))
+                              for text, style in line))
+
+
 class VerdictBanner(Static):
     """The run's verdict on one coloured line."""
 
@@ -49,67 +53,23 @@ class VerdictBanner(Static):
         self.remove_class("-divergent", "-noise", "-match", "-none")
         if verdict is None:
             self.add_class("-none")
-            self.update("NO RESULT  this run holds no search result" + ("; press b to search" if data.live else ""))
+            self.update("NO RESULT  this run holds no search result; press b to search")
             return
         self.add_class(f"-{verdict}")
-        error, nonfinite = data.result["output_error"], data.result.get("nonfinite")
-        difference = [("NaN/Inf", "bold"), "\n", nonfinite_text(nonfinite)] if nonfinite else \
-            [(fmt(error["max_abs"]), "bold"), f" (relative {fmt(error['max_rel'])})"]
-        result = data.result
-        unconfirmed = " (UNCONFIRMED)" if is_unconfirmed(result) else ""
-        float64 = ["\n", float64_text(result["fp64_check"])] if result.get("fp64_check") else []
-        self.update(Content.assemble((verdict.upper() + unconfirmed, "bold"), "  outputs differ by ", *difference, *float64, "\n",
-                                     (HEADLINE[verdict], "$text-muted")))
-
-
-def _site_lines(label: str, site: dict, module_shown: bool) -> list[Content]:
-    module = site["module"] or "(top level)"
-    where = Content.assemble((f"  {label:<10}", "$text-muted"), f"op {site['index']} ", (site["op"], "bold"),
-                             *([] if module_shown else [" in ", (module, "$text-accent")]),
-                             "  ", (short_source(site["source"]), "underline"))
-    text = source_text(site["source"])
-    code = Content.assemble(" " * 12, (text or "(source not available)", "$text-primary" if text else "$text-muted"))
-    return [where, code]
+        lines = [content_line(line) for line in verdict_lines(data.result)]
+        self.update(Content("\n").join([*lines, Content.styled(HEADLINE[verdict], "$text-muted")]))
 
 
 class CulpritPanel(Static):
     """The culprit: op, module, both sides' source lines with their text, and the evidence."""
 
+    LISTED = 3  # recurrences and not-blamed differences shown
+
     def show(self, data: RunData) -> None:
-        result = data.result or {}
-        culprit = result.get("culprit")
-        if culprit is None:
-            self.update(Content.styled("No culprit: " + ("the outputs match." if result else "no search was run."), "$text-muted"))
+        if data.result is None or data.result.culprit is None:
+            self.update(Content.styled("No culprit: " + ("the outputs match." if data.result else "no search was run."), "$text-muted"))
             return
-        why = "first semantic difference" if result["verdict"] == "divergent" else "most amplifying op"
-        leaf = f"  (its parameter {culprit['leaf']} differs)" if culprit.get("leaf") else ""
-        same_module = culprit["candidate"]["module"] == culprit["reference"]["module"]
-        lines = [Content.assemble(("Culprit ", "bold"), (culprit["op"], f"bold {verdict_style(culprit.get('verdict', ''))}"),
-                                  f"  {why}{leaf}",
-                                  *(["  in ", (culprit["candidate"]["module"] or "(top level)", "bold $text-accent")] if same_module else []))]
-        lines += _site_lines("candidate", culprit["candidate"], same_module)
-        lines += _site_lines("reference", culprit["reference"], same_module)
-        if culprit.get("block"):
-            lines.append(Content.assemble(("  block     ", "$text-muted"), block_text(data.run, culprit["block"])))
-        lines.append(Content.assemble(("  evidence  ", "$text-muted"), f"error in {fmt(culprit['input_error'])} → out "
-                                      f"{fmt(culprit['output_error'])} (amp {fmt_amplification(culprit['amplification'], culprit['output_error'])})"
-                                      f" · local {fmt(culprit['local_error'])}"))
-        fp64 = culprit.get("fp64")
-        if fp64:
-            lines.append(Content.assemble(("  vs fp64   ", "$text-muted"), f"candidate {fmt(fp64['candidate_error'])}, reference "
-                                          f"{fmt(fp64['reference_error'])} → ", (culprit["verdict"], f"bold {verdict_style(culprit['verdict'])}")))
-        confirmation = result.get("confirmation")
-        if confirmation:
-            lines.append(Content.styled(f"  {confirmation_text(confirmation)}", "" if confirmation["confirmed"] else "bold $warning"))
-        recurrences = result.get("recurrences") or []
-        for recurrence in recurrences[:3]:
-            lines.append(Content.assemble(("  recurs    ", "$text-muted"), f"op {recurrence['index']} in {recurrence['module']} "
-                                          f"({short_source(recurrence['source'])})"))
-        if len(recurrences) > 3:
-            lines.append(Content.styled(f"            … and {len(recurrences) - 3} more", "$text-muted"))
-        for item in (result.get("not_blamed") or [])[:3]:
-            lines.append(Content.styled(f"  {not_blamed_text(item)}", "$text-muted"))
-        self.update(Content("\n").join(lines))
+        self.update(Content("\n").join(content_line(line) for line in culprit_lines(data.run, data.result, self.LISTED)))
 
 
 class ErrorChart(Static):
@@ -131,7 +91,7 @@ class ErrorChart(Static):
 
     def _render_chart(self) -> None:
         data = self._data
-        profile = (data.result or {}).get("profile") if data else None
+        profile = data.result.profile if data and data.result else None
         if not profile:
             self.update(Content.styled("no error profile (no search result)", "$text-muted"))
             return
@@ -155,14 +115,13 @@ class RunSummary(Static):
         lines = [Content.assemble(("sides      ", "$text-muted"), *[
             part for role, trace in run.traces.items()
             for part in ((role, "bold"), f" {trace.framework} ({trace.device}, {trace.dtype}) {len(trace.ops)} ops", "   ")])]
-        search = data.result or {}
-        reruns = f" · {search['reruns']} re-runs" if "reruns" in search else ""
+        reruns = f" · {data.result.reruns} re-runs" if data.result else ""
         lines.append(Content.assemble(("alignment  ", "$text-muted"), f"{counts['aligned']} of {counts['candidate']} candidate ops aligned ",
                                       (f"({share:.0%})", "bold"), f", {counts['paired']} paired 1:1{reruns}"))
         for key, shape, max_abs, max_rel in data.output_lines()[:4]:
             lines.append(Content.assemble(("output     ", "$text-muted"), (key, "bold"), f" {shape}  max abs {fmt(max_abs)}  max rel {fmt(max_rel)}"))
         mode = ("live run: b searches again, the op detail can patch and re-run" if data.live
-                else "saved run (models not loaded): searching again and patching need `bisectr trace`")
+                else "saved run (no model loaded): b asks for the model file to trace again; patching needs a live run")
         lines.append(Content.assemble(("run        ", "$text-muted"), (mode, "$text-muted")))
         self.update(Content("\n").join(lines))
 
@@ -462,7 +421,10 @@ class TensorStats(Static):
 class HeatMapView(Static):
     """Where in the op's output the error sits: a few rows and columns of shaded cells."""
 
-    def show(self, heat: HeatMap | None) -> None:
+    def show(self, heat: HeatMap | None, problem: str | None = None) -> None:
+        if problem is not None:
+            self.update(Content.styled(f"values unreadable: {problem}", "$text-error"))
+            return
         if heat is None:
             self.update(Content.styled("no stored values on one side: no map", "$text-muted"))
             return

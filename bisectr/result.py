@@ -1,0 +1,183 @@
+"""What a search concludes, as typed records: built by `bisection`, written to a run's
+`result.json` by `store`, shown by `report` (text and TUI alike).
+
+`Result.to_dict()` is the JSON contract of `bisectr bisect --json` (see DESIGN.md);
+`Result.from_dict` reads it back, checking every field (`serial.from_plain`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .serial import PlainError, from_plain, to_plain
+
+
+@dataclass
+class OpSite:
+    """Where an op sits on one side."""
+
+    index: int
+    op: str  # the framework's name
+    module: str
+    source: str  # "path:line", "" when unknown
+
+
+@dataclass
+class BlockOps:
+    """An N:M block judged as one op: its ops on both sides."""
+
+    candidate: list[int]
+    reference: list[int]
+
+
+@dataclass
+class Culprit:
+    kind: str  # "op" | "leaf"
+    op: str  # canonical name
+    candidate: OpSite
+    reference: OpSite
+    leaf: str | None  # the differing parameter or buffer, for kind "leaf"
+    input_error: float | None
+    output_error: float | None  # absolute
+    output_error_rel: float | None
+    input_error_rel: float | None
+    local_error: float | None
+    amplification: float | None
+    verdict: str  # the op's own: exact / noise / different
+    fp64: dict[str, float] | None  # candidate_error, reference_error
+    block: BlockOps | None = None
+
+
+@dataclass
+class Recurrence:
+    """A later op carrying the culprit's difference (same op, same line of code)."""
+
+    index: int
+    op: str
+    module: str
+    source: str
+    local_error: float | None
+
+
+@dataclass
+class Confirmation:
+    """The candidate re-run with only the patched ops' own differences taken out."""
+
+    patched_ops: list[int]
+    output_error: float
+    before: float
+    confirmed: bool
+
+
+@dataclass
+class NotBlamed:
+    """A difference tested and not blamed: it does not reach the outputs, or patching it contradicts its pairing."""
+
+    index: int
+    op: str
+    reaches: float
+    contradicted: float | None = None  # the outputs' error after taking its difference out, when that made it worse
+
+
+@dataclass
+class Bracket:
+    """Where an unconfirmed difference enters: between the cut `low` and the entry point `high`."""
+
+    low: int | None
+    high: int | None
+    candidate: list[OpSite]
+    reference: list[OpSite]
+
+
+@dataclass
+class NonFiniteSite(OpSite):
+    leaf: str | None = None  # the parameter holding them, when they start at a leaf
+
+
+@dataclass
+class NonFinite:
+    """NaN/Inf in the candidate's outputs (the reference's are finite), and where they start."""
+
+    nan: int
+    inf: int
+    first: NonFiniteSite | None
+
+
+@dataclass
+class Cut:
+    op: int  # the candidate op up to which the reference's values were patched in
+    output_error: float
+
+
+@dataclass
+class ProfileRow:
+    """One paired op's evidence, for the error profile and the op table."""
+
+    index: int
+    reference: int
+    op: str
+    module: str
+    output_error: float  # relative, propagated
+    max_abs: float
+    mean_abs: float
+    local_error: float | None
+    verdict: str
+    amplification: float
+
+
+@dataclass
+class Float64Check:
+    """The whole model run in float64 on both sides (see `precision`)."""
+
+    status: str  # "agree" | "disagree" | "skipped"
+    reason: str  # why it was skipped, or what the numbers say
+    error: float | None  # the measured difference (max_rel over the outputs)
+    float64_error: float | None = None  # the same with both sides in float64
+    reference_rounding: float | None = None  # the reference's outputs vs its own float64 outputs
+    candidate_rounding: float | None = None
+
+    @property
+    def predicted(self) -> float | None:
+        """What rounding alone predicts for the measured difference (None when skipped)."""
+        if self.reference_rounding is None or self.candidate_rounding is None:
+            return None
+        return self.reference_rounding + self.candidate_rounding
+
+    def to_dict(self) -> dict:
+        return {**to_plain(self), "predicted": self.predicted}
+
+
+@dataclass
+class Result:
+    verdict: str  # "match" | "noise" | "divergent"
+    output_error: dict[str, float]  # max_abs, max_rel
+    culprit: Culprit | None
+    reruns: int  # candidate re-runs
+    ops: dict[str, int]  # reference, candidate, aligned
+    entry: int | None = None  # the entry point k*
+    recurrences: list[Recurrence] = field(default_factory=list)
+    confirmation: Confirmation | None = None
+    not_blamed: list[NotBlamed] = field(default_factory=list)
+    cuts: list[Cut] = field(default_factory=list)
+    reference_reruns: int = 0
+    nonfinite: NonFinite | None = None
+    fp64_check: Float64Check | None = None
+    bracket: Bracket | None = None  # for a divergent result no patch confirmed
+    profile: list[ProfileRow] = field(default_factory=list)
+
+    @property
+    def unconfirmed(self) -> bool:
+        """A divergent result whose culprit no patch confirmed (it comes with a bracket)."""
+        return self.verdict == "divergent" and not (self.confirmation and self.confirmation.confirmed)
+
+    def to_dict(self) -> dict:
+        plain = to_plain(self)
+        if self.fp64_check is not None:
+            plain["fp64_check"] = self.fp64_check.to_dict()
+        return plain
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Result":
+        result = from_plain(cls, data)
+        if result.verdict not in ("match", "noise", "divergent"):
+            raise PlainError("verdict", f"unknown verdict {result.verdict!r}")
+        return result
