@@ -8,10 +8,11 @@ primitives.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
@@ -28,6 +29,10 @@ class OpListener(Protocol):
     def exit_module(self) -> None:
         """The innermost module's forward ended (also when it raised)."""
 
+    def adopt_root(self, module: Any, prefix: str) -> None:
+        """Optional. A module outside the side's model starts its forward (the side is a function
+        calling it): its parameters and buffers are named under `prefix` (see `ModulePaths`)."""
+
 
 # Tensor methods that bring a tensor's values into Python (`t.item()`, `if t:`). A value read this
 # way is baked into the calls recorded after it, so the recorder counts them.
@@ -36,6 +41,50 @@ VALUE_READ_METHODS = (
     "__array__", "__format__", "__contains__",
 )
 TENSOR_VALUE_READS = frozenset(f"Tensor.{method}" for method in VALUE_READ_METHODS)
+
+
+# What a frame of the framework's own code is to an op's source line, where no user code called
+# the op (`Adapter.frame_role`):
+CALLER = 0  # code that calls the op: a layer's forward; the innermost such frame is the source
+API = 1  # a public function passing the call on to its op (functional, tensor methods): the source only where no CALLER frame is on the stack
+PLUMBING = 2  # hooks, decorators, dispatch: never the source
+
+
+class ModulePaths:
+    """Module (layer) paths by object identity, as `named_modules` gives them. Seeded from the
+    side's model when it is a module; a module not known when it starts its forward (the side is
+    a function calling a model, or the forward builds a module) is adopted as a root with all its
+    submodules: the first root unprefixed, as a side's model is, a later one prefixed by its
+    class name. Adopted roots are kept alive while this object lives, so that ids stay theirs."""
+
+    def __init__(self, named_modules: Callable[[Any], Iterable[tuple[str, Any]]], model: Any = None,
+                 on_root: Callable[[Any, str], None] | None = None):
+        self._named_modules = named_modules
+        self._on_root = on_root
+        self._paths: dict[int, tuple[Any, str]] = {}  # id(module) -> (module, path)
+        self._rooted = False
+        if model is not None:
+            self._adopt(model)
+
+    def path(self, module: Any) -> str:
+        entry = self._paths.get(id(module))
+        if entry is None or entry[0] is not module:
+            return self._adopt(module)
+        return entry[1]
+
+    def _adopt(self, root: Any) -> str:
+        prefix = type(root).__name__ if self._rooted else ""
+        self._rooted = True
+        paths = self._paths
+        for name, module in self._named_modules(root):
+            path = f"{prefix}.{name}" if prefix and name else (prefix or name)
+            entry = paths.get(id(module))
+            if entry is None or entry[0] is not module:  # a module already known keeps its path
+                paths[id(module)] = (module, path)
+        entry = paths.get(id(root))
+        if self._on_root is not None:
+            self._on_root(root, prefix)
+        return prefix if entry is None else entry[1]
 
 
 class CannotUpcast(Exception):
@@ -102,6 +151,19 @@ class Adapter(ABC):
     @abstractmethod
     def internal_paths(self) -> tuple[str, ...]:
         """Directories of the framework's own Python code (not user source)."""
+
+    def frame_role(self, filename: str, function: str) -> int:
+        """`CALLER`, `API` or `PLUMBING`: what a frame running `function` of `filename` (a file
+        under `internal_paths()`) is to the source line of an op no user code called. Asked once
+        per code object."""
+        return CALLER
+
+    def _relative(self, filename: str) -> str:
+        """`filename` relative to the directory of the framework's internal path holding it, '/'-separated."""
+        for directory in self.internal_paths():
+            if filename.startswith(directory):
+                return filename[len(directory):].replace(os.sep, "/")
+        return filename
 
     def float64_model(self, model: Any) -> Any:
         """A copy of the model with every floating parameter and buffer in float64 (the model

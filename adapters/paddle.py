@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .base import VALUE_READ_METHODS, Adapter, CannotUpcast, OpListener
+from .base import API, CALLER, PLUMBING, VALUE_READ_METHODS, Adapter, CannotUpcast, ModulePaths, OpListener
 
 
 def _paddle():
@@ -35,13 +35,13 @@ def _paddle():
 class _State:
     """Shared by all wrappers: who listens, from which thread, and whether a call is in progress."""
 
-    __slots__ = ("depth", "listener", "thread", "module_names")
+    __slots__ = ("depth", "listener", "thread", "paths")
 
     def __init__(self) -> None:
         self.depth = 0
         self.listener: OpListener | None = None
         self.thread = -1
-        self.module_names: dict[int, str] = {}
+        self.paths: ModulePaths | None = None
 
 
 _state = _State()
@@ -87,8 +87,7 @@ def _layer_call_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
         if state.depth or state.thread != get_ident():
             return original(self, *args, **kwargs)
         listener = state.listener
-        path = state.module_names.get(id(self))
-        listener.enter_module(type(self).__name__ if path is None else path)
+        listener.enter_module(state.paths.path(self))
         try:
             return original(self, *args, **kwargs)
         finally:
@@ -98,6 +97,17 @@ def _layer_call_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     __call__._bisectr_original = original
     return __call__
 
+
+# Where an op no user code called gets its source line (see `Adapter.frame_role`), by file relative
+# to paddle's directory. Plumbing: `Layer.__call__` and paddle's decorators (argument aliases,
+# dygraph-only and in-place checks: `__impl__`, `wrapper`). API: the public functions and Tensor
+# methods that pass a call on to its `_C_ops` op (`F.linear`, `paddle.reshape`, `x.matmul`), whose
+# caller is the line to show: `nn.Linear.forward`'s `F.linear(...)`, not `_C_ops.linear(...)`.
+_PLUMBING_FILES = frozenset({"utils/decorator_utils.py", "base/wrapped_decorator.py", "utils/inplace_utils.py",
+                             "utils/deprecated.py"})
+_PLUMBING_FUNCTIONS = {"nn/layer/layers.py": frozenset({"__call__", "_dygraph_call_func"}),
+                       "base/framework.py": frozenset({"__impl__"}), "base/dygraph/base.py": frozenset({"__impl__"})}
+_API_PREFIXES = ("tensor/", "nn/functional/", "incubate/nn/functional/", "base/dygraph/")
 
 # `_C_ops` names that are not forward ops of a model: gradients and backward passes.
 _BACKWARD = re.compile(r"(^|_)(grad|double_grad|triple_grad|backward)(_|$)")
@@ -304,6 +314,12 @@ class PaddleAdapter(Adapter):
     def internal_paths(self) -> tuple[str, ...]:
         return (os.path.dirname(_paddle().__file__) + os.sep,)
 
+    def frame_role(self, filename: str, function: str) -> int:
+        relative = self._relative(filename)
+        if relative in _PLUMBING_FILES or function in _PLUMBING_FUNCTIONS.get(relative, ()):
+            return PLUMBING
+        return API if relative.startswith(_API_PREFIXES) else CALLER
+
     @contextmanager
     def intercept(self, model: Any, listener: OpListener) -> Iterator[None]:
         global _patches
@@ -312,14 +328,15 @@ class PaddleAdapter(Adapter):
             raise RuntimeError("bisectr: a paddle forward is already being intercepted")
         if _patches is None:
             _patches = _Patches(paddle)
-        module_names = ({id(layer): name for name, layer in model.named_sublayers(include_self=True)}
-                        if isinstance(model, paddle.nn.Layer) else {})
+        paths = ModulePaths(lambda root: root.named_sublayers(include_self=True),
+                            model if isinstance(model, paddle.nn.Layer) else None,
+                            getattr(listener, "adopt_root", None))
         installed: list[tuple[Any, str, Any]] = []
         try:
             for owner, attr, original, replacement in _patches.plan():
                 setattr(owner, attr, replacement)
                 installed.append((owner, attr, original))
-            _state.module_names = module_names
+            _state.paths = paths
             _state.listener = listener
             _state.depth = 0
             _state.thread = get_ident()
@@ -328,7 +345,7 @@ class PaddleAdapter(Adapter):
         finally:
             _state.thread = -1
             _state.listener = None
-            _state.module_names = {}
+            _state.paths = None
             for owner, attr, original in reversed(installed):
                 setattr(owner, attr, original)
 

@@ -9,13 +9,23 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .base import TENSOR_VALUE_READS, Adapter, CannotUpcast, OpListener
+from .base import API, CALLER, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast, ModulePaths, OpListener
 
 
 def _torch():
     import torch
 
     return torch
+
+
+# Where an op no user code called gets its source line (see `Adapter.frame_role`), by file relative
+# to torch's directory. Plumbing: `__torch_function__` dispatch, decorators, the module call
+# machinery. API: the Python bodies of the ops the mode records (`F.relu` runs until it hands itself
+# to `handle_torch_function`), whose caller is the line to show: `_ff_block`'s, not `relu`'s.
+_PLUMBING_FILES = frozenset({"overrides.py", "_jit_internal.py", "_compile.py", "utils/_contextlib.py", "utils/_device.py"})
+_PLUMBING_PREFIXES = ("_dynamo/",)
+_PLUMBING_FUNCTIONS = {"nn/modules/module.py": frozenset({"__call__", "_call_impl", "_wrapped_call_impl", "inner"})}
+_API_FILES = frozenset({"nn/functional.py", "functional.py", "_tensor.py"})
 
 
 class TorchAdapter(Adapter):
@@ -85,14 +95,22 @@ class TorchAdapter(Adapter):
     def internal_paths(self) -> tuple[str, ...]:
         return (os.path.dirname(_torch().__file__) + os.sep,)
 
+    def frame_role(self, filename: str, function: str) -> int:
+        relative = self._relative(filename)
+        if (relative in _PLUMBING_FILES or relative.startswith(_PLUMBING_PREFIXES)
+                or function in _PLUMBING_FUNCTIONS.get(relative, ())):
+            return PLUMBING
+        return API if relative in _API_FILES else CALLER
+
     @contextmanager
     def intercept(self, model: Any, listener: OpListener) -> Iterator[None]:
         torch = _torch()
-        module_names = {id(m): name for name, m in model.named_modules()} if isinstance(model, torch.nn.Module) else {}
+        paths = ModulePaths(lambda root: root.named_modules(), model if isinstance(model, torch.nn.Module) else None,
+                            getattr(listener, "adopt_root", None))
         mode = _CallRouter(listener)
 
         def on_enter(module: Any, args: Any) -> None:
-            listener.enter_module(module_names.get(id(module), type(module).__name__))
+            listener.enter_module(paths.path(module))
 
         def on_exit(module: Any, args: Any, output: Any) -> None:
             listener.exit_module()

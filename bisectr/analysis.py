@@ -209,18 +209,8 @@ class Analysis:
         for tid in external_inputs(self.candidate, ops):
             from_reference = None if self.candidate.tensors[tid].producer is None else self.reference_values_for(tid)
             values[tid] = from_reference if from_reference is not None else self.candidate.value(tid)
-        computed = self._replay_ops("candidate", ops, values)
+        computed = self.sides.replay_ops("candidate", ops, values)
         return {tid: computed[tid] for tid in compared}
-
-    def _replay_ops(self, role: str, indices: list[int], values: dict[int, np.ndarray], float64: bool = False) -> dict[int, np.ndarray]:
-        """Replay ops `indices` of one side in order, each reading what the previous ones computed and
-        `values` for the rest; returns every tensor they computed."""
-        trace = self.run.traces[role]
-        computed = dict(values)
-        for index in indices:
-            op = trace.ops[index]
-            computed.update(zip(op.outputs, self.sides.replay(role, index, {t: computed[t] for t in op.inputs}, float64=float64)))
-        return computed
 
     def _reads_its_own_inputs(self, cand_op: OpNode) -> bool:
         """Does the local replay feed the op exactly the values it read when recorded?"""
@@ -259,7 +249,7 @@ class Analysis:
         if local == 0.0:
             return local, None
         try:
-            oracle = self._replay_ops("reference", ref_ops, {t: self.reference.value(t) for t in ref_inputs}, float64=True)
+            oracle = self.sides.replay_ops("reference", ref_ops, {t: self.reference.value(t) for t in ref_inputs}, float64=True)
         except Exception:  # no float64 kernel for this op
             return local, None
         oracle = {r: oracle[r].reshape(reference_out[r].shape) for _, r in compared}

@@ -417,11 +417,13 @@ def op_patches(analysis: Analysis, run: RunRecord, op_indices: list[int]) -> dic
 
 
 def _recurrences(analysis: Analysis, culprit: OpEvidence) -> list[OpEvidence]:
-    """Later ops carrying the same difference: the same canonical op from the same line of code
-    (or, where no user line called it, the same module up to layer numbers), also judged different."""
+    """Later ops carrying the same difference: the same canonical op from the same line of user code
+    (or, where the line is the library's, the same module up to layer numbers), also judged different."""
     def code_site(evidence: OpEvidence) -> str:
         op = analysis.run.candidate.ops[evidence.candidate]
-        return op.source or re.sub(r"\d+", "#", op.module)
+        if op.source and not op.library_source:
+            return op.source
+        return f"{re.sub(r'[0-9]+', '#', op.module)} {op.source}"  # one library line serves every layer
 
     site = code_site(culprit)
     return [e for e in analysis.in_order() if e.candidate > culprit.candidate and e.verdict == "different"

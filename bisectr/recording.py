@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from .adapters import Adapter
+from .adapters.base import API, CALLER
 from .errors import TraceMismatchError
 from .ops import canonical_op
 from .store import TensorWriter
@@ -28,6 +29,9 @@ from .trace import OpNode, StatsBatch, TensorInfo, Trace, fingerprint
 
 _BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+# What a frame is to an op's source line (`Recorder._source`), decided once per code object.
+_USER, _STOP, _SKIP, _LIBRARY_CALLER, _LIBRARY_API = range(5)
 
 
 # An unpatched op whose values move by more than this (relative to the tensor's largest
@@ -146,6 +150,9 @@ class _Session:
         if self.modules:
             self.modules.pop()
 
+    def adopt_root(self, module: Any, prefix: str) -> None:
+        """See `OpListener.adopt_root`: only a recording names leaves."""
+
     def input_tids(self, tensors: list[Any]) -> list[int]:
         tids = []
         for tensor in tensors:
@@ -176,8 +183,9 @@ class Recorder(_Session):
         self.options = options
         self.recording = Recording()
         self._adapter_dir = os.path.dirname(os.path.abspath(sys.modules[type(adapter).__module__].__file__)) + os.sep
-        self._internal = adapter.internal_paths() + (_BISECTR_DIR, self._adapter_dir, _STDLIB_DIR)
-        self._code_is_internal: dict[Any, bool] = {}
+        self._framework = adapter.internal_paths()
+        self._internal = self._framework + (_BISECTR_DIR, self._adapter_dir, _STDLIB_DIR)
+        self._frame_kinds: dict[Any, int] = {}  # code object -> _USER, _STOP, ...
         self._stats = StatsBatch()
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -193,8 +201,9 @@ class Recorder(_Session):
         module = self.modules[-1] if self.modules else ""
         keep = self._keeps(module)
         output_tids = [self._record_tensor(tensor, index, None, keep) for tensor in produced]
-        self.trace.ops.append(OpNode(index, name, canonical_op(name), module, self._user_source(),
-                                     input_tids, output_tids, bool(mutated)))
+        source, library = self._source()
+        self.trace.ops.append(OpNode(index, name, canonical_op(name), module, source,
+                                     input_tids, output_tids, bool(mutated), library))
         slots = {id(t): Slot(tid) for t, tid in zip(inputs, input_tids)}
         slot = lambda t: slots[id(t)]  # noqa: E731
         self.recording.calls.append(Call(fn, map_tensors(args, self.adapter.is_tensor, slot),
@@ -204,6 +213,11 @@ class Recorder(_Session):
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         self.recording.leaves[tid] = (tensor, self.adapter.version(tensor))
         self._describe(tid, tensor, producer=None, leaf=self.leaf_name(tensor), store=self.options.store_values)
+
+    def adopt_root(self, module: Any, prefix: str) -> None:
+        for name, tensor in self.adapter.named_leaves(module):
+            kind, _, path = name.partition(":")
+            self._leaf_names.setdefault(id(tensor), (weakref.ref(tensor), f"{kind}:{prefix}.{path}" if prefix else name))
 
     def leaf_name(self, tensor: Any) -> str:
         entry = self._leaf_names.get(id(tensor))
@@ -248,23 +262,45 @@ class Recorder(_Session):
                 info.stored = True
             self.trace.outputs[key] = tid
 
-    def _user_source(self) -> str:
-        """The innermost frame of the user's code that led to this op. The walk stops at
-        bisectr's own frames: a model made only of library layers (nn.Sequential) has none."""
+    def _source(self) -> tuple[str, bool]:
+        """("path:line", is it the framework's own?) of the code that called this op: the innermost
+        frame of the user's code, else, where no user code called it (a model that is one framework
+        layer, nn.TransformerEncoder), the framework's own line that did: the innermost frame that
+        calls an op (a layer's forward), else the innermost public function passing the call on
+        (see `Adapter.frame_role`). The walk stops at bisectr's own frames."""
         frame = sys._getframe(2)
+        kinds = self._frame_kinds
+        caller = api = None
         while frame is not None:
             code = frame.f_code
-            filename = code.co_filename
-            if filename.startswith(_BISECTR_DIR) and not filename.startswith(self._adapter_dir):
-                return ""
-            internal = self._code_is_internal.get(code)
-            if internal is None:
-                internal = filename.startswith(self._internal) or filename.startswith("<")
-                self._code_is_internal[code] = internal
-            if not internal:
-                return f"{filename}:{frame.f_lineno}"
+            kind = kinds.get(code)
+            if kind is None:
+                kind = kinds[code] = self._frame_kind(code)
+            if kind == _USER:
+                return f"{code.co_filename}:{frame.f_lineno}", False
+            if kind == _STOP:
+                break
+            if kind == _LIBRARY_CALLER:
+                if caller is None:
+                    caller = frame
+            elif kind == _LIBRARY_API and api is None:
+                api = frame
             frame = frame.f_back
-        return ""
+        found = caller if caller is not None else api
+        if found is None:
+            return "", False
+        return f"{found.f_code.co_filename}:{found.f_lineno}", True
+
+    def _frame_kind(self, code: Any) -> int:
+        filename = code.co_filename
+        if filename.startswith(_BISECTR_DIR) and not filename.startswith(self._adapter_dir):
+            return _STOP
+        if filename.startswith(self._framework):
+            role = self.adapter.frame_role(filename, code.co_name)
+            return _LIBRARY_CALLER if role == CALLER else _LIBRARY_API if role == API else _SKIP
+        if filename.startswith(self._internal) or filename.startswith("<"):
+            return _SKIP
+        return _USER
 
 
 @dataclass

@@ -124,7 +124,7 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
         for role in ("candidate", "reference"):
             site = getattr(culprit, role)
             lines.append([(f"  {role:9}  op {site.index:<5} {site.op:<28} ", ""), (site.module or "(top level)", "accent")])
-            if site.source:  # empty when no user code called the op (the model is one framework layer)
+            if site.source:  # empty where only bisectr called it (the side's model is a framework function) and in older runs
                 lines.append([("             ", ""), (short_source(site.source), "source"), (f":  {source_text(site.source)}", "code")])
         if culprit.block:
             lines.append([(f"  block      {block_text(run, culprit.block)}", "")])
@@ -173,10 +173,13 @@ def block_text(run: RunRecord, block: BlockOps) -> str:
         ops = [run.traces[role].ops[i] for i in getattr(block, role)]
         if not ops:
             return f"no {role} ops"
-        lines = sorted({int(op.source.rpartition(":")[2]) for op in ops if op.source.rpartition(":")[2].isdigit()})
-        path = short_source(next((op.source for op in ops if op.source), "")).rpartition(":")[0]
-        span = f"{lines[0]}-{lines[-1]}" if len(lines) > 1 else "".join(map(str, lines))
-        return f"{role} ops {ops[0].index}..{ops[-1].index}" + (f" at {path}:{span}" if lines else "")
+        by_path: dict[str, set[int]] = {}  # a block's ops may come from several files (library layers)
+        for op in ops:
+            path, _, line = short_source(op.source).rpartition(":")
+            if path and line.isdigit():
+                by_path.setdefault(path, set()).add(int(line))
+        spans = [f"{path}:{min(lines)}-{max(lines)}" if len(lines) > 1 else f"{path}:{min(lines)}" for path, lines in by_path.items()]
+        return f"{role} ops {ops[0].index}..{ops[-1].index}" + (f" at {', '.join(spans)}" if spans else "")
     return f"{side('candidate')} against {side('reference')}, compared as one op"
 
 

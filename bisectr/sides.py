@@ -140,6 +140,18 @@ class Sides:
         """Call op `index` of one side again on `values` (tid -> array) for its inputs; see `replay_op`."""
         return self.runners[role].replay(self.traces[role], index, values, float64)
 
+    def replay_ops(self, role: str, indices: list[int], values: dict[int, np.ndarray],
+                   float64: bool = False) -> dict[int, np.ndarray]:
+        """Replay ops `indices` of one side in order, as `torch.fx.Interpreter` runs nodes: each reads
+        what the ones before computed, else `values`, else its recorded inputs. Returns `values`
+        with every tensor the ops computed (a new dict)."""
+        trace = self.traces[role]
+        computed = dict(values)
+        for index in indices:
+            inputs = {tid: computed[tid] if tid in computed else trace.value(tid) for tid in trace.ops[index].inputs}
+            computed.update(zip(trace.ops[index].outputs, self.replay(role, index, inputs, float64)))
+        return computed
+
     def call(self, role: str, index: int) -> Call | None:
         """The recorded call of op `index` (function and arguments)."""
         return self.runners[role].call(index)

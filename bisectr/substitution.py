@@ -1,9 +1,9 @@
 """Operator substitution (seed 003): run the candidate with the reference framework's
 implementation of chosen ops, and see whether the difference goes away.
 
-The candidate's forward is re-executed from its trace, op by op, with `Sides.replay` (an
-interpreter over the recorded graph, as `torch.fx.Interpreter` is over a graph
-module). An aligned unit (a 1:1 pair, or a matched N:M block such as a fused
+The candidate's forward is re-executed from its trace, op by op, with `Sides.replay_ops` (the
+interpreter over the recorded graph the analysis also uses, as `torch.fx.Interpreter` is over a
+graph module). An aligned unit (a 1:1 pair, or a matched N:M block such as a fused
 `layer_norm` against mean/var/rsqrt) that contains a chosen op is computed instead by
 replaying the reference's ops on the candidate's current values.
 """
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .align import Alignment, TensorPair
+from .analysis import external_inputs
 from .record import RunRecord
 from .sides import Sides
 
@@ -66,23 +67,15 @@ def _replay_candidate(run: RunRecord, sides: Sides, units: list[Unit]) -> dict[s
             continue
         unit = by_first_op.get(op.index)
         if unit is None:
-            _run_candidate_op(run, sides, op.index, values)
-        else:
-            for index in unit.candidate:  # the candidate's own values first: block internals stay defined
-                _run_candidate_op(run, sides, index, values)
+            values.update(sides.replay_ops("candidate", [op.index], values))
+        else:  # the candidate's own values first: block internals stay defined
+            values.update(sides.replay_ops("candidate", unit.candidate, values))
             values.update(_reference_unit(run, sides, unit, values))
             skipped.update(unit.candidate)
         for tid in op.inputs:  # free what no later op reads
             if last_read.get(tid) == op.index and tid not in outputs:
                 values.pop(tid, None)
     return {key: values[tid] if tid in values else trace.value(tid) for key, tid in trace.outputs.items()}
-
-
-def _run_candidate_op(run: RunRecord, sides: Sides, index: int, values: dict[int, np.ndarray]) -> None:
-    trace = run.candidate
-    op = trace.ops[index]
-    inputs = {tid: values[tid] if tid in values else trace.value(tid) for tid in op.inputs}
-    values.update(zip(op.outputs, sides.replay("candidate", index, inputs)))
 
 
 def _reference_unit(run: RunRecord, sides: Sides, unit: Unit, cand_values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
@@ -92,19 +85,11 @@ def _reference_unit(run: RunRecord, sides: Sides, unit: Unit, cand_values: dict[
     for pair in alignment.tensors.values():
         if pair.candidate in cand_values:
             from_candidate.setdefault(pair.reference, pair)
-    ref_values: dict[int, np.ndarray] = {}
-    for index in sorted(unit.reference):
-        op = reference.ops[index]
-        inputs = {}
-        for tid in op.inputs:
-            if tid in ref_values:
-                inputs[tid] = ref_values[tid]
-            elif tid in from_candidate:
-                inputs[tid] = from_candidate[tid].candidate_in_reference_layout(
-                    cand_values[from_candidate[tid].candidate], reference.tensors[tid].shape)
-            else:
-                inputs[tid] = reference.value(tid)
-        ref_values.update(zip(op.outputs, sides.replay("reference", index, inputs)))
+    ref_ops = sorted(unit.reference)
+    from_candidate_values = {tid: from_candidate[tid].candidate_in_reference_layout(
+        cand_values[from_candidate[tid].candidate], reference.tensors[tid].shape)
+        for tid in external_inputs(reference, ref_ops) if tid in from_candidate}
+    ref_values = sides.replay_ops("reference", ref_ops, from_candidate_values)
     defined = {}
     for index in unit.candidate:
         for tid in run.candidate.ops[index].outputs:

@@ -52,10 +52,13 @@ class OpNode:
     framework_op: str
     op: str  # canonical name, shared by all frameworks
     module: str
-    source: str  # "path:line" of the user's code that called the op
+    source: str  # "path:line" of the user's code that called the op, else of the framework's own (library_source)
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
     inplace: bool = False
+    # True where no user code called the op and `source` is the framework's line that did
+    # (a layer's forward): a model that is one framework layer. False in traces written before.
+    library_source: bool = False
 
     def to_json(self) -> dict:
         return _shallow_dict(self)
@@ -127,6 +130,7 @@ class Trace:
                 framework_op=op.framework_op,
                 module=op.module,
                 source=op.source,
+                library_source=op.library_source,
                 inplace=op.inplace,
                 inputs=[self.tensors[t].to_json() for t in op.inputs],
                 outputs=[self.tensors[t].to_json() for t in op.outputs],
@@ -187,7 +191,7 @@ class Trace:
             named = op.inputs + op.outputs  # a TypeError unless both are lists (or both strings: checked next)
             if not (op.index == position and type(named) is list and _are_indices(named) and tids >= set(named)
                     and type(op.framework_op) is str and type(op.op) is str and type(op.module) is str
-                    and type(op.source) is str and type(op.inplace) is bool):
+                    and type(op.source) is str and type(op.inplace) is bool and type(op.library_source) is bool):
                 raise ValueError(f"op {position}: a field has the wrong type or names no tensor of the trace")
         if not (type(self.outputs) is dict and _are_indices(self.outputs.values()) and tids >= set(self.outputs.values())):
             raise ValueError("outputs: not a mapping of output keys to tensors of the trace")
