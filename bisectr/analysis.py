@@ -256,10 +256,19 @@ class Analysis:
         return local, {"candidate_error": worst(local_out, oracle), "reference_error": worst(reference_out, oracle)}
 
 
+def computes(op: str) -> bool:
+    """Does a canonical op compute values (not a layout change, nor an eval-mode dropout passing them on)?"""
+    return op not in LAYOUT_OPS and op != "dropout"
+
+
 def block_name(ops: list[str]) -> str:
     """A block is named by the ops that compute in it (`attention`, not `transpose+attention+transpose`)."""
-    computing = [op for op in ops if op not in LAYOUT_OPS and op != "dropout"] or ops  # eval-mode dropout passes values on
-    return "+".join(dict.fromkeys(computing))
+    return "+".join(dict.fromkeys([op for op in ops if computes(op)] or ops))
+
+
+def computing_op(trace: Trace, indices: list[int]) -> int:
+    """The last op of `indices` that computes (the one a block's name comes from); the last op if none does."""
+    return next((i for i in reversed(indices) if computes(trace.ops[i].op)), indices[-1])
 
 
 def external_inputs(trace: Trace, indices: list[int]) -> list[int]:

@@ -38,7 +38,7 @@ from typing import Callable
 import numpy as np
 
 from .align import Alignment, Block
-from .analysis import NOISE_FACTOR, Analysis, OpEvidence, noise_floor
+from .analysis import NOISE_FACTOR, Analysis, OpEvidence, computing_op, noise_floor
 from .errors import TraceMismatchError
 from .precision import float64_check
 from .record import RunRecord
@@ -483,7 +483,12 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culpri
     different_leaves = [analysis.leaves[t] for t in cand_op.inputs
                         if t in analysis.leaves and analysis.leaves[t].verdict == "different"]
     leaf = different_leaves[0].candidate.split(":", 1)[1] if different_leaves else None
-    return Culprit("leaf" if leaf else "op", evidence.op, _site(cand_op), _site(run.reference.ops[evidence.reference]), leaf,
+    cand_index, ref_index = evidence.candidate, evidence.reference
+    if evidence.block is not None:  # a block is shown at the op it is named after, on both sides
+        cand_index = computing_op(run.candidate, evidence.block.candidate)
+        ref_index = computing_op(run.reference, evidence.block.reference)
+    return Culprit("leaf" if leaf else "op", evidence.op, _site(run.candidate.ops[cand_index]),
+                   _site(run.reference.ops[ref_index]), leaf,
                    input_error=evidence.input_error, output_error=evidence.output_error["max_abs"],
                    output_error_rel=evidence.output_error["max_rel"], input_error_rel=evidence.input_error_rel,
                    local_error=evidence.local_error, amplification=evidence.amplification, verdict=evidence.verdict,
