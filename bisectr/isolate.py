@@ -126,7 +126,7 @@ def _portable(value: Any) -> Any:
 
 
 def _runs_in_the_worker(*args: Any, **kwargs: Any) -> Any:
-    raise BisectrError("this recorded call's function lives in its side's worker process; replay it with Run.replay")
+    raise BisectrError("this recorded call's function lives in its side's worker process; replay it with Sides.replay")
 
 
 # ---------------------------------------------------------------- the worker
