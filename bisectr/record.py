@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -126,7 +127,7 @@ class RunRecord:
             _check_result_ops(self.result, op_index)
 
 
-def _check_result_ops(result: Result, op_index) -> None:
+def _check_result_ops(result: Result, op_index: Callable[[str, int | None, str], None]) -> None:
     """Every op index the result names exists on its side."""
     culprit = result.culprit
     if culprit is not None:
