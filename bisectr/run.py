@@ -20,7 +20,7 @@ from .adapters import input_layout
 from .align import Alignment, align_traces
 from .bisection import bisect_run
 from .errors import ModelFileError, RunDirError
-from .modelfile import load_module, load_sides
+from .modelfile import build_side, load_module
 from .record import HowTraced, OutputPair, RunRecord, pair_outputs
 from .recording import RecordOptions
 from .result import Result
@@ -76,10 +76,6 @@ class Run(RunRecord):
                 self.run_dir = self.writer.commit(self.traces, manifest, documents)
                 self.writer = None
         elif self.run_dir is not None and self.result is not None:
-            current = read_manifest(self.run_dir).get("run_id")
-            if current != self.run_id:
-                raise RunDirError(f"{self.run_dir}: another trace replaced this run (run id {current!r}); its result "
-                                  "was not saved there")
             save_result(self.run_dir, self.run_id, self.result.to_dict())
         return self.run_dir
 
@@ -115,8 +111,7 @@ def trace(model_file: str | os.PathLike, reference: str = "reference", candidate
                        reference_python, candidate_python, store_values, list(keep_modules))
     run_dir = Path(out) if out is not None else temporary_run_dir(model_file.stem)
     with RunLock(run_dir):  # a run directory another process writes is refused before any model is built
-        runners = _start_sides(model_file, traced)
-        pins = getattr(load_module(model_file), "ALIGN_MODULES", None)
+        runners, pins = _start_sides(model_file, traced)
         return record_run(traced, runners, pins, run_dir, model_file, watch, commit)
 
 
@@ -145,14 +140,18 @@ def record_run(traced: HowTraced, runners: dict[str, SideRunner], pins: dict[str
     return run
 
 
-def _start_sides(model_file: Path, traced: HowTraced) -> dict[str, SideRunner]:
+def _start_sides(model_file: Path, traced: HowTraced) -> tuple[dict[str, SideRunner], dict[str, str] | None]:
+    """Each side's runner, and the model file's `ALIGN_MODULES` pins (candidate module -> reference module)."""
+    module = load_module(model_file)  # isolated sides build their models in their workers; the pins are read here
+    pins = getattr(module, "ALIGN_MODULES", None)
     if traced.isolate:
         from .isolate import start_isolated
 
         return start_isolated(model_file, {"reference": traced.reference_fn, "candidate": traced.candidate_fn},
-                              {"reference": traced.reference_python, "candidate": traced.candidate_python})
-    sides = load_sides(model_file, traced.reference_fn, traced.candidate_fn)
-    return {role: LocalSide(side) for role, side in zip(SIDES, sides)}
+                              {"reference": traced.reference_python, "candidate": traced.candidate_python}), pins
+    functions = (traced.reference_fn, traced.candidate_fn)
+    return {role: LocalSide(build_side(module, model_file, role, function))
+            for role, function in zip(SIDES, functions)}, pins
 
 
 def _align(model_file: Path, pins: dict[str, str] | None, reference: Trace, candidate: Trace) -> Alignment:

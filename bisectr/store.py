@@ -90,15 +90,6 @@ class TensorWriter:
         self.index[tid] = (self._offset, values.dtype.str, tuple(values.shape), _checksum(data))
         self._offset += values.nbytes
 
-    def read(self, tid: int) -> np.ndarray:
-        """Values written earlier in this same recording (used while the run is live)."""
-        self._raise_failure()
-        try:
-            self._file.flush()
-        except OSError as exc:
-            raise self._failed(exc) from None
-        return _read_array(self.path, self.index[tid])
-
     def close(self) -> None:
         """Write out what is buffered and close the file; raises the writer's failure, if any."""
         self._raise_failure()
@@ -275,11 +266,16 @@ class RunWriter:
 
 
 def save_result(run_dir: Path, run_id: str, result: dict) -> None:
-    """Add (or replace) a run's result.json atomically, holding the run's lock. A failed write
-    raises `RunWriteError` and leaves the run as it was."""
+    """Add (or replace) a run's result.json atomically, holding the run's lock, when the directory
+    still holds run `run_id` (`RunDirError` if another trace replaced it). A failed write raises
+    `RunWriteError` and leaves the run as it was."""
     run_dir = Path(run_dir)
     temporary = run_dir / f".result.json.{os.getpid()}"
     with RunLock(run_dir):
+        current = read_manifest(run_dir).get("run_id")
+        if current != run_id:
+            raise RunDirError(f"{run_dir}: another trace replaced this run (run id {current!r}); its result "
+                              "was not saved there")
         try:
             _write_json(temporary, {"run_id": run_id, **result})
             os.replace(temporary, run_dir / "result.json")

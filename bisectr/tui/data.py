@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..align import Alignment
 from ..analysis import Analysis
 from ..errors import BisectrError
 from ..repro import write_repro
@@ -144,8 +145,11 @@ class RunData:
 
     def __init__(self, run: Run):
         self.run = run
-        self.alignment = run.alignment
         self.refresh()
+
+    @property
+    def alignment(self) -> Alignment:
+        return self.run.alignment
 
     # -- building ---------------------------------------------------------------
     def refresh(self) -> None:
@@ -346,7 +350,6 @@ class RunData:
         result = self.run.bisect(progress=progress, model_file=model_file)
         if self.run.run_dir is not None or self.run.writer is not None:
             self.run.save()
-        self.alignment = self.run.alignment
         self.refresh()
         return result
 
