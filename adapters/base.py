@@ -140,13 +140,38 @@ class Adapter(ABC):
         """('param:NAME' | 'buffer:NAME', tensor) for the model's parameters and buffers."""
 
     @abstractmethod
-    def intercept(self, model: Any, listener: OpListener) -> AbstractContextManager:
-        """While active, route every outermost op call and module entry/exit to `listener`,
-        with gradients off. Everything it installs is removed on exit, also after an exception."""
+    def intercept(self, model: Any, listener: OpListener, gradients: bool = False) -> AbstractContextManager:
+        """While active, route every outermost op call and module entry/exit to `listener`, with
+        gradients off (on, for a backward re-run, with `gradients`). A custom autograd function
+        (torch `autograd.Function`, paddle `PyLayer`) is one op: its backward is its own. Everything
+        it installs is removed on exit, also after an exception."""
 
     @abstractmethod
     def no_grad(self) -> AbstractContextManager:
         """Gradients off, nothing intercepted: for re-executing recorded calls."""
+
+    # -- gradients: what the backward pass needs (see `bisectr.backward`) -------------------
+    @abstractmethod
+    def enable_grad(self) -> AbstractContextManager:
+        """Gradients on, nothing intercepted: for replaying one op's backward."""
+
+    @abstractmethod
+    def requires_grad(self, tensor: Any) -> bool:
+        """Does a gradient reach this tensor (is it part of the autograd graph)?"""
+
+    @abstractmethod
+    def gradient_leaf(self, tensor: Any) -> Any:
+        """A new leaf tensor with the values of `tensor`, requiring a gradient."""
+
+    @abstractmethod
+    def add_gradient_hook(self, tensor: Any, hook: Callable[[Any], Any]) -> None:
+        """Call `hook(gradient)` when the whole gradient of `tensor` is known; what it returns
+        (unless None) is handed on instead."""
+
+    @abstractmethod
+    def gradients(self, outputs: list[Any], upstream: list[Any], inputs: list[Any]) -> list[Any | None]:
+        """The gradients of `inputs` (None where none reaches one) from `outputs` seeded with
+        `upstream`, without touching any tensor's `.grad`."""
 
     @abstractmethod
     def internal_paths(self) -> tuple[str, ...]:

@@ -80,6 +80,24 @@ def _op_wrapper(name: str, fn: Callable[..., Any], replay: Callable[..., Any] | 
     return wrapper
 
 
+def _routed_apply(apply: Any) -> classmethod:
+    """`PyLayer.apply` (a C classmethod) routed to the listener as one op named after the layer's
+    class: its backward is the class's own, and its forward's ops are inside it."""
+    state = _state
+
+    def routed(cls, *args, **kwargs):
+        bound = apply.__get__(None, cls)
+        if state.depth or state.thread != get_ident():
+            return bound(*args, **kwargs)
+        state.depth = 1
+        try:
+            return state.listener.call(f"{cls.__qualname__}.apply", bound, args, kwargs)
+        finally:
+            state.depth = 0
+
+    return classmethod(routed)
+
+
 def _layer_call_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     state = _state
 
@@ -230,15 +248,16 @@ _BATCH_NORMS = frozenset({"batch_norm", "batch_norm_", "sync_batch_norm_"})
 def _zero_unwritten_stats(batch_norm: Callable[..., Any]) -> Callable[..., Any]:
     """With global statistics (eval mode), the kernel leaves `saved_mean` and `saved_variance`
     unwritten: uninitialised memory, other values on every call, that no re-run or replay could
-    reproduce. Nothing reads them then; they are zeroed."""
+    reproduce. Nothing reads them then; zeros stand in for them (new tensors: the op's backward
+    keeps the originals, which a write in place would invalidate)."""
+    paddle = _paddle()
 
     def batch_norm_with_defined_outputs(*args, **kwargs):
         outputs = batch_norm(*args, **kwargs)
         if len(args) == 11 and not kwargs and len(outputs) == 6:
             is_test, use_global_stats, trainable_statistics = args[5], args[9], args[10]
             if use_global_stats or (is_test and not trainable_statistics):
-                for saved in outputs[3:5]:
-                    saved.zero_()
+                outputs = (*outputs[:3], *(paddle.zeros_like(saved) for saved in outputs[3:5]), outputs[5])
         return outputs
 
     batch_norm_with_defined_outputs.__name__ = getattr(batch_norm, "__name__", "batch_norm")
@@ -311,6 +330,25 @@ class PaddleAdapter(Adapter):
     def no_grad(self) -> Any:
         return _paddle().no_grad()
 
+    def enable_grad(self) -> Any:
+        return _paddle().enable_grad()
+
+    def requires_grad(self, tensor: Any) -> bool:
+        return not tensor.stop_gradient
+
+    def gradient_leaf(self, tensor: Any) -> Any:
+        with _quiet():
+            leaf = tensor.detach()
+        leaf.stop_gradient = False
+        return leaf
+
+    def add_gradient_hook(self, tensor: Any, hook: Callable[[Any], Any]) -> None:
+        tensor.register_hook(hook)
+
+    def gradients(self, outputs: list[Any], upstream: list[Any], inputs: list[Any]) -> list[Any | None]:
+        with _quiet():
+            return list(_paddle().grad(outputs, inputs, upstream, allow_unused=True))
+
     def internal_paths(self) -> tuple[str, ...]:
         return (os.path.dirname(_paddle().__file__) + os.sep,)
 
@@ -321,7 +359,7 @@ class PaddleAdapter(Adapter):
         return API if relative.startswith(_API_PREFIXES) else CALLER
 
     @contextmanager
-    def intercept(self, model: Any, listener: OpListener) -> Iterator[None]:
+    def intercept(self, model: Any, listener: OpListener, gradients: bool = False) -> Iterator[None]:
         global _patches
         paddle = _paddle()
         if _state.listener is not None:
@@ -336,16 +374,20 @@ class PaddleAdapter(Adapter):
             for owner, attr, original, replacement in _patches.plan():
                 setattr(owner, attr, replacement)
                 installed.append((owner, attr, original))
+            py_layer = paddle.autograd.PyLayer
+            py_layer.apply = _routed_apply(py_layer.__mro__[1].__dict__["apply"])
             _state.paths = paths
             _state.listener = listener
             _state.depth = 0
             _state.thread = get_ident()
-            with paddle.no_grad():
+            with paddle.enable_grad() if gradients else paddle.no_grad():
                 yield
         finally:
             _state.thread = -1
             _state.listener = None
             _state.paths = None
+            if "apply" in vars(paddle.autograd.PyLayer):  # the C base class's apply shows through again
+                del paddle.autograd.PyLayer.apply
             for owner, attr, original in reversed(installed):
                 setattr(owner, attr, original)
 

@@ -5,7 +5,7 @@ import copy
 import os
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -92,6 +92,21 @@ class TorchAdapter(Adapter):
     def no_grad(self) -> Any:
         return _torch().no_grad()
 
+    def enable_grad(self) -> Any:
+        return _torch().enable_grad()
+
+    def requires_grad(self, tensor: Any) -> bool:
+        return tensor.requires_grad
+
+    def gradient_leaf(self, tensor: Any) -> Any:
+        return tensor.detach().requires_grad_(True)
+
+    def add_gradient_hook(self, tensor: Any, hook: Callable[[Any], Any]) -> None:
+        tensor.register_hook(hook)
+
+    def gradients(self, outputs: list[Any], upstream: list[Any], inputs: list[Any]) -> list[Any | None]:
+        return list(_torch().autograd.grad(outputs, inputs, upstream, allow_unused=True))
+
     def internal_paths(self) -> tuple[str, ...]:
         return (os.path.dirname(_torch().__file__) + os.sep,)
 
@@ -103,7 +118,7 @@ class TorchAdapter(Adapter):
         return API if relative in _API_FILES else CALLER
 
     @contextmanager
-    def intercept(self, model: Any, listener: OpListener) -> Iterator[None]:
+    def intercept(self, model: Any, listener: OpListener, gradients: bool = False) -> Iterator[None]:
         torch = _torch()
         paths = ModulePaths(lambda root: root.named_modules(), model if isinstance(model, torch.nn.Module) else None,
                             getattr(listener, "adopt_root", None))
@@ -117,12 +132,37 @@ class TorchAdapter(Adapter):
 
         pre_hook = torch.nn.modules.module.register_module_forward_pre_hook(on_enter)
         post_hook = torch.nn.modules.module.register_module_forward_hook(on_exit, always_call=True)
+        function = torch.autograd.function.Function
+        apply = function.__dict__["apply"]
+        function.apply = _routed_apply(apply.__func__, mode)
         try:
-            with torch.no_grad(), mode:
+            with (torch.enable_grad() if gradients else torch.no_grad()), mode:
                 yield
         finally:
+            function.apply = apply
             pre_hook.remove()
             post_hook.remove()
+
+
+def _routed_apply(apply: Callable[..., Any], mode: Any) -> classmethod:
+    """`autograd.Function.apply` routed to the listener as one op named after the function's class,
+    while `mode` sees calls (not inside another op's call): its backward is the class's own."""
+    from torch._C import _is_torch_function_enabled
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
+
+    def routed(cls, *args, **kwargs):
+        stack = _get_current_function_mode_stack()
+        if not (_is_torch_function_enabled() and stack and stack[-1] is mode):
+            return apply(cls, *args, **kwargs)
+
+        def run(*args, **kwargs):
+            return apply(cls, *args, **kwargs)
+
+        run.__qualname__ = name = f"{cls.__qualname__}.apply"
+        with _pop_mode_temporarily():  # as inside `__torch_function__`: its forward's ops are its own
+            return mode.listener.call(name, run, args, kwargs)
+
+    return classmethod(routed)
 
 
 def _make_router_class():

@@ -521,6 +521,43 @@ def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bo
     }
 
 
+def measure_backward(reference: str, candidate: str, scratch: Path, repeats: int = 3) -> dict:
+    """Trace the pair once, then search its backward pass (`bisect_backward`, what `--backward` adds)
+    `repeats` times, each beside plain forward+backward passes of the candidate from the same seeds."""
+    import numpy as np
+
+    import bisectr
+    from bisectr.backward import bisect_backward, output_seeds
+    from bisectr.recording import output_pairs
+
+    out = scratch / f"backward-{reference}-{candidate}"
+    run = bisectr.trace(MODEL_FILE, reference, candidate, out=out)
+    side = run.sides.runners["candidate"].side
+    adapter = side.adapter
+    seeds = output_seeds(run)["candidate"]
+    parameters = [t for name, t in adapter.named_leaves(side.model) if name.startswith("param:") and adapter.requires_grad(t)]
+
+    def forward_backward():
+        with adapter.enable_grad():
+            outputs = dict(output_pairs(adapter, side.forward()))
+        upstream = [adapter.from_numpy(np.asarray(values), adapter.dtype_name(outputs[key]), adapter.device_name(outputs[key]))
+                    for key, values in seeds.items()]
+        adapter.gradients([outputs[key] for key in seeds], upstream, parameters)
+
+    passes, searches = [], []
+    for _ in range(repeats):
+        passes.append(median_time(forward_backward, 5))
+        started = time.perf_counter()
+        result = bisect_backward(run, run.sides)
+        searches.append((time.perf_counter() - started, result))
+    shutil.rmtree(out, ignore_errors=True)
+    seconds, result = sorted(searches, key=lambda entry: entry[0])[len(searches) // 2]
+    culprit = result.culprit
+    return {"seconds": seconds, "pass": statistics.median(passes), "reruns": result.reruns, "ops": result.ops["candidate"],
+            "verdict": result.verdict, "culprit_op": culprit and culprit.op,
+            "culprit_module": culprit and culprit.candidate.module}
+
+
 # -- 4. aligner scaling --------------------------------------------------------------------------
 _LAYER_ZERO = re.compile(r"(^|\.)layers\.0(?=\.|$)")
 
@@ -958,6 +995,9 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
                                          lambda fw=fw: measure_search(f"{fw}_base", f"{fw}_base_tanh", scratch))
         else:
             search[fw, "base"] = Skipped("not run in the full benchmark (time: ~25 paddle forwards of ~2 s)")
+        say(f"search: {fw} deep, backward")
+        search[fw, "backward"] = guarded(report, fw, paddle_reason, f"backward search {fw} deep",
+                                         lambda fw=fw: measure_backward(f"{fw}_deep", f"{fw}_deep_tanh", scratch))
         for key, measured in (("deep", search[fw, "deep"]), ("shallow", search[fw, "shallow-binary"]), ("base", search[fw, "base"])):
             forwards[fw, key] = measured["forward"] if ok(measured) else None  # beside the search it divides
     report.data["search"] = {"/".join(k): v if ok(v) else str(v) for k, v in search.items()}
@@ -977,6 +1017,12 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
                {fw: cell(fw, lambda s, fw=fw: f"{s['reruns']} vs {bound[fw]} ({s['ops']} ops); "
                                               f"+{s['reference_reruns']} reference re-runs") for fw in FRAMEWORKS},
                f"<= ceil(log2 ops) + {TARGET_RERUN_SLACK}", reruns_ok)
+    backward = {fw: search[fw, "backward"] for fw in FRAMEWORKS}
+    report.row("  --backward: the backward search, in plain forward+backward passes of the candidate",
+               {fw: cell(fw, lambda s: f"{secs(s['seconds'])} = [bold]{s['seconds'] / s['pass']:.0f}x[/] one pass "
+                                       f"({ms(s['pass'])}); {s['verdict']} at {s['culprit_op']} {s['culprit_module']}, "
+                                       f"{s['reruns']} re-runs ({s['ops']} ops)", backward)
+                for fw in FRAMEWORKS})
 
     def in_forwards(fw, key="deep", phase="bisect"):
         s, f = search[fw, key], forwards[fw, key]

@@ -121,21 +121,7 @@ class Search:
                 return math.isfinite(evaluated[position])
             return evaluated[position] <= ENTRY_FRACTION * full_error
 
-        if not cuts:
-            return None, []
-        if exhaustive:
-            entry = next((i for i in range(len(cuts)) if past_entry(i)), None)
-        elif not past_entry(len(cuts) - 1):
-            entry = None
-        else:
-            low, high = -1, len(cuts) - 1  # not past_entry(low), past_entry(high)
-            while high - low > 1:
-                middle = (low + high) // 2
-                if past_entry(middle):
-                    high = middle
-                else:
-                    low = middle
-            entry = high
+        entry = first_past(len(cuts), past_entry, exhaustive)
         trail = [(cuts[i], evaluated[i]) for i in sorted(evaluated)]
         return (cuts[entry] if entry is not None else None), trail
 
@@ -148,6 +134,23 @@ class Search:
             values = self.analysis.in_reference_layout(cand_tid, ref_tid, local[cand_tid])
             patches[ref_tid] = values.astype(_numpy_dtype(info.dtype), copy=False)
         return self.reference_error(patches)
+
+
+def first_past(count: int, past: Callable[[int], bool], exhaustive: bool) -> int | None:
+    """The first of positions 0..count-1 for which `past` holds, assuming that once it holds it keeps
+    holding: by binary search, or asking every position in turn when `exhaustive`. None if none does."""
+    if exhaustive:
+        return next((i for i in range(count) if past(i)), None)
+    if count == 0 or not past(count - 1):
+        return None
+    low, high = -1, count - 1  # not past(low), past(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if past(middle):
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def _numpy_dtype(dtype: str) -> str:

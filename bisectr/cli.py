@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import traceback
 import warnings
 from contextlib import contextmanager
@@ -57,6 +58,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", default="reference", metavar="NAME", help="function building the reference side")
     parser.add_argument("--candidate", default="candidate", metavar="NAME", help="function building the candidate side")
     parser.add_argument("--isolate", action="store_true", help="run each side's model in its own worker process")
+    parser.add_argument("--backward", action="store_true",
+                        help="search the backward pass too: both sides' gradients from one fixed random output gradient "
+                             "(or from reference_loss(outputs) / candidate_loss(outputs) where the model file defines them)")
     for role in ("reference", "candidate"):
         parser.add_argument(f"--{role}-python", metavar="PATH",
                             help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate")
@@ -103,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 def program() -> NoReturn:
     """The `bisectr` command: `main`, then exit with its status (the work is done and said: a
     Ctrl-C during the interpreter's shutdown no longer changes the status)."""
+    signal.signal(signal.SIGINT, _interrupt)
     status = main(exit_on_interrupt=True)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(status)
@@ -113,12 +118,16 @@ def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> 
     args = parser.parse_args(argv)
     if args.command == "trace" and args.format == "tsv" and (args.ops == args.alignment or args.stats_only):
         parser.error("--format tsv prints one table: give either --ops or --alignment (and no --stats-only)")
+    if args.command == "trace" and args.backward and args.stats_only:
+        parser.error("--backward searches with stored values: leave out --stats-only")
     warnings.filterwarnings("ignore", message="No ccache found")  # printed by paddle on import
     console = Console(soft_wrap=True)
     if not console.is_terminal:
         console.width = UNBOUNDED_WIDTH
     try:
-        return COMMANDS[args.command](args, console)
+        status = COMMANDS[args.command](args, console)
+        _interruption_point()
+        return status
     except BisectrError as exc:
         error_console = Console(stderr=True, soft_wrap=True)
         error_console.print(f"[bold red]bisectr: error:[/] {exc}", markup=True, highlight=False)
@@ -133,6 +142,26 @@ def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> 
         return EXIT_ERROR
     except Exception as exc:  # what bisectr did not expect is its own bug, never a verdict
         return _report_bug(exc)
+
+
+_interrupt_pending = threading.Event()
+
+
+def _interrupt(signum: int, frame) -> None:
+    """Ctrl-C, as Python's own handler, but never inside the import machinery: an exception raised in
+    its module-lock callbacks is printed and ignored, and the interrupt would be lost. There it is
+    kept for the next `_interruption_point`."""
+    if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        _interrupt_pending.set()
+        return
+    raise KeyboardInterrupt
+
+
+def _interruption_point() -> None:
+    """Act on a Ctrl-C that came while modules were being imported."""
+    if _interrupt_pending.is_set():
+        _interrupt_pending.clear()
+        raise KeyboardInterrupt
 
 
 def _exit_interrupted() -> NoReturn:
@@ -156,14 +185,20 @@ def _report_bug(exc: Exception) -> int:
 
 
 def _exit_status(result: Result | None) -> int:
-    return EXIT_DIVERGENT if result is not None and result.verdict == "divergent" else EXIT_OK
+    passes = [] if result is None else [result, result.backward]
+    return EXIT_DIVERGENT if any(r is not None and r.verdict == "divergent" for r in passes) else EXIT_OK
 
 
-def _search(run, console: Console, exhaustive: bool, quiet: bool):
+def _search(run, console: Console, exhaustive: bool, quiet: bool, backward: bool):
     if quiet:
-        return run.bisect(exhaustive=exhaustive)
+        return run.bisect(exhaustive=exhaustive, backward=backward, progress=lambda message: _interruption_point())
+
+    def progress(message: str) -> None:
+        _interruption_point()
+        status.update(message)
+
     with console.status("searching") as status:
-        return run.bisect(exhaustive=exhaustive, progress=lambda message: status.update(message))
+        return run.bisect(exhaustive=exhaustive, backward=backward, progress=progress)
 
 
 class _RecordingText:
@@ -207,10 +242,14 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
         with _recording_status(console, args.model_file, quiet=not console.is_terminal) as watch:
             run = trace(args.model_file, args.reference, args.candidate, out=out, store_values=not args.stats_only,
                         keep_modules=tuple(args.keep_module), watch=watch, commit=False, **_isolation(args))
+        _interruption_point()
         if not args.stats_only:
-            _search(run, console, exhaustive=False, quiet=not console.is_terminal)
+            _search(run, console, exhaustive=False, quiet=not console.is_terminal, backward=args.backward)
+        _interruption_point()
         run.save()  # traces, alignment and result land together: until here the previous run stays
-        return _show_trace(args, console, run)
+        status = _show_trace(args, console, run)
+        _interruption_point()
+        return status
     except KeyboardInterrupt:
         raise KeyboardInterrupt(_what_is_kept(run, out)) from None
     except BaseException:
@@ -267,13 +306,22 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
     status_console = Console(stderr=True)
     with _recording_status(status_console, args.model_file, quiet=args.json) as watch:
         run = trace(args.model_file, args.reference, args.candidate, watch=watch, **_isolation(args))
-    searched = _search(run, status_console, args.exhaustive, quiet=args.json)
+    searched = _search(run, status_console, args.exhaustive, quiet=args.json, backward=args.backward)
     result = json_safe(searched.to_dict())
     if args.repro and searched.culprit is not None:
         from .repro import write_repro
 
         where = write_repro(run, searched.culprit.candidate.index, args.repro, run.sides)
         result["repro"] = str(where / "repro.py")
+    backward = searched.backward
+    if args.repro and backward is not None and backward.culprit is not None and backward.culprit.kind == "op":
+        from .backward import repro_upstream
+        from .repro import write_repro
+
+        culprit = backward.culprit
+        upstream = repro_upstream(run, run.sides, culprit.candidate.index, culprit.reference.index)
+        where = write_repro(run, culprit.candidate.index, Path(args.repro) / "backward", run.sides, upstream)
+        result["backward"]["repro"] = str(where / "repro.py")
     substitution = None
     if args.substitute:
         from .substitution import substitute
@@ -286,6 +334,8 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
         report.print_result(console, run, searched)
         if "repro" in result:
             console.print(f"repro written: python {result['repro']}", highlight=False)
+        if "repro" in (result.get("backward") or {}):
+            console.print(f"backward repro written: python {result['backward']['repro']}", highlight=False)
         if substitution is not None:
             report.print_substitution(console, result["substitution"])
     return _exit_status(searched)

@@ -31,7 +31,7 @@ from . import errors
 from .adapters import CannotUpcast
 from .errors import BisectrError, UserModelError
 from .modelfile import build_side, load_module
-from .recording import Call, RecordOptions, RerunResult, Slot
+from .recording import Call, Gradients, RecordOptions, RerunResult, Slot
 from .sides import LocalSide, Watch
 from .store import TensorWriter
 from .trace import Trace
@@ -160,6 +160,19 @@ class _Worker:
     def replay(self, index: int, values: dict[int, np.ndarray], float64: bool) -> list[np.ndarray]:
         return self.runner.replay(self.trace, index, values, float64)
 
+    def backward(self, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
+        return self.runner.backward(self.trace, seeds, gradient_patches)
+
+    def float64_gradients(self, seeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray | None] | None, str]:
+        try:
+            return self.runner.float64_gradients(seeds), ""
+        except CannotUpcast as exc:
+            return None, str(exc)
+
+    def replay_vjp(self, index: int, values: dict[int, np.ndarray], upstream: list[np.ndarray | None],
+                   float64: bool) -> dict[int, np.ndarray | None]:
+        return self.runner.replay_vjp(self.trace, index, values, upstream, float64)
+
     def call(self, index: int) -> tuple[tuple, dict] | None:
         call = self.runner.call(index)
         return None if call is None else (_portable(call.args), _portable(call.kwargs))
@@ -257,6 +270,19 @@ class IsolatedSide:
 
     def replay(self, trace: Trace, index: int, values: dict[int, np.ndarray], float64: bool = False) -> list[np.ndarray]:
         return self._request(f"replaying op {index}", "replay", index, values, float64)
+
+    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
+        return self._request("running the backward pass", "backward", seeds, gradient_patches)
+
+    def float64_gradients(self, seeds: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
+        grads, reason = self._request("running the backward pass in float64", "float64_gradients", seeds)
+        if grads is None:
+            raise CannotUpcast(reason)
+        return grads
+
+    def replay_vjp(self, trace: Trace, index: int, values: dict[int, np.ndarray], upstream: list[np.ndarray | None],
+                   float64: bool = False) -> dict[int, np.ndarray | None]:
+        return self._request(f"replaying the backward of op {index}", "replay_vjp", index, values, upstream, float64)
 
     def call(self, index: int) -> Call | None:
         """The recorded call's arguments, framework objects as `StandIn`s; its function stays in the worker."""

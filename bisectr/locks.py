@@ -133,14 +133,21 @@ def _is_file_at(fd: int, path: Path) -> bool:
 
 @contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT back (in the main thread) while a run moves into place, so that Ctrl-C comes
-    before the move or after it, never between the renames: what the directory holds is then
-    known and said truly."""
+    """Hold SIGINT back while a run moves into place, so that Ctrl-C comes before the move or after
+    it, never between the renames: what the directory holds is then known and said truly. The
+    Python-level handler is swapped, not the main thread's signal mask: the kernel hands a signal
+    the main thread blocks to another thread (torch's and paddle's workers), and Python then runs
+    the handler in the main thread all the same."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(signal.SIGINT, None)
+        elif caught and previous == signal.SIG_DFL:
+            raise KeyboardInterrupt

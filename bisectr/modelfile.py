@@ -30,6 +30,9 @@ class Side:
     model: Any
     inputs: tuple | dict
     adapter: Adapter
+    # `reference_loss(outputs)` / `candidate_loss(outputs)` of the model file: a scalar to start
+    # this side's backward pass from (see `bisectr.backward`); None: a fixed random gradient.
+    loss: Callable[[Any], Any] | None = None
 
     def input_items(self) -> list[tuple[str, Any]]:
         if isinstance(self.inputs, dict):
@@ -104,7 +107,11 @@ def build_side(module: ModuleType, model_file: Path, role: str, function: str) -
     if not callable(factory):
         raise ModelFileError(f"{model_file}: {function} is not a function")
     built = run_user_code(factory, f"{model_file}: {function}() raised")
-    return side_of(role, built, model_file, function, f"{function}() returned")
+    side = side_of(role, built, model_file, function, f"{function}() returned")
+    side.loss = getattr(module, f"{role}_loss", None)
+    if side.loss is not None and not callable(side.loss):
+        raise ModelFileError(f"{model_file}: {role}_loss is not a function")
+    return side
 
 
 def side_of(role: str, built: Any, model_file: Path, function: str, given: str) -> Side:

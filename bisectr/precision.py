@@ -44,9 +44,15 @@ def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
         reference_rounding = max(reference_rounding, error_metrics(run.reference.value(pair.reference), reference64)["max_rel"])
         candidate32 = pair.in_reference_layout(run.candidate.value(pair.candidate), reference64.shape)
         candidate_rounding = max(candidate_rounding, error_metrics(candidate32, candidate64)["max_rel"])
-    check = Float64Check("disagree", "in float64 the outputs still differ: something computes differently", error,
+    return judge_float64(error, float64_error, reference_rounding, candidate_rounding, [t.dtype for t in run.traces.values()])
+
+
+def judge_float64(error: float, float64_error: float, reference_rounding: float, candidate_rounding: float,
+                  dtypes: list[str], what: str = "outputs") -> Float64Check:
+    """Agree or disagree (see the module docstring), for the `what` compared."""
+    check = Float64Check("disagree", f"in float64 the {what} still differ: something computes differently", error,
                          float64_error, reference_rounding, candidate_rounding)
-    floor = min((f for f in map(noise_floor, (t.dtype for t in run.traces.values())) if f > 0), default=0.0)
+    floor = min((f for f in map(noise_floor, dtypes) if f > 0), default=0.0)
     if float64_error <= max(ROUNDING_SHARE * check.predicted, floor):
-        check.status, check.reason = "agree", "in float64 the outputs agree: the difference is rounding"
+        check.status, check.reason = "agree", f"in float64 the {what} agree: the difference is rounding"
     return check

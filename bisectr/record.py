@@ -54,6 +54,12 @@ class OutputPair:
             values = np.transpose(values.reshape(_squeezed(values.shape)), self.layout)
         return np.ascontiguousarray(values).reshape(shape)
 
+    def in_candidate_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """Reference values of this output, in the candidate's shape and layout."""
+        if self.layout is not None:
+            values = np.transpose(values.reshape(_squeezed(values.shape)), np.argsort(self.layout))
+        return np.ascontiguousarray(values).reshape(shape)
+
 
 @dataclass
 class RunRecord:
@@ -125,6 +131,8 @@ class RunRecord:
             tensor("reference", tensor_pair.reference, f"alignment.tensors.{tid}.reference")
         if self.result is not None:
             _check_result_ops(self.result, op_index)
+            if self.result.backward is not None:
+                _check_result_ops(self.result.backward, op_index)
 
 
 def _check_result_ops(result: Result, op_index: Callable[[str, int | None, str], None]) -> None:

@@ -25,7 +25,7 @@ from .errors import TraceMismatchError
 from .ops import canonical_op
 from .store import TensorWriter
 from .structure import call_tensors, flatten_outputs, iter_tensors, map_tensors
-from .trace import OpNode, StatsBatch, TensorInfo, Trace, fingerprint
+from .trace import OpNode, StatsBatch, TensorInfo, Trace, fingerprint, is_floating
 
 _BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
@@ -309,6 +309,15 @@ class RerunResult:
     captured: dict[int, np.ndarray] = field(default_factory=dict)
 
 
+@dataclass
+class Gradients:
+    """What one backward pass of a side computed (see `bisectr.backward`)."""
+
+    tensors: dict[int, np.ndarray]  # op output tid -> the gradient reaching it (absent: none reaches it)
+    parameters: dict[int, np.ndarray | None]  # parameter tid -> its gradient (None: frozen, or unused)
+    loss: float | None = None  # the side's loss, where the model file defines one
+
+
 class PatchedRerun(_Session):
     """Listener for a re-run that follows a recorded trace and swaps in given values.
 
@@ -348,11 +357,15 @@ class PatchedRerun(_Session):
             if tid in self.patches:
                 replacements[id(tensor)] = tensor = _patched(self.adapter, self.patches, tid, tensor, id(tensor) in mutated)
             self.ids.assign(tensor, tid)
-            if tid in self.capture:
-                self.captured[tid] = self.adapter.to_numpy(tensor)
+            self.on_output(tid, tensor)
         if replacements:
             result = map_tensors(result, self.adapter.is_tensor, lambda t: replacements.get(id(t), t))
         return result
+
+    def on_output(self, tid: int, tensor: Any) -> None:
+        """An op of the re-run produced `tensor`, recorded as `tid` (patched already, if asked)."""
+        if tid in self.capture:
+            self.captured[tid] = self.adapter.to_numpy(tensor)
 
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         if tid not in self.trace.tensors or self.trace.tensors[tid].producer is not None:
@@ -388,6 +401,41 @@ class PatchedRerun(_Session):
                 "the forward is not deterministic (dropout in training mode? data-dependent control flow?)"
             )
         return RerunResult({key: self.adapter.to_numpy(t) for key, t in outputs}, self.captured)
+
+
+class GradientRerun(PatchedRerun):
+    """A re-run with gradients on (`Adapter.intercept(..., gradients=True)`), following the
+    recording as `PatchedRerun` does, that hooks every op output a gradient reaches: the hook
+    keeps the gradient in `gradients` and hands on `gradient_patches[tid]` instead where given.
+    `leaves` are the leaf tensors read, by tid, for their gradients."""
+
+    def __init__(self, adapter: Adapter, trace: Trace, gradient_patches: dict[int, np.ndarray]):
+        super().__init__(adapter, trace, {})
+        self.gradient_patches = gradient_patches
+        self.gradients: dict[int, np.ndarray] = {}
+        self.leaves: dict[int, Any] = {}
+
+    def on_output(self, tid: int, tensor: Any) -> None:
+        if self.adapter.requires_grad(tensor) and is_floating(self.trace.tensors[tid].dtype):
+            self.adapter.add_gradient_hook(tensor, self._hook(tid, tensor))
+
+    def on_new_leaf(self, tid: int, tensor: Any) -> None:
+        super().on_new_leaf(tid, tensor)
+        self.leaves[tid] = tensor
+
+    def _hook(self, tid: int, tensor: Any) -> Callable[[Any], Any]:
+        adapter = self.adapter
+        dtype, device = adapter.dtype_name(tensor), adapter.device_name(tensor)
+
+        def hook(gradient: Any) -> Any:
+            if gradient is None:  # paddle calls hooks of outputs no gradient reaches (batch norm's statistics) with None
+                return None
+            self.gradients[tid] = adapter.to_numpy(gradient)
+            if tid in self.gradient_patches:
+                return adapter.from_numpy(_checked_patch(self.gradient_patches, tid, gradient.shape), dtype, device)
+            return None
+
+        return hook
 
 
 def _check_reproduced(adapter: Adapter, trace: Trace, tensor: Any, tid: int, op: OpNode) -> None:
@@ -554,6 +602,38 @@ def replay_op(adapter: Adapter, call: Call, values: dict[int, np.ndarray], dtype
     inputs = call_tensors(args, kwargs, adapter.is_tensor)
     _, produced, _ = run_op(adapter, call.fn, args, kwargs, inputs)
     return [adapter.to_numpy(t) for t in produced]
+
+
+def replay_vjp(adapter: Adapter, call: Call, values: dict[int, np.ndarray], dtypes: dict[int, str], device: str,
+               upstream: list[np.ndarray | None], float64: bool = False) -> dict[int, np.ndarray | None]:
+    """One recorded op's backward: the op called again on `values` with gradients on, then the
+    gradients of its floating inputs (tid -> values; None where none reaches one) from its outputs
+    seeded with `upstream` (in recorded output order; None: no gradient reaches that output). With
+    `float64`, as `replay_op`: the fp64 oracle of the op's backward."""
+    leaves: dict[int, Any] = {}
+
+    def materialize(slot: Any) -> Any:
+        if not isinstance(slot, Slot):
+            return slot
+        dtype = dtypes[slot.tid]
+        if not is_floating(dtype):
+            return adapter.from_numpy(values[slot.tid], dtype, device)
+        if slot.tid not in leaves:  # one leaf per tensor: an op reading it twice sums both gradients
+            tensor = adapter.from_numpy(values[slot.tid], "float64" if float64 else dtype, device)
+            leaves[slot.tid] = adapter.gradient_leaf(tensor)
+        return leaves[slot.tid]
+
+    with adapter.enable_grad():
+        args = map_tensors(call.args, _is_slot, materialize)
+        kwargs = map_tensors(call.kwargs, _is_slot, materialize)
+        _, produced, _ = run_op(adapter, call.fn, args, kwargs, call_tensors(args, kwargs, adapter.is_tensor))
+    seeded = [(tensor, gradient) for tensor, gradient in zip(produced, upstream)
+              if gradient is not None and adapter.requires_grad(tensor)]
+    if not seeded or not leaves:
+        return dict.fromkeys(leaves)
+    grads = adapter.gradients([t for t, _ in seeded],
+                              [adapter.from_numpy(g, adapter.dtype_name(t), device) for t, g in seeded], list(leaves.values()))
+    return {tid: None if g is None else adapter.to_numpy(g) for tid, g in zip(leaves, grads)}
 
 
 def output_pairs(adapter: Adapter, outputs: Any) -> list[tuple[str, Any]]:

@@ -98,17 +98,27 @@ def rich_line(line: Line) -> Text:
     return Text.assemble(*((text, STYLES.get(style, style)) for text, style in line))
 
 
+def measured(result: Result) -> str:
+    """What a pass's error is measured on: the model's outputs, or (backward) its parameters' gradients."""
+    return "parameters' gradients" if result.pass_ == "backward" else "outputs"
+
+
 def verdict_lines(result: Result) -> list[Line]:
     """The verdict, the outputs' difference, where NaN/Inf start and the float64 check."""
     error = result.output_error
     difference = "NaN/Inf" if result.nonfinite else f"{fmt(error.get('max_abs'))} (relative {fmt(error.get('max_rel'))})"
     unconfirmed = " (unconfirmed)" if result.unconfirmed else ""
-    lines: list[Line] = [[(f"verdict: {result.verdict}", result.verdict), (unconfirmed, "warning"),
-                          (f"   outputs differ by {difference}", "")]]
+    label = "backward verdict" if result.pass_ == "backward" else "verdict"
+    lines: list[Line] = [[(f"{label}: {result.verdict}", result.verdict), (unconfirmed, "warning"),
+                          (f"   {measured(result)} differ by {difference}", "")]]
+    if result.losses:
+        lines.append([(f"losses: reference {fmt(result.losses.get('reference'))}, candidate {fmt(result.losses.get('candidate'))}", "")])
+    if result.missing_gradient:
+        lines.append([(result.missing_gradient, "warning")])
     if result.nonfinite:
         lines.append([(nonfinite_text(result.nonfinite), "")])
     if result.fp64_check:
-        lines.append([(float64_text(result.fp64_check), "")])
+        lines.append([(float64_text(result.fp64_check, measured(result)), "")])
     return lines
 
 
@@ -117,9 +127,15 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
     blamed and (unconfirmed) the bracket. `listed` caps the recurrences and not-blamed items shown."""
     culprit = result.culprit
     lines: list[Line] = []
+    backward = result.pass_ == "backward"
     if culprit is not None:
-        what = "first semantic difference" if result.verdict == "divergent" else "most amplifying op"
-        leaf = f" (its parameter {culprit.leaf} differs)" if culprit.leaf else ""
+        if backward and result.missing_gradient:
+            what = "a gradient one side lacks"
+        elif backward:
+            what = "first op whose backward differs" if result.verdict == "divergent" else "where most gradient error enters"
+        else:
+            what = "first semantic difference" if result.verdict == "divergent" else "most amplifying op"
+        leaf = f" (its parameter {culprit.leaf} {'gets a gradient on one side only' if backward else 'differs'})" if culprit.leaf else ""
         lines.append([(f"culprit ({what}): ", ""), (culprit.op, "bold"), (leaf, "")])
         for role in ("candidate", "reference"):
             site = getattr(culprit, role)
@@ -128,8 +144,12 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
                 lines.append([("             ", ""), (short_source(site.source), "source"), (f":  {source_text(site.source)}", "code")])
         if culprit.block:
             lines.append([(f"  block      {block_text(run, culprit.block)}", "")])
-        lines.append([(f"  input error {fmt(culprit.input_error)} -> output error {fmt(culprit.output_error)} "
-                       f"({fmt_amplification(culprit.amplification, culprit.output_error)}); local error {fmt(culprit.local_error)}", "")])
+        if backward:
+            lines.append([(f"  gradient error reaching it {fmt(culprit.output_error_rel)} (relative); "
+                           f"local backward error {fmt(culprit.local_error)}", "")])
+        else:
+            lines.append([(f"  input error {fmt(culprit.input_error)} -> output error {fmt(culprit.output_error)} "
+                           f"({fmt_amplification(culprit.amplification, culprit.output_error)}); local error {fmt(culprit.local_error)}", "")])
         if culprit.fp64:
             lines.append([(f"  vs fp64: candidate {fmt(culprit.fp64.get('candidate_error'))}, reference "
                            f"{fmt(culprit.fp64.get('reference_error'))}  -> ", ""), (culprit.verdict, culprit.verdict)])
@@ -139,7 +159,7 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
     if len(result.recurrences) > len(recurrences):
         lines.append([(f"  ... and {len(result.recurrences) - len(recurrences)} more recurrences", "muted")])
     if result.confirmation:
-        lines.append([(f"  {confirmation_text(result.confirmation)}", "" if result.confirmation.confirmed else "warning")])
+        lines.append([(f"  {confirmation_text(result.confirmation, measured(result))}", "" if result.confirmation.confirmed else "warning")])
     for item in result.not_blamed[:listed]:
         lines.append([(f"  {not_blamed_text(item)}", "muted")])
     if result.bracket:
@@ -161,10 +181,16 @@ def print_result(console: Console, run: RunRecord, result: Result) -> None:
     for line in lines:
         console.print(rich_line(line), highlight=False)
     if result.profile:
-        console.print("\nerror by op (log scale, relative):", highlight=False)
+        console.print(f"\n{'gradient error' if result.pass_ == 'backward' else 'error'} by op (log scale, relative):", highlight=False)
         culprit_index = result.culprit.candidate.index if result.culprit else None
         for line in error_chart(result.profile, culprit_index):
             console.print(line, highlight=False, markup=False)
+    if result.backward is not None:
+        console.print("\nbackward pass:", style="bold", highlight=False)
+        if result.verdict == "divergent":
+            console.print("the forward differs: the gradients carry that difference too (the backward runs on each "
+                          "side's own activations); search the backward again once the forward agrees", highlight=False)
+        print_result(console, run, result.backward)
 
 
 def block_text(run: RunRecord, block: BlockOps) -> str:
@@ -183,26 +209,26 @@ def block_text(run: RunRecord, block: BlockOps) -> str:
     return f"{side('candidate')} against {side('reference')}, compared as one op"
 
 
-def float64_text(check: Float64Check) -> str:
-    """The whole-model float64 check in one line."""
+def float64_text(check: Float64Check, compared: str = "outputs") -> str:
+    """The whole-model float64 check of the `compared` tensors in one line."""
     if check.status == "skipped":
         return f"float64 check: skipped ({check.reason})"
     rounding = (f"rounding predicts up to {fmt(check.predicted)} (reference {fmt(check.reference_rounding)}, "
-                f"candidate {fmt(check.candidate_rounding)} from their own float64 outputs)")
+                f"candidate {fmt(check.candidate_rounding)} from their own float64 {compared})")
     conclusion = "rounding" if check.status == "agree" else "something computes differently"
-    return (f"float64 check: outputs differ by {fmt(check.error)} as run and by {fmt(check.float64_error)} with both sides "
+    return (f"float64 check: {compared} differ by {fmt(check.error)} as run and by {fmt(check.float64_error)} with both sides "
             f"in float64; {rounding} -> {conclusion}")
 
 
-def confirmation_text(confirmation: Confirmation) -> str:
-    """What taking the culprit's own difference out did to the outputs' error."""
+def confirmation_text(confirmation: Confirmation, errors_of: str = "outputs") -> str:
+    """What taking the culprit's own difference out did to the outputs' (`errors_of`) error."""
     first, *recurrences = confirmation.patched_ops or ["?"]
     what = f"op {first}'s own difference" + (f" and its {len(recurrences)} recurrences' (ops {', '.join(map(str, recurrences))}: "
                                              "the same op from the same line, each judged different)" if recurrences else "")
     change = f"from {fmt(confirmation.before)} to {fmt(confirmation.output_error)}"
     if confirmation.confirmed:
-        return f"confirmed: taking out only {what} takes the outputs' error {change}"
-    return f"unconfirmed: taking out only {what} takes the outputs' error only {change}"
+        return f"confirmed: taking out only {what} takes the {errors_of}' error {change}"
+    return f"unconfirmed: taking out only {what} takes the {errors_of}' error only {change}"
 
 
 def not_blamed_text(item: NotBlamed) -> str:

@@ -19,6 +19,7 @@ from .recording import Call, Slot
 from .report import short_source, source_text
 from .record import RunRecord
 from .sides import Sides
+from .trace import is_floating
 
 _TENSOR = {
     "torch": ("import torch", "torch.from_numpy(a).to(getattr(torch, dtype))", "t.detach().to(torch.float64).cpu().numpy()"),
@@ -53,6 +54,8 @@ def python_literal(value: Any) -> str | None:
 def call_expression(framework: str, framework_op: str, inputs: list[int], call: Call | None, tensors: str = "x") -> str:
     """`torch.nn.functional.gelu(x[0], approximate='tanh')` from a recorded call; without the call
     (a run reopened from disk) only the tensor arguments are known."""
+    if framework_op.endswith(".apply"):  # a custom autograd function: its class lives in the model file
+        return f"not_standalone({framework_op!r})"
     function = f"{framework}.{framework_op}"
     if call is None:
         args = ", ".join(f"{tensors}[{i}]" for i in range(len(inputs)))
@@ -77,11 +80,17 @@ def call_expression(framework: str, framework_op: str, inputs: list[int], call: 
     return f"{function}({', '.join(args)}){note}"
 
 
-def write_repro(run: RunRecord, cand_index: int, directory: str | Path, sides: Sides | None = None) -> Path:
+def write_repro(run: RunRecord, cand_index: int, directory: str | Path, sides: Sides | None = None,
+                upstream: dict[str, list[np.ndarray | None]] | None = None) -> Path:
     """Write `repro.py` and `inputs.npz` for candidate op `cand_index` and its reference partner
-    (with the non-tensor arguments of the recorded calls when `sides` are live)."""
+    (with the non-tensor arguments of the recorded calls when `sides` are live). With `upstream`
+    (per side, the gradient reaching each of the op's outputs, the reference's in both sides'
+    layouts), the script reproduces the op's backward: the gradients of its inputs."""
     alignment = run.alignment
     ref_index = alignment.reference_of(cand_index)
+    if ref_index is None:
+        block = next((b for b in alignment.blocks if b.candidate == [cand_index] and len(b.reference) == 1), None)
+        ref_index = block.reference[0] if block is not None else None
     if ref_index is None:
         raise ValueError(f"candidate op {cand_index} has no reference partner to compare with")
     directory = Path(directory)
@@ -97,6 +106,17 @@ def write_repro(run: RunRecord, cand_index: int, directory: str | Path, sides: S
         arrays[f"candidate_input_{i}"] = np.asarray(values)
     arrays["reference_output"] = np.asarray(ref.value(ref_op.outputs[0]))
     arrays["candidate_output"] = np.asarray(cand.value(cand_op.outputs[0]))
+    compared: list[tuple[int, int]] = []  # (candidate input, reference input) whose gradients are compared
+    if upstream is not None:
+        for role in ("reference", "candidate"):
+            for i, values in enumerate(upstream[role]):
+                if values is not None:
+                    arrays[f"{role}_upstream_{i}"] = np.asarray(values)
+        for i, tid in enumerate(cand_op.inputs):
+            pair = alignment.tensors.get(tid)
+            if (pair is not None and pair.transform is None and not pair.broadcast and pair.reference in ref_op.inputs
+                    and cand.tensors[tid].shape == ref.tensors[pair.reference].shape and is_floating(cand.tensors[tid].dtype)):
+                compared.append((i, ref_op.inputs.index(pair.reference)))
     np.savez(directory / "inputs.npz", **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
     sides = {
         "reference": (ref.framework, [ref.tensors[t].dtype for t in ref_op.inputs],
@@ -114,14 +134,22 @@ def write_repro(run: RunRecord, cand_index: int, directory: str | Path, sides: S
         "",
         "Both ops run on the reference's inputs (the candidate keeps its own parameters), in their",
         "recorded precision and in float64; the float64 reference op is the oracle.",
+        *(["Backward: both ops' gradients of their inputs from the reference's gradient of their outputs."]
+          if upstream is not None else []),
         "Run: python repro.py",
         '"""',
     ])
-    (directory / "repro.py").write_text(_script(header, sides))
+    (directory / "repro.py").write_text(_script(header, sides, compared if upstream is not None else None))
     return directory
 
 
-def _script(header: str, sides: dict[str, tuple[str, list[str], str]]) -> str:
+_GRADIENT = {
+    "torch": ("t.requires_grad_(True)", "torch.autograd.grad(outputs, inputs, upstream, allow_unused=True)"),
+    "paddle": ("setattr(t, 'stop_gradient', False)", "paddle.grad(outputs, inputs, upstream, allow_unused=True)"),
+}
+
+
+def _script(header: str, sides: dict[str, tuple[str, list[str], str]], compared: list[tuple[int, int]] | None = None) -> str:
     frameworks = sorted({framework for framework, _, _ in sides.values()})
     imports = "\n".join(_TENSOR[f][0] for f in frameworks)
     converters = "\n".join(
@@ -130,6 +158,7 @@ def _script(header: str, sides: dict[str, tuple[str, list[str], str]]) -> str:
     functions = "\n\n\n".join(
         f"def run_{role}(x):\n    return {expression}" for role, (_, _, expression) in sides.items())
     meta = {role: (framework, dtypes) for role, (framework, dtypes, _) in sides.items()}
+    body = _forward_main() if compared is None else _backward_main(frameworks, compared)
     return f'''{header}
 import os
 
@@ -139,6 +168,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIDES = {meta!r}
 FLOATING = ("float16", "bfloat16", "float32", "float64")
+
+
+def not_standalone(name):
+    raise SystemExit(f"{{name}} is a custom autograd function of the model file (its source is named above): "
+                     "copy its class into this script to run it here")
 
 
 def to_tensor(framework, a, dtype):
@@ -154,12 +188,11 @@ def to_numpy(framework, t):
 {functions}
 
 
-def run(role, data, float64):
+def inputs(role, data, float64):
     framework, dtypes = SIDES[role]
     names = [f"{{role}}_input_{{i}}" for i in range(len(dtypes))]
-    x = [to_tensor(framework, data[n].astype(np.float64) if float64 and d in FLOATING else data[n],
-                   "float64" if float64 and d in FLOATING else d) for n, d in zip(names, dtypes)]
-    return to_numpy(framework, (run_reference if role == "reference" else run_candidate)(x))
+    return [to_tensor(framework, data[n].astype(np.float64) if float64 and d in FLOATING else data[n],
+                      "float64" if float64 and d in FLOATING else d) for n, d in zip(names, dtypes)]
 
 
 def relative_error(a, truth):
@@ -167,11 +200,7 @@ def relative_error(a, truth):
     return float(np.abs(a.reshape(truth.shape) - truth).max() / scale) if scale else 0.0
 
 
-def main():
-    data = np.load(os.path.join(HERE, "inputs.npz"))
-    oracle = run("reference", data, float64=True)
-    reference = run("reference", data, float64=False)
-    candidate = run("candidate", data, float64=False)
+{body}
     reference_error = relative_error(reference, oracle)
     candidate_error = relative_error(candidate, oracle)
     print(f"reference op vs float64 oracle: {{reference_error:.3g}}")
@@ -184,3 +213,57 @@ def main():
 if __name__ == "__main__":
     main()
 '''
+
+
+def _forward_main() -> str:
+    return '''def run(role, data, float64):
+    framework = SIDES[role][0]
+    return to_numpy(framework, (run_reference if role == "reference" else run_candidate)(inputs(role, data, float64)))
+
+
+def main():
+    data = np.load(os.path.join(HERE, "inputs.npz"))
+    oracle = run("reference", data, float64=True)
+    reference = run("reference", data, float64=False)
+    candidate = run("candidate", data, float64=False)'''
+
+
+def _backward_main(frameworks: list[str], compared: list[tuple[int, int]]) -> str:
+    """`run(role, data, float64)` returning the op's input gradients (one array per compared input)."""
+    requires = "\n".join(f"    if framework == {f!r}:\n        {_GRADIENT[f][0]}\n        return t" for f in frameworks)
+    grads = "\n".join(f"    if framework == {f!r}:\n        return {_GRADIENT[f][1]}" for f in frameworks)
+    return f'''COMPARED = {compared!r}  # (candidate input, reference input) whose gradients are compared
+
+
+def requiring_grad(framework, t):
+{requires}
+
+
+def gradients(framework, outputs, inputs, upstream):
+{grads}
+
+
+def run(role, data, float64):
+    framework, dtypes = SIDES[role]
+    x = [requiring_grad(framework, t) if d in FLOATING else t for t, d in zip(inputs(role, data, float64), dtypes)]
+    out = (run_reference if role == "reference" else run_candidate)(x)
+    out = list(out) if isinstance(out, (tuple, list)) else [out]
+    seeded = [(o, f"{{role}}_upstream_{{i}}") for i, o in enumerate(out) if f"{{role}}_upstream_{{i}}" in data.files]
+    upstream = [to_tensor(framework, data[name].astype(np.float64) if float64 else data[name], "float64" if float64 else o_dtype(o))
+                for o, name in seeded]
+    position = 1 if role == "reference" else 0
+    wanted = [x[pair[position]] for pair in COMPARED]
+    found = gradients(framework, [o for o, _ in seeded], wanted, upstream)
+    return np.concatenate([to_numpy(framework, g).reshape(-1) for g in found])
+
+
+def o_dtype(t):
+    return str(t.dtype).split(".")[-1]
+
+
+def main():
+    data = np.load(os.path.join(HERE, "inputs.npz"))
+    oracle = run("reference", data, float64=True)
+    reference = run("reference", data, float64=False)
+    candidate = run("candidate", data, float64=False)
+    print("gradients of the op's inputs:")'''

@@ -163,21 +163,42 @@ class Result:
     fp64_check: Float64Check | None = None
     bracket: Bracket | None = None  # for a divergent result no patch confirmed
     profile: list[ProfileRow] = field(default_factory=list)
+    pass_: str = "forward"  # "forward" | "backward"; "pass" in JSON
+    # Backward only: a gradient one side has and the other lacks, said plainly (a frozen parameter,
+    # a detached path); the losses, where the model file defines them.
+    missing_gradient: str | None = None
+    losses: dict[str, float | None] | None = None
+    backward: Result | None = None  # the backward pass's result, when one was run
 
     @property
     def unconfirmed(self) -> bool:
-        """A divergent result whose culprit no patch confirmed (it comes with a bracket)."""
-        return self.verdict == "divergent" and not (self.confirmation and self.confirmation.confirmed)
+        """A divergent result whose culprit no patch confirmed (it comes with a bracket), and no
+        gradient that one side lacks shows it."""
+        confirmed = self.confirmation is not None and self.confirmation.confirmed
+        return self.verdict == "divergent" and not confirmed and self.missing_gradient is None
 
     def to_dict(self) -> dict:
         plain = to_plain(self)
+        plain["pass"] = plain.pop("pass_")
         if self.fp64_check is not None:
             plain["fp64_check"] = self.fp64_check.to_dict()
+        if self.backward is not None:
+            plain["backward"] = self.backward.to_dict()
         return plain
 
     @classmethod
     def from_dict(cls, data: dict) -> "Result":
+        if not isinstance(data, dict):
+            return from_plain(cls, data)  # refused, with what it is
+        data = {("pass_" if key == "pass" else key): value for key, value in data.items()}
+        backward = data.pop("backward", None)
         result = from_plain(cls, data)
+        if backward is not None:
+            result.backward = cls.from_dict(backward)
+            if result.backward.pass_ != "backward":
+                raise PlainError("backward.pass", "the backward result is not a backward pass")
         if result.verdict not in ("match", "noise", "divergent"):
             raise PlainError("verdict", f"unknown verdict {result.verdict!r}")
+        if result.pass_ not in ("forward", "backward"):
+            raise PlainError("pass", f"unknown pass {result.pass_!r}")
         return result

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from .adapters import input_layout
 from .align import Alignment, align_traces
+from .backward import bisect_backward
 from .bisection import bisect_run
 from .errors import ModelFileError, RunDirError
 from .modelfile import build_side, load_module
@@ -45,8 +46,10 @@ class Run(RunRecord):
         return self.sides is not None
 
     def bisect(self, tolerance: float = 0.0, exhaustive: bool = False, progress: Callable[[str], None] | None = None,
-               model_file: str | os.PathLike | None = None, **isolation: Any) -> Result:
+               model_file: str | os.PathLike | None = None, backward: bool = False, **isolation: Any) -> Result:
         """Search for the culprit (re-runs the models); the result is kept in `result` (see `save`).
+        With `backward`, the backward pass is searched too (`bisectr.backward`): its result is
+        the forward result's `backward`.
 
         A run loaded from disk holds no models and runs nothing by itself: name the model file
         (and, for isolated sides, the interpreters: see `trace`) and it is traced again first,
@@ -60,8 +63,11 @@ class Run(RunRecord):
                           commit=False, **isolation)
             for f in fields(fresh):
                 setattr(self, f.name, getattr(fresh, f.name))
-        self.result = bisect_run(self, self.sides, tolerance, exhaustive, progress)
-        return self.result
+        result = bisect_run(self, self.sides, tolerance, exhaustive, progress)
+        if backward:
+            result.backward = bisect_backward(self, self.sides, tolerance, progress)
+        self.result = result
+        return result
 
     def save(self) -> Path:
         """Write the run into its directory: everything at once for a run traced with
@@ -87,9 +93,10 @@ class Run(RunRecord):
 
 
 def bisect(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
-           tolerance: float = 0.0, exhaustive: bool = False, **isolation: Any) -> Result:
-    """Trace `model_file` into a temporary run and search for the culprit (`isolation`: see `trace`)."""
-    return trace(model_file, reference, candidate, **isolation).bisect(tolerance, exhaustive)
+           tolerance: float = 0.0, exhaustive: bool = False, backward: bool = False, **isolation: Any) -> Result:
+    """Trace `model_file` into a temporary run and search for the culprit (`isolation`: see `trace`;
+    `backward`: see `Run.bisect`)."""
+    return trace(model_file, reference, candidate, **isolation).bisect(tolerance, exhaustive, backward=backward)
 
 
 def trace(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from .adapters import CannotUpcast
 from .errors import ModelFileError, UserModelError
-from .modelfile import Side
-from .recording import (Call, PatchedRerun, RecordOptions, Recorder, Recording, RerunResult, output_pairs, replay_op,
-                        UnfaithfulReplay, rerun_recorded)
+from .modelfile import Side, run_user_code
+from .recording import (Call, GradientRerun, Gradients, PatchedRerun, RecordOptions, Recorder, Recording, RerunResult,
+                        UnfaithfulReplay, output_pairs, replay_op, replay_vjp, rerun_recorded)
 from .store import TensorWriter
 from .structure import map_tensors
 from .trace import Trace, is_floating
@@ -37,9 +37,21 @@ class SideRunner(Protocol):
     def call(self, index: int) -> Call | None:
         """The recorded call of op `index`, where it is available in this process."""
 
+    def replay_vjp(self, trace: Trace, index: int, values: dict[int, np.ndarray], upstream: list[np.ndarray | None],
+                   float64: bool = False) -> dict[int, np.ndarray | None]:
+        """Op `index`'s backward (see `replay_vjp`)."""
+
     def float64_outputs(self) -> dict[str, np.ndarray]:
         """The outputs of a float64 copy of the model on float64 inputs, keyed like the trace's
         outputs; raises `CannotUpcast` saying why the side cannot run in float64."""
+
+    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
+        """Run forward and backward again, following `trace`, from the loss or from `seeds` (output
+        key -> gradient), with `gradient_patches` (tid -> gradient) handed on instead of the own."""
+
+    def float64_gradients(self, seeds: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
+        """The parameters' gradients (by leaf name) of a float64 copy of the model, as `backward`
+        computes them; raises `CannotUpcast`."""
 
 
 # Called as a recording starts with a function returning the number of ops recorded so far (read
@@ -103,6 +115,11 @@ class LocalSide:
         dtypes = {tid: trace.tensors[tid].dtype for tid in trace.ops[index].inputs}
         return replay_op(self.side.adapter, self.recording.calls[index], values, dtypes, trace.device, float64)
 
+    def replay_vjp(self, trace: Trace, index: int, values: dict[int, np.ndarray], upstream: list[np.ndarray | None],
+                   float64: bool = False) -> dict[int, np.ndarray | None]:
+        dtypes = {tid: trace.tensors[tid].dtype for tid in trace.ops[index].inputs}
+        return replay_vjp(self.side.adapter, self.recording.calls[index], values, dtypes, trace.device, upstream, float64)
+
     def call(self, index: int) -> Call | None:
         calls = self.recording.calls
         return calls[index] if index < len(calls) else None
@@ -122,6 +139,58 @@ class LocalSide:
         if narrow is not None:
             raise CannotUpcast(f"its output {narrow!r} stays {values[narrow].dtype} (a dtype fixed inside the forward)")
         return values
+
+    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
+        side, adapter = self.side, self.side.adapter
+        listener = GradientRerun(adapter, trace, gradient_patches)
+        with adapter.intercept(side.model, listener, gradients=True):
+            outputs = side.forward()
+        listener.finish(output_pairs(adapter, outputs))
+        parameters = {tid: tensor for tid, tensor in listener.leaves.items()
+                      if (trace.tensors[tid].leaf or "").startswith("param:")}
+        grads, loss = _backward(side, outputs, seeds, parameters)
+        return Gradients(listener.gradients, grads, loss)
+
+    def float64_gradients(self, seeds: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
+        side, adapter = self.side, self.side.adapter
+        model = adapter.float64_model(side.model)
+        inputs = map_tensors(side.inputs, adapter.is_tensor,
+                             lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
+        upcast = replace(side, model=model, inputs=inputs)
+        try:
+            with adapter.enable_grad():
+                outputs = upcast.forward()
+                parameters = {name: tensor for name, tensor in adapter.named_leaves(model) if name.startswith("param:")}
+                grads, _ = _backward(upcast, outputs, seeds, parameters)
+        except UserModelError as exc:
+            raise CannotUpcast(f"its float64 backward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
+        return grads
+
+
+def _backward(side: Side, outputs: Any, seeds: dict[str, np.ndarray], parameters: dict) -> tuple[dict, float | None]:
+    """The gradients of `parameters` (key -> tensor; None for one no gradient reaches) from the
+    side's loss of `outputs`, or from `seeds` on its outputs; and the loss."""
+    adapter = side.adapter
+    loss = None
+    if side.loss is not None:
+        value = run_user_code(lambda: side.loss(outputs), f"{side.model_file}: {side.role}_loss() raised")
+        if not adapter.is_tensor(value) or int(np.prod(value.shape)) != 1:
+            raise ModelFileError(f"{side.model_file}: {side.role}_loss() returned {type(value).__name__}, not a "
+                                 f"{adapter.name} tensor holding one value")
+        roots, upstream = [value], [adapter.from_numpy(np.ones(value.shape), adapter.dtype_name(value), adapter.device_name(value))]
+        loss = float(adapter.to_numpy(value).reshape(()))
+    else:
+        roots = [t for key, t in output_pairs(adapter, outputs) if key in seeds and adapter.requires_grad(t)]
+        upstream = [adapter.from_numpy(seeds[key], adapter.dtype_name(t), adapter.device_name(t))
+                    for key, t in output_pairs(adapter, outputs) if key in seeds and adapter.requires_grad(t)]
+    reached = [key for key, tensor in parameters.items() if adapter.requires_grad(tensor)]
+    if not roots or not reached:
+        raise ModelFileError(f"{side.model_file}: no gradient reaches any parameter of the {side.role} model "
+                             "(every parameter frozen, or the forward runs without gradients): a backward pass has nothing to compare")
+    grads = dict.fromkeys(parameters)
+    for key, grad in zip(reached, adapter.gradients(roots, upstream, [parameters[k] for k in reached])):
+        grads[key] = None if grad is None else adapter.to_numpy(grad)
+    return grads, loss
 
 
 @dataclass
@@ -158,3 +227,16 @@ class Sides:
 
     def float64_outputs(self, role: str) -> dict[str, np.ndarray]:
         return self.runners[role].float64_outputs()
+
+    def backward(self, role: str, seeds: dict[str, np.ndarray],
+                 gradient_patches: dict[int, np.ndarray] | None = None) -> Gradients:
+        """One side's forward and backward again, with `gradient_patches` handed on; see `SideRunner.backward`."""
+        return self.runners[role].backward(self.traces[role], seeds, gradient_patches or {})
+
+    def float64_gradients(self, role: str, seeds: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
+        return self.runners[role].float64_gradients(seeds)
+
+    def replay_vjp(self, role: str, index: int, values: dict[int, np.ndarray], upstream: list[np.ndarray | None],
+                   float64: bool = False) -> dict[int, np.ndarray | None]:
+        """Op `index`'s backward on `values` for its inputs from `upstream` for its outputs; see `replay_vjp`."""
+        return self.runners[role].replay_vjp(self.traces[role], index, values, upstream, float64)

@@ -57,16 +57,20 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
 def assert_verdict_contract(result: dict) -> None:
     """What a user may rely on in any result (`bisect --json` or `Result.to_dict()`): "confirmed"
     only where the numbers fell below half (and under a tenth, or to rounding); `divergent` either
-    confirmed or bracketed; `noise` never against a float64 check that disagrees."""
+    confirmed, bracketed or (backward) a gradient one side lacks, said plainly; `noise` never against
+    a float64 check that disagrees. A backward pass's result is held to the same."""
     confirmation, check = result["confirmation"], result["fp64_check"]
     if confirmation and confirmation["confirmed"] and confirmation["before"] is not None:
         assert confirmation["output_error"] < 0.5 * confirmation["before"], confirmation
     if result["verdict"] == "divergent":
-        assert (confirmation and confirmation["confirmed"]) or result["bracket"], result
+        assert (confirmation and confirmation["confirmed"]) or result["bracket"] or result.get("missing_gradient"), result
     if result["verdict"] == "noise" and check:
         assert check["status"] != "disagree", check
         if check["status"] == "agree":  # the triangle inequality: measured <= predicted + what float64 leaves
             assert check["error"] <= 1.01 * (check["predicted"] + check["float64_error"]), check
+    if result.get("backward") is not None:
+        assert result["backward"]["pass"] == "backward"
+        assert_verdict_contract(result["backward"])
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """Hugging Face Llama vs PaddleFormers' Llama (`examples/hf_llama.py`), and the state-dict weight copies it uses."""
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 
@@ -68,9 +69,9 @@ def hf_python(tmp_path_factory) -> str:
     return make_interpreter(tmp_path_factory.mktemp("hf") / "venv", hide=("torchcodec",))
 
 
-def bisect_hf_llama(hf_python: str, candidate: str) -> dict:
+def bisect_hf_llama(hf_python: str, candidate: str, *options: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / "hf_llama.py"), "--json",
-                           "--candidate", candidate, "--isolate", "--reference-python", hf_python],
+                           "--candidate", candidate, "--isolate", "--reference-python", hf_python, *options],
                           capture_output=True, text=True)
     assert done.returncode in (0, 1), done.stderr
     result = json.loads(done.stdout)
@@ -105,3 +106,13 @@ def test_one_layer_on_gelu_is_divergent_at_that_activation_confirmed(hf_python):
     assert culprit["candidate"]["op"] == "_C_ops.gelu" and culprit["reference"]["op"] == "nn.functional.silu"
     assert culprit["candidate"]["module"] == culprit["reference"]["module"] == "model.layers.2.mlp.act_fn"
     assert confirmation["confirmed"] and confirmation["output_error"] < confirmation["before"] / 10
+
+
+@needs_libraries
+def test_the_right_weights_are_backward_noise_with_the_gradient_profile(hf_python):
+    result = bisect_hf_llama(hf_python, "candidate", "--backward")
+    backward = result["backward"]
+    assert backward["verdict"] == "noise" and backward["fp64_check"]["status"] == "agree"
+    assert backward["output_error"]["max_rel"] < 1e-3
+    assert len(backward["profile"]) >= 0.9 * len(result["profile"])  # the paired ops (N:M blocks are left out)
+    assert backward["reruns"] <= math.ceil(math.log2(backward["ops"]["candidate"])) + 3

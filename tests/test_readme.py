@@ -76,3 +76,9 @@ def test_every_other_readme_command_runs():
         if "--substitute rounding" in command:
             replayed = re.search(r"outputs' error 0 \(replayed as it is: (\S+)\)", done.stdout)
             assert replayed and 2.17e-07 / BAND <= float(replayed.group(1)) <= 2.17e-07 * BAND
+        if "--backward" in command:
+            assert "verdict: noise" in done.stdout and "backward verdict: divergent" in done.stdout, done.stdout
+            assert "culprit (first op whose backward differs): WrongGeluGrad" in done.stdout
+            confirmed = re.search(r"confirmed: .* error from (\S+) to (\S+)", done.stdout)
+            assert confirmed and 3e-4 / BAND <= float(confirmed.group(1)) <= 3e-4 * BAND
+            assert float(confirmed.group(2)) <= 3e-7 * BAND

@@ -361,6 +361,34 @@ async def test_small_terminal_and_light_theme(saved):
         assert isinstance(app.screen, DetailScreen)
 
 
+async def test_g_switches_between_the_forward_and_the_backward_pass(tmp_path):
+    run = bisectr.trace(ROOT / "tests" / "models" / "backward_ports.py", candidate="candidate_pylayer", out=tmp_path / "run")
+    run.bisect(backward=True)
+    run.save()
+    app = saved_app(bisectr.load(tmp_path / "run"))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert text(app.query_one(VerdictBanner)).startswith("verdict: noise")
+        await pilot.press("g")
+        await pilot.pause()
+        assert text(app.query_one(VerdictBanner)).startswith("backward verdict: divergent")
+        culprit = text(app.query_one(CulpritPanel))
+        assert "first op whose backward differs" in culprit and "WrongGeluGrad" in culprit and "confirmed" in culprit
+        assert app.query_one(ErrorChart).border_title.startswith("gradient error by op")
+        assert app.current == 7  # the culprit, in the op table too
+        await pilot.press("g")
+        await pilot.pause()
+        assert text(app.query_one(VerdictBanner)).startswith("verdict: noise")
+
+
+async def test_g_does_nothing_for_a_run_without_a_backward_pass(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("g")
+        await pilot.pause()
+        assert not app.data.backward and text(app.query_one(VerdictBanner)).startswith("verdict: divergent")
+
+
 # -- snapshots ---------------------------------------------------------------------------
 def test_snapshot_overview(snap_compare, saved):
     assert snap_compare(saved_app(saved), terminal_size=(80, 24))

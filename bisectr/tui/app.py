@@ -33,6 +33,7 @@ class BisectrApp(App[int]):
         Binding("enter", "detail", "Detail"),
         Binding("b", "bisect", "Search"),
         Binding("e", "export", "Export"),
+        Binding("g", "switch_pass", "Fwd/Bwd"),
         Binding("s", "sort", "Sort", show=False),
         Binding("1", "tab('overview')", "Overview", show=False),
         Binding("2", "tab('ops')", "Ops", show=False),
@@ -69,7 +70,6 @@ class BisectrApp(App[int]):
 
     def on_mount(self) -> None:
         self.sub_title = self.data.run.model_file.name
-        self.query_one("#chart").border_title = "error by op · relative, log scale"
         self.query_one("#summary").border_title = "run"
         self.query_one("#culprit").border_title = "culprit"
         self.query_one("#filter").display = False
@@ -80,6 +80,8 @@ class BisectrApp(App[int]):
     def refresh_views(self) -> None:
         """(Re)fill every view from `self.data` (after mount, a new search or a theme change)."""
         data = self.data
+        measured = "gradient error" if data.backward else "error"
+        self.query_one("#chart").border_title = f"{measured} by op · relative, log scale"
         self.query_one(VerdictBanner).show(data)
         self.query_one(CulpritPanel).show(data)
         self.query_one(ErrorChart).show(data)
@@ -93,6 +95,8 @@ class BisectrApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Hide the keys that do nothing on the op detail screen."""
         if action in ("detail", "filter", "sort") and isinstance(self.screen, DetailScreen):
+            return False
+        if action == "switch_pass" and not self.data.has_backward:
             return False
         return True
 
@@ -217,6 +221,14 @@ class BisectrApp(App[int]):
         if isinstance(self.screen, DetailScreen) or self.current is None:
             return
         self.push_screen(DetailScreen(self.data, self.current))
+
+    def action_switch_pass(self) -> None:
+        """Show the backward pass's result (gradients), or the forward's again."""
+        self.data.backward = not self.data.backward
+        self.data.refresh()
+        self.current = self.data.culprit_index if self.data.culprit_index is not None else self.current
+        self.refresh_views()
+        self.notify(f"showing the {'backward' if self.data.backward else 'forward'} pass")
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):

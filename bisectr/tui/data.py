@@ -145,6 +145,7 @@ class RunData:
 
     def __init__(self, run: Run):
         self.run = run
+        self.backward = False  # showing the backward pass's result (`has_backward`) instead of the forward's
         self.refresh()
 
     @property
@@ -153,8 +154,9 @@ class RunData:
 
     # -- building ---------------------------------------------------------------
     def refresh(self) -> None:
-        """Rebuild what is shown from the run (after a search changed its result)."""
-        self.result: Result | None = self.run.result
+        """Rebuild what is shown from the run (after a search changed its result, or the pass shown)."""
+        self.backward = self.backward and self.has_backward
+        self.result: Result | None = self.run.result.backward if self.backward else self.run.result
         # Pairing evidence on demand (nothing is replayed until asked for).
         self.analysis = Analysis(self.run, self.run.sides)
         self.rows = self._rows()
@@ -209,6 +211,11 @@ class RunData:
     @property
     def live(self) -> bool:
         return self.run.is_live
+
+    @property
+    def has_backward(self) -> bool:
+        """Was the backward pass searched too (`--backward`)?"""
+        return self.run.result is not None and self.run.result.backward is not None
 
     @property
     def culprit_index(self) -> int | None:
@@ -347,7 +354,7 @@ class RunData:
     def bisect(self, progress: Callable[[str], None] | None = None, model_file: str | None = None) -> Result:
         """Run the whole search again and save the run with its result. A saved run re-runs
         nothing by itself: `model_file` names the file to trace again (see `Run.bisect`)."""
-        result = self.run.bisect(progress=progress, model_file=model_file)
+        result = self.run.bisect(progress=progress, model_file=model_file, backward=self.has_backward)
         if self.run.run_dir is not None or self.run.writer is not None:
             self.run.save()
         self.refresh()

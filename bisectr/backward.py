@@ -1,0 +1,527 @@
+"""The backward pass: where the two sides' gradients part, with the forward's proof.
+
+1. **Seeds.** Both sides' backward passes start from one fixed random gradient on the paired
+   outputs (the reference's, laid out as the candidate's output), so that a difference in the
+   losses cannot hide one in the backward; or from the model file's `reference_loss(outputs)` and
+   `candidate_loss(outputs)`, whose values are then compared too.
+2. **Gradients.** Each side runs forward and backward again through its own code
+   (`Sides.backward`): the gradient reaching every recorded op output, and every parameter's.
+3. **Pairs.** The forward alignment pairs them: the gradients of a paired tensor are a pair, and so
+   are a paired parameter's. The backward's outputs are the parameters' gradients; their error
+   (worst max_rel) is what the search brings down.
+4. **Gradients one side lacks.** A parameter with a gradient on one side and none on the other
+   (frozen), or a tensor the reference's gradient reaches and the candidate's does not (a `detach`
+   on a path the reference differentiates), is a difference no rounding makes: `divergent`, the
+   leaf or the op named. A cut gradient is confirmed as the forward confirms an op: the candidate
+   re-run with the reference's gradient handed on where the cut op's input receives it.
+5. **Cut search** in backward order: G(k) is the parameters' error when the candidate's backward is
+   re-run with the reference's gradients handed on for every paired tensor whose readers all come
+   at or after candidate op k. The binary search finds the entry point, the first cut (from the
+   outputs back) after which less than half of the error is left.
+6. **Float64 check**: both sides' backward passes in float64; agreement there means rounding.
+7. **Evidence per paired op**: the local backward error, the candidate op's backward replayed on the
+   reference's forward inputs and the reference's upstream gradient against the reference op's,
+   and the fp64 oracle of the reference op's backward (`analysis.judge`). Suspects, nearest to the
+   entry point first, are confirmed by a candidate re-run with only their own difference taken out
+   of the gradients they hand on (for a parameter, taken out of its gradient).
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import numpy as np
+
+from .adapters import CannotUpcast
+from .align import TensorPair
+from .analysis import NOISE_FACTOR, coarsest_dtype, judge
+from .errors import ModelFileError, OutputMismatchError
+from .bisection import CONFIRM_FRACTION, ENTRY_FRACTION, MAX_REACH_TESTS, RERUN_SLACK, first_past
+from .metrics import error_metrics
+from .precision import judge_float64
+from .record import RunRecord
+from .recording import Gradients
+from .result import Bracket, Confirmation, Culprit, Cut, Float64Check, OpSite, ProfileRow, Result
+from .sides import Sides
+from .trace import OpNode, Trace, is_floating
+
+GRADIENT_FLOOR = 1e-3  # parameter gradients are compared at no less than this share of the largest one
+
+
+def output_seeds(run: RunRecord) -> dict[str, dict[str, np.ndarray]]:
+    """The gradient each side's backward starts from, per output key: one fixed random tensor per
+    paired floating output (seeded by the output's key), in each side's layout."""
+    seeds: dict[str, dict[str, np.ndarray]] = {"reference": {}, "candidate": {}}
+    for pair in run.output_pairs:
+        ref_info, cand_info = run.reference.tensors[pair.reference], run.candidate.tensors[pair.candidate]
+        if not (is_floating(ref_info.dtype) and is_floating(cand_info.dtype)):
+            continue
+        values = np.random.default_rng(zlib.crc32(pair.key.encode())).standard_normal(ref_info.shape)
+        seeds["reference"][pair.key] = values
+        seeds["candidate"][pair.candidate_key] = pair.in_candidate_layout(values, cand_info.shape)
+    return seeds
+
+
+@dataclass
+class OpGradientEvidence:
+    """The backward of one paired op."""
+
+    candidate: int
+    reference: int
+    op: str
+    dtype: str
+    gradient_error: dict[str, float]  # of the gradient reaching its first output (propagated)
+    local_error: float | None  # its backward replayed on the reference's inputs and upstream gradient
+    fp64: dict[str, float] | None
+    verdict: str  # exact / noise / different / unknown
+    # Candidate input tid -> what this op's own backward adds to its gradient (candidate minus
+    # reference), in the candidate's layout: what a confirmation takes out.
+    own_difference: dict[int, np.ndarray] | None = None
+
+
+class BackwardRun:
+    """Both sides' backward passes of a live run, paired through the forward alignment, and the
+    candidate's re-runs with gradients handed on."""
+
+    def __init__(self, run: RunRecord, sides: Sides):
+        self.run = run
+        self.sides = sides
+        self.seeds = output_seeds(run)
+        self.reference = sides.backward("reference", self.seeds["reference"])
+        self.candidate = sides.backward("candidate", self.seeds["candidate"])
+        self.candidate_reruns = 0
+        tensors, parameters = {}, {}
+        for cand_tid, pair in run.alignment.tensors.items():
+            cand_info, ref_info = run.candidate.tensors[cand_tid], run.reference.tensors[pair.reference]
+            if pair.broadcast or not (is_floating(cand_info.dtype) and is_floating(ref_info.dtype)):
+                continue
+            if cand_info.producer is not None and ref_info.producer is not None:
+                tensors[cand_tid] = pair
+            elif (cand_info.leaf or "").startswith("param:") and (ref_info.leaf or "").startswith("param:"):
+                parameters[cand_tid] = pair
+        self.tensor_pairs: dict[int, TensorPair] = tensors
+        self.parameter_pairs: dict[int, TensorPair] = parameters
+        # Paired ops (candidate -> reference), with the matched blocks of one op a side (a custom
+        # autograd function against the op it stands for), whose backward replays as one op's.
+        singles = [(b.candidate[0], b.reference[0]) for b in run.alignment.blocks
+                   if b.matched and len(b.candidate) == len(b.reference) == 1]
+        self.op_pairs: dict[int, int] = dict(sorted([(p.candidate, p.reference) for p in run.alignment.pairs] + singles))
+        magnitudes = {tid: _magnitude(self.reference.parameters.get(pair.reference)) for tid, pair in parameters.items()}
+        floor = GRADIENT_FLOOR * max(magnitudes.values(), default=0.0)
+        self.parameter_scales = {tid: max(magnitude, floor) for tid, magnitude in magnitudes.items()}
+
+    # -- gradients in one layout ---------------------------------------------------
+    def reference_gradient(self, cand_tid: int) -> np.ndarray | None:
+        """The reference's gradient of the tensor paired with `cand_tid`, in the candidate's layout."""
+        pair = self.tensor_pairs.get(cand_tid) or self.parameter_pairs.get(cand_tid)
+        grads = self.reference.tensors if cand_tid in self.tensor_pairs else self.reference.parameters
+        values = None if pair is None else grads.get(pair.reference)
+        return None if values is None else pair.reference_in_candidate_layout(values, self.run.candidate.tensors[cand_tid].shape)
+
+    def tensor_error(self, cand_tid: int, grads: Gradients | None = None) -> dict[str, float] | None:
+        """The error of the candidate's gradient of `cand_tid` (a paired op output or parameter);
+        None unless both sides' gradients reach it (see `missing_tensor_gradient`)."""
+        grads = grads or self.candidate
+        candidate = (grads.tensors if cand_tid in self.tensor_pairs else grads.parameters).get(cand_tid)
+        reference = self.reference_gradient(cand_tid)
+        if candidate is None or reference is None:
+            return None
+        pair = self.tensor_pairs.get(cand_tid) or self.parameter_pairs[cand_tid]
+        shape = self.run.reference.tensors[pair.reference].shape
+        return error_metrics(pair.candidate_in_reference_layout(candidate, shape),
+                             pair.candidate_in_reference_layout(reference, shape))
+
+    def parameter_error(self, grads: Gradients | None = None) -> dict[str, float]:
+        """Worst max_abs and max_rel over the parameters whose gradients both sides have. A
+        parameter's max_rel is taken against its own gradient's largest magnitude, but never
+        against less than `GRADIENT_FLOOR` of the largest of any parameter's: a gradient that is
+        zero but for rounding (a key bias before a softmax) has no relative error of its own."""
+        worst = {"max_abs": 0.0, "max_rel": 0.0}
+        for tid in self.parameter_pairs:
+            error = self.tensor_error(tid, grads)
+            if error is not None:
+                worst["max_abs"] = max(worst["max_abs"], error["max_abs"])
+                worst["max_rel"] = max(worst["max_rel"], self.relative(tid, error["max_abs"]))
+        return worst
+
+    def relative(self, cand_tid: int, max_abs: float) -> float:
+        """An absolute error of parameter `cand_tid`'s gradient, relative to its scale (see `parameter_error`)."""
+        scale = self.parameter_scales[cand_tid]
+        return max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+
+    def rerun(self, gradient_patches: dict[int, np.ndarray]) -> Gradients:
+        self.candidate_reruns += 1
+        return self.sides.backward("candidate", self.seeds["candidate"], gradient_patches)
+
+
+# -- gradients one side lacks ---------------------------------------------------------
+def _magnitude(values: np.ndarray | None) -> float:
+    return float(np.abs(values).max()) if values is not None and values.size else 0.0
+
+
+def _reaches(values: np.ndarray | None) -> bool:
+    return values is not None and bool(np.any(values))
+
+
+def missing_parameter_gradient(backward: BackwardRun) -> tuple[int, str] | None:
+    """(candidate tid, the side lacking it) of the first parameter, in backward order (read last
+    in the forward first), whose gradient one side has and the other has not (frozen)."""
+    run = backward.run
+    first_read = _first_reads(run.candidate)
+    for tid in sorted(backward.parameter_pairs, key=lambda t: -first_read.get(t, -1)):
+        candidate = backward.candidate.parameters.get(tid)
+        reference = backward.reference.parameters.get(backward.parameter_pairs[tid].reference)
+        if candidate is None and _reaches(reference):
+            return tid, "candidate"
+        if reference is None and _reaches(candidate):
+            return tid, "reference"
+    return None
+
+
+def missing_tensor_gradient(backward: BackwardRun) -> tuple[int, str] | None:
+    """(candidate tid, the side lacking it) of the last paired op output (in forward order) that
+    the gradient reaches on one side only."""
+    for tid in sorted(backward.tensor_pairs, reverse=True):
+        candidate = backward.candidate.tensors.get(tid)
+        reference = backward.reference.tensors.get(backward.tensor_pairs[tid].reference)
+        if candidate is None and _reaches(reference):
+            return tid, "candidate"
+        if reference is None and _reaches(candidate):
+            return tid, "reference"
+    return None
+
+
+def _first_reads(trace: Trace) -> dict[int, int]:
+    first: dict[int, int] = {}
+    for op in trace.ops:
+        for tid in op.inputs:
+            first.setdefault(tid, op.index)
+    return first
+
+
+# -- evidence -------------------------------------------------------------------------
+def op_evidence(backward: BackwardRun, cand_index: int, ref_index: int) -> OpGradientEvidence:
+    """The local backward error of one paired op and its fp64 oracle (see the module docstring)."""
+    run, sides = backward.run, backward.sides
+    cand_op, ref_op = run.candidate.ops[cand_index], run.reference.ops[ref_index]
+    dtype = coarsest_dtype([run.candidate.tensors[t].dtype for t in cand_op.inputs + cand_op.outputs])
+    first = cand_op.outputs[0]
+    propagated = backward.tensor_error(first) or {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0, "cosine": 1.0}
+    evidence = OpGradientEvidence(cand_index, ref_index, cand_op.op, dtype, propagated, None, None, "unknown")
+    compared = [(t, backward.tensor_pairs.get(t) or backward.parameter_pairs.get(t)) for t in cand_op.inputs]
+    compared = [(t, pair.reference) for t, pair in compared if pair is not None and pair.reference in ref_op.inputs]
+    if not compared or not all(run.reference.has_value(t) for t in ref_op.inputs):
+        return evidence
+    cand_values = {}
+    for tid in cand_op.inputs:
+        pair = backward.tensor_pairs.get(tid)
+        from_reference = pair is not None and run.reference.has_value(pair.reference)
+        if from_reference:
+            cand_values[tid] = pair.reference_in_candidate_layout(run.reference.value(pair.reference), run.candidate.tensors[tid].shape)
+        elif run.candidate.has_value(tid):
+            cand_values[tid] = run.candidate.value(tid)
+        else:
+            return evidence
+    cand_upstream = [backward.reference_gradient(t) if t in backward.tensor_pairs else backward.candidate.tensors.get(t)
+                     for t in cand_op.outputs]
+    ref_upstream = [backward.reference.tensors.get(t) for t in ref_op.outputs]
+    ref_values = {t: run.reference.value(t) for t in ref_op.inputs}
+    try:
+        local = sides.replay_vjp("candidate", cand_index, cand_values, cand_upstream)
+        truth = sides.replay_vjp("reference", ref_index, ref_values, ref_upstream)
+    except Exception:  # an op whose backward cannot be replayed on its own keeps no local evidence
+        return evidence
+    try:
+        oracle = sides.replay_vjp("reference", ref_index, ref_values, ref_upstream, float64=True)
+    except Exception:  # no float64 kernel for its backward
+        oracle = None
+
+    def in_reference_layout(cand_tid: int, ref_tid: int, values: np.ndarray) -> np.ndarray:
+        pair = backward.tensor_pairs.get(cand_tid) or backward.parameter_pairs[cand_tid]
+        return pair.candidate_in_reference_layout(values, run.reference.tensors[ref_tid].shape)
+
+    worst = {"local": 0.0, "candidate_error": 0.0, "reference_error": 0.0}
+    own_difference = {}
+    for cand_tid, ref_tid in compared:
+        mine, theirs = local.get(cand_tid), truth.get(ref_tid)
+        if mine is None or theirs is None:
+            if _reaches(mine) or _reaches(theirs):
+                worst["local"] = math.inf
+            continue
+        mine = in_reference_layout(cand_tid, ref_tid, mine)
+        worst["local"] = max(worst["local"], error_metrics(mine, theirs)["max_rel"])
+        difference = mine.astype(np.float64) - theirs
+        pair = backward.tensor_pairs.get(cand_tid) or backward.parameter_pairs[cand_tid]
+        own_difference[cand_tid] = pair.reference_in_candidate_layout(difference, run.candidate.tensors[cand_tid].shape)
+        if oracle is not None and oracle.get(ref_tid) is not None:
+            exact = oracle[ref_tid]
+            worst["candidate_error"] = max(worst["candidate_error"], error_metrics(mine.astype(np.float64), exact)["max_rel"])
+            worst["reference_error"] = max(worst["reference_error"], error_metrics(theirs.astype(np.float64), exact)["max_rel"])
+    evidence.local_error = worst["local"]
+    evidence.own_difference = own_difference
+    if oracle is not None and worst["local"] not in (0.0, math.inf):
+        evidence.fp64 = {"candidate_error": worst["candidate_error"], "reference_error": worst["reference_error"]}
+    evidence.verdict = "different" if math.isinf(worst["local"]) else \
+        judge(worst["local"], evidence.fp64 and evidence.fp64["candidate_error"], evidence.fp64 and evidence.fp64["reference_error"], dtype)
+    return evidence
+
+
+def float64_gradient_check(backward: BackwardRun, error: float) -> Float64Check:
+    """Both sides' backward passes in float64: is the parameters' gradient error rounding?"""
+    run = backward.run
+    if not math.isfinite(error):
+        return Float64Check("skipped", "the candidate's gradients hold NaN/Inf", error)
+    grads = {}
+    for role in ("reference", "candidate"):
+        try:
+            grads[role] = backward.sides.float64_gradients(role, backward.seeds[role])
+        except CannotUpcast as exc:
+            return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
+    float64_error = reference_rounding = candidate_rounding = 0.0
+    for cand_tid, pair in backward.parameter_pairs.items():
+        ref_info = run.reference.tensors[pair.reference]
+        reference64, candidate64 = grads["reference"].get(ref_info.leaf), grads["candidate"].get(run.candidate.tensors[cand_tid].leaf)
+        reference32, candidate32 = backward.reference.parameters.get(pair.reference), backward.candidate.parameters.get(cand_tid)
+        if any(g is None for g in (reference64, candidate64, reference32, candidate32)):
+            continue
+        candidate64 = pair.candidate_in_reference_layout(candidate64, ref_info.shape)
+        candidate32 = pair.candidate_in_reference_layout(candidate32, ref_info.shape)
+        relative = partial(backward.relative, cand_tid)
+        float64_error = max(float64_error, relative(error_metrics(candidate64, reference64)["max_abs"]))
+        reference_rounding = max(reference_rounding, relative(error_metrics(reference32.astype(np.float64), reference64)["max_abs"]))
+        candidate_rounding = max(candidate_rounding, relative(error_metrics(candidate32.astype(np.float64), candidate64)["max_abs"]))
+    return judge_float64(error, float64_error, reference_rounding, candidate_rounding,
+                         [trace.dtype for trace in run.traces.values()], "gradients")
+
+
+# -- the search -----------------------------------------------------------------------
+class GradientSearch:
+    """The candidate's backward re-run with the reference's gradients handed on at cuts."""
+
+    def __init__(self, backward: BackwardRun):
+        self.backward = backward
+        first_read = _first_reads(backward.run.candidate)
+        never = len(backward.run.candidate.ops)  # an output nothing reads: its gradient is the seed
+        self.patchable = sorted(((first_read.get(t, never), t) for t in backward.tensor_pairs), reverse=True)
+
+    def patches_from(self, cut: int) -> dict[int, np.ndarray]:
+        """The reference's gradient for every paired tensor whose readers all come at or after op `cut`."""
+        patches = {}
+        for position, tid in self.patchable:
+            if position < cut:
+                break
+            values = self.backward.reference_gradient(tid)
+            if values is not None and tid in self.backward.candidate.tensors:
+                patches[tid] = values.astype(np.float32 if self.backward.run.candidate.tensors[tid].dtype == "bfloat16" else values.dtype)
+        return patches
+
+    def error(self, patches: dict[int, np.ndarray], parameter_shift: dict[int, np.ndarray] | None = None) -> float:
+        grads = self.backward.rerun(patches)
+        for tid, shift in (parameter_shift or {}).items():
+            if grads.parameters.get(tid) is not None:
+                grads.parameters[tid] = grads.parameters[tid] - shift
+        return self.backward.parameter_error(grads)["max_rel"]
+
+    def entry_point(self, cuts: list[int], full_error: float) -> tuple[int | None, list[tuple[int, float]]]:
+        """`cuts` in backward order (descending op index): the first past which under half the error is left."""
+        evaluated: dict[int, float] = {}
+
+        def past_entry(position: int) -> bool:
+            if position not in evaluated:
+                evaluated[position] = self.error(self.patches_from(cuts[position]))
+            if math.isinf(full_error) or math.isnan(full_error):  # NaN/Inf gradients: the first cut that leaves them finite
+                return math.isfinite(evaluated[position])
+            return evaluated[position] <= ENTRY_FRACTION * full_error
+
+        entry = first_past(len(cuts), past_entry, exhaustive=False)
+        return (cuts[entry] if entry is not None else None), [(cuts[i], evaluated[i]) for i in sorted(evaluated)]
+
+    def confirm(self, evidence: list[OpGradientEvidence], before: float, rounding: float) -> Confirmation:
+        """Re-run with these ops' own backward differences taken out of the gradients they hand on."""
+        patches, shift = {}, {}
+        for item in evidence:
+            for tid, difference in (item.own_difference or {}).items():
+                if tid in self.backward.parameter_pairs:
+                    shift[tid] = shift.get(tid, 0) + difference
+                elif tid in self.backward.candidate.tensors:
+                    own = patches.get(tid, self.backward.candidate.tensors[tid])
+                    with np.errstate(invalid="ignore", over="ignore"):
+                        shifted = own - difference
+                    reference = self.backward.reference_gradient(tid)
+                    if reference is not None:  # where the op itself made NaN/Inf, the reference's gradient is what is left
+                        shifted = np.where(np.isfinite(shifted), shifted, reference)
+                    patches[tid] = shifted.astype(own.dtype)
+        after = self.error(patches, shift)
+        return Confirmation([e.candidate for e in evidence], after, before, _confirms(after, before, rounding))
+
+    def confirm_cut(self, op: OpNode, before: float, rounding: float) -> Confirmation:
+        """Re-run with the reference's gradients handed on where the cut op's inputs receive theirs."""
+        patches = {}
+        for tid in op.inputs:
+            values = self.backward.reference_gradient(tid)
+            if values is not None and tid in self.backward.candidate.tensors:
+                patches[tid] = values.astype(self.backward.candidate.tensors[tid].dtype)
+        after = self.error(patches)
+        return Confirmation([op.index], after, before, bool(patches) and _confirms(after, before, rounding))
+
+
+def _confirms(after: float, before: float, rounding: float) -> bool:
+    """Did taking a difference out bring the error down to rounding (NaN/Inf gradients: make them finite)?"""
+    if not math.isfinite(before):
+        return math.isfinite(after)
+    return after <= max(CONFIRM_FRACTION * before, rounding) and after < ENTRY_FRACTION * before
+
+
+def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
+                    progress: Callable[[str], None] | None = None) -> Result:
+    """Run both sides' backward passes and search them (see the module docstring)."""
+    say = progress or (lambda message: None)
+    say("running each side's backward pass")
+    backward = BackwardRun(run, sides)
+    if not backward.parameter_pairs:
+        raise OutputMismatchError(f"{run.model_file}: no parameter of the candidate is paired with one of the reference, "
+                                  "so the backward passes have no gradients to compare")
+    if (backward.reference.loss is None) != (backward.candidate.loss is None):
+        defined, missing = ("reference", "candidate") if backward.candidate.loss is None else ("candidate", "reference")
+        raise ModelFileError(f"{run.model_file}: defines {defined}_loss() but not {missing}_loss(): both sides' backward "
+                             "passes start from their losses, or neither's does")
+    output_error = backward.parameter_error()
+    full_error = output_error["max_rel"]
+    alignment = run.alignment
+    ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops), "aligned": len(alignment.aligned_ops("candidate"))}
+    losses = None
+    if backward.reference.loss is not None or backward.candidate.loss is not None:
+        losses = {"reference": backward.reference.loss, "candidate": backward.candidate.loss}
+    profile = [_profile_row(run, backward, cand, ref) for cand, ref in backward.op_pairs.items()]
+    result = Result("match", output_error, None, 0, ops, profile=profile, pass_="backward", losses=losses)
+
+    missing = missing_tensor_gradient(backward) or missing_parameter_gradient(backward)
+    search = GradientSearch(backward)
+    if missing is not None:
+        return _missing_gradient_result(result, backward, search, *missing)
+    if full_error <= tolerance:
+        return result
+    say("running both sides' backward passes in float64")
+    result.fp64_check = float64_gradient_check(backward, full_error)
+    say("searching the backward pass")
+    cuts = sorted(backward.op_pairs, reverse=True)
+    entry, trail = search.entry_point(cuts, full_error)
+    result.entry, result.cuts = entry, [Cut(op, error) for op, error in trail]
+    low = cuts[cuts.index(entry) - 1] if entry is not None and cuts.index(entry) > 0 else None
+    if result.fp64_check.status != "agree":
+        rounding = NOISE_FACTOR * result.fp64_check.predicted if result.fp64_check.predicted is not None else 0.0
+        budget = math.ceil(math.log2(max(len(run.candidate.ops), 2))) + RERUN_SLACK
+        evidence: dict[int, OpGradientEvidence] = {}
+        tested = 0
+        for index in _suspect_order(list(backward.op_pairs), entry, low):
+            if backward.candidate_reruns >= budget or tested >= MAX_REACH_TESTS:
+                break
+            say(f"replaying the backward of op {index}")
+            suspect = evidence[index] = op_evidence(backward, index, backward.op_pairs[index])
+            if suspect.verdict != "different":
+                continue
+            tested += 1
+            confirmation = search.confirm([suspect], full_error, rounding)
+            if confirmation.confirmed or result.culprit is None:
+                result.culprit, result.confirmation = _culprit(run, suspect), confirmation
+            if confirmation.confirmed:
+                break
+        result.profile = [_profile_row(run, backward, cand, ref, evidence.get(cand)) for cand, ref in backward.op_pairs.items()]
+    if result.confirmation is not None and result.confirmation.confirmed:
+        result.verdict = "divergent"
+    elif result.fp64_check.status == "disagree" or result.culprit is not None:
+        result.verdict = "divergent"
+        result.bracket = _bracket(run, backward.op_pairs, entry, low)
+    else:
+        result.verdict = "noise"
+        if entry is not None:
+            result.culprit = _culprit(run, op_evidence(backward, entry, backward.op_pairs[entry]))
+    result.reruns = backward.candidate_reruns
+    return result
+
+
+def _missing_gradient_result(result: Result, backward: BackwardRun, search: GradientSearch, tid: int, lacking: str) -> Result:
+    """`divergent` for a gradient one side lacks: the parameter, or the op cutting the gradient."""
+    run = backward.run
+    pair = backward.tensor_pairs.get(tid) or backward.parameter_pairs[tid]
+    has = "reference" if lacking == "candidate" else "candidate"
+    result.verdict = "divergent"
+    if tid in backward.parameter_pairs:
+        leaf = run.candidate.tensors[tid].leaf.split(":", 1)[1]
+        cand_op = run.candidate.ops[_first_reads(run.candidate)[tid]]
+        ref_op = run.reference.ops[_first_reads(run.reference)[pair.reference]]
+        result.culprit = _missing_culprit("leaf", cand_op, ref_op, leaf)
+        result.missing_gradient = f"parameter {leaf} gets no gradient on the {lacking} (frozen there) and one on the {has}"
+        return result
+    cand_op, ref_op = run.candidate.producer_op(tid), run.reference.producer_op(pair.reference)
+    cutting = cand_op if lacking == "candidate" else ref_op
+    result.culprit = _missing_culprit("op", cand_op, ref_op, None)
+    result.missing_gradient = (f"the gradient of {cutting.framework_op}'s output in {cutting.module or '(top level)'} reaches "
+                               f"the {has} but not the {lacking}: {cutting.framework_op} cuts the {lacking}'s gradient there")
+    if lacking == "candidate":
+        result.confirmation = search.confirm_cut(cand_op, backward.parameter_error()["max_rel"], 0.0)
+        result.reruns = backward.candidate_reruns
+    return result
+
+
+def _missing_culprit(kind: str, cand_op: OpNode, ref_op: OpNode, leaf: str | None) -> Culprit:
+    return Culprit(kind, cand_op.op, _site(cand_op), _site(ref_op), leaf, input_error=None, output_error=None,
+                   output_error_rel=None, input_error_rel=None, local_error=None, amplification=None,
+                   verdict="different", fp64=None)
+
+
+def _suspect_order(ops: list[int], entry: int | None, low: int | None) -> list[int]:
+    """The paired ops whose backward may hold the difference, in the order their evidence is taken:
+    from the cut before the entry point down to the entry point (where the cut search says the error
+    enters), then on towards the inputs. An op at or past the cut before the entry point cannot hold
+    it: the reference's gradients handed on there left most of the error in place."""
+    ops = sorted((i for i in ops if low is None or i < low), reverse=True)
+    if entry is None:
+        return ops
+    return [i for i in ops if i >= entry] + [i for i in ops if i < entry]
+
+
+def _bracket(run: RunRecord, pairs: dict[int, int], entry: int | None, low: int | None) -> Bracket:
+    """The ops between the entry point and the cut before it (in backward order), on both sides."""
+    cand_low = entry if entry is not None else 0
+    cand_high = (low - 1) if low is not None else len(run.candidate.ops) - 1
+    ref_low = pairs.get(cand_low, 0) if entry is not None else 0
+    ref_high = pairs[low] - 1 if low is not None else len(run.reference.ops) - 1
+    return Bracket(low, entry, [_site(run.candidate.ops[i]) for i in range(cand_low, cand_high + 1)],
+                   [_site(run.reference.ops[i]) for i in range(ref_low, ref_high + 1)])
+
+
+def _site(op: OpNode) -> OpSite:
+    return OpSite(op.index, op.framework_op, op.module, op.source)
+
+
+def _culprit(run: RunRecord, evidence: OpGradientEvidence) -> Culprit:
+    return Culprit("op", evidence.op, _site(run.candidate.ops[evidence.candidate]), _site(run.reference.ops[evidence.reference]),
+                   None, input_error=None, output_error=evidence.gradient_error["max_abs"],
+                   output_error_rel=evidence.gradient_error["max_rel"], input_error_rel=None,
+                   local_error=evidence.local_error, amplification=None, verdict=evidence.verdict, fp64=evidence.fp64)
+
+
+def _profile_row(run: RunRecord, backward: BackwardRun, cand_index: int, ref_index: int,
+                 evidence: OpGradientEvidence | None = None) -> ProfileRow:
+    op = run.candidate.ops[cand_index]
+    error = backward.tensor_error(op.outputs[0]) or {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0}
+    return ProfileRow(cand_index, ref_index, op.op, op.module, error["max_rel"], error["max_abs"], error["mean_abs"],
+                      evidence.local_error if evidence else None, evidence.verdict if evidence else "unknown", 0.0)
+
+
+def repro_upstream(run: RunRecord, sides: Sides, cand_index: int, ref_index: int) -> dict[str, list[np.ndarray | None]]:
+    """For a backward repro (`repro.write_repro`): the reference's gradient of each output of reference op
+    `ref_index`, and the same laid out for each output of candidate op `cand_index` (None where
+    no gradient, or no partner)."""
+    reference = sides.backward("reference", output_seeds(run)["reference"])
+    ref_op, cand_op = run.reference.ops[ref_index], run.candidate.ops[cand_index]
+    candidate = []
+    for tid in cand_op.outputs:
+        pair = run.alignment.tensors.get(tid)
+        values = None if pair is None else reference.tensors.get(pair.reference)
+        candidate.append(None if values is None else pair.reference_in_candidate_layout(values, run.candidate.tensors[tid].shape))
+    return {"reference": [reference.tensors.get(t) for t in ref_op.outputs], "candidate": candidate}
