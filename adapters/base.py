@@ -190,6 +190,36 @@ class Adapter(ABC):
                 return filename[len(directory):].replace(os.sep, "/")
         return filename
 
+    # -- training steps (see `bisectr.training`) ----------------------------------------------
+    def copy_model(self, model: Any) -> Any:
+        """A copy of the model to train (the model itself stays as recorded). Raises `CannotUpcast`."""
+        raise CannotUpcast(f"the {self.name} adapter cannot copy models")
+
+    def clear_gradients(self, optimizer: Any) -> None:
+        """Drop the gradients the optimizer's parameters hold."""
+        raise NotImplementedError
+
+    def backward(self, loss: Any) -> None:
+        """Accumulate the gradients of `loss` into the parameters."""
+        raise NotImplementedError
+
+    def gradient(self, parameter: Any) -> np.ndarray | None:
+        """The gradient a parameter holds (None: none)."""
+        raise NotImplementedError
+
+    def optimizer_step(self, optimizer: Any, scheduler: Any | None) -> None:
+        """One optimizer step, then one step of its learning-rate scheduler."""
+        raise NotImplementedError
+
+    def learning_rate(self, optimizer: Any) -> float:
+        """The learning rate the optimizer's next step uses."""
+        raise NotImplementedError
+
+    def optimizer_settings(self, optimizer: Any) -> dict[str, Any]:
+        """The optimizer's settings under shared names: optimizer, epsilon, beta1, beta2,
+        weight_decay, weight_decay_kind ("decoupled" | "coupled (L2)" | None), amsgrad, gradient_clipping."""
+        raise NotImplementedError
+
     def float64_model(self, model: Any) -> Any:
         """A copy of the model with every floating parameter and buffer in float64 (the model
         itself is left as it is: its recording refers to its tensors). Raises `CannotUpcast`."""

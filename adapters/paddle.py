@@ -327,6 +327,45 @@ class PaddleAdapter(Adapter):
     def float64_tensor(self, tensor: Any) -> Any:
         return tensor.detach().astype("float64")
 
+    def copy_model(self, model: Any) -> Any:
+        if not isinstance(model, _paddle().nn.Layer):
+            raise CannotUpcast("it is a plain function, whose parameters bisectr cannot reach")
+        return copy.deepcopy(model)
+
+    def clear_gradients(self, optimizer: Any) -> None:
+        optimizer.clear_grad()
+
+    def backward(self, loss: Any) -> None:
+        loss.backward()
+
+    def gradient(self, parameter: Any) -> np.ndarray | None:
+        return None if parameter.grad is None else self.to_numpy(parameter.grad)
+
+    def optimizer_step(self, optimizer: Any, scheduler: Any | None) -> None:
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+
+    def learning_rate(self, optimizer: Any) -> float:
+        return float(optimizer.get_lr())
+
+    def optimizer_settings(self, optimizer: Any) -> dict[str, Any]:
+        decay, kind = 0.0, None
+        if type(optimizer).__name__ == "AdamW" and isinstance(getattr(optimizer, "_weight_decay", None), (int, float)):
+            decay, kind = float(optimizer._weight_decay), "decoupled"
+        elif getattr(optimizer, "regularization", None) is not None:  # Adam(weight_decay=...): an L2 term in the gradient
+            decay, kind = float(getattr(optimizer.regularization, "_coeff", 0.0)), "coupled (L2)"
+        clip = getattr(optimizer, "_grad_clip", None)
+
+        def number(value: Any) -> float | None:
+            return None if value is None else float(value)
+
+        return {"optimizer": type(optimizer).__name__, "epsilon": number(getattr(optimizer, "_epsilon", None)),
+                "beta1": number(getattr(optimizer, "_beta1", None)), "beta2": number(getattr(optimizer, "_beta2", None)),
+                "weight_decay": decay, "weight_decay_kind": kind if decay else None,
+                "amsgrad": bool(getattr(optimizer, "_amsgrad", False)),
+                "gradient_clipping": None if clip is None else f"{type(clip).__name__}({getattr(clip, 'clip_norm', '')})"}
+
     def no_grad(self) -> Any:
         return _paddle().no_grad()
 

@@ -85,6 +85,37 @@ class TorchAdapter(Adapter):
     def float64_tensor(self, tensor: Any) -> Any:
         return tensor.detach().double()
 
+    def copy_model(self, model: Any) -> Any:
+        if not isinstance(model, _torch().nn.Module):
+            raise CannotUpcast("it is a plain function, whose parameters bisectr cannot reach")
+        return copy.deepcopy(model)
+
+    def clear_gradients(self, optimizer: Any) -> None:
+        optimizer.zero_grad(set_to_none=True)
+
+    def backward(self, loss: Any) -> None:
+        loss.backward()
+
+    def gradient(self, parameter: Any) -> np.ndarray | None:
+        return None if parameter.grad is None else self.to_numpy(parameter.grad)
+
+    def optimizer_step(self, optimizer: Any, scheduler: Any | None) -> None:
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+
+    def learning_rate(self, optimizer: Any) -> float:
+        return float(optimizer.param_groups[0]["lr"])
+
+    def optimizer_settings(self, optimizer: Any) -> dict[str, Any]:
+        group = optimizer.param_groups[0]
+        beta1, beta2 = group.get("betas", (None, None))
+        decay = float(group.get("weight_decay", 0.0))
+        decoupled = group.get("decoupled_weight_decay", type(optimizer).__name__ == "AdamW")
+        return {"optimizer": type(optimizer).__name__, "epsilon": group.get("eps"), "beta1": beta1, "beta2": beta2,
+                "weight_decay": decay, "weight_decay_kind": ("decoupled" if decoupled else "coupled (L2)") if decay else None,
+                "amsgrad": bool(group.get("amsgrad", False)), "gradient_clipping": None}
+
     def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
         # nn.Linear stores its weight as (out, in); the shared layout is (in, out).
         return (1, 0) if op == "linear" and position == 1 else None

@@ -103,10 +103,11 @@ class Plan:
     align_sizes: tuple[int, ...]
     align_repeats: int
     base_search: tuple[str, ...]  # frameworks whose base encoder gets a full bisect (contrast row)
+    training_steps: int  # of `bisectr train`
 
 
-FULL = Plan(False, {"small": 7, "base": 3, "deep": 5}, ("small", "base", "deep"), (1_000, 10_000, 100_000), 3, ("torch",))
-QUICK = Plan(True, {"small": 2, "base": 2, "deep": 2}, ("small",), (300, 1_000, 3_000), 1, FRAMEWORKS)
+FULL = Plan(False, {"small": 7, "base": 3, "deep": 5}, ("small", "base", "deep"), (1_000, 10_000, 100_000), 3, ("torch",), 20)
+QUICK = Plan(True, {"small": 2, "base": 2, "deep": 2}, ("small",), (300, 1_000, 3_000), 1, FRAMEWORKS, 3)
 
 
 def say(message: str) -> None:
@@ -524,8 +525,6 @@ def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bo
 def measure_backward(reference: str, candidate: str, scratch: Path, repeats: int = 3) -> dict:
     """Trace the pair once, then search its backward pass (`bisect_backward`, what `--backward` adds)
     `repeats` times, each beside plain forward+backward passes of the candidate from the same seeds."""
-    import numpy as np
-
     import bisectr
     from bisectr.backward import bisect_backward, output_seeds
     from bisectr.recording import output_pairs
@@ -556,6 +555,34 @@ def measure_backward(reference: str, candidate: str, scratch: Path, repeats: int
     return {"seconds": seconds, "pass": statistics.median(passes), "reruns": result.reruns, "ops": result.ops["candidate"],
             "verdict": result.verdict, "culprit_op": culprit and culprit.op,
             "culprit_module": culprit and culprit.candidate.module}
+
+
+TRAINING_MODEL = HERE.parent / "tests" / "models" / "training_ports.py"
+
+
+def measure_training(candidate: str, steps: int) -> dict:
+    """`bisectr train` on the training ports (four trainers in lockstep: both sides as run and in
+    float64, the comparison, a forward trace first) against plain training steps of the candidate
+    (its optimizer on a copy of its model), timed side by side."""
+    from bisectr.modelfile import build_side, load_module
+    from bisectr.training import Trainer, train
+
+    module = load_module(TRAINING_MODEL)
+    side = build_side(module, TRAINING_MODEL, "candidate", candidate)
+    plain = Trainer(side, module, {key: np.ones(shape) for key, shape in _output_shapes(side).items()}, float64=False)
+    counter = iter(range(1, 10**9))
+    step_time = median_time(lambda: plain.step(next(counter)), 9)
+    started = time.perf_counter()
+    result = train(str(TRAINING_MODEL), "reference", candidate, steps)
+    return {"seconds": time.perf_counter() - started, "steps": steps, "plain_step": step_time, "verdict": result.verdict}
+
+
+def _output_shapes(side) -> dict:
+    from bisectr.recording import output_pairs
+
+    adapter = side.adapter
+    with adapter.no_grad():
+        return {key: tuple(t.shape) for key, t in output_pairs(adapter, side.forward())}
 
 
 # -- 4. aligner scaling --------------------------------------------------------------------------
@@ -998,6 +1025,10 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
         say(f"search: {fw} deep, backward")
         search[fw, "backward"] = guarded(report, fw, paddle_reason, f"backward search {fw} deep",
                                          lambda fw=fw: measure_backward(f"{fw}_deep", f"{fw}_deep_tanh", scratch))
+        say(f"training: torch vs {fw}")
+        search[fw, "training"] = guarded(report, fw, paddle_reason, f"training torch vs {fw}",
+                                         lambda fw=fw: measure_training("torch_port" if fw == "torch" else "candidate",
+                                                                        plan.training_steps))
         for key, measured in (("deep", search[fw, "deep"]), ("shallow", search[fw, "shallow-binary"]), ("base", search[fw, "base"])):
             forwards[fw, key] = measured["forward"] if ok(measured) else None  # beside the search it divides
     report.data["search"] = {"/".join(k): v if ok(v) else str(v) for k, v in search.items()}
@@ -1017,6 +1048,11 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
                {fw: cell(fw, lambda s, fw=fw: f"{s['reruns']} vs {bound[fw]} ({s['ops']} ops); "
                                               f"+{s['reference_reruns']} reference re-runs") for fw in FRAMEWORKS},
                f"<= ceil(log2 ops) + {TARGET_RERUN_SLACK}", reruns_ok)
+    training = {fw: search[fw, "training"] for fw in FRAMEWORKS}
+    report.row("`bisectr train` (torch vs torch | torch vs paddle): per step, in plain training steps of the candidate",
+               {fw: cell(fw, lambda s: f"{secs(s['seconds'])} for {s['steps']} steps = [bold]{s['seconds'] / s['steps'] / s['plain_step']:.0f}x[/] "
+                                       f"one step ({ms(s['plain_step'])}); {s['verdict']}", training)
+                for fw in FRAMEWORKS})
     backward = {fw: search[fw, "backward"] for fw in FRAMEWORKS}
     report.row("  --backward: the backward search, in plain forward+backward passes of the candidate",
                {fw: cell(fw, lambda s: f"{secs(s['seconds'])} = [bold]{s['seconds'] / s['pass']:.0f}x[/] one pass "

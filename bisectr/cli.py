@@ -98,6 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="re-run the candidate with the reference's implementation of these canonical ops "
                              "(comma-separated; 'rounding' = every op that is not bit-exact) and report the error")
 
+    train = commands.add_parser("train", help="train both sides for N steps and compare them step by step",
+                                **_help_texts("Train both sides for N steps on the same batches and compare loss, gradients and "
+                                              "updates step by step; name the first step rounding cannot explain, its stage "
+                                              "and culprit.\n\nThe model file adds reference_optimizer(model) and "
+                                              "candidate_optimizer(model) (an optimizer, or (optimizer, scheduler)), and may add "
+                                              "reference_batch(step) / candidate_batch(step) and reference_loss(outputs) / "
+                                              "candidate_loss(outputs)."))
+    train.add_argument("model_file", metavar="MODEL.py", help="file defining reference(), candidate() and their optimizers")
+    train.add_argument("--reference", default="reference", metavar="NAME", help="function building the reference side")
+    train.add_argument("--candidate", default="candidate", metavar="NAME", help="function building the candidate side")
+    train.add_argument("--steps", type=int, default=20, metavar="N", help="optimizer steps per side (default 20)")
+    train.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
     view = commands.add_parser("view", help="reopen a saved run")
     view.add_argument("run_dir", metavar="RUN_DIR")
     view.add_argument("--no-tui", action="store_true", help="print the text summary")
@@ -369,7 +382,27 @@ def run_view(args: argparse.Namespace, console: Console) -> int:
     return _exit_status(run.result)
 
 
-COMMANDS = {"trace": run_trace, "bisect": run_bisect, "view": run_view}
+def run_train(args: argparse.Namespace, console: Console) -> int:
+    from .training import train
+
+    if args.steps < 1:
+        raise BisectrError(f"--steps must be at least 1 (got {args.steps})")
+    status_console = Console(stderr=True)
+    if args.json:
+        result = train(args.model_file, args.reference, args.candidate, args.steps)
+        print(json.dumps(json_safe(result.to_dict())))
+    else:
+        with status_console.status("training") as status:
+            def progress(message: str) -> None:
+                _interruption_point()
+                status.update(message)
+
+            result = train(args.model_file, args.reference, args.candidate, args.steps, progress)
+        report.print_training(console, result)
+    return EXIT_DIVERGENT if result.verdict == "divergent" else EXIT_OK
+
+
+COMMANDS = {"trace": run_trace, "bisect": run_bisect, "train": run_train, "view": run_view}
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ class Side:
     model: Any
     inputs: tuple | dict
     adapter: Adapter
-    # `reference_loss(outputs)` / `candidate_loss(outputs)` of the model file: a scalar to start
-    # this side's backward pass from (see `bisectr.backward`); None: a fixed random gradient.
+    # The model file's `<function>_loss(outputs)`, else `<role>_loss(outputs)` (`candidate_loss`): a
+    # scalar to start this side's backward pass from (see `bisectr.backward`); None: a fixed random gradient.
     loss: Callable[[Any], Any] | None = None
 
     def input_items(self) -> list[tuple[str, Any]]:
@@ -108,9 +108,11 @@ def build_side(module: ModuleType, model_file: Path, role: str, function: str) -
         raise ModelFileError(f"{model_file}: {function} is not a function")
     built = run_user_code(factory, f"{model_file}: {function}() raised")
     side = side_of(role, built, model_file, function, f"{function}() returned")
-    side.loss = getattr(module, f"{role}_loss", None)
-    if side.loss is not None and not callable(side.loss):
-        raise ModelFileError(f"{model_file}: {role}_loss is not a function")
+    name = next((n for n in (f"{function}_loss", f"{role}_loss") if hasattr(module, n)), None)
+    if name is not None:
+        side.loss = getattr(module, name)
+        if not callable(side.loss):
+            raise ModelFileError(f"{model_file}: {name} is not a function")
     return side
 
 

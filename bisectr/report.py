@@ -4,14 +4,17 @@ from __future__ import annotations
 import linecache
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from .record import RunRecord
-from .result import BlockOps, Bracket, Confirmation, Float64Check, NonFinite, NotBlamed, ProfileRow, Result
+from .result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, NotBlamed, ProfileRow, Result
+
+if TYPE_CHECKING:
+    from .training import TrainingResult
 
 _LEVELS = "▁▂▃▄▅▆▇█"
 CHART_WIDTH = 64
@@ -377,3 +380,50 @@ def _tsv_cell(value: Any) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return "n/a"
     return repr(value) if isinstance(value, float) else str(value)
+
+
+def print_training(console: Console, result: TrainingResult) -> None:
+    """`bisectr train`: the verdict over steps, the stage and culprit, the loss curves and the per-step table."""
+    steps = len(result.steps)
+    if result.verdict == "divergent":
+        head = f"training verdict: divergent at step {result.first_step} of {steps} (stage: {result.stage})"
+    elif result.verdict == "noise":
+        head = f"training verdict: noise over {steps} steps: in float64 both sides agree at every step; the difference is rounding"
+    else:
+        head = f"training verdict: match over {steps} steps"
+    console.print(rich_line([(head, result.verdict)]), highlight=False)
+    culprit = result.culprit
+    if culprit is not None and not isinstance(culprit, Culprit):
+        console.print(f"culprit: the optimizer's {culprit.field} (reference {culprit.reference}, candidate {culprit.candidate}); "
+                      f"parameter {culprit.parameter}'s update differs by {fmt(culprit.update_error)} (relative, both sides "
+                      "in float64, from the same gradients)", highlight=False)
+    elif culprit is not None:
+        console.print(f"culprit ({'first op whose backward differs' if result.stage == 'backward' else 'first semantic difference'}): "
+                      f"{culprit.op}", highlight=False)
+        for role in ("candidate", "reference"):
+            site = getattr(culprit, role)
+            console.print(f"  {role:9}  op {site.index:<5} {site.op:<28} {site.module or '(top level)'}", highlight=False)
+            if site.source:
+                console.print(f"             {short_source(site.source)}:  {source_text(site.source)}", highlight=False, markup=False)
+    if result.note:
+        console.print(result.note, highlight=False)
+    for role in ("reference", "candidate"):
+        losses = [row.loss[role] for row in result.steps]
+        console.print(f"loss, {role:9}  {sparkline(losses)}  {fmt(losses[0])} -> {fmt(losses[-1])}", highlight=False, markup=False)
+    table = Table(title="Steps (errors relative; rounding predicts and float64 differ: the parameters' updates)", title_justify="left")
+    for column in ("step", "loss ref", "loss cand", "loss err", "grad err", "update err", "rounding predicts", "float64 differ", "lr ref", "lr cand", ""):
+        table.add_column(column)
+    for row in result.steps:
+        table.add_row(str(row.step), fmt(row.loss["reference"]), fmt(row.loss["candidate"]), fmt(row.error["loss"]),
+                      fmt(row.error["gradient"]), fmt(row.error["update"]), fmt(row.predicted["update"]),
+                      fmt(row.float64_error["update"]), fmt(row.learning_rate["reference"]), fmt(row.learning_rate["candidate"]),
+                      "semantic" if row.semantic else "")
+    console.print(table)
+
+
+def sparkline(values: list[float]) -> str:
+    """One character per value, scaled between the smallest and the largest."""
+    finite = [v for v in values if math.isfinite(v)]
+    low, high = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    return "".join(" " if not math.isfinite(v) else _LEVELS[0 if high == low else int((v - low) / (high - low) * (len(_LEVELS) - 1))]
+                   for v in values)

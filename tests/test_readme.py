@@ -76,6 +76,8 @@ def test_every_other_readme_command_runs():
         if "--substitute rounding" in command:
             replayed = re.search(r"outputs' error 0 \(replayed as it is: (\S+)\)", done.stdout)
             assert replayed and 2.17e-07 / BAND <= float(replayed.group(1)) <= 2.17e-07 * BAND
+        if command.startswith("bisectr train"):
+            assert "training verdict: noise over 20 steps" in done.stdout, done.stdout
         if "--backward" in command:
             assert "verdict: noise" in done.stdout and "backward verdict: divergent" in done.stdout, done.stdout
             assert "culprit (first op whose backward differs): WrongGeluGrad" in done.stdout

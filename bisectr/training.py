@@ -1,0 +1,311 @@
+"""Training steps (`bisectr train`): both sides trained for N steps, compared step by step.
+
+1. **Sides.** Each side trains a copy of the model its function builds, with its optimizer
+   (`reference_optimizer(model)` / `candidate_optimizer(model)`: an optimizer, or (optimizer,
+   learning-rate scheduler)), its batches (`reference_batch(step)`, steps counted from 1; default:
+   the side's inputs at every step) and its loss (`reference_loss(outputs)`; default: the outputs
+   against the backward pass's fixed random gradient, `sum(outputs * seed)`). Parameters are paired
+   through the forward alignment of the run traced at the initial weights.
+2. **Per step**: the loss, every parameter's gradient and update (its value after the step minus
+   before) and the learning rate.
+3. **The verdict over steps.** Both sides are trained again as float64 copies, in lockstep with the
+   float32 runs. At each step, for the loss, the gradients and the updates, rounding predicts each
+   side's distance to its own float64 run, summed (`predicted`); the float64 runs' own difference
+   is what is left without rounding. The first step where that difference exceeds a share of the
+   prediction (or the float32 noise floor) is the **first semantic step**; none: `noise` (`match`
+   when even the float32 runs agree exactly).
+4. **The stage** at that step, from the float64 runs (whose inputs to that step still agree):
+   `forward` (the losses differ), `backward` (the losses agree, the gradients differ) or `optimizer`
+   (the gradients agree, the updates differ). At step 1, a forward or backward stage is searched
+   (`Run.bisect`, with the backward for a backward stage) and its culprit named; an optimizer stage
+   names the parameter whose update differs most and what differs between the optimizers: the
+   learning rate of that step, epsilon, the betas, the weight decay (and whether it is coupled to
+   the gradient or decoupled), AMSGrad, gradient clipping; or, when no setting differs, the update
+   rule itself (bias correction, for one).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+import numpy as np
+
+from .adapters import CannotUpcast
+from .align import TensorPair
+from .analysis import noise_floor
+from .backward import GRADIENT_FLOOR, output_seeds
+from .errors import ModelFileError
+from .modelfile import Side, load_module, run_user_code
+from .precision import ROUNDING_SHARE
+from .recording import output_pairs
+from .result import Culprit
+from .run import Run, trace
+from .serial import to_plain
+from .structure import map_tensors
+from .trace import is_floating
+
+MEASURES = ("loss", "gradient", "update")
+STAGES = {"loss": "forward", "gradient": "backward", "update": "optimizer"}
+SETTINGS = ("epsilon", "beta1", "beta2", "weight_decay", "weight_decay_kind", "amsgrad", "gradient_clipping")
+
+
+@dataclass
+class StepRecord:
+    """What one side's training step computed (parameters by leaf name)."""
+
+    loss: float
+    gradients: dict[str, np.ndarray | None]
+    updates: dict[str, np.ndarray]
+    learning_rate: float
+
+
+@dataclass
+class StepRow:
+    """One step of the comparison (errors relative, see `Comparison`)."""
+
+    step: int
+    loss: dict[str, float]  # reference, candidate
+    learning_rate: dict[str, float]
+    error: dict[str, float]  # loss, gradient, update: candidate vs reference, as run
+    predicted: dict[str, float]  # what rounding predicts for each
+    float64_error: dict[str, float]  # candidate vs reference, both in float64
+    semantic: bool
+
+
+@dataclass
+class OptimizerCulprit:
+    kind: str  # "optimizer"
+    parameter: str
+    field: str  # "learning rate", "epsilon", ..., "update rule"
+    reference: Any
+    candidate: Any
+    update_error: float  # the parameter's update, candidate vs reference in float64 (relative)
+
+
+@dataclass
+class TrainingResult:
+    verdict: str  # "match" | "noise" | "divergent"
+    steps: list[StepRow]
+    first_step: int | None = None
+    stage: str | None = None  # "forward" | "backward" | "optimizer"
+    culprit: Culprit | OptimizerCulprit | None = None
+    note: str = ""  # what was not searched, and why
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # each side's optimizer settings
+
+    def to_dict(self) -> dict:
+        return to_plain(self)
+
+
+class Trainer:
+    """One side trained step by step: a copy of its model (float64 when asked), its optimizer and batches."""
+
+    def __init__(self, side: Side, module: Any, seeds: dict[str, np.ndarray], float64: bool):
+        self.side, self.float64, self.seeds = side, float64, seeds
+        adapter = side.adapter
+        try:
+            self.model = adapter.float64_model(side.model) if float64 else adapter.copy_model(side.model)
+        except CannotUpcast as exc:
+            raise ModelFileError(f"{side.model_file}: the {side.role} cannot be trained here: {exc}") from None
+        factory = _function(module, side, "optimizer", required=True)
+        built = run_user_code(lambda: factory(self.model), f"{side.model_file}: {side.role}_optimizer() raised")
+        self.optimizer, self.scheduler = built if isinstance(built, tuple) else (built, None)
+        self.batch = _function(module, side, "batch", required=False)
+        self.parameters = {name: t for name, t in adapter.named_leaves(self.model) if name.startswith("param:")}
+
+    def settings(self) -> dict[str, Any]:
+        return self.side.adapter.optimizer_settings(self.optimizer)
+
+    def step(self, number: int) -> StepRecord:
+        side, adapter = self.side, self.side.adapter
+        inputs = side.inputs if self.batch is None else \
+            run_user_code(lambda: self.batch(number), f"{side.model_file}: {side.role}_batch({number}) raised")
+        if self.float64:
+            inputs = map_tensors(inputs, adapter.is_tensor,
+                                 lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
+        learning_rate = adapter.learning_rate(self.optimizer)
+        adapter.clear_gradients(self.optimizer)
+        with adapter.enable_grad():
+            outputs = replace(side, model=self.model, inputs=inputs).forward()
+            loss = self._loss(outputs)
+        adapter.backward(loss)
+        gradients = {name: adapter.gradient(t) for name, t in self.parameters.items()}
+        before = {name: adapter.to_numpy(t).astype(np.float64) for name, t in self.parameters.items()}
+        adapter.optimizer_step(self.optimizer, self.scheduler)
+        updates = {name: adapter.to_numpy(t).astype(np.float64) - before[name] for name, t in self.parameters.items()}
+        return StepRecord(float(adapter.to_numpy(loss).reshape(())), gradients, updates, learning_rate)
+
+    def _loss(self, outputs: Any) -> Any:
+        side, adapter = self.side, self.side.adapter
+        if side.loss is not None:
+            loss = run_user_code(lambda: side.loss(outputs), f"{side.model_file}: {side.role}_loss() raised")
+            if not adapter.is_tensor(loss) or int(np.prod(loss.shape)) != 1:
+                raise ModelFileError(f"{side.model_file}: {side.role}_loss() returned {type(loss).__name__}, not a "
+                                     f"{adapter.name} tensor holding one value")
+            return loss
+        total = None
+        for key, tensor in output_pairs(adapter, outputs):
+            if key in self.seeds:
+                term = (tensor * adapter.from_numpy(self.seeds[key], adapter.dtype_name(tensor), adapter.device_name(tensor))).sum()
+                total = term if total is None else total + term
+        if total is None:
+            raise ModelFileError(f"{side.model_file}: the {side.role} model has no floating output to train on")
+        return total
+
+
+def _function(module: Any, side: Side, what: str, required: bool) -> Callable | None:
+    """The model file's `<side function>_<what>` (`candidate_eps_optimizer` for `--candidate candidate_eps`),
+    else its `<role>_<what>` (`candidate_optimizer`)."""
+    for name in dict.fromkeys((f"{side.function}_{what}", f"{side.role}_{what}")):
+        found = getattr(module, name, None)
+        if found is not None:
+            if not callable(found):
+                raise ModelFileError(f"{side.model_file}: {name} is not a function")
+            return found
+    if required:
+        raise ModelFileError(f"{side.model_file}: defines no function {side.role}_{what}(model) returning the {side.role}'s "
+                             "optimizer (or (optimizer, scheduler)): bisectr train needs one per side")
+    return None
+
+
+class Comparison:
+    """Distances between two sides' step records (parameters paired through the forward alignment).
+    A gradient's or update's error is relative to its own magnitude, floored at `GRADIENT_FLOOR` of the
+    largest one's in the step (a value that is zero but for rounding has no relative error of its own)."""
+
+    def __init__(self, pairs: list[tuple[str, str, TensorPair | None]], reference_shapes: dict[str, tuple[int, ...]]):
+        self.pairs = pairs  # (reference leaf, candidate leaf, the pair's layout; None: the same side)
+        self.shapes = reference_shapes
+
+    def between(self, candidate: StepRecord, reference: StepRecord, same_side: bool = False) -> dict[str, float]:
+        loss_scale = abs(reference.loss)
+        difference = abs(candidate.loss - reference.loss)
+        errors = {"loss": difference / loss_scale if loss_scale else (0.0 if difference == 0 else math.inf)}
+        for measure, attribute in (("gradient", "gradients"), ("update", "updates")):
+            errors[measure] = self._worst(getattr(candidate, attribute), getattr(reference, attribute), same_side)
+        return errors
+
+    def worst_parameter(self, candidate: StepRecord, reference: StepRecord) -> tuple[str, float]:
+        """The reference leaf whose update differs most (relative), and by how much."""
+        scale = self._floor(reference.updates)
+        scored = [(self._error(candidate.updates.get(c), reference.updates.get(r), pair, r, scale), r)
+                  for r, c, pair in self.pairs]
+        error, name = max(scored)
+        return name, error
+
+    def _worst(self, candidate: dict, reference: dict, same_side: bool) -> float:
+        scale = self._floor(reference)
+        return max((self._error(candidate.get(r if same_side else c), reference.get(r), None if same_side else pair, r, scale)
+                    for r, c, pair in self.pairs), default=0.0)
+
+    @staticmethod
+    def _floor(values: dict[str, np.ndarray | None]) -> float:
+        return GRADIENT_FLOOR * max((float(np.abs(v).max()) for v in values.values() if v is not None and v.size), default=0.0)
+
+    def _error(self, candidate: np.ndarray | None, reference: np.ndarray | None, pair: TensorPair | None,
+               reference_name: str, floor: float) -> float:
+        if candidate is None or reference is None:
+            return 0.0 if candidate is None and reference is None else math.inf
+        if pair is not None:
+            candidate = pair.candidate_in_reference_layout(candidate, self.shapes[reference_name])
+        difference = float(np.abs(candidate.reshape(reference.shape).astype(np.float64) - reference).max()) if reference.size else 0.0
+        scale = max(float(np.abs(reference).max()) if reference.size else 0.0, floor)
+        return difference / scale if scale > 0 else (0.0 if difference == 0 else math.inf)
+
+
+def parameter_pairs(run: Run) -> list[tuple[str, str, TensorPair]]:
+    """(reference leaf, candidate leaf, pair) of the parameters the forward alignment pairs."""
+    pairs = []
+    for cand_tid, pair in run.alignment.tensors.items():
+        cand_leaf, ref_leaf = run.candidate.tensors[cand_tid].leaf or "", run.reference.tensors[pair.reference].leaf or ""
+        if cand_leaf.startswith("param:") and ref_leaf.startswith("param:"):
+            pairs.append((ref_leaf, cand_leaf, pair))
+    if not pairs:
+        raise ModelFileError(f"{run.model_file}: no parameter of the candidate is paired with one of the reference: "
+                             "nothing to compare over training steps")
+    return pairs
+
+
+def train(model_file: str, reference: str = "reference", candidate: str = "candidate", steps: int = 20,
+          progress: Callable[[str], None] | None = None) -> TrainingResult:
+    """Train both sides of `model_file` for `steps` steps and compare them (see the module docstring)."""
+    say = progress or (lambda message: None)
+    if steps < 1:
+        raise ModelFileError(f"{model_file}: --steps must be at least 1 (got {steps})")
+    say("tracing both sides at their initial weights")
+    run = trace(model_file, reference, candidate)
+    sides = {role: run.sides.runners[role].side for role in ("reference", "candidate")}
+    module = load_module(model_file)
+    seeds = output_seeds(run)
+    trainers = {(role, width): Trainer(sides[role], module, seeds[role], float64=width == 64)
+                for role in ("reference", "candidate") for width in (32, 64)}
+    pairs = parameter_pairs(run)
+    comparison = Comparison(pairs, {r: run.reference.tensors[run.reference.leaves[r]].shape for r, _, _ in pairs})
+    ours = Comparison([(r, r, None) for r, _, _ in pairs], comparison.shapes)
+    theirs = Comparison([(c, c, None) for _, c, _ in pairs],
+                        {c: run.candidate.tensors[run.candidate.leaves[c]].shape for _, c, _ in pairs})
+    floor = noise_floor("float32")
+    rows: list[StepRow] = []
+    first: tuple[int, dict[str, StepRecord]] | None = None
+    for number in range(1, steps + 1):
+        say(f"step {number} of {steps}")
+        records = {key: trainer.step(number) for key, trainer in trainers.items()}
+        as_run = comparison.between(records["candidate", 32], records["reference", 32])
+        in_float64 = comparison.between(records["candidate", 64], records["reference", 64])
+        reference_rounding = ours.between(records["reference", 32], records["reference", 64], same_side=True)
+        candidate_rounding = theirs.between(records["candidate", 32], records["candidate", 64], same_side=True)
+        predicted = {m: reference_rounding[m] + candidate_rounding[m] for m in MEASURES}
+        semantic = any(in_float64[m] > max(ROUNDING_SHARE * predicted[m], floor) for m in MEASURES)
+        rows.append(StepRow(number, {"reference": records["reference", 32].loss, "candidate": records["candidate", 32].loss},
+                            {"reference": records["reference", 32].learning_rate, "candidate": records["candidate", 32].learning_rate},
+                            as_run, predicted, in_float64, semantic))
+        if semantic and first is None:
+            first = (number, records)
+    settings = {role: trainers[role, 32].settings() for role in ("reference", "candidate")}
+    if first is None:
+        exact = all(row.error[m] == 0 for row in rows for m in MEASURES)
+        return TrainingResult("match" if exact else "noise", rows, settings=settings)
+    number, records = first
+    row = rows[number - 1]
+    measure = next(m for m in MEASURES if row.float64_error[m] > max(ROUNDING_SHARE * row.predicted[m], floor))
+    result = TrainingResult("divergent", rows, number, STAGES[measure], settings=settings)
+    if measure == "update":
+        parameter, error = comparison.worst_parameter(records["candidate", 64], records["reference", 64])
+        what, ref_value, cand_value = _differing_setting(row, settings)
+        result.culprit = OptimizerCulprit("optimizer", parameter.split(":", 1)[1], what, ref_value, cand_value, error)
+    elif number == 1:
+        say(f"searching the {result.stage} pass at the initial weights")
+        searched = run.bisect(backward=measure == "gradient")
+        searched = searched.backward if measure == "gradient" else searched
+        if searched.verdict == "divergent":
+            result.culprit = searched.culprit
+        elif measure == "loss":
+            result.note = (f"the models' outputs agree ({searched.verdict}: {fmt_error(searched)}), the losses do not "
+                           f"(reference {row.loss['reference']:.6g}, candidate {row.loss['candidate']:.6g}): the loss "
+                           "functions compute differently")
+        else:
+            result.note = (f"the backward search at the initial weights finds {searched.verdict} ({fmt_error(searched)}): "
+                           "the gradients part in the losses' own backward")
+    else:
+        result.note = (f"the {result.stage} first differs at step {number}; its search runs at the initial weights only "
+                       "(bisectr bisect" + (" --backward" if measure == "gradient" else "") + ")")
+    return result
+
+
+def fmt_error(result: Any) -> str:
+    return f"relative difference {result.output_error.get('max_rel', 0.0):.3g}"
+
+
+def _differing_setting(row: StepRow, settings: dict[str, dict[str, Any]]) -> tuple[str, Any, Any]:
+    """What differs between the optimizers at this step: the learning rate, a setting, else the update rule."""
+    rates = row.learning_rate
+    if not math.isclose(rates["reference"], rates["candidate"], rel_tol=1e-6, abs_tol=0.0):
+        return "learning rate", rates["reference"], rates["candidate"]
+    reference, candidate = settings["reference"], settings["candidate"]
+    for name in SETTINGS:
+        ours, theirs = reference.get(name), candidate.get(name)
+        if isinstance(ours, float) and isinstance(theirs, float) and math.isclose(ours, theirs, rel_tol=1e-6):
+            continue
+        if ours != theirs:
+            return name.replace("_", " "), ours, theirs
+    return "update rule", reference.get("optimizer"), candidate.get("optimizer")
