@@ -200,16 +200,18 @@ class Adapter(ABC):
         raise NotImplementedError
 
     def backward(self, loss: Any) -> None:
-        """Accumulate the gradients of `loss` into the parameters."""
-        raise NotImplementedError
+        """Accumulate the gradients of `loss` into the parameters (torch and paddle spell it alike)."""
+        loss.backward()
 
     def gradient(self, parameter: Any) -> np.ndarray | None:
         """The gradient a parameter holds (None: none)."""
-        raise NotImplementedError
+        return None if parameter.grad is None else self.to_numpy(parameter.grad)
 
     def optimizer_step(self, optimizer: Any, scheduler: Any | None) -> None:
         """One optimizer step, then one step of its learning-rate scheduler."""
-        raise NotImplementedError
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
 
     def learning_rate(self, optimizer: Any) -> float:
         """The learning rate the optimizer's next step uses."""

@@ -335,17 +335,6 @@ class PaddleAdapter(Adapter):
     def clear_gradients(self, optimizer: Any) -> None:
         optimizer.clear_grad()
 
-    def backward(self, loss: Any) -> None:
-        loss.backward()
-
-    def gradient(self, parameter: Any) -> np.ndarray | None:
-        return None if parameter.grad is None else self.to_numpy(parameter.grad)
-
-    def optimizer_step(self, optimizer: Any, scheduler: Any | None) -> None:
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-
     def learning_rate(self, optimizer: Any) -> float:
         return float(optimizer.get_lr())
 

@@ -93,17 +93,6 @@ class TorchAdapter(Adapter):
     def clear_gradients(self, optimizer: Any) -> None:
         optimizer.zero_grad(set_to_none=True)
 
-    def backward(self, loss: Any) -> None:
-        loss.backward()
-
-    def gradient(self, parameter: Any) -> np.ndarray | None:
-        return None if parameter.grad is None else self.to_numpy(parameter.grad)
-
-    def optimizer_step(self, optimizer: Any, scheduler: Any | None) -> None:
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-
     def learning_rate(self, optimizer: Any) -> float:
         return float(optimizer.param_groups[0]["lr"])
 

@@ -38,15 +38,15 @@ import numpy as np
 from .adapters import CannotUpcast
 from .align import TensorPair
 from .analysis import NOISE_FACTOR, coarsest_dtype, judge
-from .errors import ModelFileError, OutputMismatchError
 from .bisection import CONFIRM_FRACTION, ENTRY_FRACTION, MAX_REACH_TESTS, RERUN_SLACK, first_past
+from .errors import ModelFileError, OutputMismatchError
 from .metrics import error_metrics
 from .precision import judge_float64
 from .record import RunRecord
 from .recording import Gradients
 from .result import Bracket, Confirmation, Culprit, Cut, Float64Check, OpSite, ProfileRow, Result
 from .sides import Sides
-from .trace import OpNode, Trace, is_floating
+from .trace import OpNode, is_floating
 
 GRADIENT_FLOOR = 1e-3  # parameter gradients are compared at no less than this share of the largest one
 
@@ -114,25 +114,27 @@ class BackwardRun:
         self.parameter_scales = {tid: max(magnitude, floor) for tid, magnitude in magnitudes.items()}
 
     # -- gradients in one layout ---------------------------------------------------
+    def _gradient(self, grads: Gradients, tid: int, paired_op_output: bool) -> np.ndarray | None:
+        return (grads.tensors if paired_op_output else grads.parameters).get(tid)
+
     def reference_gradient(self, cand_tid: int) -> np.ndarray | None:
         """The reference's gradient of the tensor paired with `cand_tid`, in the candidate's layout."""
         pair = self.tensor_pairs.get(cand_tid) or self.parameter_pairs.get(cand_tid)
-        grads = self.reference.tensors if cand_tid in self.tensor_pairs else self.reference.parameters
-        values = None if pair is None else grads.get(pair.reference)
+        values = None if pair is None else self._gradient(self.reference, pair.reference, cand_tid in self.tensor_pairs)
         return None if values is None else pair.reference_in_candidate_layout(values, self.run.candidate.tensors[cand_tid].shape)
 
     def tensor_error(self, cand_tid: int, grads: Gradients | None = None) -> dict[str, float] | None:
-        """The error of the candidate's gradient of `cand_tid` (a paired op output or parameter);
-        None unless both sides' gradients reach it (see `missing_tensor_gradient`)."""
-        grads = grads or self.candidate
-        candidate = (grads.tensors if cand_tid in self.tensor_pairs else grads.parameters).get(cand_tid)
-        reference = self.reference_gradient(cand_tid)
+        """The error of the candidate's gradient of `cand_tid` (a paired op output or parameter; the
+        candidate's own, or from `grads`); None unless it is paired and both sides' gradients reach it."""
+        op_output = cand_tid in self.tensor_pairs
+        pair = self.tensor_pairs[cand_tid] if op_output else self.parameter_pairs.get(cand_tid)
+        if pair is None:
+            return None
+        candidate = self._gradient(grads or self.candidate, cand_tid, op_output)
+        reference = self._gradient(self.reference, pair.reference, op_output)
         if candidate is None or reference is None:
             return None
-        pair = self.tensor_pairs.get(cand_tid) or self.parameter_pairs[cand_tid]
-        shape = self.run.reference.tensors[pair.reference].shape
-        return error_metrics(pair.candidate_in_reference_layout(candidate, shape),
-                             pair.candidate_in_reference_layout(reference, shape))
+        return error_metrics(pair.candidate_in_reference_layout(candidate, reference.shape), reference)
 
     def parameter_error(self, grads: Gradients | None = None) -> dict[str, float]:
         """Worst max_abs and max_rel over the parameters whose gradients both sides have. A
@@ -169,37 +171,27 @@ def _reaches(values: np.ndarray | None) -> bool:
 def missing_parameter_gradient(backward: BackwardRun) -> tuple[int, str] | None:
     """(candidate tid, the side lacking it) of the first parameter, in backward order (read last
     in the forward first), whose gradient one side has and the other has not (frozen)."""
-    run = backward.run
-    first_read = _first_reads(run.candidate)
-    for tid in sorted(backward.parameter_pairs, key=lambda t: -first_read.get(t, -1)):
-        candidate = backward.candidate.parameters.get(tid)
-        reference = backward.reference.parameters.get(backward.parameter_pairs[tid].reference)
-        if candidate is None and _reaches(reference):
-            return tid, "candidate"
-        if reference is None and _reaches(candidate):
-            return tid, "reference"
-    return None
+    first_read = backward.run.candidate.first_reads()
+    order = sorted(backward.parameter_pairs, key=lambda t: -first_read.get(t, -1))
+    return _first_lacking(order, backward.parameter_pairs, backward.candidate.parameters, backward.reference.parameters)
 
 
 def missing_tensor_gradient(backward: BackwardRun) -> tuple[int, str] | None:
     """(candidate tid, the side lacking it) of the last paired op output (in forward order) that
     the gradient reaches on one side only."""
-    for tid in sorted(backward.tensor_pairs, reverse=True):
-        candidate = backward.candidate.tensors.get(tid)
-        reference = backward.reference.tensors.get(backward.tensor_pairs[tid].reference)
-        if candidate is None and _reaches(reference):
+    order = sorted(backward.tensor_pairs, reverse=True)
+    return _first_lacking(order, backward.tensor_pairs, backward.candidate.tensors, backward.reference.tensors)
+
+
+def _first_lacking(order: list[int], pairs: dict[int, TensorPair], candidate: dict, reference: dict) -> tuple[int, str] | None:
+    """(candidate tid, the side lacking it) of the first tid in `order` with a gradient on one side only."""
+    for tid in order:
+        ours, theirs = candidate.get(tid), reference.get(pairs[tid].reference)
+        if ours is None and _reaches(theirs):
             return tid, "candidate"
-        if reference is None and _reaches(candidate):
+        if theirs is None and _reaches(ours):
             return tid, "reference"
     return None
-
-
-def _first_reads(trace: Trace) -> dict[int, int]:
-    first: dict[int, int] = {}
-    for op in trace.ops:
-        for tid in op.inputs:
-            first.setdefault(tid, op.index)
-    return first
 
 
 # -- evidence -------------------------------------------------------------------------
@@ -303,7 +295,7 @@ class GradientSearch:
 
     def __init__(self, backward: BackwardRun):
         self.backward = backward
-        first_read = _first_reads(backward.run.candidate)
+        first_read = backward.run.candidate.first_reads()
         never = len(backward.run.candidate.ops)  # an output nothing reads: its gradient is the seed
         self.patchable = sorted(((first_read.get(t, never), t) for t in backward.tensor_pairs), reverse=True)
 
@@ -451,8 +443,8 @@ def _missing_gradient_result(result: Result, backward: BackwardRun, search: Grad
     result.verdict = "divergent"
     if tid in backward.parameter_pairs:
         leaf = run.candidate.tensors[tid].leaf.split(":", 1)[1]
-        cand_op = run.candidate.ops[_first_reads(run.candidate)[tid]]
-        ref_op = run.reference.ops[_first_reads(run.reference)[pair.reference]]
+        cand_op = run.candidate.ops[run.candidate.first_reads()[tid]]
+        ref_op = run.reference.ops[run.reference.first_reads()[pair.reference]]
         result.culprit = _missing_culprit("leaf", cand_op, ref_op, leaf)
         result.missing_gradient = f"parameter {leaf} gets no gradient on the {lacking} (frozen there) and one on the {has}"
         return result

@@ -46,7 +46,7 @@ from .result import (BlockOps, Bracket, Confirmation, Culprit, Cut, NonFinite, N
                      ProfileRow, Recurrence, Result)
 from .sides import Sides
 from .store import SIDES
-from .trace import OpNode, Trace, is_floating
+from .trace import OpNode, is_floating
 
 ENTRY_FRACTION = 0.5  # k* is where the error left after the cut falls under this share
 REACH_FRACTION = 0.1  # a difference reaches the outputs if it alone makes this share of the error
@@ -98,7 +98,7 @@ class Search:
         """(op position, tid) of the paired candidate tensors a cut patches, in op order: the op
         that produced or first read each. Only floating tensors are patched (indices, masks and
         shapes are structure, not values), and no leaf that already holds the reference's values."""
-        first_read = _first_reads(self.run.candidate)
+        first_read = self.run.candidate.first_reads()
         patchable = []
         for tid in self.alignment.tensors:
             info = self.run.candidate.tensors[tid]
@@ -155,14 +155,6 @@ def first_past(count: int, past: Callable[[int], bool], exhaustive: bool) -> int
 
 def _numpy_dtype(dtype: str) -> str:
     return "float32" if dtype == "bfloat16" else dtype
-
-
-def _first_reads(trace: Trace) -> dict[int, int]:
-    first: dict[int, int] = {}
-    for op in trace.ops:
-        for tid in op.inputs:
-            first.setdefault(tid, op.index)
-    return first
 
 
 def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive: bool = False,

@@ -13,6 +13,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,13 +112,21 @@ def _open_locked(path: Path, run_dir: Path) -> int:
         os.close(fd)  # its holder removed it on release after we opened it: lock the one there now
 
 
+HOLDER_WAIT = 0.5  # seconds a refused writer waits for the holder, which locks first and writes its name after
+
+
 def _holder(fd: int) -> str:
     """"pid N: command line", as the holder of a lock file wrote it (on one line, at most 300 characters)."""
-    try:
-        holder = json.loads(os.pread(fd, 1 << 16, 0))
-        pid, command = holder["pid"], str(holder["command"])
-    except (OSError, ValueError, TypeError, KeyError):  # not written yet, or by something else
-        return "pid unknown"
+    deadline = time.monotonic() + HOLDER_WAIT
+    while True:
+        try:
+            holder = json.loads(os.pread(fd, 1 << 16, 0))
+            pid, command = holder["pid"], str(holder["command"])
+            break
+        except (OSError, ValueError, TypeError, KeyError):  # not written yet, or by something else
+            if time.monotonic() >= deadline:
+                return "pid unknown"
+            time.sleep(0.01)
     command = command.replace("\n", "\\n")
     return f"pid {pid}: {command if len(command) <= 300 else command[:297] + '...'}"
 

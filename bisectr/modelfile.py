@@ -86,7 +86,7 @@ def load_module(model_file: str | os.PathLike) -> ModuleType:
         raise ModelFileError(f"{path}: no such model file")
     if path.suffix != ".py":
         raise ModelFileError(f"{path}: a model file is a Python file (.py)")
-    name = f"bisectr_model_{abs(hash(str(path.resolve())))}"
+    name = module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -96,6 +96,11 @@ def load_module(model_file: str | os.PathLike) -> ModuleType:
         sys.modules.pop(name, None)
         raise UserModelError(f"{path}: importing the model file raised {type(exc).__name__}: {exc}", user_frames(exc)) from None
     return module
+
+
+def module_name(model_file: Path) -> str:
+    """The name `load_module` gives the model file's module in `sys.modules`."""
+    return f"bisectr_model_{abs(hash(str(model_file.resolve())))}"
 
 
 def build_side(module: ModuleType, model_file: Path, role: str, function: str) -> Side:

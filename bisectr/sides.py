@@ -173,10 +173,7 @@ def _backward(side: Side, outputs: Any, seeds: dict[str, np.ndarray], parameters
     adapter = side.adapter
     loss = None
     if side.loss is not None:
-        value = run_user_code(lambda: side.loss(outputs), f"{side.model_file}: {side.role}_loss() raised")
-        if not adapter.is_tensor(value) or int(np.prod(value.shape)) != 1:
-            raise ModelFileError(f"{side.model_file}: {side.role}_loss() returned {type(value).__name__}, not a "
-                                 f"{adapter.name} tensor holding one value")
+        value = loss_of(side, outputs)
         roots, upstream = [value], [adapter.from_numpy(np.ones(value.shape), adapter.dtype_name(value), adapter.device_name(value))]
         loss = float(adapter.to_numpy(value).reshape(()))
     else:
@@ -191,6 +188,16 @@ def _backward(side: Side, outputs: Any, seeds: dict[str, np.ndarray], parameters
     for key, grad in zip(reached, adapter.gradients(roots, upstream, [parameters[k] for k in reached])):
         grads[key] = None if grad is None else adapter.to_numpy(grad)
     return grads, loss
+
+
+def loss_of(side: Side, outputs: Any) -> Any:
+    """The side's loss of its `outputs`: what its loss function returns, checked to be one value."""
+    adapter = side.adapter
+    value = run_user_code(lambda: side.loss(outputs), f"{side.model_file}: {side.role}_loss() raised")
+    if not adapter.is_tensor(value) or int(np.prod(value.shape)) != 1:
+        raise ModelFileError(f"{side.model_file}: {side.role}_loss() returned {type(value).__name__}, not a "
+                             f"{adapter.name} tensor holding one value")
+    return value
 
 
 @dataclass

@@ -101,6 +101,14 @@ class Trace:
     def has_value(self, tid: int) -> bool:
         return self.value_reader is not None and self.tensors[tid].stored
 
+    def first_reads(self) -> dict[int, int]:
+        """tid -> the index of the first op reading it."""
+        first: dict[int, int] = {}
+        for op in self.ops:
+            for tid in op.inputs:
+                first.setdefault(tid, op.index)
+        return first
+
     def producer_op(self, tid: int) -> OpNode | None:
         producer = self.tensors[tid].producer
         return None if producer is None else self.ops[producer]

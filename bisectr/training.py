@@ -26,22 +26,25 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from .adapters import CannotUpcast
 from .align import TensorPair
-from .analysis import noise_floor
+from .analysis import coarsest_dtype, noise_floor
 from .backward import GRADIENT_FLOOR, output_seeds
 from .errors import ModelFileError
-from .modelfile import Side, load_module, run_user_code
+from .modelfile import Side, load_module, module_name, run_user_code
 from .precision import ROUNDING_SHARE
 from .recording import output_pairs
 from .result import Culprit
 from .run import Run, trace
 from .serial import to_plain
+from .sides import loss_of
 from .structure import map_tensors
 from .trace import is_floating
 
@@ -138,11 +141,7 @@ class Trainer:
     def _loss(self, outputs: Any) -> Any:
         side, adapter = self.side, self.side.adapter
         if side.loss is not None:
-            loss = run_user_code(lambda: side.loss(outputs), f"{side.model_file}: {side.role}_loss() raised")
-            if not adapter.is_tensor(loss) or int(np.prod(loss.shape)) != 1:
-                raise ModelFileError(f"{side.model_file}: {side.role}_loss() returned {type(loss).__name__}, not a "
-                                     f"{adapter.name} tensor holding one value")
-            return loss
+            return loss_of(side, outputs)
         total = None
         for key, tensor in output_pairs(adapter, outputs):
             if key in self.seeds:
@@ -235,7 +234,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
     say("tracing both sides at their initial weights")
     run = trace(model_file, reference, candidate)
     sides = {role: run.sides.runners[role].side for role in ("reference", "candidate")}
-    module = load_module(model_file)
+    module = sys.modules.get(module_name(Path(model_file))) or load_module(model_file)  # as the trace ran it
     seeds = output_seeds(run)
     trainers = {(role, width): Trainer(sides[role], module, seeds[role], float64=width == 64)
                 for role in ("reference", "candidate") for width in (32, 64)}
@@ -244,7 +243,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
     ours = Comparison([(r, r, None) for r, _, _ in pairs], comparison.shapes)
     theirs = Comparison([(c, c, None) for _, c, _ in pairs],
                         {c: run.candidate.tensors[run.candidate.leaves[c]].shape for _, c, _ in pairs})
-    floor = noise_floor("float32")
+    floor = noise_floor(coarsest_dtype([run.reference.dtype, run.candidate.dtype]))
     rows: list[StepRow] = []
     first: tuple[int, dict[str, StepRecord]] | None = None
     for number in range(1, steps + 1):
