@@ -213,6 +213,11 @@ class Adapter(ABC):
         if scheduler is not None:
             scheduler.step()
 
+    def optimizer_moments(self, optimizer: Any, parameter: Any) -> dict[str, np.ndarray]:
+        """An Adam-style optimizer's moments of one parameter under shared names ("moment1",
+        "moment2"); empty for an optimizer without them or before its first step."""
+        return {}
+
     def learning_rate(self, optimizer: Any) -> float:
         """The learning rate the optimizer's next step uses."""
         raise NotImplementedError

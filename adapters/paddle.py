@@ -335,6 +335,11 @@ class PaddleAdapter(Adapter):
     def clear_gradients(self, optimizer: Any) -> None:
         optimizer.clear_grad()
 
+    def optimizer_moments(self, optimizer: Any, parameter: Any) -> dict[str, np.ndarray]:
+        accumulators = getattr(optimizer, "_accumulators", {})
+        return {name: self.to_numpy(accumulators[name][parameter.name]) for name in ("moment1", "moment2")
+                if parameter.name in accumulators.get(name, {})}
+
     def learning_rate(self, optimizer: Any) -> float:
         return float(optimizer.get_lr())
 

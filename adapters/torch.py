@@ -93,6 +93,11 @@ class TorchAdapter(Adapter):
     def clear_gradients(self, optimizer: Any) -> None:
         optimizer.zero_grad(set_to_none=True)
 
+    def optimizer_moments(self, optimizer: Any, parameter: Any) -> dict[str, np.ndarray]:
+        state = optimizer.state.get(parameter, {})
+        return {shared: self.to_numpy(state[own]) for shared, own in (("moment1", "exp_avg"), ("moment2", "exp_avg_sq"))
+                if own in state}
+
     def learning_rate(self, optimizer: Any) -> float:
         return float(optimizer.param_groups[0]["lr"])
 

@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--candidate", default="candidate", metavar="NAME", help="function building the candidate side")
     train.add_argument("--steps", type=int, default=20, metavar="N", help="optimizer steps per side (default 20)")
     train.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    train.add_argument("--no-tui", action="store_true", help="print the text summary even on a terminal")
 
     view = commands.add_parser("view", help="reopen a saved run")
     view.add_argument("run_dir", metavar="RUN_DIR")
@@ -398,7 +399,11 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
                 status.update(message)
 
             result = train(args.model_file, args.reference, args.candidate, args.steps, progress)
-        report.print_training(console, result)
+        if console.is_terminal and not args.no_tui:
+            from .tui.training import TrainingApp
+
+            TrainingApp(result, args.model_file).run()
+        report.print_training(console, result)  # still on the terminal when the TUI closes
     return EXIT_DIVERGENT if result.verdict == "divergent" else EXIT_OK
 
 

@@ -382,8 +382,8 @@ def _tsv_cell(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def print_training(console: Console, result: TrainingResult) -> None:
-    """`bisectr train`: the verdict over steps, the stage and culprit, the loss curves and the per-step table."""
+def training_lines(result: TrainingResult) -> list[Line]:
+    """`bisectr train`'s conclusion: the verdict over steps, and the stage's culprit or what was not searched."""
     steps = len(result.steps)
     if result.verdict == "divergent":
         head = f"training verdict: divergent at step {result.first_step} of {steps} (stage: {result.stage})"
@@ -391,34 +391,47 @@ def print_training(console: Console, result: TrainingResult) -> None:
         head = f"training verdict: noise over {steps} steps: in float64 both sides agree at every step; the difference is rounding"
     else:
         head = f"training verdict: match over {steps} steps"
-    console.print(rich_line([(head, result.verdict)]), highlight=False)
+    lines: list[Line] = [[(head, result.verdict)]]
     culprit = result.culprit
     if culprit is not None and not isinstance(culprit, Culprit):
-        console.print(f"culprit: the optimizer's {culprit.field} (reference {culprit.reference}, candidate {culprit.candidate}); "
-                      f"parameter {culprit.parameter}'s update differs by {fmt(culprit.update_error)} (relative, both sides "
-                      "in float64, from the same gradients)", highlight=False)
+        lines.append([("culprit: the optimizer's ", ""), (culprit.field, "bold"),
+                      (f" (reference {culprit.reference}, candidate {culprit.candidate}); parameter ", ""),
+                      (culprit.parameter, "accent"),
+                      (f"'s update differs by {fmt(culprit.update_error)} (relative, both sides in float64, from the same gradients)", "")])
     elif culprit is not None:
-        console.print(f"culprit ({'first op whose backward differs' if result.stage == 'backward' else 'first semantic difference'}): "
-                      f"{culprit.op}", highlight=False)
+        what = "first op whose backward differs" if result.stage == "backward" else "first semantic difference"
+        lines.append([(f"culprit ({what}): ", ""), (culprit.op, "bold")])
         for role in ("candidate", "reference"):
             site = getattr(culprit, role)
-            console.print(f"  {role:9}  op {site.index:<5} {site.op:<28} {site.module or '(top level)'}", highlight=False)
+            lines.append([(f"  {role:9}  op {site.index:<5} {site.op:<28} ", ""), (site.module or "(top level)", "accent")])
             if site.source:
-                console.print(f"             {short_source(site.source)}:  {source_text(site.source)}", highlight=False, markup=False)
+                lines.append([("             ", ""), (short_source(site.source), "source"), (f":  {source_text(site.source)}", "code")])
     if result.note:
-        console.print(result.note, highlight=False)
+        lines.append([(result.note, "warning")])
+    return lines
+
+
+TRAINING_COLUMNS = ("step", "loss ref", "loss cand", "loss err", "grad err", "update err", "moments err", "rounding predicts",
+                    "float64 differ", "lr ref", "lr cand", "")
+
+
+def training_rows(result: TrainingResult) -> list[list[str]]:
+    """One row per step (`TRAINING_COLUMNS`); rounding predicts and float64 differ: the parameters' updates."""
+    return [[str(row.step), fmt(row.loss["reference"]), fmt(row.loss["candidate"]), fmt(row.error["loss"]),
+             fmt(row.error["gradient"]), fmt(row.error["update"]), fmt(row.error["moments"]), fmt(row.predicted["update"]),
+             fmt(row.float64_error["update"]), fmt(row.learning_rate["reference"]), fmt(row.learning_rate["candidate"]),
+             "semantic" if row.semantic else ""] for row in result.steps]
+
+
+def print_training(console: Console, result: TrainingResult) -> None:
+    """`bisectr train`: the conclusion, the loss curves and the per-step table."""
+    for line in training_lines(result):
+        console.print(rich_line(line), highlight=False)
     for role in ("reference", "candidate"):
         losses = [row.loss[role] for row in result.steps]
         console.print(f"loss, {role:9}  {sparkline(losses)}  {fmt(losses[0])} -> {fmt(losses[-1])}", highlight=False, markup=False)
-    table = Table(title="Steps (errors relative; rounding predicts and float64 differ: the parameters' updates)", title_justify="left")
-    for column in ("step", "loss ref", "loss cand", "loss err", "grad err", "update err", "rounding predicts", "float64 differ", "lr ref", "lr cand", ""):
-        table.add_column(column)
-    for row in result.steps:
-        table.add_row(str(row.step), fmt(row.loss["reference"]), fmt(row.loss["candidate"]), fmt(row.error["loss"]),
-                      fmt(row.error["gradient"]), fmt(row.error["update"]), fmt(row.predicted["update"]),
-                      fmt(row.float64_error["update"]), fmt(row.learning_rate["reference"]), fmt(row.learning_rate["candidate"]),
-                      "semantic" if row.semantic else "")
-    console.print(table)
+    console.print(_table("Steps (errors relative; rounding predicts and float64 differ: the parameters' updates)",
+                         TRAINING_COLUMNS, training_rows(result)))
 
 
 def sparkline(values: list[float]) -> str:

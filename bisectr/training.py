@@ -7,7 +7,7 @@
    against the backward pass's fixed random gradient, `sum(outputs * seed)`). Parameters are paired
    through the forward alignment of the run traced at the initial weights.
 2. **Per step**: the loss, every parameter's gradient and update (its value after the step minus
-   before) and the learning rate.
+   before), Adam's moments after the step and the learning rate.
 3. **The verdict over steps.** Both sides are trained again as float64 copies, in lockstep with the
    float32 runs. At each step, for the loss, the gradients and the updates, rounding predicts each
    side's distance to its own float64 run, summed (`predicted`); the float64 runs' own difference
@@ -48,7 +48,8 @@ from .sides import loss_of
 from .structure import map_tensors
 from .trace import is_floating
 
-MEASURES = ("loss", "gradient", "update")
+MEASURES = ("loss", "gradient", "update")  # what decides the first semantic step and its stage
+RECORDED = MEASURES + ("moments",)  # compared and shown at every step
 STAGES = {"loss": "forward", "gradient": "backward", "update": "optimizer"}
 SETTINGS = ("epsilon", "beta1", "beta2", "weight_decay", "weight_decay_kind", "amsgrad", "gradient_clipping")
 
@@ -61,6 +62,7 @@ class StepRecord:
     gradients: dict[str, np.ndarray | None]
     updates: dict[str, np.ndarray]
     learning_rate: float
+    moments: dict[str, np.ndarray]  # "<leaf> moment1" / "<leaf> moment2": Adam's moments after the step
 
 
 @dataclass
@@ -70,7 +72,7 @@ class StepRow:
     step: int
     loss: dict[str, float]  # reference, candidate
     learning_rate: dict[str, float]
-    error: dict[str, float]  # loss, gradient, update: candidate vs reference, as run
+    error: dict[str, float]  # loss, gradient, update, moments: candidate vs reference, as run
     predicted: dict[str, float]  # what rounding predicts for each
     float64_error: dict[str, float]  # candidate vs reference, both in float64
     semantic: bool
@@ -136,7 +138,9 @@ class Trainer:
         before = {name: adapter.to_numpy(t).astype(np.float64) for name, t in self.parameters.items()}
         adapter.optimizer_step(self.optimizer, self.scheduler)
         updates = {name: adapter.to_numpy(t).astype(np.float64) - before[name] for name, t in self.parameters.items()}
-        return StepRecord(float(adapter.to_numpy(loss).reshape(())), gradients, updates, learning_rate)
+        moments = {f"{name} {which}": values for name, t in self.parameters.items()
+                   for which, values in adapter.optimizer_moments(self.optimizer, t).items()}
+        return StepRecord(float(adapter.to_numpy(loss).reshape(())), gradients, updates, learning_rate, moments)
 
     def _loss(self, outputs: Any) -> Any:
         side, adapter = self.side, self.side.adapter
@@ -182,6 +186,8 @@ class Comparison:
         errors = {"loss": difference / loss_scale if loss_scale else (0.0 if difference == 0 else math.inf)}
         for measure, attribute in (("gradient", "gradients"), ("update", "updates")):
             errors[measure] = self._worst(getattr(candidate, attribute), getattr(reference, attribute), same_side)
+        errors["moments"] = max((self._worst(_moment(candidate, which), _moment(reference, which), same_side)
+                                 for which in ("moment1", "moment2")), default=0.0)
         return errors
 
     def worst_parameter(self, candidate: StepRecord, reference: StepRecord) -> tuple[str, float]:
@@ -210,6 +216,12 @@ class Comparison:
         difference = float(np.abs(candidate.reshape(reference.shape).astype(np.float64) - reference).max()) if reference.size else 0.0
         scale = max(float(np.abs(reference).max()) if reference.size else 0.0, floor)
         return difference / scale if scale > 0 else (0.0 if difference == 0 else math.inf)
+
+
+def _moment(record: StepRecord, which: str) -> dict[str, np.ndarray]:
+    """One of Adam's moments of every parameter, by leaf name (empty for an optimizer without them)."""
+    suffix = f" {which}"
+    return {name.removesuffix(suffix): values for name, values in record.moments.items() if name.endswith(suffix)}
 
 
 def parameter_pairs(run: Run) -> list[tuple[str, str, TensorPair]]:
@@ -253,7 +265,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         in_float64 = comparison.between(records["candidate", 64], records["reference", 64])
         reference_rounding = ours.between(records["reference", 32], records["reference", 64], same_side=True)
         candidate_rounding = theirs.between(records["candidate", 32], records["candidate", 64], same_side=True)
-        predicted = {m: reference_rounding[m] + candidate_rounding[m] for m in MEASURES}
+        predicted = {m: reference_rounding[m] + candidate_rounding[m] for m in RECORDED}
         semantic = any(in_float64[m] > max(ROUNDING_SHARE * predicted[m], floor) for m in MEASURES)
         rows.append(StepRow(number, {"reference": records["reference", 32].loss, "candidate": records["candidate", 32].loss},
                             {"reference": records["reference", 32].learning_rate, "candidate": records["candidate", 32].learning_rate},

@@ -40,7 +40,9 @@ def test_coupled_against_decoupled_weight_decay_is_the_optimizer_at_step_1(candi
     assert culprit["kind"] == "optimizer" and culprit["field"] == "weight decay kind"
     assert (culprit["reference"], culprit["candidate"]) == ("decoupled", "coupled (L2)")
     assert culprit["parameter"].startswith(("blocks.", "head.")) and culprit["update_error"] > 0.1
-    assert result["steps"][0]["error"]["gradient"] < 1e-5  # the gradients agreed: the update is the optimizer's
+    first = result["steps"][0]
+    assert first["error"]["gradient"] < 1e-5  # the gradients agreed: the update is the optimizer's
+    assert first["float64_error"]["moments"] > 0.1  # the decay entered Adam's moments through the gradient
 
 
 def test_an_epsilon_of_1e_6_against_1e_8_is_named():
@@ -48,6 +50,7 @@ def test_an_epsilon_of_1e_6_against_1e_8_is_named():
     culprit = result["culprit"]
     assert status == 1 and result["first_step"] == 1 and result["stage"] == "optimizer"
     assert (culprit["field"], culprit["reference"], culprit["candidate"]) == ("epsilon", 1e-8, 1e-6)
+    assert result["steps"][0]["float64_error"]["moments"] < 1e-9  # epsilon leaves the moments alone
 
 
 def test_a_warm_up_one_step_behind_is_the_learning_rate_of_that_step():

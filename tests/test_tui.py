@@ -389,6 +389,27 @@ async def test_g_does_nothing_for_a_run_without_a_backward_pass(saved):
         assert not app.data.backward and text(app.query_one(VerdictBanner)).startswith("verdict: divergent")
 
 
+async def test_the_training_tui_shows_the_verdict_both_loss_curves_and_the_steps():
+    from textual.widgets import DataTable, Sparkline
+
+    from bisectr.training import train
+    from bisectr.tui.training import TrainingApp
+
+    result = train(str(ROOT / "tests" / "models" / "training_ports.py"), candidate="candidate_eps", steps=3)
+    app = TrainingApp(result, "training_ports.py")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        verdict = text(app.query_one("#verdict"))
+        assert verdict.startswith("training verdict: divergent at step 1 of 3 (stage: optimizer)")
+        assert "the optimizer's epsilon (reference 1e-08, candidate 1e-06)" in verdict
+        curves = list(app.query(Sparkline))
+        assert [list(c.data) for c in curves] == [[row.loss[role] for row in result.steps] for role in ("reference", "candidate")]
+        table = app.query_one(DataTable)
+        assert table.row_count == 3 and table.cursor_row == 0
+        assert table.get_row_at(0)[-1] == "semantic"
+        await pilot.press("q")
+
+
 # -- snapshots ---------------------------------------------------------------------------
 def test_snapshot_overview(snap_compare, saved):
     assert snap_compare(saved_app(saved), terminal_size=(80, 24))
