@@ -5,6 +5,7 @@ from .errors import BisectrError
 from .result import Result
 from .notebook import compare
 from .run import Run, bisect, load, trace
+from .training import train
 
-__all__ = ["BisectrError", "Result", "Run", "bisect", "compare", "load", "trace"]
+__all__ = ["BisectrError", "Result", "Run", "bisect", "compare", "load", "trace", "train"]
 __version__ = version("bisectr")

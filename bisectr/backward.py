@@ -7,14 +7,14 @@
 2. **Gradients.** Each side runs forward and backward again through its own code
    (`Sides.backward`): the gradient reaching every recorded op output, and every parameter's.
 3. **Pairs.** The forward alignment pairs them: the gradients of a paired tensor are a pair, and so
-   are a paired parameter's. The backward's outputs are the parameters' gradients; their error
-   (worst max_rel) is what the search brings down.
+   are a paired parameter's or floating input's (the leaves). The backward's outputs are the
+   leaves' gradients; their error (worst max_rel) is what the search brings down.
 4. **Gradients one side lacks.** A parameter with a gradient on one side and none on the other
    (frozen), or a tensor the reference's gradient reaches and the candidate's does not (a `detach`
    on a path the reference differentiates), is a difference no rounding makes: `divergent`, the
    leaf or the op named. A cut gradient is confirmed as the forward confirms an op: the candidate
    re-run with the reference's gradient handed on where the cut op's input receives it.
-5. **Cut search** in backward order: G(k) is the parameters' error when the candidate's backward is
+5. **Cut search** in backward order: G(k) is the leaves' gradient error when the candidate's backward is
    re-run with the reference's gradients handed on for every paired tensor whose readers all come
    at or after candidate op k. The binary search finds the entry point, the first cut (from the
    outputs back) after which less than half of the error is left.
@@ -48,7 +48,8 @@ from .result import Bracket, Confirmation, Culprit, Cut, Float64Check, OpSite, P
 from .sides import Sides
 from .trace import OpNode, is_floating
 
-GRADIENT_FLOOR = 1e-3  # parameter gradients are compared at no less than this share of the largest one
+GRADIENT_FLOOR = 1e-3  # leaf gradients are compared at no less than this share of the largest one
+LEAVES = ("param:", "input:")  # the leaves whose gradients are the backward's outputs (floating inputs: see `Sides.backward`)
 
 
 def output_seeds(run: RunRecord) -> dict[str, dict[str, np.ndarray]]:
@@ -100,26 +101,26 @@ class BackwardRun:
                 continue
             if cand_info.producer is not None and ref_info.producer is not None:
                 tensors[cand_tid] = pair
-            elif (cand_info.leaf or "").startswith("param:") and (ref_info.leaf or "").startswith("param:"):
+            elif (cand_info.leaf or "").startswith(LEAVES) and (ref_info.leaf or "").startswith(LEAVES):
                 parameters[cand_tid] = pair
         self.tensor_pairs: dict[int, TensorPair] = tensors
-        self.parameter_pairs: dict[int, TensorPair] = parameters
+        self.leaf_pairs: dict[int, TensorPair] = parameters
         # Paired ops (candidate -> reference), with the matched blocks of one op a side (a custom
         # autograd function against the op it stands for), whose backward replays as one op's.
         singles = [(b.candidate[0], b.reference[0]) for b in run.alignment.blocks
                    if b.matched and len(b.candidate) == len(b.reference) == 1]
         self.op_pairs: dict[int, int] = dict(sorted([(p.candidate, p.reference) for p in run.alignment.pairs] + singles))
-        magnitudes = {tid: _magnitude(self.reference.parameters.get(pair.reference)) for tid, pair in parameters.items()}
+        magnitudes = {tid: _magnitude(self.reference.leaves.get(pair.reference)) for tid, pair in parameters.items()}
         floor = GRADIENT_FLOOR * max(magnitudes.values(), default=0.0)
-        self.parameter_scales = {tid: max(magnitude, floor) for tid, magnitude in magnitudes.items()}
+        self.leaf_scales = {tid: max(magnitude, floor) for tid, magnitude in magnitudes.items()}
 
     # -- gradients in one layout ---------------------------------------------------
     def _gradient(self, grads: Gradients, tid: int, paired_op_output: bool) -> np.ndarray | None:
-        return (grads.tensors if paired_op_output else grads.parameters).get(tid)
+        return (grads.tensors if paired_op_output else grads.leaves).get(tid)
 
     def reference_gradient(self, cand_tid: int) -> np.ndarray | None:
         """The reference's gradient of the tensor paired with `cand_tid`, in the candidate's layout."""
-        pair = self.tensor_pairs.get(cand_tid) or self.parameter_pairs.get(cand_tid)
+        pair = self.tensor_pairs.get(cand_tid) or self.leaf_pairs.get(cand_tid)
         values = None if pair is None else self._gradient(self.reference, pair.reference, cand_tid in self.tensor_pairs)
         return None if values is None else pair.reference_in_candidate_layout(values, self.run.candidate.tensors[cand_tid].shape)
 
@@ -127,7 +128,7 @@ class BackwardRun:
         """The error of the candidate's gradient of `cand_tid` (a paired op output or parameter; the
         candidate's own, or from `grads`); None unless it is paired and both sides' gradients reach it."""
         op_output = cand_tid in self.tensor_pairs
-        pair = self.tensor_pairs[cand_tid] if op_output else self.parameter_pairs.get(cand_tid)
+        pair = self.tensor_pairs[cand_tid] if op_output else self.leaf_pairs.get(cand_tid)
         if pair is None:
             return None
         candidate = self._gradient(grads or self.candidate, cand_tid, op_output)
@@ -136,13 +137,13 @@ class BackwardRun:
             return None
         return error_metrics(pair.candidate_in_reference_layout(candidate, reference.shape), reference)
 
-    def parameter_error(self, grads: Gradients | None = None) -> dict[str, float]:
+    def leaf_error(self, grads: Gradients | None = None) -> dict[str, float]:
         """Worst max_abs and max_rel over the parameters whose gradients both sides have. A
         parameter's max_rel is taken against its own gradient's largest magnitude, but never
         against less than `GRADIENT_FLOOR` of the largest of any parameter's: a gradient that is
         zero but for rounding (a key bias before a softmax) has no relative error of its own."""
         worst = {"max_abs": 0.0, "max_rel": 0.0}
-        for tid in self.parameter_pairs:
+        for tid in self.leaf_pairs:
             error = self.tensor_error(tid, grads)
             if error is not None:
                 worst["max_abs"] = max(worst["max_abs"], error["max_abs"])
@@ -150,8 +151,8 @@ class BackwardRun:
         return worst
 
     def relative(self, cand_tid: int, max_abs: float) -> float:
-        """An absolute error of parameter `cand_tid`'s gradient, relative to its scale (see `parameter_error`)."""
-        scale = self.parameter_scales[cand_tid]
+        """An absolute error of parameter `cand_tid`'s gradient, relative to its scale (see `leaf_error`)."""
+        scale = self.leaf_scales[cand_tid]
         return max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
 
     def rerun(self, gradient_patches: dict[int, np.ndarray]) -> Gradients:
@@ -168,12 +169,12 @@ def _reaches(values: np.ndarray | None) -> bool:
     return values is not None and bool(np.any(values))
 
 
-def missing_parameter_gradient(backward: BackwardRun) -> tuple[int, str] | None:
+def missing_leaf_gradient(backward: BackwardRun) -> tuple[int, str] | None:
     """(candidate tid, the side lacking it) of the first parameter, in backward order (read last
     in the forward first), whose gradient one side has and the other has not (frozen)."""
     first_read = backward.run.candidate.first_reads()
-    order = sorted(backward.parameter_pairs, key=lambda t: -first_read.get(t, -1))
-    return _first_lacking(order, backward.parameter_pairs, backward.candidate.parameters, backward.reference.parameters)
+    order = sorted(backward.leaf_pairs, key=lambda t: -first_read.get(t, -1))
+    return _first_lacking(order, backward.leaf_pairs, backward.candidate.leaves, backward.reference.leaves)
 
 
 def missing_tensor_gradient(backward: BackwardRun) -> tuple[int, str] | None:
@@ -203,7 +204,7 @@ def op_evidence(backward: BackwardRun, cand_index: int, ref_index: int) -> OpGra
     first = cand_op.outputs[0]
     propagated = backward.tensor_error(first) or {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0, "cosine": 1.0}
     evidence = OpGradientEvidence(cand_index, ref_index, cand_op.op, dtype, propagated, None, None, "unknown")
-    compared = [(t, backward.tensor_pairs.get(t) or backward.parameter_pairs.get(t)) for t in cand_op.inputs]
+    compared = [(t, backward.tensor_pairs.get(t) or backward.leaf_pairs.get(t)) for t in cand_op.inputs]
     compared = [(t, pair.reference) for t, pair in compared if pair is not None and pair.reference in ref_op.inputs]
     if not compared or not all(run.reference.has_value(t) for t in ref_op.inputs):
         return evidence
@@ -232,7 +233,7 @@ def op_evidence(backward: BackwardRun, cand_index: int, ref_index: int) -> OpGra
         oracle = None
 
     def in_reference_layout(cand_tid: int, ref_tid: int, values: np.ndarray) -> np.ndarray:
-        pair = backward.tensor_pairs.get(cand_tid) or backward.parameter_pairs[cand_tid]
+        pair = backward.tensor_pairs.get(cand_tid) or backward.leaf_pairs[cand_tid]
         return pair.candidate_in_reference_layout(values, run.reference.tensors[ref_tid].shape)
 
     worst = {"local": 0.0, "candidate_error": 0.0, "reference_error": 0.0}
@@ -246,7 +247,7 @@ def op_evidence(backward: BackwardRun, cand_index: int, ref_index: int) -> OpGra
         mine = in_reference_layout(cand_tid, ref_tid, mine)
         worst["local"] = max(worst["local"], error_metrics(mine, theirs)["max_rel"])
         difference = mine.astype(np.float64) - theirs
-        pair = backward.tensor_pairs.get(cand_tid) or backward.parameter_pairs[cand_tid]
+        pair = backward.tensor_pairs.get(cand_tid) or backward.leaf_pairs[cand_tid]
         own_difference[cand_tid] = pair.reference_in_candidate_layout(difference, run.candidate.tensors[cand_tid].shape)
         if oracle is not None and oracle.get(ref_tid) is not None:
             exact = oracle[ref_tid]
@@ -273,10 +274,10 @@ def float64_gradient_check(backward: BackwardRun, error: float) -> Float64Check:
         except CannotUpcast as exc:
             return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
     float64_error = reference_rounding = candidate_rounding = 0.0
-    for cand_tid, pair in backward.parameter_pairs.items():
+    for cand_tid, pair in backward.leaf_pairs.items():
         ref_info = run.reference.tensors[pair.reference]
         reference64, candidate64 = grads["reference"].get(ref_info.leaf), grads["candidate"].get(run.candidate.tensors[cand_tid].leaf)
-        reference32, candidate32 = backward.reference.parameters.get(pair.reference), backward.candidate.parameters.get(cand_tid)
+        reference32, candidate32 = backward.reference.leaves.get(pair.reference), backward.candidate.leaves.get(cand_tid)
         if any(g is None for g in (reference64, candidate64, reference32, candidate32)):
             continue
         candidate64 = pair.candidate_in_reference_layout(candidate64, ref_info.shape)
@@ -313,9 +314,9 @@ class GradientSearch:
     def error(self, patches: dict[int, np.ndarray], parameter_shift: dict[int, np.ndarray] | None = None) -> float:
         grads = self.backward.rerun(patches)
         for tid, shift in (parameter_shift or {}).items():
-            if grads.parameters.get(tid) is not None:
-                grads.parameters[tid] = grads.parameters[tid] - shift
-        return self.backward.parameter_error(grads)["max_rel"]
+            if grads.leaves.get(tid) is not None:
+                grads.leaves[tid] = grads.leaves[tid] - shift
+        return self.backward.leaf_error(grads)["max_rel"]
 
     def entry_point(self, cuts: list[int], full_error: float) -> tuple[int | None, list[tuple[int, float]]]:
         """`cuts` in backward order (descending op index): the first past which under half the error is left."""
@@ -336,7 +337,7 @@ class GradientSearch:
         patches, shift = {}, {}
         for item in evidence:
             for tid, difference in (item.own_difference or {}).items():
-                if tid in self.backward.parameter_pairs:
+                if tid in self.backward.leaf_pairs:
                     shift[tid] = shift.get(tid, 0) + difference
                 elif tid in self.backward.candidate.tensors:
                     own = patches.get(tid, self.backward.candidate.tensors[tid])
@@ -373,14 +374,14 @@ def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
     say = progress or (lambda message: None)
     say("running each side's backward pass")
     backward = BackwardRun(run, sides)
-    if not backward.parameter_pairs:
-        raise OutputMismatchError(f"{run.model_file}: no parameter of the candidate is paired with one of the reference, "
-                                  "so the backward passes have no gradients to compare")
+    if not backward.leaf_pairs:
+        raise OutputMismatchError(f"{run.model_file}: no parameter or floating input of the candidate is paired with one of "
+                                  "the reference, so the backward passes have no gradients to compare")
     if (backward.reference.loss is None) != (backward.candidate.loss is None):
         defined, missing = ("reference", "candidate") if backward.candidate.loss is None else ("candidate", "reference")
         raise ModelFileError(f"{run.model_file}: defines {defined}_loss() but not {missing}_loss(): both sides' backward "
                              "passes start from their losses, or neither's does")
-    output_error = backward.parameter_error()
+    output_error = backward.leaf_error()
     full_error = output_error["max_rel"]
     alignment = run.alignment
     ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops), "aligned": len(alignment.aligned_ops("candidate"))}
@@ -390,7 +391,7 @@ def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
     profile = [_profile_row(run, backward, cand, ref) for cand, ref in backward.op_pairs.items()]
     result = Result("match", output_error, None, 0, ops, profile=profile, pass_="backward", losses=losses)
 
-    missing = missing_tensor_gradient(backward) or missing_parameter_gradient(backward)
+    missing = missing_tensor_gradient(backward) or missing_leaf_gradient(backward)
     search = GradientSearch(backward)
     if missing is not None:
         return _missing_gradient_result(result, backward, search, *missing)
@@ -438,15 +439,16 @@ def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
 def _missing_gradient_result(result: Result, backward: BackwardRun, search: GradientSearch, tid: int, lacking: str) -> Result:
     """`divergent` for a gradient one side lacks: the parameter, or the op cutting the gradient."""
     run = backward.run
-    pair = backward.tensor_pairs.get(tid) or backward.parameter_pairs[tid]
+    pair = backward.tensor_pairs.get(tid) or backward.leaf_pairs[tid]
     has = "reference" if lacking == "candidate" else "candidate"
     result.verdict = "divergent"
-    if tid in backward.parameter_pairs:
-        leaf = run.candidate.tensors[tid].leaf.split(":", 1)[1]
+    if tid in backward.leaf_pairs:
+        kind, _, leaf = run.candidate.tensors[tid].leaf.partition(":")
         cand_op = run.candidate.ops[run.candidate.first_reads()[tid]]
         ref_op = run.reference.ops[run.reference.first_reads()[pair.reference]]
         result.culprit = _missing_culprit("leaf", cand_op, ref_op, leaf)
-        result.missing_gradient = f"parameter {leaf} gets no gradient on the {lacking} (frozen there) and one on the {has}"
+        what = "parameter" if kind == "param" else "input"
+        result.missing_gradient = f"{what} {leaf} gets no gradient on the {lacking} (frozen there) and one on the {has}"
         return result
     cand_op, ref_op = run.candidate.producer_op(tid), run.reference.producer_op(pair.reference)
     cutting = cand_op if lacking == "candidate" else ref_op
@@ -454,7 +456,7 @@ def _missing_gradient_result(result: Result, backward: BackwardRun, search: Grad
     result.missing_gradient = (f"the gradient of {cutting.framework_op}'s output in {cutting.module or '(top level)'} reaches "
                                f"the {has} but not the {lacking}: {cutting.framework_op} cuts the {lacking}'s gradient there")
     if lacking == "candidate":
-        result.confirmation = search.confirm_cut(cand_op, backward.parameter_error()["max_rel"], 0.0)
+        result.confirmation = search.confirm_cut(cand_op, backward.leaf_error()["max_rel"], 0.0)
         result.reruns = backward.candidate_reruns
     return result
 

@@ -314,7 +314,7 @@ class Gradients:
     """What one backward pass of a side computed (see `bisectr.backward`)."""
 
     tensors: dict[int, np.ndarray]  # op output tid -> the gradient reaching it (absent: none reaches it)
-    parameters: dict[int, np.ndarray | None]  # parameter tid -> its gradient (None: frozen, or unused)
+    leaves: dict[int, np.ndarray | None]  # parameter or floating input tid -> its gradient (None: frozen, or unused)
     loss: float | None = None  # the side's loss, where the model file defines one
 
 

@@ -102,8 +102,9 @@ def rich_line(line: Line) -> Text:
 
 
 def measured(result: Result) -> str:
-    """What a pass's error is measured on: the model's outputs, or (backward) its parameters' gradients."""
-    return "parameters' gradients" if result.pass_ == "backward" else "outputs"
+    """What a pass's error is measured on: the model's outputs, or (backward) the gradients of its
+    parameters and floating inputs."""
+    return "gradients" if result.pass_ == "backward" else "outputs"
 
 
 def verdict_lines(result: Result) -> list[Line]:

@@ -50,8 +50,8 @@ class SideRunner(Protocol):
         key -> gradient), with `gradient_patches` (tid -> gradient) handed on instead of the own."""
 
     def float64_gradients(self, seeds: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
-        """The parameters' gradients (by leaf name) of a float64 copy of the model, as `backward`
-        computes them; raises `CannotUpcast`."""
+        """The gradients of the parameters and floating inputs (by leaf name) of a float64 copy of
+        the model, as `backward` computes them; raises `CannotUpcast`."""
 
 
 # Called as a recording starts with a function returning the number of ops recorded so far (read
@@ -143,12 +143,13 @@ class LocalSide:
     def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
         side, adapter = self.side, self.side.adapter
         listener = GradientRerun(adapter, trace, gradient_patches)
+        differentiated = _with_gradient_inputs(side, side.inputs)
         with adapter.intercept(side.model, listener, gradients=True):
-            outputs = side.forward()
+            outputs = differentiated.forward()
         listener.finish(output_pairs(adapter, outputs))
-        parameters = {tid: tensor for tid, tensor in listener.leaves.items()
-                      if (trace.tensors[tid].leaf or "").startswith("param:")}
-        grads, loss = _backward(side, outputs, seeds, parameters)
+        leaves = {tid: tensor for tid, tensor in listener.leaves.items()
+                  if (trace.tensors[tid].leaf or "").startswith(("param:", "input:")) and is_floating(trace.tensors[tid].dtype)}
+        grads, loss = _backward(side, outputs, seeds, leaves)
         return Gradients(listener.gradients, grads, loss)
 
     def float64_gradients(self, seeds: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
@@ -156,20 +157,29 @@ class LocalSide:
         model = adapter.float64_model(side.model)
         inputs = map_tensors(side.inputs, adapter.is_tensor,
                              lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
-        upcast = replace(side, model=model, inputs=inputs)
+        upcast = _with_gradient_inputs(replace(side, model=model), inputs)
+        leaves = {name: tensor for name, tensor in adapter.named_leaves(model) if name.startswith("param:")}
+        leaves.update((f"input:{key}", t) for key, t in upcast.input_items() if adapter.is_tensor(t) and adapter.requires_grad(t))
         try:
             with adapter.enable_grad():
                 outputs = upcast.forward()
-                parameters = {name: tensor for name, tensor in adapter.named_leaves(model) if name.startswith("param:")}
-                grads, _ = _backward(upcast, outputs, seeds, parameters)
+                grads, _ = _backward(upcast, outputs, seeds, leaves)
         except UserModelError as exc:
             raise CannotUpcast(f"its float64 backward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
         return grads
 
 
+def _with_gradient_inputs(side: Side, inputs: tuple | dict) -> Side:
+    """`side` run on `inputs` with each floating tensor a new leaf requiring a gradient: the gradient
+    reaching the inputs is the backward's last word, and compared with the parameters'."""
+    adapter = side.adapter
+    return replace(side, inputs=map_tensors(inputs, adapter.is_tensor,
+                                            lambda t: adapter.gradient_leaf(t) if is_floating(adapter.dtype_name(t)) else t))
+
+
 def _backward(side: Side, outputs: Any, seeds: dict[str, np.ndarray], parameters: dict) -> tuple[dict, float | None]:
-    """The gradients of `parameters` (key -> tensor; None for one no gradient reaches) from the
-    side's loss of `outputs`, or from `seeds` on its outputs; and the loss."""
+    """The gradients of `parameters` (key -> parameter or input tensor; None for one no gradient
+    reaches) from the side's loss of `outputs`, or from `seeds` on its outputs; and the loss."""
     adapter = side.adapter
     loss = None
     if side.loss is not None:
@@ -182,8 +192,9 @@ def _backward(side: Side, outputs: Any, seeds: dict[str, np.ndarray], parameters
                     for key, t in output_pairs(adapter, outputs) if key in seeds and adapter.requires_grad(t)]
     reached = [key for key, tensor in parameters.items() if adapter.requires_grad(tensor)]
     if not roots or not reached:
-        raise ModelFileError(f"{side.model_file}: no gradient reaches any parameter of the {side.role} model "
-                             "(every parameter frozen, or the forward runs without gradients): a backward pass has nothing to compare")
+        raise ModelFileError(f"{side.model_file}: no gradient reaches any parameter or input of the {side.role} model "
+                             "(every parameter frozen and no floating input, or the forward runs without gradients): "
+                             "a backward pass has nothing to compare")
     grads = dict.fromkeys(parameters)
     for key, grad in zip(reached, adapter.gradients(roots, upstream, [parameters[k] for k in reached])):
         grads[key] = None if grad is None else adapter.to_numpy(grad)

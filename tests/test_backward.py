@@ -89,7 +89,7 @@ def test_the_seeds_are_one_gradient_in_each_sides_layout_and_losses_are_compared
                      "def candidate_loss(outputs):\n    return (outputs ** 2).mean()\n")
     run = runs.trace(model)
     seeds = output_seeds(run)
-    (key, reference), (_, candidate) = *seeds["reference"].items(), *seeds["candidate"].items()
+    (_, reference), (_, candidate) = *seeds["reference"].items(), *seeds["candidate"].items()
     assert reference.shape == (4, 8, 4) and (reference == candidate).all() and reference.std() == pytest.approx(1, rel=0.2)
     result = run.bisect(backward=True).backward
     assert result.verdict == "noise" and result.losses["reference"] == pytest.approx(result.losses["candidate"], rel=1e-5)
@@ -107,7 +107,7 @@ def test_the_backward_result_is_saved_with_the_run_and_shown_by_view(tmp_path):
     viewed = subprocess.run([sys.executable, "-m", "bisectr", "view", str(out), "--no-tui"], capture_output=True, text=True)
     assert viewed.returncode == 1
     assert "backward verdict: divergent" in viewed.stdout and "(first op whose backward differs): WrongGeluGrad" in viewed.stdout
-    assert "confirmed: taking out only op 7's own difference takes the parameters' gradients' error" in viewed.stdout
+    assert "confirmed: taking out only op 7's own difference takes the gradients' error" in viewed.stdout
 
 
 def test_isolated_sides_run_their_backward_in_their_workers():
@@ -119,10 +119,10 @@ def test_isolated_sides_run_their_backward_in_their_workers():
 def test_only_gradients_both_sides_have_are_compared():
     run = runs.trace(PORTS, candidate="candidate_frozen")
     backward = BackwardRun(run, run.sides)
-    frozen = next(t for t, pair in backward.parameter_pairs.items() if run.candidate.tensors[t].leaf == "param:blocks.0.fc2.weight")
-    assert backward.candidate.parameters[frozen] is None and backward.tensor_error(frozen) is None
-    assert backward.reference.parameters[backward.parameter_pairs[frozen].reference] is not None
-    assert len(backward.parameter_pairs) == 3 * 6 + 2  # norm, fc1, fc2 (weight and bias) per block; the head
+    frozen = next(t for t, pair in backward.leaf_pairs.items() if run.candidate.tensors[t].leaf == "param:blocks.0.fc2.weight")
+    assert backward.candidate.leaves[frozen] is None and backward.tensor_error(frozen) is None
+    assert backward.reference.leaves[backward.leaf_pairs[frozen].reference] is not None
+    assert len(backward.leaf_pairs) == 3 * 6 + 2 + 1  # norm, fc1, fc2 (weight and bias) per block, the head, the input
 
 
 def test_repro_writes_the_culprits_backward_in_both_frameworks(tmp_path):
@@ -151,16 +151,23 @@ def test_nan_gradients_are_divergent_where_they_start():
      "candidate_loss() raised ValueError: no labels"),
     ("def reference_loss(outputs):\n    return outputs.sum()\n\n\ndef candidate_loss(outputs):\n    return outputs\n",
      "candidate_loss() returned Tensor, not a paddle tensor holding one value"),
-    ("def candidate_frozen_everywhere():\n    model, inputs = candidate()\n    for p in model.parameters():\n"
-     "        p.stop_gradient = True\n    return model, inputs\n",
-     "no gradient reaches any parameter of the candidate model"),
+    ("def candidate_without_gradients():\n    import paddle\n    model, inputs = candidate()\n\n"
+     "    def forward(x):\n        with paddle.no_grad():\n            return model(x)\n    return forward, inputs\n",
+     "no gradient reaches any parameter or input of the candidate model"),
 ])
 def test_a_model_file_whose_backward_cannot_run_is_status_2_naming_the_file(tmp_path, added, message):
     model = tmp_path / "bad_backward.py"
     model.write_text(PORTS.read_text() + "\n\n" + added)
-    candidate = "candidate_frozen_everywhere" if "frozen_everywhere" in added else "candidate"
+    candidate = "candidate_without_gradients" if "without_gradients" in added else "candidate"
     done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(model), "--candidate", candidate, "--backward"],
                           capture_output=True, text=True)
     assert done.returncode == 2, done.stderr
     assert str(model) in done.stderr and message in done.stderr.replace("\n", " "), done.stderr
     assert "Traceback" not in done.stderr or "Traceback (user code)" in done.stderr
+
+
+def test_a_fused_port_whose_parameters_pair_with_none_is_compared_through_its_inputs_gradients():
+    status, result = bisect_json(EXAMPLES / "paddle_vs_paddle.py")
+    backward = result["backward"]
+    assert status == 0 and backward["verdict"] == "noise" and backward["output_error"]["max_rel"] < 1e-4
+    assert backward["fp64_check"]["status"] == "agree"
