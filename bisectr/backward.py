@@ -110,27 +110,31 @@ class BackwardRun:
         singles = [(b.candidate[0], b.reference[0]) for b in run.alignment.blocks
                    if b.matched and len(b.candidate) == len(b.reference) == 1]
         self.op_pairs: dict[int, int] = dict(sorted([(p.candidate, p.reference) for p in run.alignment.pairs] + singles))
-        magnitudes = {tid: _magnitude(self.reference.leaves.get(pair.reference)) for tid, pair in parameters.items()}
+        magnitudes = {tid: magnitude(self.reference.leaves.get(pair.reference)) for tid, pair in parameters.items()}
         floor = GRADIENT_FLOOR * max(magnitudes.values(), default=0.0)
         self.leaf_scales = {tid: max(magnitude, floor) for tid, magnitude in magnitudes.items()}
 
     # -- gradients in one layout ---------------------------------------------------
+    def pair(self, cand_tid: int) -> TensorPair | None:
+        """The pair of a candidate op output or leaf whose gradients are compared (None: not compared)."""
+        return self.tensor_pairs.get(cand_tid) or self.leaf_pairs.get(cand_tid)
+
     def _gradient(self, grads: Gradients, tid: int, paired_op_output: bool) -> np.ndarray | None:
         return (grads.tensors if paired_op_output else grads.leaves).get(tid)
 
     def reference_gradient(self, cand_tid: int) -> np.ndarray | None:
         """The reference's gradient of the tensor paired with `cand_tid`, in the candidate's layout."""
-        pair = self.tensor_pairs.get(cand_tid) or self.leaf_pairs.get(cand_tid)
+        pair = self.pair(cand_tid)
         values = None if pair is None else self._gradient(self.reference, pair.reference, cand_tid in self.tensor_pairs)
         return None if values is None else pair.reference_in_candidate_layout(values, self.run.candidate.tensors[cand_tid].shape)
 
     def tensor_error(self, cand_tid: int, grads: Gradients | None = None) -> dict[str, float] | None:
         """The error of the candidate's gradient of `cand_tid` (a paired op output or parameter; the
         candidate's own, or from `grads`); None unless it is paired and both sides' gradients reach it."""
-        op_output = cand_tid in self.tensor_pairs
-        pair = self.tensor_pairs[cand_tid] if op_output else self.leaf_pairs.get(cand_tid)
+        pair = self.pair(cand_tid)
         if pair is None:
             return None
+        op_output = cand_tid in self.tensor_pairs
         candidate = self._gradient(grads or self.candidate, cand_tid, op_output)
         reference = self._gradient(self.reference, pair.reference, op_output)
         if candidate is None or reference is None:
@@ -152,8 +156,7 @@ class BackwardRun:
 
     def relative(self, cand_tid: int, max_abs: float) -> float:
         """An absolute error of parameter `cand_tid`'s gradient, relative to its scale (see `leaf_error`)."""
-        scale = self.leaf_scales[cand_tid]
-        return max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
+        return relative_to(max_abs, self.leaf_scales[cand_tid])
 
     def rerun(self, gradient_patches: dict[int, np.ndarray]) -> Gradients:
         self.candidate_reruns += 1
@@ -161,8 +164,14 @@ class BackwardRun:
 
 
 # -- gradients one side lacks ---------------------------------------------------------
-def _magnitude(values: np.ndarray | None) -> float:
+def magnitude(values: np.ndarray | None) -> float:
+    """The largest absolute value (0 for none)."""
     return float(np.abs(values).max()) if values is not None and values.size else 0.0
+
+
+def relative_to(max_abs: float, scale: float) -> float:
+    """An absolute error against a scale (0 against 0, infinite for an error against nothing)."""
+    return max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
 
 
 def _reaches(values: np.ndarray | None) -> bool:
@@ -204,8 +213,8 @@ def op_evidence(backward: BackwardRun, cand_index: int, ref_index: int) -> OpGra
     first = cand_op.outputs[0]
     propagated = backward.tensor_error(first) or {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0, "cosine": 1.0}
     evidence = OpGradientEvidence(cand_index, ref_index, cand_op.op, dtype, propagated, None, None, "unknown")
-    compared = [(t, backward.tensor_pairs.get(t) or backward.leaf_pairs.get(t)) for t in cand_op.inputs]
-    compared = [(t, pair.reference) for t, pair in compared if pair is not None and pair.reference in ref_op.inputs]
+    pairs = {t: backward.pair(t) for t in cand_op.inputs}
+    compared = [(t, pair.reference) for t, pair in pairs.items() if pair is not None and pair.reference in ref_op.inputs]
     if not compared or not all(run.reference.has_value(t) for t in ref_op.inputs):
         return evidence
     cand_values = {}
@@ -232,10 +241,6 @@ def op_evidence(backward: BackwardRun, cand_index: int, ref_index: int) -> OpGra
     except Exception:  # no float64 kernel for its backward
         oracle = None
 
-    def in_reference_layout(cand_tid: int, ref_tid: int, values: np.ndarray) -> np.ndarray:
-        pair = backward.tensor_pairs.get(cand_tid) or backward.leaf_pairs[cand_tid]
-        return pair.candidate_in_reference_layout(values, run.reference.tensors[ref_tid].shape)
-
     worst = {"local": 0.0, "candidate_error": 0.0, "reference_error": 0.0}
     own_difference = {}
     for cand_tid, ref_tid in compared:
@@ -244,10 +249,10 @@ def op_evidence(backward: BackwardRun, cand_index: int, ref_index: int) -> OpGra
             if _reaches(mine) or _reaches(theirs):
                 worst["local"] = math.inf
             continue
-        mine = in_reference_layout(cand_tid, ref_tid, mine)
+        pair = pairs[cand_tid]
+        mine = pair.candidate_in_reference_layout(mine, run.reference.tensors[ref_tid].shape)
         worst["local"] = max(worst["local"], error_metrics(mine, theirs)["max_rel"])
         difference = mine.astype(np.float64) - theirs
-        pair = backward.tensor_pairs.get(cand_tid) or backward.leaf_pairs[cand_tid]
         own_difference[cand_tid] = pair.reference_in_candidate_layout(difference, run.candidate.tensors[cand_tid].shape)
         if oracle is not None and oracle.get(ref_tid) is not None:
             exact = oracle[ref_tid]
@@ -439,7 +444,7 @@ def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
 def _missing_gradient_result(result: Result, backward: BackwardRun, search: GradientSearch, tid: int, lacking: str) -> Result:
     """`divergent` for a gradient one side lacks: the parameter, or the op cutting the gradient."""
     run = backward.run
-    pair = backward.tensor_pairs.get(tid) or backward.leaf_pairs[tid]
+    pair = backward.pair(tid)
     has = "reference" if lacking == "candidate" else "candidate"
     result.verdict = "divergent"
     if tid in backward.leaf_pairs:

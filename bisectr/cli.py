@@ -322,15 +322,14 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
         run = trace(args.model_file, args.reference, args.candidate, watch=watch, **_isolation(args))
     searched = _search(run, status_console, args.exhaustive, quiet=args.json, backward=args.backward)
     result = json_safe(searched.to_dict())
-    if args.repro and searched.culprit is not None:
+    if args.repro:
         from .repro import write_repro
-
+    if args.repro and searched.culprit is not None:
         where = write_repro(run, searched.culprit.candidate.index, args.repro, run.sides)
         result["repro"] = str(where / "repro.py")
     backward = searched.backward
     if args.repro and backward is not None and backward.culprit is not None and backward.culprit.kind == "op":
         from .backward import repro_upstream
-        from .repro import write_repro
 
         culprit = backward.culprit
         upstream = repro_upstream(run, run.sides, culprit.candidate.index, culprit.reference.index)

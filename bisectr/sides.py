@@ -187,9 +187,9 @@ def _backward(side: Side, outputs: Any, seeds: dict[str, np.ndarray], parameters
         roots, upstream = [value], [adapter.from_numpy(np.ones(value.shape), adapter.dtype_name(value), adapter.device_name(value))]
         loss = float(adapter.to_numpy(value).reshape(()))
     else:
-        roots = [t for key, t in output_pairs(adapter, outputs) if key in seeds and adapter.requires_grad(t)]
-        upstream = [adapter.from_numpy(seeds[key], adapter.dtype_name(t), adapter.device_name(t))
-                    for key, t in output_pairs(adapter, outputs) if key in seeds and adapter.requires_grad(t)]
+        seeded = [(key, t) for key, t in output_pairs(adapter, outputs) if key in seeds and adapter.requires_grad(t)]
+        roots = [t for _, t in seeded]
+        upstream = [adapter.from_numpy(seeds[key], adapter.dtype_name(t), adapter.device_name(t)) for key, t in seeded]
     reached = [key for key, tensor in parameters.items() if adapter.requires_grad(tensor)]
     if not roots or not reached:
         raise ModelFileError(f"{side.model_file}: no gradient reaches any parameter or input of the {side.role} model "

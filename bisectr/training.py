@@ -36,7 +36,7 @@ import numpy as np
 from .adapters import CannotUpcast
 from .align import TensorPair
 from .analysis import coarsest_dtype, noise_floor
-from .backward import GRADIENT_FLOOR, output_seeds
+from .backward import GRADIENT_FLOOR, magnitude, output_seeds, relative_to
 from .errors import ModelFileError
 from .modelfile import Side, load_module, module_name, run_user_code
 from .precision import ROUNDING_SHARE
@@ -181,9 +181,7 @@ class Comparison:
         self.shapes = reference_shapes
 
     def between(self, candidate: StepRecord, reference: StepRecord, same_side: bool = False) -> dict[str, float]:
-        loss_scale = abs(reference.loss)
-        difference = abs(candidate.loss - reference.loss)
-        errors = {"loss": difference / loss_scale if loss_scale else (0.0 if difference == 0 else math.inf)}
+        errors = {"loss": relative_to(abs(candidate.loss - reference.loss), abs(reference.loss))}
         for measure, attribute in (("gradient", "gradients"), ("update", "updates")):
             errors[measure] = self._worst(getattr(candidate, attribute), getattr(reference, attribute), same_side)
         errors["moments"] = max((self._worst(_moment(candidate, which), _moment(reference, which), same_side)
@@ -205,7 +203,7 @@ class Comparison:
 
     @staticmethod
     def _floor(values: dict[str, np.ndarray | None]) -> float:
-        return GRADIENT_FLOOR * max((float(np.abs(v).max()) for v in values.values() if v is not None and v.size), default=0.0)
+        return GRADIENT_FLOOR * max(map(magnitude, values.values()), default=0.0)
 
     def _error(self, candidate: np.ndarray | None, reference: np.ndarray | None, pair: TensorPair | None,
                reference_name: str, floor: float) -> float:
@@ -213,9 +211,8 @@ class Comparison:
             return 0.0 if candidate is None and reference is None else math.inf
         if pair is not None:
             candidate = pair.candidate_in_reference_layout(candidate, self.shapes[reference_name])
-        difference = float(np.abs(candidate.reshape(reference.shape).astype(np.float64) - reference).max()) if reference.size else 0.0
-        scale = max(float(np.abs(reference).max()) if reference.size else 0.0, floor)
-        return difference / scale if scale > 0 else (0.0 if difference == 0 else math.inf)
+        difference = magnitude(candidate.reshape(reference.shape).astype(np.float64) - reference)
+        return relative_to(difference, max(magnitude(reference), floor))
 
 
 def _moment(record: StepRecord, which: str) -> dict[str, np.ndarray]:
@@ -291,11 +288,11 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         if searched.verdict == "divergent":
             result.culprit = searched.culprit
         elif measure == "loss":
-            result.note = (f"the models' outputs agree ({searched.verdict}: {fmt_error(searched)}), the losses do not "
+            result.note = (f"the models' outputs agree ({searched.verdict}: {_error_text(searched)}), the losses do not "
                            f"(reference {row.loss['reference']:.6g}, candidate {row.loss['candidate']:.6g}): the loss "
                            "functions compute differently")
         else:
-            result.note = (f"the backward search at the initial weights finds {searched.verdict} ({fmt_error(searched)}): "
+            result.note = (f"the backward search at the initial weights finds {searched.verdict} ({_error_text(searched)}): "
                            "the gradients part in the losses' own backward")
     else:
         result.note = (f"the {result.stage} first differs at step {number}; its search runs at the initial weights only "
@@ -303,7 +300,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
     return result
 
 
-def fmt_error(result: Any) -> str:
+def _error_text(result: Any) -> str:
     return f"relative difference {result.output_error.get('max_rel', 0.0):.3g}"
 
 
