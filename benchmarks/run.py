@@ -445,7 +445,7 @@ def phase_timer():
     on exit) the functions they call: `align_traces` wherever a bisectr module bound it (the alignment is
     made as the run is traced), `Analysis.compute`, `Sides.rerun`."""
     import bisectr.analysis as analysis
-    import bisectr.bisection as bisection
+    import bisectr.forward as forward
     import bisectr.run as run_module
     import bisectr.sides as sides_module
 
@@ -471,11 +471,11 @@ def phase_timer():
         patches.append((owner, name, original))
         setattr(owner, name, timed)
 
-    for module in (bisection, run_module):
+    for module in (forward, run_module):
         wrap(module, "align_traces", "align")
     wrap(analysis.Analysis, "compute", "analysis")
-    wrap(bisection, "float64_check", "float64")
-    wrap(bisection, "check_reproducible", "reproduce")
+    wrap(forward, "float64_check", "float64")
+    wrap(forward, "check_reproducible", "reproduce")
     wrap(sides_module.Sides, "rerun", "reruns", counter=True)
     try:
         yield spent

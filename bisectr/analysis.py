@@ -23,33 +23,10 @@ import numpy as np
 
 from .align import LAYOUT_OPS, Block, TensorPair
 from .metrics import error_metrics
+from .numerics import coarsest_dtype, judge, noise_floor
 from .record import RunRecord
 from .sides import Sides
 from .trace import OpNode, Trace
-
-NOISE_FACTOR = 4.0
-_EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}
-FLOOR_EPS = 16  # a dtype's noise floor, in units of its machine epsilon
-
-
-def noise_floor(dtype: str) -> float:
-    return FLOOR_EPS * _EPS.get(dtype, 0.0)
-
-
-def coarsest_dtype(dtypes: list[str]) -> str:
-    """The least precise floating dtype among `dtypes` (an op's rounding is bounded by it)."""
-    floating = [d for d in dtypes if d in _EPS]
-    return max(floating, key=lambda d: _EPS[d]) if floating else (dtypes[0] if dtypes else "")
-
-
-def judge(local_error: float, candidate_error: float | None, reference_error: float | None, dtype: str) -> str:
-    """exact / noise / different for one op (or leaf)."""
-    if local_error == 0.0:
-        return "exact"
-    if candidate_error is None or reference_error is None:
-        return "noise" if local_error <= noise_floor(dtype) else "different"
-    return "noise" if candidate_error <= NOISE_FACTOR * reference_error + noise_floor(dtype) else "different"
-
 
 @dataclass
 class OpEvidence:

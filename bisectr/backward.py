@@ -28,42 +28,26 @@
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
 from .adapters import CannotUpcast
 from .align import TensorPair
-from .analysis import NOISE_FACTOR, coarsest_dtype, judge
-from .bisection import CONFIRM_FRACTION, ENTRY_FRACTION, MAX_REACH_TESTS, RERUN_SLACK, first_past
 from .errors import ModelFileError, OutputMismatchError
 from .metrics import error_metrics
-from .precision import judge_float64
-from .record import RunRecord
-from .recording import Gradients
-from .result import Bracket, Confirmation, Culprit, Cut, Float64Check, OpSite, ProfileRow, Result
+from .numerics import GRADIENT_FLOOR, NOISE_FACTOR, coarsest_dtype, confirms, judge, judge_float64, magnitude, relative_to
+from .record import RunRecord, output_seeds
+from .recording import Gradients, Shift
+from .result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Result
+from .search import (SearchPass, bracket, culprit_without_evidence, cut_before, entry_point, first_difference,
+                     recurrences, site, verdict_of)
 from .sides import Sides
 from .trace import OpNode, is_floating
 
-GRADIENT_FLOOR = 1e-3  # leaf gradients are compared at no less than this share of the largest one
 LEAVES = ("param:", "input:")  # the leaves whose gradients are the backward's outputs (floating inputs: see `Sides.backward`)
-
-
-def output_seeds(run: RunRecord) -> dict[str, dict[str, np.ndarray]]:
-    """The gradient each side's backward starts from, per output key: one fixed random tensor per
-    paired floating output (seeded by the output's key), in each side's layout."""
-    seeds: dict[str, dict[str, np.ndarray]] = {"reference": {}, "candidate": {}}
-    for pair in run.output_pairs:
-        ref_info, cand_info = run.reference.tensors[pair.reference], run.candidate.tensors[pair.candidate]
-        if not (is_floating(ref_info.dtype) and is_floating(cand_info.dtype)):
-            continue
-        values = np.random.default_rng(zlib.crc32(pair.key.encode())).standard_normal(ref_info.shape)
-        seeds["reference"][pair.key] = values
-        seeds["candidate"][pair.candidate_key] = pair.in_candidate_layout(values, cand_info.shape)
-    return seeds
 
 
 @dataclass
@@ -84,8 +68,7 @@ class OpGradientEvidence:
 
 
 class BackwardRun:
-    """Both sides' backward passes of a live run, paired through the forward alignment, and the
-    candidate's re-runs with gradients handed on."""
+    """Both sides' backward passes of a live run, paired through the forward alignment."""
 
     def __init__(self, run: RunRecord, sides: Sides):
         self.run = run
@@ -93,7 +76,6 @@ class BackwardRun:
         self.seeds = output_seeds(run)
         self.reference = sides.backward("reference", self.seeds["reference"])
         self.candidate = sides.backward("candidate", self.seeds["candidate"])
-        self.candidate_reruns = 0
         tensors, parameters = {}, {}
         for cand_tid, pair in run.alignment.tensors.items():
             cand_info, ref_info = run.candidate.tensors[cand_tid], run.reference.tensors[pair.reference]
@@ -146,9 +128,13 @@ class BackwardRun:
         parameter's max_rel is taken against its own gradient's largest magnitude, but never
         against less than `GRADIENT_FLOOR` of the largest of any parameter's: a gradient that is
         zero but for rounding (a key bias before a softmax) has no relative error of its own."""
+        grads = grads or self.candidate
+        return self.worst_leaf_error(lambda tid, pair: self.tensor_error(tid, grads))
+
+    def worst_leaf_error(self, error_of: Callable[[int, TensorPair], dict[str, float] | None]) -> dict[str, float]:
         worst = {"max_abs": 0.0, "max_rel": 0.0}
-        for tid in self.leaf_pairs:
-            error = self.tensor_error(tid, grads)
+        for tid, pair in self.leaf_pairs.items():
+            error = error_of(tid, pair)
             if error is not None:
                 worst["max_abs"] = max(worst["max_abs"], error["max_abs"])
                 worst["max_rel"] = max(worst["max_rel"], self.relative(tid, error["max_abs"]))
@@ -158,22 +144,8 @@ class BackwardRun:
         """An absolute error of parameter `cand_tid`'s gradient, relative to its scale (see `leaf_error`)."""
         return relative_to(max_abs, self.leaf_scales[cand_tid])
 
-    def rerun(self, gradient_patches: dict[int, np.ndarray]) -> Gradients:
-        self.candidate_reruns += 1
-        return self.sides.backward("candidate", self.seeds["candidate"], gradient_patches)
-
 
 # -- gradients one side lacks ---------------------------------------------------------
-def magnitude(values: np.ndarray | None) -> float:
-    """The largest absolute value (0 for none)."""
-    return float(np.abs(values).max()) if values is not None and values.size else 0.0
-
-
-def relative_to(max_abs: float, scale: float) -> float:
-    """An absolute error against a scale (0 against 0, infinite for an error against nothing)."""
-    return max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf)
-
-
 def _reaches(values: np.ndarray | None) -> bool:
     return values is not None and bool(np.any(values))
 
@@ -296,81 +268,124 @@ def float64_gradient_check(backward: BackwardRun, error: float) -> Float64Check:
 
 
 # -- the search -----------------------------------------------------------------------
-class GradientSearch:
-    """The candidate's backward re-run with the reference's gradients handed on at cuts."""
+class BackwardPass(SearchPass):
+    """The candidate's backward re-run with the reference's gradients handed on at cuts, and the
+    backward evidence of each paired op."""
+
+    name = "backward"
 
     def __init__(self, backward: BackwardRun):
+        super().__init__(backward.run)
         self.backward = backward
         first_read = backward.run.candidate.first_reads()
         never = len(backward.run.candidate.ops)  # an output nothing reads: its gradient is the seed
         self.patchable = sorted(((first_read.get(t, never), t) for t in backward.tensor_pairs), reverse=True)
+        self.evidence: dict[int, OpGradientEvidence] = {}
 
-    def patches_from(self, cut: int) -> dict[int, np.ndarray]:
-        """The reference's gradient for every paired tensor whose readers all come at or after op `cut`."""
+    def rerun(self, role: str, patches: dict[int, np.ndarray]) -> Gradients:
+        if role == "candidate":
+            self.candidate_reruns += 1
+        else:
+            self.reference_reruns += 1
+        return self.backward.sides.backward(role, self.backward.seeds[role], patches)
+
+    def error(self, patches: dict[int, np.ndarray], parameter_shift: dict[int, np.ndarray] | None = None) -> float:
+        """The parameters' gradient error of a candidate re-run handing on `patches`, its parameters'
+        gradients less `parameter_shift`."""
+        grads = self.rerun("candidate", patches)
+        for tid, shift in (parameter_shift or {}).items():
+            if grads.leaves.get(tid) is not None:
+                grads.leaves[tid] = grads.leaves[tid] - shift
+        return self.backward.leaf_error(grads)["max_rel"]
+
+    def _moved(self, grads: Gradients, side: str) -> float:
+        """How far a re-run's parameter gradients moved from the `side`'s own (worst max_rel)."""
+        backward = self.backward
+        own_grads = backward.candidate if side == "candidate" else backward.reference
+
+        def moved(cand_tid: int, pair: TensorPair) -> dict[str, float] | None:
+            tid = cand_tid if side == "candidate" else pair.reference
+            new, own = grads.leaves.get(tid), own_grads.leaves.get(tid)
+            return None if new is None or own is None else error_metrics(new, own)
+        return backward.worst_leaf_error(moved)["max_rel"]
+
+    # -- what the search asks --------------------------------------------------
+    def cuts(self) -> list[int]:
+        return sorted(self.backward.op_pairs, reverse=True)
+
+    def error_at_cut(self, cut: int) -> tuple[float, float]:
+        """Handing on the reference's gradient for every paired tensor whose readers all come at or after op `cut`."""
         patches = {}
         for position, tid in self.patchable:
             if position < cut:
                 break
             values = self.backward.reference_gradient(tid)
             if values is not None and tid in self.backward.candidate.tensors:
-                patches[tid] = values.astype(np.float32 if self.backward.run.candidate.tensors[tid].dtype == "bfloat16" else values.dtype)
-        return patches
+                patches[tid] = values.astype(self.backward.candidate.tensors[tid].dtype)
+        grads = self.rerun("candidate", patches)
+        return self.backward.leaf_error(grads)["max_rel"], self._moved(grads, "candidate")
 
-    def error(self, patches: dict[int, np.ndarray], parameter_shift: dict[int, np.ndarray] | None = None) -> float:
-        grads = self.backward.rerun(patches)
-        for tid, shift in (parameter_shift or {}).items():
-            if grads.leaves.get(tid) is not None:
-                grads.leaves[tid] = grads.leaves[tid] - shift
-        return self.backward.leaf_error(grads)["max_rel"]
+    def evidence_of(self, index: int) -> OpGradientEvidence | None:
+        if index not in self.backward.op_pairs:
+            return None
+        if index not in self.evidence:
+            self.evidence[index] = op_evidence(self.backward, index, self.backward.op_pairs[index])
+        return self.evidence[index]
 
-    def entry_point(self, cuts: list[int], full_error: float) -> tuple[int | None, list[tuple[int, float]]]:
-        """`cuts` in backward order (descending op index): the first past which under half the error is left."""
-        evaluated: dict[int, float] = {}
+    def suspects(self, cuts: list[int], entry: int | None) -> Iterator[OpGradientEvidence]:
+        """From the cut before the entry point down to the entry point (where the cut search says the
+        error enters), then on towards the inputs. An op at or past the cut before the entry point
+        cannot hold it: the reference's gradients handed on there left most of the error in place."""
+        low = cut_before(cuts, entry)
+        ops = sorted((i for i in self.backward.op_pairs if low is None or i < low), reverse=True)
+        if entry is not None:
+            ops = [i for i in ops if i >= entry] + [i for i in ops if i < entry]
+        yield from (self.evidence_of(i) for i in ops)
 
-        def past_entry(position: int) -> bool:
-            if position not in evaluated:
-                evaluated[position] = self.error(self.patches_from(cuts[position]))
-            if math.isinf(full_error) or math.isnan(full_error):  # NaN/Inf gradients: the first cut that leaves them finite
-                return math.isfinite(evaluated[position])
-            return evaluated[position] <= ENTRY_FRACTION * full_error
-
-        entry = first_past(len(cuts), past_entry, exhaustive=False)
-        return (cuts[entry] if entry is not None else None), [(cuts[i], evaluated[i]) for i in sorted(evaluated)]
-
-    def confirm(self, evidence: list[OpGradientEvidence], before: float, rounding: float) -> Confirmation:
-        """Re-run with these ops' own backward differences taken out of the gradients they hand on."""
+    def reach(self, group: list[OpGradientEvidence]) -> float:
+        """The reference's backward re-run with these ops' own differences added to the gradients they hand on."""
+        backward, run = self.backward, self.run
         patches, shift = {}, {}
-        for item in evidence:
-            for tid, difference in (item.own_difference or {}).items():
-                if tid in self.backward.leaf_pairs:
-                    shift[tid] = shift.get(tid, 0) + difference
-                elif tid in self.backward.candidate.tensors:
-                    own = patches.get(tid, self.backward.candidate.tensors[tid])
-                    with np.errstate(invalid="ignore", over="ignore"):
-                        shifted = own - difference
-                    reference = self.backward.reference_gradient(tid)
-                    if reference is not None:  # where the op itself made NaN/Inf, the reference's gradient is what is left
-                        shifted = np.where(np.isfinite(shifted), shifted, reference)
-                    patches[tid] = shifted.astype(own.dtype)
-        after = self.error(patches, shift)
-        return Confirmation([e.candidate for e in evidence], after, before, _confirms(after, before, rounding))
+        for evidence in group:
+            for cand_tid, difference in (evidence.own_difference or {}).items():
+                pair = backward.pair(cand_tid)
+                difference = pair.candidate_in_reference_layout(difference, run.reference.tensors[pair.reference].shape)
+                if cand_tid in backward.leaf_pairs:
+                    shift[pair.reference] = shift.get(pair.reference, 0) + difference
+                elif pair.reference in backward.reference.tensors:
+                    total = patches[pair.reference].delta + difference if pair.reference in patches else difference
+                    patches[pair.reference] = Shift(total.astype(backward.reference.tensors[pair.reference].dtype))
+        grads = self.rerun("reference", patches)
+        for tid, difference in shift.items():
+            if grads.leaves.get(tid) is not None:
+                grads.leaves[tid] = grads.leaves[tid] + difference
+        return self._moved(grads, "reference")
 
-    def confirm_cut(self, op: OpNode, before: float, rounding: float) -> Confirmation:
-        """Re-run with the reference's gradients handed on where the cut op's inputs receive theirs."""
+    def error_without(self, group: list[OpGradientEvidence]) -> float:
+        """A candidate re-run with these ops' own backward differences taken out of the gradients they hand on."""
+        backward = self.backward
+        patches, shift = {}, {}
+        for evidence in group:
+            for tid, difference in (evidence.own_difference or {}).items():
+                if tid in backward.leaf_pairs:
+                    shift[tid] = shift.get(tid, 0) + difference
+                elif tid in backward.candidate.tensors:
+                    dtype = backward.candidate.tensors[tid].dtype
+                    total = patches[tid].delta - difference if tid in patches else -difference
+                    # where the op itself made NaN/Inf, the reference's gradient is what is left
+                    reference = backward.reference_gradient(tid)
+                    patches[tid] = Shift(total.astype(dtype), None if reference is None else reference.astype(dtype))
+        return self.error(patches, shift)
+
+    def error_with_cut_gradient(self, op: OpNode) -> tuple[float, bool]:
+        """A candidate re-run with the reference's gradients handed on where the cut op's inputs
+        receive theirs; and whether there was any to hand on."""
         patches = {}
         for tid in op.inputs:
             values = self.backward.reference_gradient(tid)
             if values is not None and tid in self.backward.candidate.tensors:
                 patches[tid] = values.astype(self.backward.candidate.tensors[tid].dtype)
-        after = self.error(patches)
-        return Confirmation([op.index], after, before, bool(patches) and _confirms(after, before, rounding))
-
-
-def _confirms(after: float, before: float, rounding: float) -> bool:
-    """Did taking a difference out bring the error down to rounding (NaN/Inf gradients: make them finite)?"""
-    if not math.isfinite(before):
-        return math.isfinite(after)
-    return after <= max(CONFIRM_FRACTION * before, rounding) and after < ENTRY_FRACTION * before
+        return self.error(patches), bool(patches)
 
 
 def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
@@ -388,61 +403,43 @@ def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
                              "passes start from their losses, or neither's does")
     output_error = backward.leaf_error()
     full_error = output_error["max_rel"]
-    alignment = run.alignment
-    ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops), "aligned": len(alignment.aligned_ops("candidate"))}
+    ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops), "aligned": len(run.alignment.aligned_ops("candidate"))}
     losses = None
     if backward.reference.loss is not None or backward.candidate.loss is not None:
         losses = {"reference": backward.reference.loss, "candidate": backward.candidate.loss}
-    profile = [_profile_row(run, backward, cand, ref) for cand, ref in backward.op_pairs.items()]
-    result = Result("match", output_error, None, 0, ops, profile=profile, pass_="backward", losses=losses)
+    search = BackwardPass(backward)
+    result = Result("match", output_error, None, 0, ops, pass_="backward", losses=losses)
 
     missing = missing_tensor_gradient(backward) or missing_leaf_gradient(backward)
-    search = GradientSearch(backward)
     if missing is not None:
-        return _missing_gradient_result(result, backward, search, *missing)
-    if full_error <= tolerance:
-        return result
-    say("running both sides' backward passes in float64")
-    result.fp64_check = float64_gradient_check(backward, full_error)
-    say("searching the backward pass")
-    cuts = sorted(backward.op_pairs, reverse=True)
-    entry, trail = search.entry_point(cuts, full_error)
-    result.entry, result.cuts = entry, [Cut(op, error) for op, error in trail]
-    low = cuts[cuts.index(entry) - 1] if entry is not None and cuts.index(entry) > 0 else None
-    if result.fp64_check.status != "agree":
-        rounding = NOISE_FACTOR * result.fp64_check.predicted if result.fp64_check.predicted is not None else 0.0
-        budget = math.ceil(math.log2(max(len(run.candidate.ops), 2))) + RERUN_SLACK
-        evidence: dict[int, OpGradientEvidence] = {}
-        tested = 0
-        for index in _suspect_order(list(backward.op_pairs), entry, low):
-            if backward.candidate_reruns >= budget or tested >= MAX_REACH_TESTS:
-                break
-            say(f"replaying the backward of op {index}")
-            suspect = evidence[index] = op_evidence(backward, index, backward.op_pairs[index])
-            if suspect.verdict != "different":
-                continue
-            tested += 1
-            confirmation = search.confirm([suspect], full_error, rounding)
-            if confirmation.confirmed or result.culprit is None:
-                result.culprit, result.confirmation = _culprit(run, suspect), confirmation
-            if confirmation.confirmed:
-                break
-        result.profile = [_profile_row(run, backward, cand, ref, evidence.get(cand)) for cand, ref in backward.op_pairs.items()]
-    if result.confirmation is not None and result.confirmation.confirmed:
-        result.verdict = "divergent"
-    elif result.fp64_check.status == "disagree" or result.culprit is not None:
-        result.verdict = "divergent"
-        result.bracket = _bracket(run, backward.op_pairs, entry, low)
-    else:
-        result.verdict = "noise"
-        if entry is not None:
-            result.culprit = _culprit(run, op_evidence(backward, entry, backward.op_pairs[entry]))
-    result.reruns = backward.candidate_reruns
+        _name_missing_gradient(result, search, *missing)
+    elif full_error > tolerance:
+        say("running both sides' backward passes in float64")
+        float64 = result.fp64_check = float64_gradient_check(backward, full_error)
+        say("searching the backward pass")
+        cuts = search.cuts()
+        rounding = NOISE_FACTOR * float64.predicted if float64.predicted is not None else 0.0
+        result.entry, result.cuts = entry_point(search, cuts, full_error, rounding, float64.status == "agree")
+        finding = first_difference(search, cuts, result.entry, full_error, rounding, say) if float64.status != "agree" else None
+        result.verdict, bracketed = verdict_of(finding, float64, not math.isfinite(full_error)) if finding else ("noise", False)
+        if finding is not None:
+            result.confirmation, result.not_blamed = finding.confirmation, finding.not_blamed
+            result.recurrences = recurrences(run, finding, full_error)
+        culprit_evidence = finding.evidence if finding else None
+        if result.verdict == "noise" and result.entry is not None:
+            culprit_evidence = search.evidence_of(result.entry)
+        if culprit_evidence is not None:
+            result.culprit = _culprit(run, culprit_evidence)
+        if bracketed:
+            result.bracket = _bracket(run, backward.op_pairs, result.entry, cut_before(cuts, result.entry))
+    result.reruns, result.reference_reruns = search.candidate_reruns, search.reference_reruns
+    result.profile = [_profile_row(run, backward, cand, ref, search.evidence.get(cand)) for cand, ref in backward.op_pairs.items()]
     return result
 
 
-def _missing_gradient_result(result: Result, backward: BackwardRun, search: GradientSearch, tid: int, lacking: str) -> Result:
+def _name_missing_gradient(result: Result, search: BackwardPass, tid: int, lacking: str) -> None:
     """`divergent` for a gradient one side lacks: the parameter, or the op cutting the gradient."""
+    backward = search.backward
     run = backward.run
     pair = backward.pair(tid)
     has = "reference" if lacking == "candidate" else "candidate"
@@ -451,36 +448,19 @@ def _missing_gradient_result(result: Result, backward: BackwardRun, search: Grad
         kind, _, leaf = run.candidate.tensors[tid].leaf.partition(":")
         cand_op = run.candidate.ops[run.candidate.first_reads()[tid]]
         ref_op = run.reference.ops[run.reference.first_reads()[pair.reference]]
-        result.culprit = _missing_culprit("leaf", cand_op, ref_op, leaf)
+        result.culprit = culprit_without_evidence("leaf", cand_op, ref_op, leaf)
         what = "parameter" if kind == "param" else "input"
         result.missing_gradient = f"{what} {leaf} gets no gradient on the {lacking} (frozen there) and one on the {has}"
-        return result
+        return
     cand_op, ref_op = run.candidate.producer_op(tid), run.reference.producer_op(pair.reference)
     cutting = cand_op if lacking == "candidate" else ref_op
-    result.culprit = _missing_culprit("op", cand_op, ref_op, None)
+    result.culprit = culprit_without_evidence("op", cand_op, ref_op, None)
     result.missing_gradient = (f"the gradient of {cutting.framework_op}'s output in {cutting.module or '(top level)'} reaches "
                                f"the {has} but not the {lacking}: {cutting.framework_op} cuts the {lacking}'s gradient there")
     if lacking == "candidate":
-        result.confirmation = search.confirm_cut(cand_op, backward.leaf_error()["max_rel"], 0.0)
-        result.reruns = backward.candidate_reruns
-    return result
-
-
-def _missing_culprit(kind: str, cand_op: OpNode, ref_op: OpNode, leaf: str | None) -> Culprit:
-    return Culprit(kind, cand_op.op, _site(cand_op), _site(ref_op), leaf, input_error=None, output_error=None,
-                   output_error_rel=None, input_error_rel=None, local_error=None, amplification=None,
-                   verdict="different", fp64=None)
-
-
-def _suspect_order(ops: list[int], entry: int | None, low: int | None) -> list[int]:
-    """The paired ops whose backward may hold the difference, in the order their evidence is taken:
-    from the cut before the entry point down to the entry point (where the cut search says the error
-    enters), then on towards the inputs. An op at or past the cut before the entry point cannot hold
-    it: the reference's gradients handed on there left most of the error in place."""
-    ops = sorted((i for i in ops if low is None or i < low), reverse=True)
-    if entry is None:
-        return ops
-    return [i for i in ops if i >= entry] + [i for i in ops if i < entry]
+        before = backward.leaf_error()["max_rel"]
+        after, handed_on = search.error_with_cut_gradient(cand_op)
+        result.confirmation = Confirmation([cand_op.index], after, before, handed_on and confirms(after, before, 0.0))
 
 
 def _bracket(run: RunRecord, pairs: dict[int, int], entry: int | None, low: int | None) -> Bracket:
@@ -489,16 +469,11 @@ def _bracket(run: RunRecord, pairs: dict[int, int], entry: int | None, low: int 
     cand_high = (low - 1) if low is not None else len(run.candidate.ops) - 1
     ref_low = pairs.get(cand_low, 0) if entry is not None else 0
     ref_high = pairs[low] - 1 if low is not None else len(run.reference.ops) - 1
-    return Bracket(low, entry, [_site(run.candidate.ops[i]) for i in range(cand_low, cand_high + 1)],
-                   [_site(run.reference.ops[i]) for i in range(ref_low, ref_high + 1)])
-
-
-def _site(op: OpNode) -> OpSite:
-    return OpSite(op.index, op.framework_op, op.module, op.source)
+    return bracket(run, list(range(cand_low, cand_high + 1)), list(range(ref_low, ref_high + 1)), low, entry)
 
 
 def _culprit(run: RunRecord, evidence: OpGradientEvidence) -> Culprit:
-    return Culprit("op", evidence.op, _site(run.candidate.ops[evidence.candidate]), _site(run.reference.ops[evidence.reference]),
+    return Culprit("op", evidence.op, site(run.candidate.ops[evidence.candidate]), site(run.reference.ops[evidence.reference]),
                    None, input_error=None, output_error=evidence.gradient_error["max_abs"],
                    output_error_rel=evidence.gradient_error["max_rel"], input_error_rel=None,
                    local_error=evidence.local_error, amplification=None, verdict=evidence.verdict, fp64=evidence.fp64)

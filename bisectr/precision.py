@@ -4,23 +4,19 @@ Both sides run once more as float64 copies (parameters, buffers and floating inp
 upcast), as seed 002 did by hand. Each side's distance to its own float64 outputs is its
 rounding; their sum is what rounding predicts for the measured difference, which the
 triangle inequality bounds by that prediction plus the difference left in float64.
-Rounding shrinks by about 2^29 from float32 to float64, a semantic difference does not:
-when what is left in float64 is under a tenth of the prediction (or under the float32
-noise floor, as where a side keeps a few float32 casts or constants), rounding explains
-the measured difference; otherwise something computes differently.
+The float64 rule (`numerics.rounding_explains`) then says whether rounding explains the
+measured difference or something computes differently.
 """
 from __future__ import annotations
 
 import math
 
 from .adapters import CannotUpcast
-from .analysis import noise_floor
 from .metrics import error_metrics
+from .numerics import judge_float64
 from .record import RunRecord
 from .result import Float64Check
 from .sides import Sides
-
-ROUNDING_SHARE = 0.1  # float64 outputs agree when they differ by at most this share of what rounding predicts
 
 
 def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
@@ -45,14 +41,3 @@ def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
         candidate32 = pair.in_reference_layout(run.candidate.value(pair.candidate), reference64.shape)
         candidate_rounding = max(candidate_rounding, error_metrics(candidate32, candidate64)["max_rel"])
     return judge_float64(error, float64_error, reference_rounding, candidate_rounding, [t.dtype for t in run.traces.values()])
-
-
-def judge_float64(error: float, float64_error: float, reference_rounding: float, candidate_rounding: float,
-                  dtypes: list[str], what: str = "outputs") -> Float64Check:
-    """Agree or disagree (see the module docstring), for the `what` compared."""
-    check = Float64Check("disagree", f"in float64 the {what} still differ: something computes differently", error,
-                         float64_error, reference_rounding, candidate_rounding)
-    floor = min((f for f in map(noise_floor, dtypes) if f > 0), default=0.0)
-    if float64_error <= max(ROUNDING_SHARE * check.predicted, floor):
-        check.status, check.reason = "agree", f"in float64 the {what} agree: the difference is rounding"
-    return check

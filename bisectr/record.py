@@ -6,6 +6,7 @@ ability to re-run is `sides.Sides`, a separate handle).
 from __future__ import annotations
 
 import itertools
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -15,9 +16,10 @@ import numpy as np
 from .align import Alignment, Permutation
 from .errors import ModelFileError, OutputMismatchError
 from .metrics import error_metrics
+from .numerics import magnitude, relative_to
 from .result import Result
 from .serial import PlainError
-from .trace import Trace
+from .trace import Trace, is_floating
 
 LAYOUT_CONFIRMED = 0.5  # outputs of different shapes pair through a layout that brings them within this max_rel
 MAX_OUTPUT_DIMS = 6  # outputs with more dimensions are never permuted to find a layout
@@ -95,6 +97,16 @@ class RunRecord:
             shape = self.reference.tensors[pair.reference].shape
             in_layout[pair.key] = pair.in_reference_layout(outputs[pair.candidate_key], shape)
         return self.worst_output_error(in_layout)
+
+    def candidate_output_change(self, outputs: dict[str, np.ndarray]) -> float:
+        """How far `outputs` (keyed like the candidate's) moved from the candidate's own: the largest
+        max_abs against the reference output's magnitude, so that it reads as a share of the error."""
+        worst = 0.0
+        for pair in self.output_pairs:
+            own = self.candidate.value(pair.candidate)
+            moved = error_metrics(outputs[pair.candidate_key].reshape(own.shape), own)["max_abs"]
+            worst = max(worst, relative_to(moved, magnitude(self.reference.value(pair.reference))))
+        return worst
 
     def output_error(self) -> dict[str, float]:
         """Worst max_abs and max_rel over all paired outputs."""
@@ -217,3 +229,17 @@ def _confirmed_layout(candidate: np.ndarray, reference: np.ndarray, shapes: str)
     errors = ", ".join(f"transposed {list(layout)}: max_rel {error:.3g}" for error, layout in tried) or "no transpose fits"
     raise OutputMismatchError(f"{shapes}, and no layout of the candidate's values matches the reference's ({errors}); "
                               "return the outputs in the same shape")
+
+
+def output_seeds(run: RunRecord) -> dict[str, dict[str, np.ndarray]]:
+    """The gradient each side's backward starts from, per output key: one fixed random tensor per
+    paired floating output (seeded by the output's key), in each side's layout."""
+    seeds: dict[str, dict[str, np.ndarray]] = {"reference": {}, "candidate": {}}
+    for pair in run.output_pairs:
+        ref_info, cand_info = run.reference.tensors[pair.reference], run.candidate.tensors[pair.candidate]
+        if not (is_floating(ref_info.dtype) and is_floating(cand_info.dtype)):
+            continue
+        values = np.random.default_rng(zlib.crc32(pair.key.encode())).standard_normal(ref_info.shape)
+        seeds["reference"][pair.key] = values
+        seeds["candidate"][pair.candidate_key] = pair.in_candidate_layout(values, cand_info.shape)
+    return seeds

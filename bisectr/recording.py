@@ -304,6 +304,26 @@ class Recorder(_Session):
 
 
 @dataclass
+class Shift:
+    """A patch that adds `delta` to what the re-run computes instead of replacing it: an op's own
+    difference taken out (or put in) while whatever reaches the op in this re-run stays, as when
+    every occurrence of a difference is taken out at once. Where the sum is not finite,
+    `fallback` stands in."""
+
+    delta: np.ndarray
+    fallback: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.delta.shape
+
+    def applied_to(self, values: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", over="ignore"):
+            shifted = (values + self.delta).astype(values.dtype)
+        return shifted if self.fallback is None else np.where(np.isfinite(shifted), shifted, self.fallback).astype(values.dtype)
+
+
+@dataclass
 class RerunResult:
     outputs: dict[str, np.ndarray]
     captured: dict[int, np.ndarray] = field(default_factory=dict)
@@ -432,7 +452,7 @@ class GradientRerun(PatchedRerun):
                 return None
             self.gradients[tid] = adapter.to_numpy(gradient)
             if tid in self.gradient_patches:
-                return adapter.from_numpy(_checked_patch(self.gradient_patches, tid, gradient.shape), dtype, device)
+                return adapter.from_numpy(_patch_values(adapter, self.gradient_patches, tid, gradient), dtype, device)
             return None
 
         return hook
@@ -466,10 +486,15 @@ def _checked_patch(patches: dict[int, np.ndarray], tid: int, shape: Iterable[int
     return values
 
 
+def _patch_values(adapter: Adapter, patches: dict[int, np.ndarray], tid: int, tensor: Any) -> np.ndarray:
+    patch = _checked_patch(patches, tid, tensor.shape)
+    return patch.applied_to(adapter.to_numpy(tensor)) if isinstance(patch, Shift) else patch
+
+
 def _patched(adapter: Adapter, patches: dict[int, np.ndarray], tid: int, tensor: Any, in_place: bool) -> Any:
     """`tensor` with the patch for `tid` in it: written into it where an op wrote it in place
     (its aliases see the write), else as a new tensor of its dtype and device."""
-    values = _checked_patch(patches, tid, tensor.shape)
+    values = _patch_values(adapter, patches, tid, tensor)
     if in_place:
         adapter.assign(tensor, values)
         return tensor
@@ -565,7 +590,8 @@ def _replay_plan(trace: Trace, patches: dict[int, np.ndarray], wanted: set[int],
     An op runs if it writes in place (an alias may see the write), if one of its outputs is
     to be captured, or if a tid that is needed and not patched comes out of it; its inputs
     are then needed. `wanted` are read at the end."""
-    needed = set(wanted).difference(patches)  # to compute: read later, and not patched
+    replaced = {tid for tid, patch in patches.items() if not isinstance(patch, Shift)}
+    needed = set(wanted).difference(replaced)  # to compute: read later, and not replaced by a patch
     read_later = set(wanted)
     plan, releases = [], {}
     for op in reversed(trace.ops):
@@ -574,7 +600,7 @@ def _replay_plan(trace: Trace, patches: dict[int, np.ndarray], wanted: set[int],
             inputs = set(op.inputs)
             releases[op.index] = inputs - read_later
             read_later |= inputs
-            needed |= inputs.difference(patches)
+            needed |= inputs.difference(replaced)
     plan.reverse()
     return plan, releases
 

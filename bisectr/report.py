@@ -157,11 +157,7 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
         if culprit.fp64:
             lines.append([(f"  vs fp64: candidate {fmt(culprit.fp64.get('candidate_error'))}, reference "
                            f"{fmt(culprit.fp64.get('reference_error'))}  -> ", ""), (culprit.verdict, culprit.verdict)])
-    recurrences = result.recurrences[:listed]
-    for recurrence in recurrences:
-        lines.append([(f"  recurs at op {recurrence.index} {recurrence.module} ({short_source(recurrence.source)})", "")])
-    if len(result.recurrences) > len(recurrences):
-        lines.append([(f"  ... and {len(result.recurrences) - len(recurrences)} more recurrences", "muted")])
+    lines += recurrence_lines(result, listed)
     if result.confirmation:
         lines.append([(f"  {confirmation_text(result.confirmation, measured(result))}", "" if result.confirmation.confirmed else "warning")])
     for item in result.not_blamed[:listed]:
@@ -169,6 +165,21 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
     if result.bracket:
         lines.append([])
         lines += [[(line, "")] for line in bracket_lines(result.bracket)]
+    return lines
+
+
+def recurrence_lines(result: Result, listed: int | None = None) -> list[Line]:
+    """A difference made in several places: every occurrence (the first is the culprit) with the share
+    of the error it makes alone."""
+    if not result.recurrences:
+        return []
+    count = len(result.recurrences)
+    lines: list[Line] = [[(f"  the same difference in {count} places (the first is the culprit); share of the error each makes alone:", "")]]
+    for item in result.recurrences[:listed]:
+        share = "not measured" if item.share is None else f"{item.share:.0%}"
+        lines.append([(f"    op {item.index:<5} {item.module or '(top level)':<36} {share:>12}  ({short_source(item.source)})", "")])
+    if listed is not None and count > listed:
+        lines.append([(f"    ... and {count - listed} more", "muted")])
     return lines
 
 
@@ -227,8 +238,7 @@ def float64_text(check: Float64Check, compared: str = "outputs") -> str:
 def confirmation_text(confirmation: Confirmation, errors_of: str = "outputs") -> str:
     """What taking the culprit's own difference out did to the outputs' (`errors_of`) error."""
     first, *recurrences = confirmation.patched_ops or ["?"]
-    what = f"op {first}'s own difference" + (f" and its {len(recurrences)} recurrences' (ops {', '.join(map(str, recurrences))}: "
-                                             "the same op from the same line, each judged different)" if recurrences else "")
+    what = f"op {first}'s own difference" + (f" and its {len(recurrences)} recurrences' together" if recurrences else "")
     change = f"from {fmt(confirmation.before)} to {fmt(confirmation.output_error)}"
     if confirmation.confirmed:
         return f"confirmed: taking out only {what} takes the {errors_of}' error {change}"

@@ -49,13 +49,16 @@ class Culprit:
 
 @dataclass
 class Recurrence:
-    """A later op carrying the culprit's difference (same op, same line of code)."""
+    """One occurrence of the culprit's difference (the same op from the same line of code, or reading
+    differing leaves of the same kind); the first is the culprit."""
 
     index: int
     op: str
     module: str
     source: str
     local_error: float | None
+    alone: float | None = None  # the error this occurrence alone makes (a reference re-run with only its difference)
+    share: float | None = None  # alone, as a share of the error
 
 
 @dataclass
@@ -106,6 +109,7 @@ class NonFinite:
 class Cut:
     op: int  # the candidate op up to which the reference's values were patched in
     output_error: float
+    moved: float | None = None  # how far the outputs moved from the candidate's own (relative, as output_error)
 
 
 @dataclass

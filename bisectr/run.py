@@ -19,7 +19,7 @@ from typing import Any, Callable
 from .adapters import input_layout
 from .align import Alignment, align_traces
 from .backward import bisect_backward
-from .bisection import bisect_run
+from .forward import bisect_run
 from .errors import ModelFileError, RunDirError
 from .modelfile import build_side, load_module
 from .record import HowTraced, OutputPair, RunRecord, pair_outputs

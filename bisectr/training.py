@@ -35,11 +35,10 @@ import numpy as np
 
 from .adapters import CannotUpcast
 from .align import TensorPair
-from .analysis import coarsest_dtype, noise_floor
-from .backward import GRADIENT_FLOOR, magnitude, output_seeds, relative_to
 from .errors import ModelFileError
 from .modelfile import Side, load_module, module_name, run_user_code
-from .precision import ROUNDING_SHARE
+from .numerics import GRADIENT_FLOOR, coarsest_dtype, magnitude, noise_floor, relative_to, rounding_explains
+from .record import output_seeds
 from .recording import output_pairs
 from .result import Culprit
 from .run import Run, trace
@@ -254,7 +253,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
                         {c: run.candidate.tensors[run.candidate.leaves[c]].shape for _, c, _ in pairs})
     floor = noise_floor(coarsest_dtype([run.reference.dtype, run.candidate.dtype]))
     rows: list[StepRow] = []
-    first: tuple[int, dict[str, StepRecord]] | None = None
+    first: tuple[int, dict[str, StepRecord], str] | None = None
     for number in range(1, steps + 1):
         say(f"step {number} of {steps}")
         records = {key: trainer.step(number) for key, trainer in trainers.items()}
@@ -263,19 +262,18 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         reference_rounding = ours.between(records["reference", 32], records["reference", 64], same_side=True)
         candidate_rounding = theirs.between(records["candidate", 32], records["candidate", 64], same_side=True)
         predicted = {m: reference_rounding[m] + candidate_rounding[m] for m in RECORDED}
-        semantic = any(in_float64[m] > max(ROUNDING_SHARE * predicted[m], floor) for m in MEASURES)
+        semantic = [m for m in MEASURES if not rounding_explains(in_float64[m], predicted[m], floor)]
         rows.append(StepRow(number, {"reference": records["reference", 32].loss, "candidate": records["candidate", 32].loss},
                             {"reference": records["reference", 32].learning_rate, "candidate": records["candidate", 32].learning_rate},
-                            as_run, predicted, in_float64, semantic))
+                            as_run, predicted, in_float64, bool(semantic)))
         if semantic and first is None:
-            first = (number, records)
+            first = (number, records, semantic[0])
     settings = {role: trainers[role, 32].settings() for role in ("reference", "candidate")}
     if first is None:
         exact = all(row.error[m] == 0 for row in rows for m in MEASURES)
         return TrainingResult("match" if exact else "noise", rows, settings=settings)
-    number, records = first
+    number, records, measure = first
     row = rows[number - 1]
-    measure = next(m for m in MEASURES if row.float64_error[m] > max(ROUNDING_SHARE * row.predicted[m], floor))
     result = TrainingResult("divergent", rows, number, STAGES[measure], settings=settings)
     if measure == "update":
         parameter, error = comparison.worst_parameter(records["candidate", 64], records["reference", 64])

@@ -46,8 +46,8 @@ def import_graph() -> nx.DiGraph:
 
 def test_the_import_graph_is_read_from_the_sources():
     graph = import_graph()
-    assert ("bisectr.bisection", "bisectr.analysis") in graph.edges
-    assert ("bisectr.run", "bisectr.bisection") in graph.edges
+    assert ("bisectr.forward", "bisectr.analysis") in graph.edges
+    assert ("bisectr.run", "bisectr.forward") in graph.edges
     assert ("bisectr.cli", "bisectr.run") in graph.edges  # a deferred import, inside a function
     assert len(graph) > 25
 

@@ -340,12 +340,12 @@ class RunData:
     def patch_effect(self, index: int) -> dict[str, float]:
         """Re-run the candidate with the reference's values patched in (live runs): for this op's
         outputs only, and for everything up to this op (the search's cut)."""
-        from ..bisection import Search, op_patches
+        from ..forward import ForwardPass, op_patches
 
         if not self.live:
             raise RuntimeError("patching needs a live run")
         analysis = self.analysis
-        search = Search(self.run, self.run.sides, analysis)
+        search = ForwardPass(self.run, self.run.sides, analysis)
         before = self.run.output_error()["max_rel"]
         return {"before": before,
                 "only_this": search.candidate_error(op_patches(analysis, self.run, [index])),

@@ -1,0 +1,371 @@
+"""The forward pass's search: cuts, patches and evidence of the recorded activations (see `search`
+for the search itself).
+
+0. **Reproducibility.** Each side is re-run once, unpatched: a model whose outputs move
+   (dropout in training mode, random ops) is refused before any verdict.
+1. **Cuts.** A cut at candidate op k patches in the reference's tensors for every paired op up to k
+   (and every paired parameter first read by then). When the candidate's outputs hold NaN or Inf,
+   the entry point is the first cut after which they are finite.
+2. **Float64 check** (`precision`): both sides run in float64. If they agree there, the
+   difference is rounding and the run is `noise`.
+3. **Evidence** of an op is its local replay (`analysis`); its own difference is the reference's
+   output minus the candidate op replayed on the reference's inputs. Suspects are the ops (and
+   matched blocks) judged different up to the entry point, those in the bracket first, then the
+   entry region as one block when it holds ops with no partner (an activation changed for another).
+4. Otherwise the run is `noise` and the culprit is the op that amplifies rounding the most
+   among the ops carrying a real share of the outputs' error whose own (local) rounding
+   reaches the outputs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .align import Alignment, Block
+from .analysis import Analysis, OpEvidence, computing_op
+from .errors import TraceMismatchError
+from .numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION
+from .precision import float64_check
+from .record import RunRecord
+from .recording import Shift
+from .result import BlockOps, Bracket, Culprit, NonFinite, NonFiniteSite, ProfileRow, Result
+from .search import (MAX_REACH_TESTS, SearchPass, bracket, culprit_without_evidence, cut_before, entry_point,
+                     first_difference, recurrences, site, verdict_of)
+from .sides import Sides
+from .store import SIDES
+from .trace import OpNode, is_floating
+
+
+class ForwardPass(SearchPass):
+    """Re-runs of either side with activations patched, and the evidence of each paired op."""
+
+    name = "forward"
+
+    def __init__(self, run: RunRecord, sides: Sides, analysis: Analysis):
+        super().__init__(run)
+        self.sides = sides
+        self.alignment = run.alignment
+        self.analysis = analysis
+        self.patchable = self._patchable_tensors()
+        self._reference_values: dict[int, np.ndarray | None] = {}
+
+    # -- re-runs ---------------------------------------------------------------
+    def candidate_outputs(self, patches: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
+        self.candidate_reruns += 1
+        return self.sides.rerun("candidate", patches).outputs
+
+    def candidate_error(self, patches: dict[int, np.ndarray]) -> float:
+        """Outputs' error (vs the reference) of a candidate re-run with `patches`."""
+        return self.run.candidate_output_error(self.candidate_outputs(patches))
+
+    def reference_error(self, patches: dict[int, np.ndarray]) -> float:
+        """How far a reference re-run with `patches` moves the reference's own outputs."""
+        self.reference_reruns += 1
+        return self.run.worst_output_error(self.sides.rerun("reference", patches).outputs)
+
+    def patches_up_to(self, cut: int) -> dict[int, np.ndarray]:
+        """Reference values for every patchable candidate tensor produced or first read by op `cut`."""
+        patches = {}
+        for position, tid in self.patchable:
+            if position > cut:
+                break
+            if tid not in self._reference_values:  # read once: successive cuts patch overlapping prefixes
+                self._reference_values[tid] = self.analysis.reference_values_for(tid)
+            values = self._reference_values[tid]
+            if values is not None:
+                patches[tid] = values
+        return patches
+
+    def _patchable_tensors(self) -> list[tuple[int, int]]:
+        """(op position, tid) of the paired candidate tensors a cut patches, in op order: the op
+        that produced or first read each. Only floating tensors are patched (indices, masks and
+        shapes are structure, not values), and no leaf that already holds the reference's values."""
+        first_read = self.run.candidate.first_reads()
+        patchable = []
+        for tid in self.alignment.tensors:
+            info = self.run.candidate.tensors[tid]
+            position = info.producer if info.producer is not None else first_read.get(tid)
+            leaf = self.analysis.leaves.get(tid)
+            if position is None or (info.leaf or "").startswith("input:") or not is_floating(info.dtype) or (leaf and leaf.verdict == "exact"):
+                continue
+            patchable.append((position, tid))
+        return sorted(patchable)
+
+    # -- what the search asks --------------------------------------------------
+    def cuts(self) -> list[int]:
+        reference = self.run.reference
+        return [e.candidate for e in self.analysis.in_order() if reference.has_value(reference.ops[e.reference].outputs[0])]
+
+    def error_at_cut(self, cut: int) -> tuple[float, float]:
+        outputs = self.candidate_outputs(self.patches_up_to(cut))
+        return self.run.candidate_output_error(outputs), self.run.candidate_output_change(outputs)
+
+    def evidence_of(self, index: int) -> OpEvidence | None:
+        return self.analysis.ops.get(index)
+
+    def suspects(self, cuts: list[int], entry: int | None) -> Iterator[OpEvidence]:
+        """Paired ops (and matched blocks) judged different up to the entry point. The cut search says
+        the error enters between the cut before the entry point and the entry point, so the ones there
+        come first, then the entry region as one block (when judged different), then the earlier ones."""
+        analysis = self.analysis
+        limit = entry if entry is not None else len(self.run.candidate.ops)
+        low = cut_before(cuts, entry)
+        different = [e for e in analysis.in_order() if e.verdict == "different" and e.candidate <= limit]
+        yield from (e for e in different if low is None or e.candidate > low)
+        region = entry_region(analysis, entry)
+        if region is not None:
+            yield analysis.evidence(entry, analysis.ops[entry].reference, region)
+        yield from (e for e in different if low is not None and e.candidate <= low)
+
+    def differing_leaf_kinds(self, evidence: OpEvidence) -> tuple[str, ...]:
+        ops = evidence.block.candidate if evidence.block else [evidence.candidate]
+        leaves = self.analysis.leaves
+        return tuple(sorted({leaves[t].candidate.rpartition(".")[2] for i in ops for t in self.run.candidate.ops[i].inputs
+                             if t in leaves and leaves[t].verdict == "different"}))
+
+    def reach(self, group: list[OpEvidence]) -> float:
+        """The outputs' error when only these ops' (or blocks') own differences enter the reference run."""
+        patches = {}
+        for evidence in group:
+            local = self.analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
+            for cand_tid, ref_tid in self.analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
+                dtype = _numpy_dtype(self.run.reference.tensors[ref_tid].dtype)
+                values = self.analysis.in_reference_layout(cand_tid, ref_tid, local[cand_tid])
+                with np.errstate(invalid="ignore", over="ignore"):
+                    patches[ref_tid] = Shift((values - self.run.reference.value(ref_tid)).astype(dtype, copy=False))
+        return self.reference_error(patches)
+
+    def error_without(self, group: list[OpEvidence]) -> float:
+        return self.candidate_error(own_difference_patches(self.analysis, self.run, group))
+
+
+def _numpy_dtype(dtype: str) -> str:
+    return "float32" if dtype == "bfloat16" else dtype
+
+
+def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive: bool = False,
+               progress: Callable[[str], None] | None = None) -> Result:
+    """Check, analyse and search a run's forward pass through its live sides (see the module docstring)."""
+    say = progress or (lambda message: None)
+    say("re-running each side unpatched")
+    check_reproducible(run, sides)
+    say("replaying ops")
+    analysis = Analysis(run, sides).compute()
+    output_error = run.output_error()
+    full_error = output_error["max_rel"]
+    ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops),
+           "aligned": len(run.alignment.aligned_ops("candidate"))}
+    profile = [_profile_row(run, e) for e in analysis.in_order()]
+    if full_error <= tolerance:
+        return Result("match", output_error, None, 0, ops, profile=profile)
+    nonfinite = nonfinite_start(run, run.alignment)
+    say("running both sides in float64")
+    float64 = float64_check(run, sides)
+
+    search = ForwardPass(run, sides, analysis)
+    say("searching")
+    cuts = search.cuts()
+    rounding = NOISE_FACTOR * float64.predicted if float64.predicted is not None else 0.0
+    entry, trail = entry_point(search, cuts, full_error, rounding, float64.status == "agree", exhaustive)
+    finding = first_difference(search, cuts, entry, full_error, rounding, say) if float64.status != "agree" else None
+    verdict, bracketed = verdict_of(finding, float64, nonfinite is not None) if finding else ("noise", False)
+    culprit_evidence = finding.evidence if finding else None
+    if verdict == "noise":
+        culprit_evidence = _most_amplifying(search, analysis, full_error, entry)
+    culprit = _culprit(run, analysis, culprit_evidence) if culprit_evidence else None
+    if nonfinite is not None and culprit is None:  # NaN/Inf that the reference lacks are not rounding
+        culprit = _nonfinite_culprit(run, nonfinite)
+    return Result(verdict, output_error, culprit, search.candidate_reruns, ops, entry,
+                  recurrences=recurrences(run, finding, full_error) if finding else [],
+                  confirmation=finding.confirmation if finding else None,
+                  not_blamed=finding.not_blamed if finding else [], cuts=trail,
+                  reference_reruns=search.reference_reruns,
+                  nonfinite=_nonfinite(run, nonfinite) if nonfinite is not None else None,
+                  fp64_check=float64, bracket=_bracket(run, analysis, cuts, entry) if bracketed else None, profile=profile)
+
+
+def check_reproducible(run: RunRecord, sides: Sides) -> None:
+    """Refuse a model whose unpatched re-run does not reproduce its recording: a random
+    difference (dropout in training mode, random ops) is neither a bug nor rounding."""
+    for role in SIDES:
+        try:
+            sides.rerun(role, {})
+        except TraceMismatchError as exc:
+            raise TraceMismatchError(f"{run.model_file}: the {role} side does not reproduce its own outputs when run "
+                                     f"twice, so no verdict can be given: {exc} If the model has dropout, put it in "
+                                     "eval mode (model.eval()) in the model file.") from None
+
+
+def entry_region(analysis: Analysis, entry: int | None) -> Block | None:
+    """The entry op with the ops without a partner that feed it (through such ops only), on both
+    sides: an activation changed for another, an extra scale, a missing op. None without an entry
+    point, or when every op feeding the entry op has a partner."""
+    if entry is None:
+        return None
+    alignment = analysis.alignment
+    regions = {}
+    for role, index in (("candidate", entry), ("reference", analysis.ops[entry].reference)):
+        trace, aligned = analysis.run.traces[role], alignment.aligned_ops(role)
+        region, pending = {index}, list(trace.ops[index].inputs)
+        while pending:
+            producer = trace.tensors[pending.pop()].producer
+            if producer is not None and producer not in aligned and producer not in region:
+                region.add(producer)
+                pending.extend(trace.ops[producer].inputs)
+        regions[role] = sorted(region)
+    if len(regions["candidate"]) == len(regions["reference"]) == 1:
+        return None
+    return Block(regions["candidate"], regions["reference"], matched=True)
+
+
+@dataclass
+class NonFiniteStart:
+    """Where the candidate's NaN/Inf (absent from the reference) start."""
+
+    tid: int  # the first such tensor: an op output, or a leaf (a NaN parameter)
+    op: OpNode | None  # the candidate op that produced it, or the first that read the leaf (None: no op did)
+    reference_op: OpNode | None  # the reference op whose finite output it stands against
+
+
+def nonfinite_start(run: RunRecord, alignment: Alignment) -> NonFiniteStart | None:
+    """None when the candidate's outputs are finite. Otherwise: the first candidate tensor, in op order,
+    holding more NaN/Inf than its reference partner (so a -inf mask both sides build is passed over),
+    or the first non-finite output when no paired tensor does; then back through unpaired non-finite
+    inputs (an N:M block such as exp/sum/div against softmax) to the op that made them from finite ones."""
+    candidate, reference = run.candidate, run.reference
+    outputs = {pair.candidate: pair.reference for pair in run.output_pairs}
+    if not any(candidate.tensors[tid].nonfinite for tid in outputs):
+        return None
+
+    def excess(tid: int) -> bool:
+        pair = alignment.tensors.get(tid)
+        return pair is not None and candidate.tensors[tid].nonfinite > reference.tensors[pair.reference].nonfinite
+
+    flagged = next(((tid, op) for op in candidate.ops for tid in op.inputs + op.outputs if excess(tid)), None)
+    if flagged is None:
+        tid = next(t for t in outputs if candidate.tensors[t].nonfinite)
+        flagged = (tid, candidate.producer_op(tid))
+    tid, op = flagged
+    partner = alignment.tensors[tid].reference if tid in alignment.tensors else outputs.get(tid)
+    while candidate.tensors[tid].producer is not None:
+        op = candidate.ops[candidate.tensors[tid].producer]
+        upstream = next((t for t in op.inputs if t not in alignment.tensors and candidate.tensors[t].nonfinite), None)
+        if upstream is None:
+            break
+        tid = upstream
+    reference_op = None if partner is None else reference.producer_op(partner)
+    return NonFiniteStart(tid, op, reference_op)
+
+
+def _nonfinite(run: RunRecord, start: NonFiniteStart) -> NonFinite:
+    outputs = [run.candidate.tensors[pair.candidate] for pair in run.output_pairs]
+    info = run.candidate.tensors[start.tid]
+    first = None if start.op is None else NonFiniteSite(**vars(site(start.op)), leaf=info.leaf if info.producer is None else None)
+    return NonFinite(sum(int(o.stats.get("nan", 0)) for o in outputs), sum(int(o.stats.get("inf", 0)) for o in outputs), first)
+
+
+def _nonfinite_culprit(run: RunRecord, start: NonFiniteStart) -> Culprit | None:
+    """The culprit when no op's evidence names one: where the NaN/Inf start (no replay evidence).
+    None when either side has no op to show (an output that is an input or parameter)."""
+    if start.op is None or start.reference_op is None:
+        return None
+    info = run.candidate.tensors[start.tid]
+    leaf = info.leaf.split(":", 1)[1] if info.producer is None and info.leaf else None
+    return culprit_without_evidence("leaf" if leaf else "op", start.op, start.reference_op, leaf, math.inf)
+
+
+def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[OpEvidence]) -> dict[int, Shift]:
+    """For each op (or block), its own difference taken out of what it hands on: its outputs in the
+    re-run shifted by (reference output - the candidate op replayed on the reference's inputs).
+    Unlike patching in the reference's values, this leaves whatever reaches the op in the re-run
+    in place, so it fixes nothing the op did not add, and the occurrences of one difference can be
+    taken out together. Where the op itself made NaN/Inf, the reference's value is what is left."""
+    patches = {}
+    for evidence in evidences:
+        local = analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
+        for cand_tid, _ in analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
+            reference = analysis.reference_values_for(cand_tid)
+            if reference is None:
+                continue
+            dtype = _numpy_dtype(run.candidate.tensors[cand_tid].dtype)
+            with np.errstate(invalid="ignore", over="ignore"):
+                delta = reference - local[cand_tid].reshape(reference.shape)
+            patches[cand_tid] = Shift(delta.astype(dtype, copy=False), reference.astype(dtype, copy=False))
+    return patches
+
+
+def op_patches(analysis: Analysis, run: RunRecord, op_indices: list[int]) -> dict[int, np.ndarray]:
+    """Reference values for the outputs of these candidate ops (all that a block hands on, for an op completing one)."""
+    patches = {}
+    for index in op_indices:
+        block = analysis.blocks.get(index)
+        outputs = run.candidate.ops[index].outputs if block is None else \
+            [c for c, _ in analysis.compared_outputs(index, analysis.ops[index].reference)]
+        for tid in outputs:
+            values = analysis.reference_values_for(tid)
+            if values is not None:
+                patches[tid] = values
+    return patches
+
+
+def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float, entry: int | None) -> OpEvidence | None:
+    """The op amplifying rounding the most (its output's absolute error the largest multiple of
+    its inputs') among those whose output carries a real share of the outputs' error and whose
+    own rounding reaches the outputs. An op whose kernels agree bitwise (exact) has no rounding of
+    its own and counts only where it makes a model output, as seed 004's span matmul does on CPUs
+    where both frameworks' GEMMs agree: nothing downstream can undo its growth. Elsewhere an exact
+    op's large amplification (a -1e4 mask add, rounded at magnitude 1e4, then zeroed by a softmax)
+    is passed over."""
+    outputs = {pair.candidate for pair in search.run.output_pairs}
+
+    def makes_output(evidence: OpEvidence) -> bool:
+        return search.run.candidate.ops[evidence.candidate].outputs[0] in outputs
+
+    candidates = sorted((e for e in analysis.ops.values()
+                         if (e.verdict == "noise" or (e.verdict == "exact" and makes_output(e)))
+                         and e.output_error["max_rel"] >= REACH_FRACTION * full_error
+                         and math.isfinite(e.amplification) and e.amplification > 0),
+                        key=lambda e: (-e.amplification, e.candidate))
+    for evidence in candidates[:MAX_REACH_TESTS]:
+        if evidence.verdict == "exact" or search.reach([evidence]) >= NOISE_REACH_FRACTION * full_error:
+            return evidence
+    return analysis.ops.get(entry) if entry is not None else None
+
+
+def _bracket(run: RunRecord, analysis: Analysis, cuts: list[int], entry: int | None) -> Bracket:
+    """Where an unconfirmed difference enters: the cut before the entry point and the entry point,
+    and the ops from one to the other (with the entry region's), on both sides. Without an entry
+    point: everything after the last cut."""
+    low = cut_before(cuts, entry)
+    ref_low = analysis.ops[low].reference if low is not None else -1
+    cand_high, ref_high = (entry, analysis.ops[entry].reference) if entry is not None else \
+        (len(run.candidate.ops) - 1, len(run.reference.ops) - 1)
+    region = entry_region(analysis, entry)
+    return bracket(run, list(range((low if low is not None else -1) + 1, cand_high + 1)) + (region.candidate if region else []),
+                   list(range(ref_low + 1, ref_high + 1)) + (region.reference if region else []), low, entry)
+
+
+def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culprit:
+    cand_op = run.candidate.ops[evidence.candidate]
+    different_leaves = [analysis.leaves[t] for t in cand_op.inputs
+                        if t in analysis.leaves and analysis.leaves[t].verdict == "different"]
+    leaf = different_leaves[0].candidate.split(":", 1)[1] if different_leaves else None
+    cand_index, ref_index = evidence.candidate, evidence.reference
+    if evidence.block is not None:  # a block is shown at the op it is named after, on both sides
+        cand_index = computing_op(run.candidate, evidence.block.candidate)
+        ref_index = computing_op(run.reference, evidence.block.reference)
+    return Culprit("leaf" if leaf else "op", evidence.op, site(run.candidate.ops[cand_index]),
+                   site(run.reference.ops[ref_index]), leaf,
+                   input_error=evidence.input_error, output_error=evidence.output_error["max_abs"],
+                   output_error_rel=evidence.output_error["max_rel"], input_error_rel=evidence.input_error_rel,
+                   local_error=evidence.local_error, amplification=evidence.amplification, verdict=evidence.verdict,
+                   fp64=evidence.fp64, block=BlockOps(evidence.block.candidate, evidence.block.reference) if evidence.block else None)
+
+
+def _profile_row(run: RunRecord, evidence: OpEvidence) -> ProfileRow:
+    return ProfileRow(evidence.candidate, evidence.reference, evidence.op, run.candidate.ops[evidence.candidate].module,
+                      evidence.output_error["max_rel"], evidence.output_error["max_abs"], evidence.output_error["mean_abs"],
+                      evidence.local_error, evidence.verdict, evidence.amplification)

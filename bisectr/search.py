@@ -1,0 +1,261 @@
+"""One search for both passes: where a difference first enters, which op's own difference it is,
+and the proof. A pass (`forward.ForwardPass`, `backward.BackwardPass`) says what a cut, a patch
+and an op's evidence are for its tensors; everything else is here.
+
+1. **Cut search.** The candidate is re-run with the reference's values handed on at cut k: what
+   is left of the error is what the ops past k (in the pass's order) still add, and how far its
+   outputs moved from the candidate's own is what the ops up to k took out. A binary search finds
+   the entry point, the first cut that moves them by a real share of the error, beyond rounding
+   (`numerics.past_entry`). A difference made in every layer (a bug in the layer class) is so
+   bracketed at its first layer, not where half of the error is gone. The ops between the cut
+   before it and it are the bracket.
+2. **Suspects**, in the pass's order (nearest the entry point first), whose own difference the
+   evidence judges semantic. A suspect stands for every op carrying **the same difference**: the
+   same op from the same line of code (where the line is a library's, in the same module up to
+   layer numbers), or the same op reading leaves of the same kind that differ (every BatchNorm's
+   statistics). They form one group, named after its first occurrence in the model.
+3. **Reach.** The reference re-run with only the group's own differences in it must move the
+   outputs; one that does not (a masked score, a dead branch) is not blamed.
+4. **Confirmation.** The candidate re-run with the group's own differences taken out, all together
+   (alone, the first of many may remove little), must bring the error down to rounding. A group
+   whose removal makes the error worse contradicts its pairing and is not blamed. How much each
+   occurrence makes alone is measured by reference re-runs, never by the candidate's budget.
+"""
+from __future__ import annotations
+
+import math
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Protocol
+
+from .numerics import REACH_FRACTION, confirms, noise_floor, past_entry
+from .record import RunRecord
+from .result import Bracket, Confirmation, Culprit, Cut, Float64Check, NotBlamed, OpSite, Recurrence
+from .trace import OpNode
+
+MAX_REACH_TESTS = 8  # suspect groups tested for reach and confirmation
+MAX_SHARES = 24  # occurrences of a group whose own share is measured
+RERUN_SLACK = 3  # candidate re-runs stay within ceil(log2 ops) + this, plus one confirmation per group
+
+
+class Evidence(Protocol):
+    """What the search reads of one paired op's (or block's) evidence in either pass."""
+
+    candidate: int
+    reference: int
+    op: str
+    verdict: str  # exact / noise / different / unknown
+    local_error: float | None
+
+
+class SearchPass(ABC):
+    """One pass (forward or backward) of a live run, as the search sees it."""
+
+    name: str
+
+    def __init__(self, run: RunRecord):
+        self.run = run
+        self.candidate_reruns = 0
+        self.reference_reruns = 0
+
+    @abstractmethod
+    def cuts(self) -> list[int]:
+        """Candidate op indices where the reference's values can be handed on, in the pass's order."""
+
+    @abstractmethod
+    def error_at_cut(self, cut: int) -> tuple[float, float]:
+        """A candidate re-run with the reference's values handed on at `cut`: its error, and how far
+        it moved from the candidate's own result (relative, as the error)."""
+
+    @abstractmethod
+    def suspects(self, cuts: list[int], entry: int | None) -> Iterator[Evidence]:
+        """Evidence of the ops that may hold the difference, in the order they are tested."""
+
+    @abstractmethod
+    def evidence_of(self, index: int) -> Evidence | None:
+        """The evidence of candidate op `index` (None: not paired)."""
+
+    @abstractmethod
+    def reach(self, group: list[Evidence]) -> float:
+        """The error of a reference re-run with only these ops' own differences in it."""
+
+    @abstractmethod
+    def error_without(self, group: list[Evidence]) -> float:
+        """The error of a candidate re-run with only these ops' own differences taken out."""
+
+    def differing_leaf_kinds(self, evidence: Evidence) -> tuple[str, ...]:
+        """The kinds (last name part) of the differing leaves the op reads; () for none or unknown."""
+        return ()
+
+
+@dataclass
+class Finding:
+    """The first group of suspects whose own difference reaches the error (confirmed or not)."""
+
+    group: list[Evidence] = field(default_factory=list)  # in op order: the first occurrence is the culprit
+    alone: dict[int, float] = field(default_factory=dict)  # candidate op -> the error it makes alone
+    confirmation: Confirmation | None = None
+    not_blamed: list[NotBlamed] = field(default_factory=list)
+
+    @property
+    def evidence(self) -> Evidence | None:
+        return self.group[0] if self.group else None
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self.confirmation and self.confirmation.confirmed)
+
+
+def first_past(count: int, past: Callable[[int], bool], exhaustive: bool) -> int | None:
+    """The first of positions 0..count-1 for which `past` holds, assuming that once it holds it keeps
+    holding: by binary search, or asking every position in turn when `exhaustive`. None if none does."""
+    if exhaustive:
+        return next((i for i in range(count) if past(i)), None)
+    if count == 0 or not past(count - 1):
+        return None
+    low, high = -1, count - 1  # not past(low), past(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if past(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def entry_point(search: SearchPass, cuts: list[int], full_error: float, rounding: float, is_rounding: bool,
+                exhaustive: bool = False) -> tuple[int | None, list[Cut]]:
+    """The entry point (a cut) and every cut evaluated on the way (see the module docstring)."""
+    evaluated: dict[int, tuple[float, float]] = {}
+
+    def past(position: int) -> bool:
+        if position not in evaluated:
+            evaluated[position] = search.error_at_cut(cuts[position])
+        return past_entry(*evaluated[position], full_error, rounding, is_rounding)
+
+    entry = first_past(len(cuts), past, exhaustive)
+    return (cuts[entry] if entry is not None else None), [Cut(cuts[i], *evaluated[i]) for i in sorted(evaluated)]
+
+
+def cut_before(cuts: list[int], entry: int | None) -> int | None:
+    """The last cut before the entry point in the pass's order (the last of all without one)."""
+    position = cuts.index(entry) if entry is not None else len(cuts)
+    return cuts[position - 1] if position > 0 else None
+
+
+def rerun_budget(search: SearchPass) -> int:
+    return math.ceil(math.log2(max(len(search.run.candidate.ops), 2))) + RERUN_SLACK
+
+
+def first_difference(search: SearchPass, cuts: list[int], entry: int | None, full_error: float, rounding: float,
+                     say: Callable[[str], None], reach_gate: bool = True) -> Finding:
+    """The first group of suspects whose own difference reaches the error and whose removal confirms
+    it; else the first that reaches, unconfirmed. What does not reach, or is contradicted, is not blamed."""
+    reach_needed = max(REACH_FRACTION * full_error, noise_floor(search.run.candidate.dtype))
+    # After an exhaustive cut search the confirmations still get two re-runs.
+    budget = max(rerun_budget(search), search.candidate_reruns + 2)
+    finding, tested, seen = Finding(), 0, set()
+    for suspect in search.suspects(cuts, entry):
+        if suspect.candidate in seen or suspect.verdict != "different":
+            continue
+        if tested >= MAX_REACH_TESTS or search.candidate_reruns >= budget:  # what is left untested stays in the bracket
+            break
+        group = occurrences(search, suspect)
+        seen.update(e.candidate for e in group)
+        tested += 1
+        say(f"testing op {suspect.candidate}" + (f" and {len(group) - 1} more with the same difference" if len(group) > 1 else ""))
+        if reach_gate:
+            reached = search.reach(group)
+            if reached < reach_needed:
+                finding.not_blamed.append(NotBlamed(suspect.candidate, suspect.op, reached))
+                continue
+        else:
+            reached = None
+        if len(group) > 1:
+            budget += 1  # one confirmation per group beyond the search's own budget
+        after = search.error_without(group)
+        confirmation = Confirmation([e.candidate for e in group], after, full_error, confirms(after, full_error, rounding))
+        if confirmation.confirmed:
+            return Finding(group, _alone(search, group, reached), confirmation, finding.not_blamed)
+        if after >= full_error and math.isfinite(full_error):  # the values contradict the pairing
+            finding.not_blamed.append(NotBlamed(suspect.candidate, suspect.op, reached or 0.0, after))
+        elif not finding.group:
+            finding.group, finding.confirmation = group, confirmation
+    if len(finding.group) > 1:
+        finding.alone = _alone(search, finding.group, None)
+    return finding
+
+
+def occurrences(search: SearchPass, suspect: Evidence) -> list[Evidence]:
+    """Every paired op carrying the same difference as `suspect` (itself included), in op order."""
+    first = search.run.candidate.ops[suspect.candidate]
+    kinds = search.differing_leaf_kinds(suspect)
+    group = [suspect]
+    for op in search.run.candidate.ops:
+        if op.index == suspect.candidate or op.op != first.op or not (same_place(op, first) or kinds):
+            continue
+        evidence = search.evidence_of(op.index)
+        if evidence is None or evidence.verdict != "different" or evidence.op != suspect.op:
+            continue
+        if same_place(op, first) or search.differing_leaf_kinds(evidence) == kinds:
+            group.append(evidence)
+    return sorted(group, key=lambda e: e.candidate)
+
+
+def same_place(op: OpNode, other: OpNode) -> bool:
+    """Two ops of one piece of code: the same line (where it is a library's, in the same module up to
+    layer numbers, as one library line serves every model built from it), or the same module up to
+    numbers (`blocks.0.ln1` and `blocks.3.ln2`: instances of one layer class)."""
+    if op.source == other.source and (not op.library_source or _pattern(op.module) == _pattern(other.module)):
+        return bool(op.source)
+    return bool(op.module) and _pattern(op.module) == _pattern(other.module)
+
+
+def _pattern(module: str) -> str:
+    return re.sub(r"[0-9]+", "#", module)
+
+
+def _alone(search: SearchPass, group: list[Evidence], reached_together: float | None) -> dict[int, float]:
+    """The error each occurrence of a group makes alone (a reference re-run each); for one, what the group made."""
+    if len(group) == 1:
+        return {group[0].candidate: reached_together} if reached_together is not None else {}
+    return {e.candidate: search.reach([e]) for e in group[:MAX_SHARES]}
+
+
+def recurrences(run: RunRecord, finding: Finding, full_error: float) -> list[Recurrence]:
+    """Every occurrence of a group of more than one, with the share of the error each makes alone."""
+    if len(finding.group) < 2:
+        return []
+    listed = []
+    for evidence in finding.group:
+        op = run.candidate.ops[evidence.candidate]
+        alone = finding.alone.get(evidence.candidate)
+        share = None if alone is None or not math.isfinite(full_error) or full_error == 0 else alone / full_error
+        listed.append(Recurrence(evidence.candidate, evidence.op, op.module, op.source, evidence.local_error, alone, share))
+    return listed
+
+
+def verdict_of(finding: Finding, float64: Float64Check | None, nonfinite: bool) -> tuple[str, bool]:
+    """The verdict, and whether it needs a bracket (divergent with nothing confirmed)."""
+    if finding.confirmed:
+        return "divergent", False
+    if finding.evidence is not None or (float64 is not None and float64.status == "disagree") or nonfinite:
+        return "divergent", True
+    return "noise", False
+
+
+def site(op: OpNode) -> OpSite:
+    return OpSite(op.index, op.framework_op, op.module, op.source)
+
+
+def bracket(run: RunRecord, candidate_ops: list[int], reference_ops: list[int], low: int | None, high: int | None) -> Bracket:
+    return Bracket(low, high, [site(run.candidate.ops[i]) for i in sorted(set(candidate_ops))],
+                   [site(run.reference.ops[i]) for i in sorted(set(reference_ops))])
+
+
+def culprit_without_evidence(kind: str, cand_op: OpNode, ref_op: OpNode, leaf: str | None, output_error: float | None = None) -> Culprit:
+    """A culprit named by where something starts (NaN/Inf, a missing gradient), with no replay evidence."""
+    return Culprit(kind, cand_op.op, site(cand_op), site(ref_op), leaf, input_error=None, output_error=output_error,
+                   output_error_rel=output_error, input_error_rel=None, local_error=None, amplification=None,
+                   verdict="different", fp64=None)
