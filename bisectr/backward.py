@@ -29,19 +29,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, Iterator
 
 import numpy as np
 
-from .adapters import CannotUpcast
 from .align import TensorPair
 from .errors import ModelFileError, OutputMismatchError
 from .metrics import error_metrics
-from .numerics import GRADIENT_FLOOR, NOISE_FACTOR, coarsest_dtype, confirms, judge, judge_float64, magnitude, relative_to
+from .precision import float64_gradient_check
+from .numerics import GRADIENT_FLOOR, NOISE_FACTOR, coarsest_dtype, confirms, judge, magnitude, relative_to
 from .record import RunRecord, output_seeds
 from .recording import Gradients, Shift
-from .result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Result
+from .result import Bracket, Confirmation, Culprit, ProfileRow, Result
 from .search import (SearchPass, bracket, culprit_without_evidence, cut_before, entry_point, first_difference,
                      recurrences, site, verdict_of)
 from .sides import Sides
@@ -239,35 +238,6 @@ def op_evidence(backward: BackwardRun, cand_index: int, ref_index: int) -> OpGra
     return evidence
 
 
-def float64_gradient_check(backward: BackwardRun, error: float) -> Float64Check:
-    """Both sides' backward passes in float64: is the parameters' gradient error rounding?"""
-    run = backward.run
-    if not math.isfinite(error):
-        return Float64Check("skipped", "the candidate's gradients hold NaN/Inf", error)
-    grads = {}
-    for role in ("reference", "candidate"):
-        try:
-            grads[role] = backward.sides.float64_gradients(role, backward.seeds[role])
-        except CannotUpcast as exc:
-            return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
-    float64_error = reference_rounding = candidate_rounding = 0.0
-    for cand_tid, pair in backward.leaf_pairs.items():
-        ref_info = run.reference.tensors[pair.reference]
-        reference64, candidate64 = grads["reference"].get(ref_info.leaf), grads["candidate"].get(run.candidate.tensors[cand_tid].leaf)
-        reference32, candidate32 = backward.reference.leaves.get(pair.reference), backward.candidate.leaves.get(cand_tid)
-        if any(g is None for g in (reference64, candidate64, reference32, candidate32)):
-            continue
-        candidate64 = pair.candidate_in_reference_layout(candidate64, ref_info.shape)
-        candidate32 = pair.candidate_in_reference_layout(candidate32, ref_info.shape)
-        relative = partial(backward.relative, cand_tid)
-        float64_error = max(float64_error, relative(error_metrics(candidate64, reference64)["max_abs"]))
-        reference_rounding = max(reference_rounding, relative(error_metrics(reference32.astype(np.float64), reference64)["max_abs"]))
-        candidate_rounding = max(candidate_rounding, relative(error_metrics(candidate32.astype(np.float64), candidate64)["max_abs"]))
-    return judge_float64(error, float64_error, reference_rounding, candidate_rounding,
-                         [trace.dtype for trace in run.traces.values()], "gradients")
-
-
-# -- the search -----------------------------------------------------------------------
 class BackwardPass(SearchPass):
     """The candidate's backward re-run with the reference's gradients handed on at cuts, and the
     backward evidence of each paired op."""
@@ -282,21 +252,17 @@ class BackwardPass(SearchPass):
         self.patchable = sorted(((first_read.get(t, never), t) for t in backward.tensor_pairs), reverse=True)
         self.evidence: dict[int, OpGradientEvidence] = {}
 
-    def rerun(self, role: str, patches: dict[int, np.ndarray]) -> Gradients:
+    def rerun(self, role: str, patches: dict[int, np.ndarray | Shift], parameter_shift: dict[int, np.ndarray] | None = None) -> Gradients:
+        """A `role` backward re-run handing on `patches`, its parameters' gradients shifted by `parameter_shift`."""
         if role == "candidate":
             self.candidate_reruns += 1
         else:
             self.reference_reruns += 1
-        return self.backward.sides.backward(role, self.backward.seeds[role], patches)
-
-    def error(self, patches: dict[int, np.ndarray], parameter_shift: dict[int, np.ndarray] | None = None) -> float:
-        """The parameters' gradient error of a candidate re-run handing on `patches`, its parameters'
-        gradients less `parameter_shift`."""
-        grads = self.rerun("candidate", patches)
+        grads = self.backward.sides.backward(role, self.backward.seeds[role], patches)
         for tid, shift in (parameter_shift or {}).items():
             if grads.leaves.get(tid) is not None:
-                grads.leaves[tid] = grads.leaves[tid] - shift
-        return self.backward.leaf_error(grads)["max_rel"]
+                grads.leaves[tid] = grads.leaves[tid] + shift
+        return grads
 
     def _moved(self, grads: Gradients, side: str) -> float:
         """How far a re-run's parameter gradients moved from the `side`'s own (worst max_rel)."""
@@ -344,38 +310,37 @@ class BackwardPass(SearchPass):
 
     def reach(self, group: list[OpGradientEvidence]) -> float:
         """The reference's backward re-run with these ops' own differences added to the gradients they hand on."""
-        backward, run = self.backward, self.run
-        patches, shift = {}, {}
-        for evidence in group:
-            for cand_tid, difference in (evidence.own_difference or {}).items():
-                pair = backward.pair(cand_tid)
-                difference = pair.candidate_in_reference_layout(difference, run.reference.tensors[pair.reference].shape)
-                if cand_tid in backward.leaf_pairs:
-                    shift[pair.reference] = shift.get(pair.reference, 0) + difference
-                elif pair.reference in backward.reference.tensors:
-                    total = patches[pair.reference].delta + difference if pair.reference in patches else difference
-                    patches[pair.reference] = Shift(total.astype(backward.reference.tensors[pair.reference].dtype))
-        grads = self.rerun("reference", patches)
-        for tid, difference in shift.items():
-            if grads.leaves.get(tid) is not None:
-                grads.leaves[tid] = grads.leaves[tid] + difference
-        return self._moved(grads, "reference")
+        patches, shift = self._own_differences(group, "reference")
+        return self._moved(self.rerun("reference", patches, shift), "reference")
 
     def error_without(self, group: list[OpGradientEvidence]) -> float:
         """A candidate re-run with these ops' own backward differences taken out of the gradients they hand on."""
-        backward = self.backward
-        patches, shift = {}, {}
+        patches, shift = self._own_differences(group, "candidate")
+        return self.backward.leaf_error(self.rerun("candidate", patches, shift))["max_rel"]
+
+    def _own_differences(self, group: list[OpGradientEvidence], side: str) -> tuple[dict[int, Shift], dict[int, np.ndarray]]:
+        """The group's own differences as shifts of the gradients it hands on and of parameters'
+        gradients, by the `side`'s tids: taken out of the candidate's, put into the reference's.
+        Where the candidate's op itself made NaN/Inf, the reference's gradient is what is left."""
+        backward, run = self.backward, self.run
+        patches: dict[int, Shift] = {}
+        shift: dict[int, np.ndarray] = {}
         for evidence in group:
-            for tid, difference in (evidence.own_difference or {}).items():
-                if tid in backward.leaf_pairs:
+            for cand_tid, difference in (evidence.own_difference or {}).items():
+                pair = backward.pair(cand_tid)
+                tid, own = (cand_tid, backward.candidate) if side == "candidate" else (pair.reference, backward.reference)
+                if side == "candidate":
+                    difference = -difference
+                else:
+                    difference = pair.candidate_in_reference_layout(difference, run.reference.tensors[tid].shape)
+                if cand_tid in backward.leaf_pairs:
                     shift[tid] = shift.get(tid, 0) + difference
-                elif tid in backward.candidate.tensors:
-                    dtype = backward.candidate.tensors[tid].dtype
-                    total = patches[tid].delta - difference if tid in patches else -difference
-                    # where the op itself made NaN/Inf, the reference's gradient is what is left
-                    reference = backward.reference_gradient(tid)
-                    patches[tid] = Shift(total.astype(dtype), None if reference is None else reference.astype(dtype))
-        return self.error(patches, shift)
+                elif tid in own.tensors:
+                    total = (patches[tid].delta + difference) if tid in patches else difference
+                    fallback = backward.reference_gradient(tid) if side == "candidate" else None
+                    dtype = own.tensors[tid].dtype
+                    patches[tid] = Shift(total.astype(dtype), None if fallback is None else fallback.astype(dtype))
+        return patches, shift
 
     def error_with_cut_gradient(self, op: OpNode) -> tuple[float, bool]:
         """A candidate re-run with the reference's gradients handed on where the cut op's inputs
@@ -385,7 +350,7 @@ class BackwardPass(SearchPass):
             values = self.backward.reference_gradient(tid)
             if values is not None and tid in self.backward.candidate.tensors:
                 patches[tid] = values.astype(self.backward.candidate.tensors[tid].dtype)
-        return self.error(patches), bool(patches)
+        return self.backward.leaf_error(self.rerun("candidate", patches))["max_rel"], bool(patches)
 
 
 def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
@@ -485,17 +450,3 @@ def _profile_row(run: RunRecord, backward: BackwardRun, cand_index: int, ref_ind
     error = backward.tensor_error(op.outputs[0]) or {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0}
     return ProfileRow(cand_index, ref_index, op.op, op.module, error["max_rel"], error["max_abs"], error["mean_abs"],
                       evidence.local_error if evidence else None, evidence.verdict if evidence else "unknown", 0.0)
-
-
-def repro_upstream(run: RunRecord, sides: Sides, cand_index: int, ref_index: int) -> dict[str, list[np.ndarray | None]]:
-    """For a backward repro (`repro.write_repro`): the reference's gradient of each output of reference op
-    `ref_index`, and the same laid out for each output of candidate op `cand_index` (None where
-    no gradient, or no partner)."""
-    reference = sides.backward("reference", output_seeds(run)["reference"])
-    ref_op, cand_op = run.reference.ops[ref_index], run.candidate.ops[cand_index]
-    candidate = []
-    for tid in cand_op.outputs:
-        pair = run.alignment.tensors.get(tid)
-        values = None if pair is None else reference.tensors.get(pair.reference)
-        candidate.append(None if values is None else pair.reference_in_candidate_layout(values, run.candidate.tensors[tid].shape))
-    return {"reference": [reference.tensors.get(t) for t in ref_op.outputs], "candidate": candidate}

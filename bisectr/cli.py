@@ -329,7 +329,7 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
         result["repro"] = str(where / "repro.py")
     backward = searched.backward
     if args.repro and backward is not None and backward.culprit is not None and backward.culprit.kind == "op":
-        from .backward import repro_upstream
+        from .repro import repro_upstream
 
         culprit = backward.culprit
         upstream = repro_upstream(run, run.sides, culprit.candidate.index, culprit.reference.index)

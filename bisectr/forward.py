@@ -19,24 +19,24 @@ for the search itself).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
 
-from .align import Alignment, Block
+from .align import Block
 from .analysis import Analysis, OpEvidence, computing_op
 from .errors import TraceMismatchError
 from .numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION
+from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from .record import RunRecord
 from .recording import Shift
-from .result import BlockOps, Bracket, Culprit, NonFinite, NonFiniteSite, ProfileRow, Result
-from .search import (MAX_REACH_TESTS, SearchPass, bracket, culprit_without_evidence, cut_before, entry_point,
-                     first_difference, recurrences, site, verdict_of)
+from .result import BlockOps, Bracket, Culprit, ProfileRow, Result
+from .search import (MAX_REACH_TESTS, SearchPass, bracket, cut_before, entry_point, first_difference, recurrences,
+                     site, verdict_of)
 from .sides import Sides
 from .store import SIDES
-from .trace import OpNode, is_floating
+from .trace import is_floating
 
 
 class ForwardPass(SearchPass):
@@ -133,9 +133,9 @@ class ForwardPass(SearchPass):
             local = self.analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
             for cand_tid, ref_tid in self.analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
                 dtype = _numpy_dtype(self.run.reference.tensors[ref_tid].dtype)
-                values = self.analysis.in_reference_layout(cand_tid, ref_tid, local[cand_tid])
-                with np.errstate(invalid="ignore", over="ignore"):
-                    patches[ref_tid] = Shift((values - self.run.reference.value(ref_tid)).astype(dtype, copy=False))
+                values = self.analysis.in_reference_layout(cand_tid, ref_tid, local[cand_tid]).astype(dtype, copy=False)
+                with np.errstate(invalid="ignore", over="ignore"):  # as own_difference_patches: shifted for many
+                    patches[ref_tid] = Shift(values - self.run.reference.value(ref_tid)) if len(group) > 1 else values
         return self.reference_error(patches)
 
     def error_without(self, group: list[OpEvidence]) -> float:
@@ -177,13 +177,13 @@ def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive:
         culprit_evidence = _most_amplifying(search, analysis, full_error, entry)
     culprit = _culprit(run, analysis, culprit_evidence) if culprit_evidence else None
     if nonfinite is not None and culprit is None:  # NaN/Inf that the reference lacks are not rounding
-        culprit = _nonfinite_culprit(run, nonfinite)
+        culprit = nonfinite_culprit(run, nonfinite)
     return Result(verdict, output_error, culprit, search.candidate_reruns, ops, entry,
                   recurrences=recurrences(run, finding, full_error) if finding else [],
                   confirmation=finding.confirmation if finding else None,
                   not_blamed=finding.not_blamed if finding else [], cuts=trail,
                   reference_reruns=search.reference_reruns,
-                  nonfinite=_nonfinite(run, nonfinite) if nonfinite is not None else None,
+                  nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None,
                   fp64_check=float64, bracket=_bracket(run, analysis, cuts, entry) if bracketed else None, profile=profile)
 
 
@@ -221,69 +221,15 @@ def entry_region(analysis: Analysis, entry: int | None) -> Block | None:
     return Block(regions["candidate"], regions["reference"], matched=True)
 
 
-@dataclass
-class NonFiniteStart:
-    """Where the candidate's NaN/Inf (absent from the reference) start."""
-
-    tid: int  # the first such tensor: an op output, or a leaf (a NaN parameter)
-    op: OpNode | None  # the candidate op that produced it, or the first that read the leaf (None: no op did)
-    reference_op: OpNode | None  # the reference op whose finite output it stands against
-
-
-def nonfinite_start(run: RunRecord, alignment: Alignment) -> NonFiniteStart | None:
-    """None when the candidate's outputs are finite. Otherwise: the first candidate tensor, in op order,
-    holding more NaN/Inf than its reference partner (so a -inf mask both sides build is passed over),
-    or the first non-finite output when no paired tensor does; then back through unpaired non-finite
-    inputs (an N:M block such as exp/sum/div against softmax) to the op that made them from finite ones."""
-    candidate, reference = run.candidate, run.reference
-    outputs = {pair.candidate: pair.reference for pair in run.output_pairs}
-    if not any(candidate.tensors[tid].nonfinite for tid in outputs):
-        return None
-
-    def excess(tid: int) -> bool:
-        pair = alignment.tensors.get(tid)
-        return pair is not None and candidate.tensors[tid].nonfinite > reference.tensors[pair.reference].nonfinite
-
-    flagged = next(((tid, op) for op in candidate.ops for tid in op.inputs + op.outputs if excess(tid)), None)
-    if flagged is None:
-        tid = next(t for t in outputs if candidate.tensors[t].nonfinite)
-        flagged = (tid, candidate.producer_op(tid))
-    tid, op = flagged
-    partner = alignment.tensors[tid].reference if tid in alignment.tensors else outputs.get(tid)
-    while candidate.tensors[tid].producer is not None:
-        op = candidate.ops[candidate.tensors[tid].producer]
-        upstream = next((t for t in op.inputs if t not in alignment.tensors and candidate.tensors[t].nonfinite), None)
-        if upstream is None:
-            break
-        tid = upstream
-    reference_op = None if partner is None else reference.producer_op(partner)
-    return NonFiniteStart(tid, op, reference_op)
-
-
-def _nonfinite(run: RunRecord, start: NonFiniteStart) -> NonFinite:
-    outputs = [run.candidate.tensors[pair.candidate] for pair in run.output_pairs]
-    info = run.candidate.tensors[start.tid]
-    first = None if start.op is None else NonFiniteSite(**vars(site(start.op)), leaf=info.leaf if info.producer is None else None)
-    return NonFinite(sum(int(o.stats.get("nan", 0)) for o in outputs), sum(int(o.stats.get("inf", 0)) for o in outputs), first)
-
-
-def _nonfinite_culprit(run: RunRecord, start: NonFiniteStart) -> Culprit | None:
-    """The culprit when no op's evidence names one: where the NaN/Inf start (no replay evidence).
-    None when either side has no op to show (an output that is an input or parameter)."""
-    if start.op is None or start.reference_op is None:
-        return None
-    info = run.candidate.tensors[start.tid]
-    leaf = info.leaf.split(":", 1)[1] if info.producer is None and info.leaf else None
-    return culprit_without_evidence("leaf" if leaf else "op", start.op, start.reference_op, leaf, math.inf)
-
-
-def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[OpEvidence]) -> dict[int, Shift]:
-    """For each op (or block), its own difference taken out of what it hands on: its outputs in the
-    re-run shifted by (reference output - the candidate op replayed on the reference's inputs).
-    Unlike patching in the reference's values, this leaves whatever reaches the op in the re-run
-    in place, so it fixes nothing the op did not add, and the occurrences of one difference can be
-    taken out together. Where the op itself made NaN/Inf, the reference's value is what is left."""
-    patches = {}
+def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[OpEvidence]) -> dict[int, np.ndarray | Shift]:
+    """For each op (or block), its own difference taken out of what it hands on: its outputs shifted
+    by (reference output - the candidate op replayed on the reference's inputs). Unlike patching in
+    the reference's values, this leaves what reached the op from upstream in place, so it fixes
+    nothing the op did not add. One op's (or block's) outputs are shifted as recorded, since nothing
+    upstream of it changes (a block's later outputs already carry its earlier ones); the occurrences
+    of one difference are shifted as the re-run computes them, since each takes upstream ones out.
+    Where the op itself made NaN/Inf, the reference's value is what is left."""
+    patches: dict[int, np.ndarray | Shift] = {}
     for evidence in evidences:
         local = analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
         for cand_tid, _ in analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
@@ -292,22 +238,9 @@ def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[O
                 continue
             dtype = _numpy_dtype(run.candidate.tensors[cand_tid].dtype)
             with np.errstate(invalid="ignore", over="ignore"):
-                delta = reference - local[cand_tid].reshape(reference.shape)
-            patches[cand_tid] = Shift(delta.astype(dtype, copy=False), reference.astype(dtype, copy=False))
-    return patches
-
-
-def op_patches(analysis: Analysis, run: RunRecord, op_indices: list[int]) -> dict[int, np.ndarray]:
-    """Reference values for the outputs of these candidate ops (all that a block hands on, for an op completing one)."""
-    patches = {}
-    for index in op_indices:
-        block = analysis.blocks.get(index)
-        outputs = run.candidate.ops[index].outputs if block is None else \
-            [c for c, _ in analysis.compared_outputs(index, analysis.ops[index].reference)]
-        for tid in outputs:
-            values = analysis.reference_values_for(tid)
-            if values is not None:
-                patches[tid] = values
+                shift = Shift((reference - local[cand_tid].reshape(reference.shape)).astype(dtype, copy=False),
+                              reference.astype(dtype, copy=False))
+            patches[cand_tid] = shift if len(evidences) > 1 else shift.applied_to(run.candidate.value(cand_tid))
     return patches
 
 

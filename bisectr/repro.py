@@ -17,7 +17,7 @@ import numpy as np
 
 from .recording import Call, Slot
 from .report import short_source, source_text
-from .record import RunRecord
+from .record import RunRecord, output_seeds
 from .sides import Sides
 from .trace import is_floating
 
@@ -26,6 +26,20 @@ _TENSOR = {
     "paddle": ("import paddle", "paddle.to_tensor(a.astype('float32') if dtype == 'bfloat16' else a, dtype=dtype)",
                "t.astype('float64').numpy()"),
 }
+
+
+def repro_upstream(run: RunRecord, sides: Sides, cand_index: int, ref_index: int) -> dict[str, list[np.ndarray | None]]:
+    """For a backward repro (`write_repro`): the reference's gradient of each output of reference op
+    `ref_index`, and the same laid out for each output of candidate op `cand_index` (None where
+    no gradient, or no partner)."""
+    reference = sides.backward("reference", output_seeds(run)["reference"])
+    ref_op, cand_op = run.reference.ops[ref_index], run.candidate.ops[cand_index]
+    candidate = []
+    for tid in cand_op.outputs:
+        pair = run.alignment.tensors.get(tid)
+        values = None if pair is None else reference.tensors.get(pair.reference)
+        candidate.append(None if values is None else pair.reference_in_candidate_layout(values, run.candidate.tensors[tid].shape))
+    return {"reference": [reference.tensors.get(t) for t in ref_op.outputs], "candidate": candidate}
 
 
 def python_literal(value: Any) -> str | None:

@@ -144,17 +144,13 @@ def cut_before(cuts: list[int], entry: int | None) -> int | None:
     return cuts[position - 1] if position > 0 else None
 
 
-def rerun_budget(search: SearchPass) -> int:
-    return math.ceil(math.log2(max(len(search.run.candidate.ops), 2))) + RERUN_SLACK
-
-
 def first_difference(search: SearchPass, cuts: list[int], entry: int | None, full_error: float, rounding: float,
                      say: Callable[[str], None], reach_gate: bool = True) -> Finding:
     """The first group of suspects whose own difference reaches the error and whose removal confirms
     it; else the first that reaches, unconfirmed. What does not reach, or is contradicted, is not blamed."""
     reach_needed = max(REACH_FRACTION * full_error, noise_floor(search.run.candidate.dtype))
     # After an exhaustive cut search the confirmations still get two re-runs.
-    budget = max(rerun_budget(search), search.candidate_reruns + 2)
+    budget = max(math.ceil(math.log2(max(len(search.run.candidate.ops), 2))) + RERUN_SLACK, search.candidate_reruns + 2)
     finding, tested, seen = Finding(), 0, set()
     for suspect in search.suspects(cuts, entry):
         if suspect.candidate in seen or suspect.verdict != "different":

@@ -62,8 +62,9 @@ def test_wrong_eps_is_blamed_on_the_first_norm_with_recurrences():
     assert result["verdict"] == "divergent"
     assert culprit["candidate"]["module"] == "blocks.0.attn_norm"
     assert "eps" in culprit_line(result)
-    modules = [r["module"] for r in result["recurrences"]]
-    assert len(modules) == 8 and all(m.endswith("_norm") for m in modules)
+    modules = [r["module"] for r in result["recurrences"]]  # every occurrence, the culprit first
+    assert len(modules) == 9 and modules[0] == "blocks.0.attn_norm" and all(m.endswith("_norm") for m in modules)
+    assert result["confirmation"]["patched_ops"] == [r["index"] for r in result["recurrences"]]
 
 
 def test_mask_fill_value_is_not_blamed():

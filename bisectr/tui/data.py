@@ -340,7 +340,7 @@ class RunData:
     def patch_effect(self, index: int) -> dict[str, float]:
         """Re-run the candidate with the reference's values patched in (live runs): for this op's
         outputs only, and for everything up to this op (the search's cut)."""
-        from ..forward import ForwardPass, op_patches
+        from ..forward import ForwardPass
 
         if not self.live:
             raise RuntimeError("patching needs a live run")
@@ -348,7 +348,7 @@ class RunData:
         search = ForwardPass(self.run, self.run.sides, analysis)
         before = self.run.output_error()["max_rel"]
         return {"before": before,
-                "only_this": search.candidate_error(op_patches(analysis, self.run, [index])),
+                "only_this": search.candidate_error(_op_patches(analysis, self.run, index)),
                 "up_to_here": search.candidate_error(search.patches_up_to(index))}
 
     def bisect(self, progress: Callable[[str], None] | None = None, model_file: str | None = None) -> Result:
@@ -366,3 +366,12 @@ class RunData:
             base = Path(self.run.run_dir) if self.run.run_dir is not None else Path.cwd()
             directory = base / "repro" / f"op{index}_{re.sub(r'[^A-Za-z0-9_]+', '_', self.run.candidate.ops[index].op)}"
         return write_repro(self.run, index, directory, self.run.sides)
+
+
+def _op_patches(analysis: Analysis, run: Run, index: int) -> dict[int, np.ndarray]:
+    """Reference values for the outputs of a candidate op (all that a block hands on, for an op completing one)."""
+    block = analysis.blocks.get(index)
+    outputs = run.candidate.ops[index].outputs if block is None else \
+        [c for c, _ in analysis.compared_outputs(index, analysis.ops[index].reference)]
+    values = {tid: analysis.reference_values_for(tid) for tid in outputs}
+    return {tid: v for tid, v in values.items() if v is not None}
