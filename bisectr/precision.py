@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
@@ -21,9 +21,6 @@ from .numerics import judge_float64
 from .record import RunRecord
 from .result import Float64Check
 from .sides import Sides
-
-if TYPE_CHECKING:
-    from .backward import BackwardRun
 
 
 def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
@@ -50,8 +47,9 @@ def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
     return judge_float64(error, float64_error, reference_rounding, candidate_rounding, [t.dtype for t in run.traces.values()])
 
 
-def float64_gradient_check(backward: "BackwardRun", error: float) -> Float64Check:
-    """Both sides' backward passes in float64: is the parameters' gradient error rounding?"""
+def float64_gradient_check(backward: Any, error: float) -> Float64Check:
+    """Both sides' backward passes in float64: is the parameters' gradient error rounding? (`backward`:
+    a `backward.BackwardRun`, not imported here: it imports this module.)"""
     run = backward.run
     if not math.isfinite(error):
         return Float64Check("skipped", "the candidate's gradients hold NaN/Inf", error)

@@ -40,7 +40,7 @@ def assert_found_at_first_occurrence(result: dict, modules: list[str], source: s
 def test_paddle_avg_pool_keeping_exclusive_in_a_shared_block_is_found_in_the_first_block():
     path = MODELS / "paddle_avgpool_exclusive.py"
     result = bisect(path.name, "candidate_exclusive")
-    assert_found_at_first_occurrence(result, ["Mixed_5b", "Mixed_5c", "Mixed_5d"], f"{path}:{line_of(path, '# @pool')}")
+    assert_found_at_first_occurrence(result, ["Mixed_5b", "Mixed_5c", "Mixed_5d"], f"{path}:{line_of(path, ')  # @pool')}")
     assert result["culprit"]["op"] == "pool2d" and result["entry"] == result["culprit"]["candidate"]["index"]
     assert 0.1 < result["recurrences"][0]["share"] < 0.5  # alone, the first removes little: that no longer rejects it
 
@@ -57,7 +57,7 @@ def test_tanh_gelu_in_a_paddle_block_class_is_bracketed_and_confirmed_at_blocks_
     error than there was): the entry point is where the outputs first move, not where the error falls."""
     path = MODELS / "paddle_shared_block.py"
     result = bisect(path.name, "candidate_block_gelu")
-    assert_found_at_first_occurrence(result, [f"blocks.{i}" for i in range(4)], f"{path}:{line_of(path, '# @gelu')}")
+    assert_found_at_first_occurrence(result, [f"blocks.{i}" for i in range(4)], f"{path}:{line_of(path, ')  # @gelu')}")
     assert result["entry"] == result["culprit"]["candidate"]["index"]
 
 

@@ -52,6 +52,16 @@ def test_the_import_graph_is_read_from_the_sources():
     assert len(graph) > 25
 
 
+def test_one_search_serves_both_passes_and_training_judges_with_the_same_numbers():
+    """The forward and backward passes plug into `search`; neither reaches into the other, and
+    training takes its thresholds and float64 rule from `numerics`, not from a pass."""
+    graph = import_graph()
+    assert ("bisectr.forward", "bisectr.search") in graph.edges and ("bisectr.backward", "bisectr.search") in graph.edges
+    assert ("bisectr.backward", "bisectr.forward") not in graph.edges
+    assert ("bisectr.training", "bisectr.backward") not in graph.edges
+    assert ("bisectr.training", "bisectr.numerics") in graph.edges
+
+
 def test_no_import_cycle_among_bisectr_modules():
     """A package `__init__` importing its submodules is not a cycle: importing `bisectr.x` runs
     `bisectr/__init__` first anyway, so arrows into a package's own `__init__` are left out."""
