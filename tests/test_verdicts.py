@@ -78,9 +78,5 @@ def test_the_third_party_corpus_benchmark_holds_on_every_pair(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(rows_file.read_text())
-    known = [r for r in rows if r["known_failure"]]
-    rows = [r for r in rows if not r["known_failure"]]
-    assert len(rows) == 13 and all(r["right"] and r["coverage"] >= 0.9 for r in rows)
+    assert len(rows) == 14 and all(r["right"] and r["coverage"] >= 0.9 for r in rows)
     assert all(r["confirmed"] for r in rows if r["verdict"] == "divergent")
-    assert [r["pair"] for r in known] == ["hf_gpt2:candidate_untransposed"]
-    assert not known[0]["right"], "hf_gpt2:candidate_untransposed is found now: drop its known_failure"
