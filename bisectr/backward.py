@@ -37,12 +37,11 @@ from .align import TensorPair
 from .errors import ModelFileError, OutputMismatchError
 from .metrics import error_metrics
 from .precision import float64_gradient_check
-from .numerics import GRADIENT_FLOOR, NOISE_FACTOR, coarsest_dtype, confirms, judge, magnitude, relative_to
+from .numerics import GRADIENT_FLOOR, coarsest_dtype, confirms, judge, magnitude, relative_to
 from .record import RunRecord, output_seeds
 from .recording import Gradients, Shift
 from .result import Bracket, Confirmation, Culprit, ProfileRow, Result
-from .search import (SearchPass, bracket, culprit_without_evidence, cut_before, entry_point, first_difference,
-                     recurrences, site, verdict_of)
+from .search import SearchPass, bracket, culprit_without_evidence, cut_before, recurrences, search_pass, site
 from .sides import Sides
 from .trace import OpNode, is_floating
 
@@ -242,8 +241,6 @@ class BackwardPass(SearchPass):
     """The candidate's backward re-run with the reference's gradients handed on at cuts, and the
     backward evidence of each paired op."""
 
-    name = "backward"
-
     def __init__(self, backward: BackwardRun):
         super().__init__(backward.run)
         self.backward = backward
@@ -382,21 +379,18 @@ def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
         say("running both sides' backward passes in float64")
         float64 = result.fp64_check = float64_gradient_check(backward, full_error)
         say("searching the backward pass")
-        cuts = search.cuts()
-        rounding = NOISE_FACTOR * float64.predicted if float64.predicted is not None else 0.0
-        result.entry, result.cuts = entry_point(search, cuts, full_error, rounding, float64.status == "agree")
-        finding = first_difference(search, cuts, result.entry, full_error, rounding, say) if float64.status != "agree" else None
-        result.verdict, bracketed = verdict_of(finding, float64, not math.isfinite(full_error)) if finding else ("noise", False)
-        if finding is not None:
-            result.confirmation, result.not_blamed = finding.confirmation, finding.not_blamed
-            result.recurrences = recurrences(run, finding, full_error)
-        culprit_evidence = finding.evidence if finding else None
+        outcome = search_pass(search, full_error, float64, not math.isfinite(full_error), say)
+        finding = outcome.finding
+        result.verdict, result.entry, result.cuts = outcome.verdict, outcome.entry, outcome.trail
+        result.confirmation, result.not_blamed = finding.confirmation, finding.not_blamed
+        result.recurrences = recurrences(run, finding, full_error)
+        culprit_evidence = finding.evidence
         if result.verdict == "noise" and result.entry is not None:
             culprit_evidence = search.evidence_of(result.entry)
         if culprit_evidence is not None:
             result.culprit = _culprit(run, culprit_evidence)
-        if bracketed:
-            result.bracket = _bracket(run, backward.op_pairs, result.entry, cut_before(cuts, result.entry))
+        if outcome.bracketed:
+            result.bracket = _bracket(run, backward.op_pairs, result.entry, cut_before(outcome.cuts, result.entry))
     result.reruns, result.reference_reruns = search.candidate_reruns, search.reference_reruns
     result.profile = [_profile_row(run, backward, cand, ref, search.evidence.get(cand)) for cand, ref in backward.op_pairs.items()]
     return result

@@ -26,14 +26,13 @@ import numpy as np
 from .align import Block
 from .analysis import Analysis, OpEvidence, computing_op
 from .errors import TraceMismatchError
-from .numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION
+from .numerics import NOISE_REACH_FRACTION, REACH_FRACTION
 from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from .record import RunRecord
 from .recording import Shift
 from .result import BlockOps, Bracket, Culprit, ProfileRow, Result
-from .search import (MAX_REACH_TESTS, SearchPass, bracket, cut_before, entry_point, first_difference, recurrences,
-                     site, verdict_of)
+from .search import MAX_REACH_TESTS, SearchPass, bracket, cut_before, recurrences, search_pass, site
 from .sides import Sides
 from .store import SIDES
 from .trace import is_floating
@@ -41,8 +40,6 @@ from .trace import is_floating
 
 class ForwardPass(SearchPass):
     """Re-runs of either side with activations patched, and the evidence of each paired op."""
-
-    name = "forward"
 
     def __init__(self, run: RunRecord, sides: Sides, analysis: Analysis):
         super().__init__(run)
@@ -167,24 +164,19 @@ def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive:
 
     search = ForwardPass(run, sides, analysis)
     say("searching")
-    cuts = search.cuts()
-    rounding = NOISE_FACTOR * float64.predicted if float64.predicted is not None else 0.0
-    entry, trail = entry_point(search, cuts, full_error, rounding, float64.status == "agree", exhaustive)
-    finding = first_difference(search, cuts, entry, full_error, rounding, say) if float64.status != "agree" else None
-    verdict, bracketed = verdict_of(finding, float64, nonfinite is not None) if finding else ("noise", False)
-    culprit_evidence = finding.evidence if finding else None
-    if verdict == "noise":
-        culprit_evidence = _most_amplifying(search, analysis, full_error, entry)
+    outcome = search_pass(search, full_error, float64, nonfinite is not None, say, exhaustive)
+    finding = outcome.finding
+    culprit_evidence = finding.evidence
+    if outcome.verdict == "noise":
+        culprit_evidence = _most_amplifying(search, analysis, full_error, outcome.entry)
     culprit = _culprit(run, analysis, culprit_evidence) if culprit_evidence else None
     if nonfinite is not None and culprit is None:  # NaN/Inf that the reference lacks are not rounding
         culprit = nonfinite_culprit(run, nonfinite)
-    return Result(verdict, output_error, culprit, search.candidate_reruns, ops, entry,
-                  recurrences=recurrences(run, finding, full_error) if finding else [],
-                  confirmation=finding.confirmation if finding else None,
-                  not_blamed=finding.not_blamed if finding else [], cuts=trail,
-                  reference_reruns=search.reference_reruns,
-                  nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None,
-                  fp64_check=float64, bracket=_bracket(run, analysis, cuts, entry) if bracketed else None, profile=profile)
+    return Result(outcome.verdict, output_error, culprit, search.candidate_reruns, ops, outcome.entry,
+                  recurrences=recurrences(run, finding, full_error), confirmation=finding.confirmation,
+                  not_blamed=finding.not_blamed, cuts=outcome.trail, reference_reruns=search.reference_reruns,
+                  nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None, fp64_check=float64,
+                  bracket=_bracket(run, analysis, outcome.cuts, outcome.entry) if outcome.bracketed else None, profile=profile)
 
 
 def check_reproducible(run: RunRecord, sides: Sides) -> None:

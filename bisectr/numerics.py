@@ -16,8 +16,9 @@ FLOOR_EPS = 16  # a dtype's noise floor, in units of its machine epsilon
 ROUNDING_SHARE = 0.1  # float64 results agree when they differ by at most this share of what rounding predicts
 GRADIENT_FLOOR = 1e-3  # a gradient or update is compared at no less than this share of the largest one
 
-# The search (`search`): the entry point is the first cut that removes a real share of the error,
-# beyond what rounding explains; for a run that is rounding, where most of it is gone.
+# The search (`search`, `past_entry`): the entry point is the first cut that moves the outputs by
+# this share of the error (beyond what rounding explains); for a run that is rounding, where
+# ENTRY_FRACTION of it is gone.
 REAL_SHARE = 0.02
 ENTRY_FRACTION = 0.5
 REACH_FRACTION = 0.1  # a difference reaches the outputs if it alone makes this share of the error

@@ -74,6 +74,3 @@ def float64_gradient_check(backward: Any, error: float) -> Float64Check:
         candidate_rounding = max(candidate_rounding, relative(error_metrics(candidate32.astype(np.float64), candidate64)["max_abs"]))
     return judge_float64(error, float64_error, reference_rounding, candidate_rounding,
                          [trace.dtype for trace in run.traces.values()], "gradients")
-
-
-# -- the search -----------------------------------------------------------------------

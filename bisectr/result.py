@@ -49,8 +49,8 @@ class Culprit:
 
 @dataclass
 class Recurrence:
-    """One occurrence of the culprit's difference (the same op from the same line of code, or reading
-    differing leaves of the same kind); the first is the culprit."""
+    """One occurrence of the culprit's difference (the same op from the same line of code or the same
+    module up to layer numbers, or reading differing leaves of the same kind); the first is the culprit."""
 
     index: int
     op: str

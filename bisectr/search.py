@@ -11,14 +11,15 @@ and an op's evidence are for its tensors; everything else is here.
    before it and it are the bracket.
 2. **Suspects**, in the pass's order (nearest the entry point first), whose own difference the
    evidence judges semantic. A suspect stands for every op carrying **the same difference**: the
-   same op from the same line of code (where the line is a library's, in the same module up to
-   layer numbers), or the same op reading leaves of the same kind that differ (every BatchNorm's
+   same op from the same line of code, or from the same module up to layer numbers (instances of
+   one layer class), or reading leaves of the same kind that differ (every BatchNorm's
    statistics). They form one group, named after its first occurrence in the model.
 3. **Reach.** The reference re-run with only the group's own differences in it must move the
    outputs; one that does not (a masked score, a dead branch) is not blamed.
 4. **Confirmation.** The candidate re-run with the group's own differences taken out, all together
-   (alone, the first of many may remove little), must bring the error down to rounding. A group
-   whose removal makes the error worse contradicts its pairing and is not blamed. How much each
+   (alone, the first of many may remove little), must bring the error down to rounding; where the
+   group does not, the suspect alone is tried (an op judged different by rounding may have joined
+   it). A suspect whose removal makes the error worse contradicts its pairing and is not blamed. How much each
    occurrence makes alone is measured by reference re-runs, never by the candidate's budget.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol
 
-from .numerics import REACH_FRACTION, confirms, noise_floor, past_entry
+from .numerics import NOISE_FACTOR, REACH_FRACTION, confirms, noise_floor, past_entry
 from .record import RunRecord
 from .result import Bracket, Confirmation, Culprit, Cut, Float64Check, NotBlamed, OpSite, Recurrence
 from .trace import OpNode
@@ -51,8 +52,6 @@ class Evidence(Protocol):
 
 class SearchPass(ABC):
     """One pass (forward or backward) of a live run, as the search sees it."""
-
-    name: str
 
     def __init__(self, run: RunRecord):
         self.run = run
@@ -107,6 +106,37 @@ class Finding:
         return bool(self.confirmation and self.confirmation.confirmed)
 
 
+@dataclass
+class Outcome:
+    """What the search of one pass concludes."""
+
+    cuts: list[int]
+    entry: int | None
+    trail: list[Cut]  # every cut evaluated
+    finding: Finding
+    verdict: str  # "noise" | "divergent"
+    bracketed: bool  # divergent with nothing confirmed: the bracket says where
+
+
+def search_pass(search: SearchPass, full_error: float, float64: Float64Check, nonfinite: bool,
+                say: Callable[[str], None], exhaustive: bool = False) -> Outcome:
+    """Search one pass whose error is `full_error` (see the module docstring). Where the float64 check
+    says rounding, no suspect is tested: the verdict is `noise`."""
+    cuts = search.cuts()
+    rounding = NOISE_FACTOR * float64.predicted if float64.predicted is not None else 0.0
+    entry, trail = entry_point(search, cuts, full_error, rounding, float64.status == "agree", exhaustive)
+    finding = Finding()
+    if float64.status != "agree":
+        finding = first_difference(search, cuts, entry, full_error, rounding, say)
+    if finding.confirmed:
+        verdict, bracketed = "divergent", False
+    elif finding.evidence is not None or float64.status == "disagree" or nonfinite:
+        verdict, bracketed = "divergent", True
+    else:
+        verdict, bracketed = "noise", False
+    return Outcome(cuts, entry, trail, finding, verdict, bracketed)
+
+
 def first_past(count: int, past: Callable[[int], bool], exhaustive: bool) -> int | None:
     """The first of positions 0..count-1 for which `past` holds, assuming that once it holds it keeps
     holding: by binary search, or asking every position in turn when `exhaustive`. None if none does."""
@@ -145,7 +175,7 @@ def cut_before(cuts: list[int], entry: int | None) -> int | None:
 
 
 def first_difference(search: SearchPass, cuts: list[int], entry: int | None, full_error: float, rounding: float,
-                     say: Callable[[str], None], reach_gate: bool = True) -> Finding:
+                     say: Callable[[str], None]) -> Finding:
     """The first group of suspects whose own difference reaches the error and whose removal confirms
     it; else the first that reaches, unconfirmed. What does not reach, or is contradicted, is not blamed."""
     reach_needed = max(REACH_FRACTION * full_error, noise_floor(search.run.candidate.dtype))
@@ -161,26 +191,34 @@ def first_difference(search: SearchPass, cuts: list[int], entry: int | None, ful
         seen.update(e.candidate for e in group)
         tested += 1
         say(f"testing op {suspect.candidate}" + (f" and {len(group) - 1} more with the same difference" if len(group) > 1 else ""))
-        if reach_gate:
-            reached = search.reach(group)
-            if reached < reach_needed:
-                finding.not_blamed.append(NotBlamed(suspect.candidate, suspect.op, reached))
-                continue
-        else:
-            reached = None
+        reached = search.reach(group)
+        if reached < reach_needed:
+            finding.not_blamed.append(NotBlamed(suspect.candidate, suspect.op, reached))
+            continue
         if len(group) > 1:
             budget += 1  # one confirmation per group beyond the search's own budget
-        after = search.error_without(group)
-        confirmation = Confirmation([e.candidate for e in group], after, full_error, confirms(after, full_error, rounding))
+        confirmation = confirm(search, group, full_error, rounding)
+        if not confirmation.confirmed and len(group) > 1 and search.candidate_reruns < budget:
+            # an op judged different by its rounding (a false occurrence) can spoil the group's proof
+            alone = confirm(search, [suspect], full_error, rounding)
+            if alone.confirmed:
+                group, confirmation = [suspect], alone
         if confirmation.confirmed:
-            return Finding(group, _alone(search, group, reached), confirmation, finding.not_blamed)
-        if after >= full_error and math.isfinite(full_error):  # the values contradict the pairing
-            finding.not_blamed.append(NotBlamed(suspect.candidate, suspect.op, reached or 0.0, after))
+            finding.group, finding.confirmation = group, confirmation
+            break
+        if confirmation.output_error >= full_error and math.isfinite(full_error):  # the values contradict the pairing
+            finding.not_blamed.append(NotBlamed(suspect.candidate, suspect.op, reached, confirmation.output_error))
         elif not finding.group:
             finding.group, finding.confirmation = group, confirmation
-    if len(finding.group) > 1:
-        finding.alone = _alone(search, finding.group, None)
+    if len(finding.group) > 1:  # each occurrence alone, by reference re-runs
+        finding.alone = {e.candidate: search.reach([e]) for e in finding.group[:MAX_SHARES]}
     return finding
+
+
+def confirm(search: SearchPass, group: list[Evidence], full_error: float, rounding: float) -> Confirmation:
+    """A candidate re-run with the group's own differences taken out, judged by `numerics.confirms`."""
+    after = search.error_without(group)
+    return Confirmation([e.candidate for e in group], after, full_error, confirms(after, full_error, rounding))
 
 
 def occurrences(search: SearchPass, suspect: Evidence) -> list[Evidence]:
@@ -189,34 +227,27 @@ def occurrences(search: SearchPass, suspect: Evidence) -> list[Evidence]:
     kinds = search.differing_leaf_kinds(suspect)
     group = [suspect]
     for op in search.run.candidate.ops:
-        if op.index == suspect.candidate or op.op != first.op or not (same_place(op, first) or kinds):
+        same = same_place(op, first)
+        if op.index == suspect.candidate or op.op != first.op or not (same or kinds):
             continue
         evidence = search.evidence_of(op.index)
         if evidence is None or evidence.verdict != "different" or evidence.op != suspect.op:
             continue
-        if same_place(op, first) or search.differing_leaf_kinds(evidence) == kinds:
+        if same or search.differing_leaf_kinds(evidence) == kinds:
             group.append(evidence)
     return sorted(group, key=lambda e: e.candidate)
 
 
 def same_place(op: OpNode, other: OpNode) -> bool:
-    """Two ops of one piece of code: the same line (where it is a library's, in the same module up to
-    layer numbers, as one library line serves every model built from it), or the same module up to
-    numbers (`blocks.0.ln1` and `blocks.3.ln2`: instances of one layer class)."""
-    if op.source == other.source and (not op.library_source or _pattern(op.module) == _pattern(other.module)):
-        return bool(op.source)
-    return bool(op.module) and _pattern(op.module) == _pattern(other.module)
+    """Two ops of one piece of code: the same line of user code, or the same module up to numbers
+    (`blocks.0.ln1` and `blocks.3.ln2`: instances of one layer class). A library's line alone says
+    nothing: it serves every model built from the library."""
+    same_line = bool(op.source) and op.source == other.source and not op.library_source
+    return same_line or (bool(op.module) and _pattern(op.module) == _pattern(other.module))
 
 
 def _pattern(module: str) -> str:
     return re.sub(r"[0-9]+", "#", module)
-
-
-def _alone(search: SearchPass, group: list[Evidence], reached_together: float | None) -> dict[int, float]:
-    """The error each occurrence of a group makes alone (a reference re-run each); for one, what the group made."""
-    if len(group) == 1:
-        return {group[0].candidate: reached_together} if reached_together is not None else {}
-    return {e.candidate: search.reach([e]) for e in group[:MAX_SHARES]}
 
 
 def recurrences(run: RunRecord, finding: Finding, full_error: float) -> list[Recurrence]:
@@ -230,15 +261,6 @@ def recurrences(run: RunRecord, finding: Finding, full_error: float) -> list[Rec
         share = None if alone is None or not math.isfinite(full_error) or full_error == 0 else alone / full_error
         listed.append(Recurrence(evidence.candidate, evidence.op, op.module, op.source, evidence.local_error, alone, share))
     return listed
-
-
-def verdict_of(finding: Finding, float64: Float64Check | None, nonfinite: bool) -> tuple[str, bool]:
-    """The verdict, and whether it needs a bracket (divergent with nothing confirmed)."""
-    if finding.confirmed:
-        return "divergent", False
-    if finding.evidence is not None or (float64 is not None and float64.status == "disagree") or nonfinite:
-        return "divergent", True
-    return "noise", False
 
 
 def site(op: OpNode) -> OpSite:
