@@ -9,9 +9,9 @@ backward differs in every block, first at `blocks.0`:
   the blocks' own `custom` flag on the line tagged `every`), whose forward is exact `gelu` and whose
   backward uses the tanh approximation's derivative. The call site bisectr names is therefore
   `backward_ports.py`'s `h = WrongGeluGrad.apply(h) if self.custom else ...` line, not this file.
-- `candidate_pylayer_every_block()`: torch reference against a paddle port (weights by
-  `bisectr.weights.torch_to_paddle`) whose every block's GELU is a paddle `PyLayer` with the same
-  wrong backward (the line tagged `pylayer`).
+- `candidate_pylayer_every_block()`: torch reference against `backward_ports`' paddle port (weights
+  by `bisectr.weights.torch_to_paddle`) whose `Block` class applies the paddle `PyLayer` with the
+  same wrong backward in every block.
 - `candidate()`: the correct paddle port (`backward_ports.candidate`), for comparison.
 
 Measured here (CPU, float32, output gradient `default_rng(1).normal` of the output's shape;
@@ -37,7 +37,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from backward_ports import (  # noqa: E402,F401
-    BLOCKS, DIM, HIDDEN, _inputs, _tanh_gelu_derivative, candidate, reference, torch_model)
+    _inputs, _paddle_side, candidate, reference, torch_model)
 
 
 def torch_function_every_block():
@@ -50,54 +50,6 @@ def torch_function_every_block():
     return model, (torch.from_numpy(_inputs()),)
 
 
-def _paddle_every_block():
-    import paddle
-    from paddle import nn
-    from paddle.autograd import PyLayer
-
-    from bisectr.weights import torch_to_paddle
-
-    class WrongGeluGrad(PyLayer):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return paddle.nn.functional.gelu(x)
-
-        @staticmethod
-        def backward(ctx, grad):
-            (x,) = ctx.saved_tensor()
-            return grad * paddle.to_tensor(_tanh_gelu_derivative(x.numpy()))
-
-    class Block(nn.Layer):
-        def __init__(self):
-            super().__init__()
-            self.norm = nn.LayerNorm(DIM)
-            self.fc1 = nn.Linear(DIM, HIDDEN)
-            self.fc2 = nn.Linear(HIDDEN, DIM)
-
-        def forward(self, x):
-            h = WrongGeluGrad.apply(self.fc1(self.norm(x)))  # @pylayer
-            return x + self.fc2(h)
-
-    class Stack(nn.Layer):
-        def __init__(self):
-            super().__init__()
-            self.blocks = nn.LayerList([Block() for _ in range(BLOCKS)])
-            self.head = nn.Linear(DIM, 4)
-
-        def forward(self, x):
-            for block in self.blocks:
-                x = block(x)
-            return self.head(x)
-
-    model = Stack()
-    torch_to_paddle(torch_model(), model).check()
-    model.eval()
-    return model
-
-
 def candidate_pylayer_every_block():
     """Paddle port, same weights; every block's GELU is a `PyLayer` with the tanh derivative."""
-    import paddle
-
-    return _paddle_every_block(), (paddle.to_tensor(_inputs()),)
+    return _paddle_side("pylayer_every_block")

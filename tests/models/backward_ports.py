@@ -6,6 +6,7 @@ all but `candidate` differ in their backward only:
 - `candidate`: the paddle port, correct.
 - `candidate_pylayer`: block 1's GELU is a paddle `PyLayer` whose forward is exact and whose backward
   uses the tanh approximation's derivative (a subtle, 1e-3-sized error).
+- (`paddle_model("pylayer_every_block")`: that `PyLayer` in every block, for `backward_every_block.py`.)
 - `candidate_detached`: block 1's residual path is `x.detach()`: no gradient flows through it.
 - `candidate_frozen`: block 0's `fc2.weight` is frozen (`stop_gradient = True`).
 - `torch_function`: a torch port whose block 1 GELU is an `autograd.Function` with the same wrong
@@ -103,10 +104,11 @@ def paddle_model(variant: str = ""):
             self.fc1 = nn.Linear(DIM, HIDDEN)
             self.fc2 = nn.Linear(HIDDEN, DIM)
             self.index = index
+            self.wrong_gradient_variants = ("pylayer", "pylayer_every_block") if index == 1 else ("pylayer_every_block",)
 
         def forward(self, x):
             h = self.fc1(self.norm(x))
-            h = WrongGeluGrad.apply(h) if variant == "pylayer" and self.index == 1 else paddle.nn.functional.gelu(h)
+            h = WrongGeluGrad.apply(h) if variant in self.wrong_gradient_variants else paddle.nn.functional.gelu(h)
             residual = x.detach() if variant == "detached" and self.index == 1 else x
             return residual + self.fc2(h)
 
