@@ -11,7 +11,7 @@ import itertools
 import os
 import sys
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
@@ -235,6 +235,15 @@ class Adapter(ABC):
     def float64_tensor(self, tensor: Any) -> Any:
         """A float64 copy of a floating tensor."""
         raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
+
+    def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
+        """Op `name` as a float64 run makes it: a cast down to float32, bfloat16 or float16 (a cast
+        op, a dtype argument) kept at float64."""
+        return fn, args, kwargs
+
+    def float64_defaults(self) -> AbstractContextManager:
+        """While active, tensors created without a dtype are float64."""
+        return nullcontext()
 
     def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
         """The permutation that brings input `position` of canonical op `op` from this

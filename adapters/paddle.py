@@ -327,6 +327,25 @@ class PaddleAdapter(Adapter):
     def float64_tensor(self, tensor: Any) -> Any:
         return tensor.detach().astype("float64")
 
+    def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
+        # Every cast and dtype argument reaches `_C_ops` as a DataType (`astype("float32")` included).
+        paddle = _paddle()
+        narrow = (paddle.float32, paddle.float16, paddle.bfloat16)
+
+        def widened(value: Any) -> Any:
+            return paddle.float64 if isinstance(value, paddle.dtype) and value in narrow else value
+        return fn, tuple(widened(a) for a in args), {key: widened(value) for key, value in kwargs.items()}
+
+    @contextmanager
+    def float64_defaults(self) -> Iterator[None]:
+        paddle = _paddle()
+        default = paddle.get_default_dtype()
+        paddle.set_default_dtype("float64")
+        try:
+            yield
+        finally:
+            paddle.set_default_dtype(default)
+
     def copy_model(self, model: Any) -> Any:
         if not isinstance(model, _paddle().nn.Layer):
             raise CannotUpcast("it is a plain function, whose parameters bisectr cannot reach")

@@ -12,6 +12,10 @@ import numpy as np
 from .base import API, CALLER, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast, ModulePaths, OpListener
 
 
+# Tensor methods that cast to a floating dtype below float64.
+_NARROWING_METHODS = frozenset({"Tensor.float", "Tensor.half", "Tensor.bfloat16"})
+
+
 def _torch():
     import torch
 
@@ -84,6 +88,26 @@ class TorchAdapter(Adapter):
 
     def float64_tensor(self, tensor: Any) -> Any:
         return tensor.detach().double()
+
+    def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
+        torch = _torch()
+        if name in _NARROWING_METHODS:
+            return torch.Tensor.double, args[:1], {}
+        narrow = (torch.float32, torch.float16, torch.bfloat16)
+
+        def widened(value: Any) -> Any:
+            return torch.float64 if isinstance(value, torch.dtype) and value in narrow else value
+        return fn, tuple(widened(a) for a in args), {key: widened(value) for key, value in kwargs.items()}
+
+    @contextmanager
+    def float64_defaults(self) -> Iterator[None]:
+        torch = _torch()
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(default)
 
     def copy_model(self, model: Any) -> Any:
         if not isinstance(model, _torch().nn.Module):

@@ -63,8 +63,14 @@ class TensorPair:
     # The candidate holds the reference's data repeated along size-1 dimensions (one side
     # expands position embeddings to the batch, the other lets broadcasting do it).
     broadcast: bool = False
+    # The candidate holds a slice of the reference (one part of a fused parameter): (axis, start,
+    # stop) of the reference's values, taken before `transform`.
+    part: tuple[int, int, int] | None = None
 
     def reference_in_candidate_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        if self.part is not None:
+            axis, start, stop = self.part
+            values = np.take(values, range(start, stop), axis=axis)
         if self.transform is not None:
             values = np.transpose(values, self.transform)
         if self.broadcast:
@@ -72,6 +78,9 @@ class TensorPair:
         return np.ascontiguousarray(values).reshape(shape)
 
     def candidate_in_reference_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        if self.part is not None:
+            raise ValueError(f"candidate tensor {self.candidate} holds a slice of reference tensor {self.reference}: "
+                             "it has no layout of the whole")
         if self.broadcast:
             padded = (1,) * (values.ndim - len(shape)) + tuple(shape)
             values = values[tuple(slice(0, 1) if r == 1 else slice(None) for r in padded)]
@@ -116,10 +125,38 @@ class Block:
 
 
 @dataclass
+class LeafPair:
+    """A candidate parameter or buffer and the reference leaf it holds (see `leaves`)."""
+
+    candidate: str  # leaf names as traced: "param:NAME" / "buffer:NAME"
+    reference: str
+    layout: str  # how the reference's values are laid out in the candidate's: "as stored", "transposed", "slice ..."
+    how: str  # what paired them: "op" (read by paired ops), "block" (read in a matched block), "values", "name"
+    status: str = "unknown"  # "equal" | "rounded" | "different" | "unknown" (values not stored)
+    description: str = ""  # what differs, for a different pair
+    max_rel: float | None = None  # max abs difference / max abs of the reference's values
+
+
+@dataclass
+class UnpairedLeaf:
+    side: str
+    name: str
+    reason: str
+
+
+@dataclass
+class LeafPairing:
+    pairs: list[LeafPair] = field(default_factory=list)
+    unpaired: list[UnpairedLeaf] = field(default_factory=list)
+    summary: str = ""  # what the comparison found, in one sentence
+
+
+@dataclass
 class Alignment:
     pairs: list[OpPair] = field(default_factory=list)
     blocks: list[Block] = field(default_factory=list)
     tensors: dict[int, TensorPair] = field(default_factory=dict)  # candidate tid -> pair
+    leaves: LeafPairing = field(default_factory=LeafPairing)
 
     def reference_of(self, candidate_op: int) -> int | None:
         return self._by_candidate().get(candidate_op)

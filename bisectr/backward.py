@@ -119,7 +119,7 @@ class BackwardRun:
         reference = self._gradient(self.reference, pair.reference, op_output)
         if candidate is None or reference is None:
             return None
-        return error_metrics(pair.candidate_in_reference_layout(candidate, reference.shape), reference)
+        return error_metrics(candidate, pair.reference_in_candidate_layout(reference, candidate.shape))
 
     def leaf_error(self, grads: Gradients | None = None) -> dict[str, float]:
         """Worst max_abs and max_rel over the parameters whose gradients both sides have. A

@@ -26,13 +26,15 @@ import numpy as np
 from .align import Block
 from .analysis import Analysis, OpEvidence, computing_op
 from .errors import TraceMismatchError
-from .numerics import NOISE_REACH_FRACTION, REACH_FRACTION
+from .leaves import leaf_causes
+from .numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms
 from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from .record import RunRecord
 from .recording import Shift
-from .result import BlockOps, Bracket, Culprit, ProfileRow, Result
-from .search import MAX_REACH_TESTS, SearchPass, bracket, cut_before, recurrences, search_pass, site
+from .result import BlockOps, Bracket, Confirmation, Culprit, ProfileRow, Recurrence, Result
+from .search import (MAX_REACH_TESTS, SearchPass, bracket, culprit_without_evidence, cut_before, recurrences, search_pass,
+                     site)
 from .sides import Sides
 from .store import SIDES
 from .trace import is_floating
@@ -163,6 +165,14 @@ def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive:
     float64 = float64_check(run, sides)
 
     search = ForwardPass(run, sides, analysis)
+    leaves = run.alignment.leaves
+    if float64.status != "agree":
+        say("comparing parameters and buffers")
+        found = _differing_leaves(search, full_error, NOISE_FACTOR * (float64.predicted or 0.0))
+        if found is not None:
+            culprit, confirmation, occurrences = found
+            return Result("divergent", output_error, culprit, search.candidate_reruns, ops, recurrences=occurrences,
+                          confirmation=confirmation, fp64_check=float64, profile=profile, leaves=leaves)
     say("searching")
     outcome = search_pass(search, full_error, float64, nonfinite is not None, say, exhaustive)
     finding = outcome.finding
@@ -176,7 +186,31 @@ def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive:
                   recurrences=recurrences(run, finding, full_error), confirmation=finding.confirmation,
                   not_blamed=finding.not_blamed, cuts=outcome.trail, reference_reruns=search.reference_reruns,
                   nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None, fp64_check=float64,
-                  bracket=_bracket(run, analysis, outcome.cuts, outcome.entry) if outcome.bracketed else None, profile=profile)
+                  bracket=_bracket(run, analysis, outcome.cuts, outcome.entry) if outcome.bracketed else None, profile=profile,
+                  leaves=leaves)
+
+
+def _differing_leaves(search: ForwardPass, full_error: float, rounding: float) -> tuple[Culprit, Confirmation, list[Recurrence]] | None:
+    """The first cause among the leaves that differ (in the order the candidate reads them) whose
+    reference values, given to the candidate, take the outputs' error down to rounding: the culprit
+    (its first leaf), the confirmation, and every layer holding it where there are several."""
+    run, analysis = search.run, search.analysis
+    for cause in leaf_causes(run.alignment.leaves, run.candidate)[:MAX_REACH_TESTS]:
+        tids = [run.candidate.leaves[pair.candidate] for pair in cause]
+        patches = {tid: values for tid in tids if (values := analysis.reference_values_for(tid)) is not None}
+        readers = sorted({run.candidate.first_reads()[tid] for tid in tids})
+        after = search.candidate_error(patches)
+        if not confirms(after, full_error, rounding):
+            continue
+        first = cause[0]
+        cand_op = run.candidate.ops[readers[0] if len(readers) == 1 else run.candidate.first_reads()[tids[0]]]
+        ref_op = run.reference.ops[run.reference.first_reads()[run.reference.leaves[first.reference]]]
+        culprit = culprit_without_evidence("leaf", cand_op, ref_op, first.candidate.split(":", 1)[1])
+        culprit.reference_leaf, culprit.layout, culprit.description = first.reference.split(":", 1)[1], first.layout, first.description
+        occurrences = [Recurrence(i, run.candidate.ops[i].op, run.candidate.ops[i].module, run.candidate.ops[i].source, None)
+                       for i in readers] if len(readers) > 1 else []
+        return culprit, Confirmation(readers, after, full_error, True, leaves=len(cause)), occurrences
+    return None
 
 
 def check_reproducible(run: RunRecord, sides: Sides) -> None:

@@ -32,7 +32,7 @@ from .adapters import CannotUpcast
 from .errors import BisectrError, UserModelError
 from .modelfile import build_side, load_module
 from .recording import Call, Gradients, RecordOptions, RerunResult, Slot
-from .sides import LocalSide, Watch
+from .sides import Float64Run, LocalSide, Watch
 from .store import TensorWriter
 from .trace import Trace
 
@@ -163,9 +163,9 @@ class _Worker:
     def backward(self, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
         return self.runner.backward(self.trace, seeds, gradient_patches)
 
-    def float64_gradients(self, seeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray | None] | None, str]:
+    def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> tuple[Float64Run | None, str]:
         try:
-            return self.runner.float64_gradients(seeds), ""
+            return self.runner.float64_gradients(seeds, leaf_values), ""
         except CannotUpcast as exc:
             return None, str(exc)
 
@@ -177,9 +177,9 @@ class _Worker:
         call = self.runner.call(index)
         return None if call is None else (_portable(call.args), _portable(call.kwargs))
 
-    def float64_outputs(self) -> tuple[dict[str, np.ndarray] | None, str]:
+    def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> tuple[Float64Run | None, str]:
         try:
-            return self.runner.float64_outputs(), ""
+            return self.runner.float64_outputs(leaf_values), ""
         except CannotUpcast as exc:
             return None, str(exc)
 
@@ -274,8 +274,8 @@ class IsolatedSide:
     def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
         return self._request("running the backward pass", "backward", seeds, gradient_patches)
 
-    def float64_gradients(self, seeds: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
-        grads, reason = self._request("running the backward pass in float64", "float64_gradients", seeds)
+    def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
+        grads, reason = self._request("running the backward pass in float64", "float64_gradients", seeds, leaf_values)
         if grads is None:
             raise CannotUpcast(reason)
         return grads
@@ -289,8 +289,8 @@ class IsolatedSide:
         found = self._request(f"describing op {index}", "call", index)
         return None if found is None else Call(_runs_in_the_worker, *found)
 
-    def float64_outputs(self) -> dict[str, np.ndarray]:
-        outputs, reason = self._request("running in float64", "float64_outputs")
+    def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> Float64Run:
+        outputs, reason = self._request("running in float64", "float64_outputs", leaf_values)
         if outputs is None:
             raise CannotUpcast(reason)
         return outputs

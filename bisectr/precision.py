@@ -20,7 +20,7 @@ from .metrics import error_metrics
 from .numerics import judge_float64
 from .record import RunRecord
 from .result import Float64Check
-from .sides import Sides
+from .sides import Float64Run, Sides
 
 
 def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
@@ -30,12 +30,13 @@ def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
         return Float64Check("skipped", "the candidate's outputs hold NaN/Inf", error)
     if all(trace.dtype == "float64" for trace in run.traces.values()):
         return Float64Check("skipped", "both sides already run in float64", error)
-    outputs = {}
-    for role in ("reference", "candidate"):
+    runs = {}
+    for role, leaf_values in (("reference", {}), ("candidate", rounded_leaf_values(run))):
         try:
-            outputs[role] = sides.float64_outputs(role)
+            runs[role] = sides.float64_outputs(role, leaf_values)
         except CannotUpcast as exc:
             return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
+    outputs = {role: float64.values for role, float64 in runs.items()}
     float64_error = reference_rounding = candidate_rounding = 0.0
     for pair in run.output_pairs:
         reference64 = outputs["reference"][pair.key]
@@ -44,7 +45,33 @@ def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
         reference_rounding = max(reference_rounding, error_metrics(run.reference.value(pair.reference), reference64)["max_rel"])
         candidate32 = pair.in_reference_layout(run.candidate.value(pair.candidate), reference64.shape)
         candidate_rounding = max(candidate_rounding, error_metrics(candidate32, candidate64)["max_rel"])
-    return judge_float64(error, float64_error, reference_rounding, candidate_rounding, [t.dtype for t in run.traces.values()])
+    check = judge_float64(error, float64_error, reference_rounding, candidate_rounding, [t.dtype for t in run.traces.values()])
+    return _noted(check, run, runs)
+
+
+def rounded_leaf_values(run: RunRecord) -> dict[str, np.ndarray]:
+    """The reference's values (in the candidate's layout) for each candidate leaf that only rounds them:
+    the float64 runs give both sides the same weights, so that their rounding is not taken for a bug."""
+    values = {}
+    for pair in run.alignment.leaves.pairs:
+        if pair.status == "rounded":
+            tid = run.candidate.leaves[pair.candidate]
+            tensor_pair = run.alignment.tensors[tid]
+            values[pair.candidate] = tensor_pair.reference_in_candidate_layout(run.reference.value(tensor_pair.reference),
+                                                                               run.candidate.tensors[tid].shape)
+    return values
+
+
+def _noted(check: Float64Check, run: RunRecord, runs: dict[str, Float64Run]) -> Float64Check:
+    """The check with the rounded leaves it gave the reference's values, and the ops that still ran below float64."""
+    rounded = [pair for pair in run.alignment.leaves.pairs if pair.status == "rounded"]
+    if rounded:
+        dtypes = sorted({run.candidate.tensors[run.candidate.leaves[p.candidate]].dtype for p in rounded})
+        worst = max(p.max_rel or 0.0 for p in rounded)
+        check.rounded_leaves = (f"the candidate's weights are the reference's rounded to {', '.join(dtypes)} ({len(rounded)} "
+                                f"leaves, max rel {worst:.2g}): both sides ran with the reference's values")
+    check.narrow_ops = {role: float64.narrow_ops for role, float64 in runs.items() if float64.narrow_ops}
+    return check
 
 
 def float64_gradient_check(backward: Any, error: float) -> Float64Check:
@@ -53,12 +80,13 @@ def float64_gradient_check(backward: Any, error: float) -> Float64Check:
     run = backward.run
     if not math.isfinite(error):
         return Float64Check("skipped", "the candidate's gradients hold NaN/Inf", error)
-    grads = {}
-    for role in ("reference", "candidate"):
+    runs = {}
+    for role, leaf_values in (("reference", {}), ("candidate", rounded_leaf_values(run))):
         try:
-            grads[role] = backward.sides.float64_gradients(role, backward.seeds[role])
+            runs[role] = backward.sides.float64_gradients(role, backward.seeds[role], leaf_values)
         except CannotUpcast as exc:
             return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
+    grads = {role: float64.values for role, float64 in runs.items()}
     float64_error = reference_rounding = candidate_rounding = 0.0
     for cand_tid, pair in backward.leaf_pairs.items():
         ref_info = run.reference.tensors[pair.reference]
@@ -66,11 +94,13 @@ def float64_gradient_check(backward: Any, error: float) -> Float64Check:
         reference32, candidate32 = backward.reference.leaves.get(pair.reference), backward.candidate.leaves.get(cand_tid)
         if any(g is None for g in (reference64, candidate64, reference32, candidate32)):
             continue
-        candidate64 = pair.candidate_in_reference_layout(candidate64, ref_info.shape)
-        candidate32 = pair.candidate_in_reference_layout(candidate32, ref_info.shape)
+        shape = run.candidate.tensors[cand_tid].shape
+        reference64 = pair.reference_in_candidate_layout(reference64, shape)
+        reference32 = pair.reference_in_candidate_layout(reference32, shape)
         relative = partial(backward.relative, cand_tid)
         float64_error = max(float64_error, relative(error_metrics(candidate64, reference64)["max_abs"]))
         reference_rounding = max(reference_rounding, relative(error_metrics(reference32.astype(np.float64), reference64)["max_abs"]))
         candidate_rounding = max(candidate_rounding, relative(error_metrics(candidate32.astype(np.float64), candidate64)["max_abs"]))
-    return judge_float64(error, float64_error, reference_rounding, candidate_rounding,
-                         [trace.dtype for trace in run.traces.values()], "gradients")
+    check = judge_float64(error, float64_error, reference_rounding, candidate_rounding,
+                          [trace.dtype for trace in run.traces.values()], "gradients")
+    return _noted(check, run, runs)

@@ -20,6 +20,9 @@ _LEVELS = "▁▂▃▄▅▆▇█"
 CHART_WIDTH = 64
 
 
+NARROW_OPS_SHOWN = 4  # ops still below float64, named in the float64 check's line
+
+
 def json_safe(value: Any) -> Any:
     """JSON has no Infinity or NaN: such numbers become None (`bisect --json`, result.json, the TUI)."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -123,6 +126,8 @@ def verdict_lines(result: Result) -> list[Line]:
         lines.append([(nonfinite_text(result.nonfinite), "")])
     if result.fp64_check:
         lines.append([(float64_text(result.fp64_check, measured(result)), "")])
+    if result.leaves is not None and result.leaves.summary:
+        lines.append([(f"parameters and buffers: {result.leaves.summary}", "")])
     return lines
 
 
@@ -140,6 +145,8 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
         else:
             what = "first semantic difference" if result.verdict == "divergent" else "most amplifying op"
         leaf = f" (its parameter {culprit.leaf} {'gets a gradient on one side only' if backward else 'differs'})" if culprit.leaf else ""
+        if culprit.description:
+            leaf = f" (the leaf {culprit.leaf}: {culprit.description}; the reference's {culprit.reference_leaf}, {culprit.layout})"
         lines.append([(f"culprit ({what}): ", ""), (culprit.op, "bold"), (leaf, "")])
         for role in ("candidate", "reference"):
             site = getattr(culprit, role)
@@ -148,7 +155,9 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
                 lines.append([("             ", ""), (short_source(site.source), "source"), (f":  {source_text(site.source)}", "code")])
         if culprit.block:
             lines.append([(f"  block      {block_text(run, culprit.block)}", "")])
-        if backward:
+        if culprit.kind == "leaf" and culprit.local_error is None and culprit.input_error is None:
+            pass  # a leaf compared by its values: no op evidence
+        elif backward:
             lines.append([(f"  gradient error reaching it {fmt(culprit.output_error_rel)} (relative); "
                            f"local backward error {fmt(culprit.local_error)}", "")])
         else:
@@ -174,9 +183,11 @@ def recurrence_lines(result: Result, listed: int | None = None) -> list[Line]:
     if not result.recurrences:
         return []
     count = len(result.recurrences)
-    lines: list[Line] = [[(f"  the same difference in {count} places (the first is the culprit); share of the error each makes alone:", "")]]
+    measured = any(item.share is not None for item in result.recurrences)
+    shares = "; share of the error each makes alone:" if measured else ":"
+    lines: list[Line] = [[(f"  the same difference in {count} places (the first is the culprit){shares}", "")]]
     for item in result.recurrences[:listed]:
-        share = "not measured" if item.share is None else f"{item.share:.0%}"
+        share = ("not measured" if item.share is None else f"{item.share:.0%}") if measured else ""
         lines.append([(f"    op {item.index:<5} {item.module or '(top level)':<36} {share:>12}  ({short_source(item.source)})", "")])
     if listed is not None and count > listed:
         lines.append([(f"    ... and {count - listed} more", "muted")])
@@ -231,18 +242,29 @@ def float64_text(check: Float64Check, compared: str = "outputs") -> str:
     rounding = (f"rounding predicts up to {fmt(check.predicted)} (reference {fmt(check.reference_rounding)}, "
                 f"candidate {fmt(check.candidate_rounding)} from their own float64 {compared})")
     conclusion = "rounding" if check.status == "agree" else "something computes differently"
-    return (f"float64 check: {compared} differ by {fmt(check.error)} as run and by {fmt(check.float64_error)} with both sides "
+    text = (f"float64 check: {compared} differ by {fmt(check.error)} as run and by {fmt(check.float64_error)} with both sides "
             f"in float64; {rounding} -> {conclusion}")
+    if check.rounded_leaves:
+        text += f"; {check.rounded_leaves}"
+    for role, ops in check.narrow_ops.items():
+        shown = ", ".join(ops[:NARROW_OPS_SHOWN]) + (f" and {len(ops) - NARROW_OPS_SHOWN} more" if len(ops) > NARROW_OPS_SHOWN else "")
+        text += f"; still below float64 on the {role}: {shown}"
+    return text
 
 
 def confirmation_text(confirmation: Confirmation, errors_of: str = "outputs") -> str:
     """What taking the culprit's own difference out did to the outputs' (`errors_of`) error."""
     first, *recurrences = confirmation.patched_ops or ["?"]
     what = f"op {first}'s own difference" + (f" and its {len(recurrences)} recurrences' together" if recurrences else "")
+    if confirmation.leaves:
+        readers = f"op {first}" if not recurrences else f"ops {', '.join(map(str, confirmation.patched_ops))}"
+        what = f"the reference's values for {confirmation.leaves} leaf (read by {readers})" if confirmation.leaves == 1 else \
+            f"the reference's values for these {confirmation.leaves} leaves (read by {readers})"
     change = f"from {fmt(confirmation.before)} to {fmt(confirmation.output_error)}"
+    action = "giving the candidate only" if confirmation.leaves else "taking out only"
     if confirmation.confirmed:
-        return f"confirmed: taking out only {what} takes the {errors_of}' error {change}"
-    return f"unconfirmed: taking out only {what} takes the {errors_of}' error only {change}"
+        return f"confirmed: {action} {what} takes the {errors_of}' error {change}"
+    return f"unconfirmed: {action} {what} takes the {errors_of}' error only {change}"
 
 
 def not_blamed_text(item: NotBlamed) -> str:

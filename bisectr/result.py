@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .align import LeafPairing
 from .serial import PlainError, from_plain, to_plain
 
 
@@ -45,6 +46,11 @@ class Culprit:
     verdict: str  # the op's own: exact / noise / different
     fp64: dict[str, float] | None  # candidate_error, reference_error
     block: BlockOps | None = None
+    # For kind "leaf": the reference leaf it pairs with, how the reference's values lie in it
+    # ("as stored", "transposed", a slice of a fused parameter) and how it differs ("all zeros").
+    reference_leaf: str | None = None
+    layout: str | None = None
+    description: str | None = None
 
 
 @dataclass
@@ -69,6 +75,7 @@ class Confirmation:
     output_error: float
     before: float
     confirmed: bool
+    leaves: int = 0  # for a leaf culprit: how many leaves were given the reference's values (read by `patched_ops`)
 
 
 @dataclass
@@ -138,6 +145,10 @@ class Float64Check:
     float64_error: float | None = None  # the same with both sides in float64
     reference_rounding: float | None = None  # the reference's outputs vs its own float64 outputs
     candidate_rounding: float | None = None
+    # The candidate's leaves that are the reference's rounded to its dtype ran with the reference's
+    # values on both sides (said here in one sentence); `narrow_ops` still ran below float64.
+    rounded_leaves: str = ""
+    narrow_ops: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def predicted(self) -> float | None:
@@ -173,6 +184,7 @@ class Result:
     missing_gradient: str | None = None
     losses: dict[str, float | None] | None = None
     backward: Result | None = None  # the backward pass's result, when one was run
+    leaves: LeafPairing | None = None  # the parameters and buffers, paired and compared
 
     @property
     def unconfirmed(self) -> bool:

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from .adapters import input_layout
 from .align import Alignment, align_traces
+from .leaves import pair_leaves
 from .backward import bisect_backward
 from .forward import bisect_run
 from .errors import ModelFileError, RunDirError
@@ -172,7 +173,7 @@ def _align(model_file: Path, pins: dict[str, str] | None, reference: Trace, cand
                 raise ModelFileError(f"{model_file}: ALIGN_MODULES pins {cand_prefix!r} to {ref_prefix!r}, but no "
                                      f"op of the {role} ran in a module {prefix!r} (its top-level modules: "
                                      f"{', '.join(tops) or 'none'})")
-    return align_traces(reference, candidate, pins, input_layout)
+    return pair_leaves(reference, candidate, align_traces(reference, candidate, pins, input_layout))
 
 
 def load(run_dir: str | os.PathLike) -> Run:

@@ -14,13 +14,13 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from .adapters import CannotUpcast
+from .adapters import Adapter, CannotUpcast
 from .errors import ModelFileError, UserModelError
 from .modelfile import Side, run_user_code
 from .recording import (Call, GradientRerun, Gradients, PatchedRerun, RecordOptions, Recorder, Recording, RerunResult,
                         UnfaithfulReplay, output_pairs, replay_op, replay_vjp, rerun_recorded)
 from .store import TensorWriter
-from .structure import map_tensors
+from .structure import iter_tensors, map_tensors
 from .trace import Trace, is_floating
 
 
@@ -41,17 +41,18 @@ class SideRunner(Protocol):
                    float64: bool = False) -> dict[int, np.ndarray | None]:
         """Op `index`'s backward (see `replay_vjp`)."""
 
-    def float64_outputs(self) -> dict[str, np.ndarray]:
-        """The outputs of a float64 copy of the model on float64 inputs, keyed like the trace's
-        outputs; raises `CannotUpcast` saying why the side cannot run in float64."""
+    def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> "Float64Run":
+        """The outputs of a float64 copy of the model (with `leaf_values`, leaf name -> values, in
+        place of its own) on float64 inputs, keyed like the trace's outputs, and the ops that still
+        ran below float64; raises `CannotUpcast` saying why the side cannot run in float64."""
 
     def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
         """Run forward and backward again, following `trace`, from the loss or from `seeds` (output
         key -> gradient), with `gradient_patches` (tid -> gradient) handed on instead of the own."""
 
-    def float64_gradients(self, seeds: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
+    def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> "Float64Run":
         """The gradients of the parameters and floating inputs (by leaf name) of a float64 copy of
-        the model, as `backward` computes them; raises `CannotUpcast`."""
+        the model (with `leaf_values`), as `backward` computes them; raises `CannotUpcast`."""
 
 
 # Called as a recording starts with a function returning the number of ops recorded so far (read
@@ -124,13 +125,14 @@ class LocalSide:
         calls = self.recording.calls
         return calls[index] if index < len(calls) else None
 
-    def float64_outputs(self) -> dict[str, np.ndarray]:
+    def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> Float64Run:
         side, adapter = self.side, self.side.adapter
-        model = adapter.float64_model(side.model)
+        model = _float64_model(adapter, side.model, leaf_values)
         inputs = map_tensors(side.inputs, adapter.is_tensor,
                              lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
+        listener = Float64Listener(adapter)
         try:
-            with adapter.no_grad():
+            with adapter.intercept(model, listener), adapter.float64_defaults():
                 outputs = replace(side, model=model, inputs=inputs).forward()
         except UserModelError as exc:
             raise CannotUpcast(f"its float64 forward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
@@ -138,7 +140,7 @@ class LocalSide:
         narrow = next((key for key, v in values.items() if v.dtype.kind == "f" and v.dtype != np.float64), None)
         if narrow is not None:
             raise CannotUpcast(f"its output {narrow!r} stays {values[narrow].dtype} (a dtype fixed inside the forward)")
-        return values
+        return Float64Run(values, listener.narrow_ops())
 
     def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
         side, adapter = self.side, self.side.adapter
@@ -152,21 +154,69 @@ class LocalSide:
         grads, loss = _backward(side, outputs, seeds, leaves)
         return Gradients(listener.gradients, grads, loss)
 
-    def float64_gradients(self, seeds: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
+    def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
         side, adapter = self.side, self.side.adapter
-        model = adapter.float64_model(side.model)
+        model = _float64_model(adapter, side.model, leaf_values)
         inputs = map_tensors(side.inputs, adapter.is_tensor,
                              lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
         upcast = _with_gradient_inputs(replace(side, model=model), inputs)
         leaves = {name: tensor for name, tensor in adapter.named_leaves(model) if name.startswith("param:")}
         leaves.update((f"input:{key}", t) for key, t in upcast.input_items() if adapter.is_tensor(t) and adapter.requires_grad(t))
+        listener = Float64Listener(adapter)
         try:
-            with adapter.enable_grad():
+            with adapter.intercept(model, listener, gradients=True), adapter.float64_defaults():
                 outputs = upcast.forward()
+            with adapter.enable_grad():
                 grads, _ = _backward(upcast, outputs, seeds, leaves)
         except UserModelError as exc:
             raise CannotUpcast(f"its float64 backward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
-        return grads
+        return Float64Run(grads, listener.narrow_ops())
+
+
+def _float64_model(adapter: Adapter, model: Any, leaf_values: dict[str, np.ndarray]) -> Any:
+    """A float64 copy of the model, with `leaf_values` (leaf name -> values) in place of its own."""
+    upcast = adapter.float64_model(model)
+    for name, tensor in adapter.named_leaves(upcast):
+        if name in leaf_values:
+            adapter.assign(tensor, leaf_values[name].astype(np.float64))
+    return upcast
+
+
+@dataclass
+class Float64Run:
+    """What a float64 run gave (outputs by key, or gradients by leaf name), and the ops that still
+    ran below float64 in it."""
+
+    values: dict[str, Any]
+    narrow_ops: list[str]
+
+
+class Float64Listener:
+    """Runs each op of a float64 run with its casts below float64 kept at float64
+    (`Adapter.float64_call`), and counts the ops whose floating outputs still come out lower."""
+
+    def __init__(self, adapter: Adapter):
+        self.adapter = adapter
+        self.modules: list[str] = []
+        self.narrow: dict[str, int] = {}
+
+    def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        fn, args, kwargs = self.adapter.float64_call(name, fn, args, kwargs)
+        result = fn(*args, **kwargs)
+        dtypes = {self.adapter.dtype_name(t) for t in iter_tensors(result, self.adapter.is_tensor)}
+        if any(is_floating(d) and d != "float64" for d in dtypes):
+            where = f"{name} in {self.modules[-1]}" if self.modules and self.modules[-1] else name
+            self.narrow[where] = self.narrow.get(where, 0) + 1
+        return result
+
+    def enter_module(self, path: str) -> None:
+        self.modules.append(path)
+
+    def exit_module(self) -> None:
+        self.modules.pop()
+
+    def narrow_ops(self) -> list[str]:
+        return [f"{where} (x{count})" if count > 1 else where for where, count in self.narrow.items()]
 
 
 def _with_gradient_inputs(side: Side, inputs: tuple | dict) -> Side:
@@ -243,16 +293,16 @@ class Sides:
         """The recorded call of op `index` (function and arguments)."""
         return self.runners[role].call(index)
 
-    def float64_outputs(self, role: str) -> dict[str, np.ndarray]:
-        return self.runners[role].float64_outputs()
+    def float64_outputs(self, role: str, leaf_values: dict[str, np.ndarray]) -> Float64Run:
+        return self.runners[role].float64_outputs(leaf_values)
 
     def backward(self, role: str, seeds: dict[str, np.ndarray],
                  gradient_patches: dict[int, np.ndarray] | None = None) -> Gradients:
         """One side's forward and backward again, with `gradient_patches` handed on; see `SideRunner.backward`."""
         return self.runners[role].backward(self.traces[role], seeds, gradient_patches or {})
 
-    def float64_gradients(self, role: str, seeds: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
-        return self.runners[role].float64_gradients(seeds)
+    def float64_gradients(self, role: str, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
+        return self.runners[role].float64_gradients(seeds, leaf_values)
 
     def replay_vjp(self, role: str, index: int, values: dict[int, np.ndarray], upstream: list[np.ndarray | None],
                    float64: bool = False) -> dict[int, np.ndarray | None]:

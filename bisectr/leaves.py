@@ -1,0 +1,424 @@
+"""Parameters and buffers: paired across layouts, compared, and described.
+
+Most porting bugs live in converted weights, so the leaves (parameters and buffers, including
+buffers a model computes as it is built: rotary tables, position ids, masks) are paired and
+compared before any op is blamed.
+
+**Pairing** follows the data: a candidate leaf pairs with the reference leaf that its paired op
+reads at the same position (the alignment's pairs, with the layout the frameworks' op semantics
+give), else with one read at the same place (the reference ops of the matched block or paired op
+that reads it) whose values it holds as stored, transposed, or as a slice of a fused parameter
+(GPT-2's `c_attn` split into q/k/v); else with a leaf of the same size read there, in reading
+order; else with a leaf anywhere that holds the same values (in any order), or failing that the
+same name. Every leaf read by either side is paired or listed as unpaired with the reason.
+
+**Comparison** of a pair, in the candidate's layout: `equal` (bit for bit), `rounded` (the
+candidate's values are the reference's rounded to the candidate's lower-precision dtype, within
+half an ulp: a bf16 or fp16 cast) or `different`, described: transposed, all zeros, all ones,
+scaled by c, offset by c, rows or blocks permuted, another leaf's values, or how far they differ.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf
+from .trace import Trace, is_floating
+
+LEAF_KINDS = ("param:", "buffer:")
+# Mantissa bits of the dtypes a cast may round to.
+_MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
+AS_STORED, TRANSPOSED = "as stored", "transposed"
+
+
+@dataclass
+class _Match:
+    reference: int
+    transform: tuple[int, ...] | None
+    part: tuple[int, int, int] | None
+    how: str
+
+
+def pair_leaves(reference: Trace, candidate: Trace, alignment: Alignment) -> Alignment:
+    """The alignment with its leaves paired (new `TensorPair`s for the pairs it lacked) and compared."""
+    pairer = _Pairer(reference, candidate, alignment)
+    matches = pairer.pair()
+    tensors = dict(alignment.tensors)
+    pairs = []
+    for cand_tid, match in matches.items():
+        if cand_tid not in tensors:
+            tensors[cand_tid] = TensorPair(cand_tid, match.reference, match.transform, 1.0, "leaf", part=match.part)
+        pairs.append(describe_pair(reference, candidate, tensors[cand_tid], match.how))
+    paired_refs = {m.reference for m in matches.values()}
+    unpaired = [UnpairedLeaf("candidate", candidate.tensors[t].leaf, pairer.reason_unpaired(t))
+                for t in pairer.candidate_leaves if t not in matches]
+    unpaired += [UnpairedLeaf("reference", reference.tensors[t].leaf, "no candidate leaf holds its values or is read where it is")
+                 for t in pairer.reference_leaves if t not in paired_refs]
+    return Alignment(alignment.pairs, alignment.blocks, tensors, LeafPairing(pairs, unpaired, _summary(candidate, pairs, unpaired)))
+
+
+def _summary(candidate: Trace, pairs: list[LeafPair], unpaired: list[UnpairedLeaf]) -> str:
+    counts = {status: sum(p.status == status for p in pairs) for status in ("equal", "rounded", "different", "unknown")}
+    text = f"{len(pairs)} leaves paired ({', '.join(f'{n} {s}' for s, n in counts.items() if n)})"
+    if unpaired:
+        text += f", {len(unpaired)} unpaired"
+    different = [p for p in pairs if p.status == "different"]
+    rounded = [p for p in pairs if p.status == "rounded"]
+    if different:
+        first = different[0]
+        return f"{text}; first different: {first.candidate.split(':', 1)[1]} ({first.description})"
+    if rounded:
+        dtypes = sorted({candidate.tensors[candidate.leaves[p.candidate]].dtype for p in rounded})
+        worst = max(p.max_rel or 0.0 for p in rounded)
+        return f"{text}; the candidate's weights are the reference's rounded to {', '.join(dtypes)}, max rel {worst:.2g}"
+    return text
+
+
+def leaf_causes(pairing: LeafPairing, candidate: Trace) -> list[list[LeafPair]]:
+    """The different leaves as causes, in the order the candidate first reads them: leaves that differ
+    the same way (the same local name up to numbers and the same kind of description) are one cause,
+    and so are causes held by the same layers (every BatchNorm's mean zeroed and variance set to one)."""
+    first = candidate.first_reads()
+    order = {p.candidate: first.get(candidate.leaves[p.candidate], 1 << 62) for p in pairing.pairs}
+    by_key: dict[tuple[str, str], list[LeafPair]] = {}
+    for pair in sorted((p for p in pairing.pairs if p.status == "different"), key=lambda p: order[p.candidate]):
+        by_key.setdefault(cause_key(pair), []).append(pair)
+    by_owners: dict[frozenset[str], list[LeafPair]] = {}
+    for group in by_key.values():
+        by_owners.setdefault(frozenset(p.candidate.rpartition(".")[0] for p in group), []).extend(group)
+    causes = [sorted(group, key=lambda p: order[p.candidate]) for group in by_owners.values()]
+    return sorted(causes, key=lambda group: order[group[0].candidate])
+
+
+def describe_pair(reference: Trace, candidate: Trace, pair: TensorPair, how: str) -> LeafPair:
+    ref_info, cand_info = reference.tensors[pair.reference], candidate.tensors[pair.candidate]
+    leaf = LeafPair(cand_info.leaf, ref_info.leaf, layout_name(pair, ref_info.shape), how)
+    if not (reference.has_value(pair.reference) and candidate.has_value(pair.candidate)):
+        return leaf
+    ref_values = reference.value(pair.reference)
+    expected = pair.reference_in_candidate_layout(ref_values, cand_info.shape)
+    leaf.status, leaf.description, leaf.max_rel = compare(expected, candidate.value(pair.candidate), cand_info.dtype, ref_info.dtype)
+    if leaf.status == "different" and leaf.description.startswith("values differ"):
+        other = _holder_of(reference, candidate.value(pair.candidate), exclude=pair.reference)
+        if other is not None:
+            leaf.description = f"holds the reference's {other.split(':', 1)[1]}"
+    return leaf
+
+
+def layout_name(pair: TensorPair, reference_shape: tuple[int, ...]) -> str:
+    words = []
+    if pair.part is not None:
+        axis, start, stop = pair.part
+        words.append(f"slice {start}:{stop} of axis {axis} of {list(reference_shape)}")
+    if pair.transform is not None and list(pair.transform) != sorted(pair.transform):
+        words.append(TRANSPOSED if len(pair.transform) == 2 else f"permuted {list(pair.transform)}")
+    return ", ".join(words) or AS_STORED
+
+
+# -- comparing ----------------------------------------------------------------------------
+def compare(reference: np.ndarray, candidate: np.ndarray, candidate_dtype: str, reference_dtype: str) -> tuple[str, str, float]:
+    """(status, description, max_rel) of a candidate leaf against the reference's values in its layout."""
+    reference = reference.astype(np.float64).reshape(candidate.shape)
+    candidate = candidate.astype(np.float64)
+    scale = float(np.abs(reference).max()) if reference.size else 0.0
+    difference = np.abs(candidate - reference)
+    max_abs = float(difference.max()) if difference.size else 0.0
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    if max_abs == 0:
+        return "equal", "", 0.0
+    if _finer(reference_dtype, candidate_dtype) and np.all(difference <= half_ulp(reference, candidate_dtype)):
+        return "rounded", f"the reference's rounded to {candidate_dtype}", max_rel
+    return "different", _difference(reference, candidate, candidate_dtype, max_rel), max_rel
+
+
+def half_ulp(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Half a unit in the last place of `dtype` at each of `values` (what rounding to it may move them)."""
+    _, exponent = np.frexp(values)
+    return np.ldexp(1.0, exponent - 2 - _MANTISSA_BITS[dtype]) * (1 + 2.0**-20)
+
+
+def _finer(reference_dtype: str, candidate_dtype: str) -> bool:
+    return _MANTISSA_BITS.get(reference_dtype, 0) > _MANTISSA_BITS.get(candidate_dtype, 99)
+
+
+def _close(a: np.ndarray, b: np.ndarray, dtype: str) -> bool:
+    """Equal but for rounding in `dtype` (a few ulps of each value)."""
+    tolerance = 8 * half_ulp(np.maximum(np.abs(a), np.abs(b)), dtype if dtype in _MANTISSA_BITS else "float32")
+    return bool(np.all(np.abs(a - b) <= tolerance))
+
+
+def _difference(reference: np.ndarray, candidate: np.ndarray, dtype: str, max_rel: float) -> str:
+    if not np.any(candidate):
+        return "all zeros"
+    if np.all(candidate == 1):
+        return "all ones"
+    if reference.ndim == 2 and reference.shape[0] == reference.shape[1] and _close(candidate, reference.T, dtype):
+        return "transposed"
+    nonzero = reference != 0
+    if nonzero.any():
+        factor = float(np.median(candidate[nonzero] / reference[nonzero]))
+        if factor != 0 and _close(candidate, factor * reference, dtype):
+            return f"scaled by {factor:.4g}"
+    offset = float(np.median(candidate - reference))
+    if _close(candidate, reference + offset, dtype):
+        return f"offset by {offset:.4g}" + (" (1 + w)" if abs(offset - 1) < 1e-6 else "")
+    permutation = _permutation(reference, candidate)
+    if permutation is not None:
+        return permutation
+    return f"values differ (max rel {max_rel:.2g})"
+
+
+def _permutation(reference: np.ndarray, candidate: np.ndarray) -> str | None:
+    """'rows permuted' / 'blocks permuted: order [...]' when the candidate holds the reference's
+    rows (along the first or the last axis) in another order."""
+    for axis in sorted({0, reference.ndim - 1}):
+        ref_rows = np.moveaxis(reference, axis, 0).reshape(reference.shape[axis], -1)
+        cand_rows = np.moveaxis(candidate, axis, 0).reshape(reference.shape[axis], -1)
+        where = {row.tobytes(): i for i, row in enumerate(ref_rows)}
+        order = [where.get(row.tobytes()) for row in cand_rows]
+        if None in order or sorted(order) != list(range(len(order))):
+            continue
+        runs = _runs(order)
+        lengths = {len(run) for run in runs}
+        if len(runs) > 1 and len(lengths) == 1:
+            blocks = [run[0] // len(runs[0]) for run in runs]
+            return f"blocks permuted along axis {axis}: the reference's blocks of {len(runs[0])} in order {blocks}"
+        return f"rows permuted along axis {axis}"
+    return None
+
+
+def _runs(order: list[int]) -> list[list[int]]:
+    """Maximal runs of consecutive indices."""
+    runs: list[list[int]] = []
+    for index in order:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs
+
+
+def _holder_of(reference: Trace, values: np.ndarray, exclude: int) -> str | None:
+    """The reference leaf (other than `exclude`) holding exactly these values, if one does."""
+    for tid, info in reference.tensors.items():
+        if tid != exclude and info.producer is None and (info.leaf or "").startswith(LEAF_KINDS) \
+                and info.size == values.size and reference.has_value(tid):
+            if np.array_equal(reference.value(tid).reshape(values.shape), values):
+                return info.leaf
+    return None
+
+
+# -- pairing ----------------------------------------------------------------------------
+class _Pairer:
+    def __init__(self, reference: Trace, candidate: Trace, alignment: Alignment):
+        self.traces = {"reference": reference, "candidate": candidate}
+        self.alignment = alignment
+        self.candidate_leaves = _leaves(candidate)
+        self.reference_leaves = _leaves(reference)
+        self.readers = {role: trace.consumers() for role, trace in self.traces.items()}
+        self.matches: dict[int, _Match] = {}
+        self.reference_of = {p.candidate: [p.reference] for p in alignment.pairs}
+        for block in alignment.blocks:
+            if block.matched:
+                self.reference_of.update((c, block.reference) for c in block.candidate)
+
+    def pair(self) -> dict[int, _Match]:
+        matches = self.matches = {}
+        for cand_tid, pair in self.alignment.tensors.items():
+            if cand_tid in self.candidate_leaves and pair.reference in self.reference_leaves:
+                matches[cand_tid] = _Match(pair.reference, pair.transform, pair.part, "op")
+        for finder in (self._at_place_by_values, self._at_place_by_size, self._anywhere_by_values, self._by_name):
+            taken = {m.reference for m in matches.values() if m.part is None}
+            for cand_tid in self.candidate_leaves:
+                if cand_tid not in matches:
+                    match = finder(cand_tid, taken)
+                    if match is not None:
+                        matches[cand_tid] = match
+                        if match.part is None:
+                            taken.add(match.reference)
+        self._consistent_layouts(matches)
+        return matches
+
+    def _consistent_layouts(self, matches: dict[int, _Match]) -> None:
+        """A square weight's values fit either layout: where one was matched in another layout than
+        the same parameter of the other layers (the same name up to layer numbers), it takes theirs,
+        and its comparison then says it is transposed (a converter that skipped one transpose)."""
+        candidate = self.traces["candidate"]
+        by_pattern: dict[str, list[int]] = {}
+        for tid, match in matches.items():
+            if match.how != "op":
+                by_pattern.setdefault(re.sub(r"\d+", "#", candidate.tensors[tid].leaf), []).append(tid)
+        for tids in by_pattern.values():
+            layouts = [(matches[t].transform, matches[t].part) for t in tids]
+            usual = max(set(layouts), key=layouts.count)
+            if layouts.count(usual) * 2 <= len(layouts):
+                continue
+            for tid in tids:
+                shape = candidate.tensors[tid].shape
+                if (matches[tid].transform, matches[tid].part) != usual and len(shape) == 2 and shape[0] == shape[1]:
+                    matches[tid].transform, matches[tid].part = usual
+
+    def reason_unpaired(self, cand_tid: int) -> str:
+        if not self._place(cand_tid):
+            return "read only by ops that have no reference partner, next to no paired leaf"
+        return "no reference leaf read at the same place has its values, or is the only one there of its size"
+
+    def _place(self, cand_tid: int) -> list[int]:
+        """Reference leaves read by the reference ops that correspond to the candidate leaf's readers;
+        where none correspond, the partners of the leaves of its module's siblings (the k and v
+        projections next to a q projection paired with a slice of a fused qkv)."""
+        reference = self.traces["reference"]
+        ops = [r for c in self.readers["candidate"].get(cand_tid, []) for r in self.reference_of.get(c, [])]
+        seen: dict[int, None] = {}
+        for index in ops:
+            for tid in reference.ops[index].inputs:
+                if tid in self.reference_leaves:
+                    seen[tid] = None
+        if not seen:
+            parent = _parent(self.traces["candidate"].tensors[cand_tid].leaf)
+            names = {tid: self.traces["candidate"].tensors[tid].leaf for tid in self.matches}
+            seen.update((m.reference, None) for tid, m in self.matches.items() if _parent(names[tid]) == parent)
+        return list(seen)
+
+    def _at_place_by_values(self, cand_tid: int, taken: set[int]) -> _Match | None:
+        for ref_tid in self._place(cand_tid):
+            if ref_tid not in taken or self._larger(ref_tid, cand_tid):
+                match = self._by_values(cand_tid, ref_tid, "block")
+                if match is not None:
+                    return match
+        return None
+
+    def _at_place_by_size(self, cand_tid: int, taken: set[int]) -> _Match | None:
+        """The one reference leaf of its size and kind read there (with several, the data does not say which)."""
+        cand_info = self.traces["candidate"].tensors[cand_tid]
+        options = [ref_tid for ref_tid in self._place(cand_tid) if ref_tid not in taken
+                   and self.traces["reference"].tensors[ref_tid].size == cand_info.size
+                   and _same_kind(self.traces["reference"].tensors[ref_tid].leaf, cand_info.leaf)]
+        if len(options) != 1:
+            return None
+        return _Match(options[0], _shape_transform(self.traces["reference"].tensors[options[0]].shape, cand_info.shape), None, "block")
+
+    def _anywhere_by_values(self, cand_tid: int, taken: set[int]) -> _Match | None:
+        """A reference leaf anywhere holding the same values in some order (its layout then decided by shape)."""
+        candidate, reference = self.traces["candidate"], self.traces["reference"]
+        cand_info = candidate.tensors[cand_tid]
+        if not candidate.has_value(cand_tid):
+            return None
+        wanted = np.sort(candidate.value(cand_tid), axis=None)
+        if not _informative(wanted):
+            return None
+        for ref_tid in self.reference_leaves:
+            ref_info = reference.tensors[ref_tid]
+            if ref_tid in taken or ref_info.size != cand_info.size or not reference.has_value(ref_tid):
+                continue
+            if np.array_equal(np.sort(reference.value(ref_tid), axis=None), wanted):
+                match = self._by_values(cand_tid, ref_tid, "values")
+                return match or _Match(ref_tid, _shape_transform(ref_info.shape, cand_info.shape), None, "values")
+        return None
+
+    def _by_name(self, cand_tid: int, taken: set[int]) -> _Match | None:
+        cand_info = self.traces["candidate"].tensors[cand_tid]
+        name = _plain_name(cand_info.leaf)
+        for ref_tid in self.reference_leaves:
+            ref_info = self.traces["reference"].tensors[ref_tid]
+            other = _plain_name(ref_info.leaf)
+            if ref_tid not in taken and ref_info.size == cand_info.size and (name.endswith("." + other) or other.endswith("." + name) or name == other):
+                return _Match(ref_tid, _shape_transform(ref_info.shape, cand_info.shape), None, "name")
+        return None
+
+    def _larger(self, ref_tid: int, cand_tid: int) -> bool:
+        return self.traces["reference"].tensors[ref_tid].size > self.traces["candidate"].tensors[cand_tid].size
+
+    def _by_values(self, cand_tid: int, ref_tid: int, how: str) -> _Match | None:
+        """The layout in which the reference leaf's values (or a slice of them) are the candidate's, if one is."""
+        candidate, reference = self.traces["candidate"], self.traces["reference"]
+        if not (candidate.has_value(cand_tid) and reference.has_value(ref_tid)):
+            return None
+        cand_info, ref_info = candidate.tensors[cand_tid], reference.tensors[ref_tid]
+        values, ref_values = candidate.value(cand_tid).astype(np.float64), reference.value(ref_tid).astype(np.float64)
+        if not _informative(values):
+            return None
+        for transform, part in _layouts(ref_info.shape, cand_info.shape, ref_values, values):
+            pair = TensorPair(cand_tid, ref_tid, transform, 1.0, "leaf", part=part)
+            expected = pair.reference_in_candidate_layout(ref_values, cand_info.shape)
+            if compare(expected, values, cand_info.dtype, ref_info.dtype)[0] != "different":
+                return _Match(ref_tid, transform, part, how)
+        return None
+
+
+def _layouts(ref_shape: tuple[int, ...], cand_shape: tuple[int, ...], ref_values: np.ndarray,
+             values: np.ndarray) -> Iterator[tuple[tuple[int, ...] | None, tuple[int, int, int] | None]]:
+    """(transform, part) layouts that could map the reference's values onto the candidate's shape."""
+    size = int(np.prod(cand_shape))
+    if int(np.prod(ref_shape)) == size:
+        yield None, None
+        if len(ref_shape) == 2:
+            yield (1, 0), None
+        return
+    for transform in (None, (1, 0)) if len(ref_shape) == len(cand_shape) == 2 else (None,):
+        oriented = cand_shape if transform is None else cand_shape[::-1]
+        if len(oriented) != len(ref_shape):
+            continue
+        for axis, (r, c) in enumerate(zip(ref_shape, oriented)):
+            others_equal = all(a == b for i, (a, b) in enumerate(zip(ref_shape, oriented)) if i != axis)
+            if c < r and r % c == 0 and others_equal:
+                for start in _starts(ref_values, values if transform is None else values.T, axis, c):
+                    yield transform, (axis, start, start + c)
+
+
+def _starts(ref_values: np.ndarray, values: np.ndarray, axis: int, length: int) -> Iterator[int]:
+    """Offsets along `axis` where the candidate's first slice could sit in the reference (checked whole later)."""
+    first = np.take(values, [0], axis=axis).astype(np.float32)
+    for start in range(0, ref_values.shape[axis] - length + 1):
+        if np.allclose(np.take(ref_values, [start], axis=axis), first, rtol=1e-2, atol=0):
+            yield start
+
+
+def _informative(values: np.ndarray) -> bool:
+    """Values that can tell leaves apart: not all the same (every LayerNorm bias starts at zero)."""
+    return values.size > 1 and bool(np.any(values != values.flat[0]))
+
+
+def _shape_transform(ref_shape: tuple[int, ...], cand_shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Transposed where a 2-d shape is the other's reversed (and not square), else as stored."""
+    if len(ref_shape) == len(cand_shape) == 2 and ref_shape != cand_shape and tuple(ref_shape[::-1]) == tuple(cand_shape):
+        return (1, 0)
+    return None
+
+
+def _leaves(trace: Trace) -> list[int]:
+    """The floating parameters and buffers a trace read, in the order first read."""
+    first = trace.first_reads()
+    leaves = [tid for tid, info in trace.tensors.items()
+              if info.producer is None and (info.leaf or "").startswith(LEAF_KINDS) and is_floating(info.dtype)]
+    return sorted(leaves, key=lambda tid: first.get(tid, 1 << 62))
+
+
+# BatchNorm statistics under each framework's name.
+_SYNONYMS = {"running_mean": "_mean", "running_var": "_variance"}
+
+
+def _plain_name(leaf: str) -> str:
+    name = leaf.split(":", 1)[1]
+    owner, _, local = name.rpartition(".")
+    local = _SYNONYMS.get(local, local)
+    return f"{owner}.{local}" if owner else local
+
+
+def _parent(leaf: str) -> str:
+    """The module holding the leaf's module (`h.0.attn` for `param:h.0.attn.q_proj.weight`)."""
+    return leaf.split(":", 1)[1].rpartition(".")[0].rpartition(".")[0]
+
+
+def _same_kind(a: str, b: str) -> bool:
+    """Both parameters or both buffers."""
+    return a.split(":", 1)[0] == b.split(":", 1)[0]
+
+
+def cause_key(pair: LeafPair) -> tuple[str, str]:
+    """Leaves that differ the same way: the same local name (up to layer numbers) and description kind."""
+    local = re.sub(r"\d+", "#", pair.candidate.rpartition(".")[2])
+    return local, re.sub(r"[-\d.e]+", "#", pair.description.split("(")[0]).strip()
