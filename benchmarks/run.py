@@ -443,14 +443,15 @@ def run_probe(args: list[str], threads: int, timeout: float = 600, env: dict[str
 def phase_timer():
     """Times the phases of `bisectr.trace` and `Run.bisect` by wrapping (in this process only, restored
     on exit) the functions they call: `align_traces` wherever a bisectr module bound it (the alignment is
-    made as the run is traced), `Analysis.compute`, `Sides.rerun`."""
+    made as the run is traced), `pair_leaves` (the leaves' pairing and comparison, also made as it is
+    traced), the search's leaf phase, `Analysis.compute`, `Sides.rerun`."""
     import bisectr.analysis as analysis
     import bisectr.forward as forward
     import bisectr.run as run_module
     import bisectr.sides as sides_module
 
     spent = {"align": 0.0, "analysis": 0.0, "reruns": 0.0, "candidate_reruns": 0, "reference_reruns": 0, "float64": 0.0,
-             "reproduce": 0.0}
+             "reproduce": 0.0, "leaves": 0.0, "leaf_search": 0.0}
     patches: list[tuple[Any, str, Any]] = []
 
     def wrap(owner: Any, name: str, phase: str, counter: bool = False) -> None:
@@ -473,6 +474,8 @@ def phase_timer():
 
     for module in (forward, run_module):
         wrap(module, "align_traces", "align")
+    wrap(run_module, "pair_leaves", "leaves")
+    wrap(forward, "_differing_leaves", "leaf_search")
     wrap(analysis.Analysis, "compute", "analysis")
     wrap(forward, "float64_check", "float64")
     wrap(forward, "check_reproducible", "reproduce")
@@ -514,7 +517,7 @@ def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bo
     return {
         "total": trace_time + bisect_time, "trace": trace_time, "bisect": bisect_time, "forward": statistics.median(forwards),
         "align": traced["align"], "analysis": spent["analysis"], "rerun_time": spent["reruns"],
-        "float64": spent["float64"], "reproduce": spent["reproduce"],
+        "float64": spent["float64"], "reproduce": spent["reproduce"], "leaves": traced["leaves"] + spent["leaf_search"],
         "reruns": result.reruns, "reference_reruns": result.reference_reruns,
         "ops": result.ops["candidate"], "verdict": result.verdict,
         "culprit_op": culprit and culprit.op, "culprit_module": cand and cand.module, "culprit_index": cand and cand.index,
@@ -1091,7 +1094,8 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
         times = (f" = [bold]{in_forwards(fw, 'base'):.0f}x[/] forward (whole command {in_forwards(fw, 'base', 'total'):.0f}x, "
                  f"float64 check {in_forwards(fw, 'base', 'float64'):.1f}x)" if in_forwards(fw, "base") is not None else "")
         base_cells[fw] = (f"search {secs(r['bisect'])}{times}: analysis {secs(r['analysis'])}, "
-                          f"{r['reruns'] + r['reference_reruns']} re-runs {secs(r['rerun_time'])}; "
+                          f"{r['reruns'] + r['reference_reruns']} re-runs {secs(r['rerun_time'])}, leaves paired, compared "
+                          f"and searched {secs(r['leaves'])} ({r['leaves'] / r['total']:.1%} of the whole command); "
                           f"{r['culprit_op']} at {r['culprit_module']}")
     report.row(f"contrast: base encoder {sizes('base')['layers']}L d={sizes('base')['dim']}, tanh GELU at "
                f"layers.{models_module().tanh_layer('base')}.ffn", base_cells)

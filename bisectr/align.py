@@ -135,6 +135,12 @@ class LeafPair:
     status: str = "unknown"  # "equal" | "rounded" | "different" | "unknown" (values not stored)
     description: str = ""  # what differs, for a different pair
     max_rel: float | None = None  # max abs difference / max abs of the reference's values
+    # A part of a fused candidate parameter (q, k and v in one qkv_proj): the positions along
+    # `axis` of the candidate's values that hold the reference leaf's rows, in its order (the
+    # reference's values transposed first where `transposed`).
+    slots: list[int] | None = None
+    axis: int = 0
+    transposed: bool = False
 
 
 @dataclass

@@ -26,7 +26,7 @@ import numpy as np
 from .align import Block
 from .analysis import Analysis, OpEvidence, computing_op
 from .errors import TraceMismatchError
-from .leaves import leaf_causes
+from .leaves import leaf_causes, reference_values
 from .numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms
 from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
@@ -172,7 +172,8 @@ def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive:
         if found is not None:
             culprit, confirmation, occurrences = found
             return Result("divergent", output_error, culprit, search.candidate_reruns, ops, recurrences=occurrences,
-                          confirmation=confirmation, fp64_check=float64, profile=profile, leaves=leaves)
+                          confirmation=confirmation, fp64_check=float64, profile=profile, leaves=leaves,
+                          nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None)
     say("searching")
     outcome = search_pass(search, full_error, float64, nonfinite is not None, say, exhaustive)
     finding = outcome.finding
@@ -197,7 +198,7 @@ def _differing_leaves(search: ForwardPass, full_error: float, rounding: float) -
     run, analysis = search.run, search.analysis
     for cause in leaf_causes(run.alignment.leaves, run.candidate)[:MAX_REACH_TESTS]:
         tids = [run.candidate.leaves[pair.candidate] for pair in cause]
-        patches = {tid: values for tid in tids if (values := analysis.reference_values_for(tid)) is not None}
+        patches = reference_values(run.reference, run.candidate, run.alignment, cause)
         readers = sorted({run.candidate.first_reads()[tid] for tid in tids})
         after = search.candidate_error(patches)
         if not confirms(after, full_error, rounding):

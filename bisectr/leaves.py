@@ -19,6 +19,7 @@ scaled by c, offset by c, rows or blocks permuted, another leaf's values, or how
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Iterator
@@ -52,9 +53,11 @@ def pair_leaves(reference: Trace, candidate: Trace, alignment: Alignment) -> Ali
         if cand_tid not in tensors:
             tensors[cand_tid] = TensorPair(cand_tid, match.reference, match.transform, 1.0, "leaf", part=match.part)
         pairs.append(describe_pair(reference, candidate, tensors[cand_tid], match.how))
-    paired_refs = {m.reference for m in matches.values()}
+    fused = pairer.fused_parts(matches)
+    pairs += [part for parts in fused.values() for part in parts]
+    paired_refs = {m.reference for m in matches.values()} | {reference.leaves[p.reference] for p in pairs}
     unpaired = [UnpairedLeaf("candidate", candidate.tensors[t].leaf, pairer.reason_unpaired(t))
-                for t in pairer.candidate_leaves if t not in matches]
+                for t in pairer.candidate_leaves if t not in matches and t not in fused]
     unpaired += [UnpairedLeaf("reference", reference.tensors[t].leaf, "no candidate leaf holds its values or is read where it is")
                  for t in pairer.reference_leaves if t not in paired_refs]
     return Alignment(alignment.pairs, alignment.blocks, tensors, LeafPairing(pairs, unpaired, _summary(candidate, pairs, unpaired)))
@@ -108,6 +111,44 @@ def describe_pair(reference: Trace, candidate: Trace, pair: TensorPair, how: str
     return leaf
 
 
+def reference_values(reference: Trace, candidate: Trace, alignment: Alignment, pairs: list[LeafPair]) -> dict[int, np.ndarray]:
+    """Candidate leaf tid -> its values with the reference's in place of `pairs` (a part of a fused
+    leaf fills its rows, the rest keeping the candidate's own)."""
+    values: dict[int, np.ndarray] = {}
+    for pair in pairs:
+        tid = candidate.leaves[pair.candidate]
+        ref_values = reference.value(reference.leaves[pair.reference])
+        if pair.slots is None:
+            tensor_pair = alignment.tensors[tid]
+            values[tid] = tensor_pair.reference_in_candidate_layout(ref_values, candidate.tensors[tid].shape)
+            continue
+        filled = values.get(tid)
+        if filled is None:
+            filled = values[tid] = np.array(candidate.value(tid), copy=True)
+        rows = ref_values.T if pair.transposed else ref_values
+        index = [slice(None)] * filled.ndim
+        index[pair.axis] = pair.slots
+        filled[tuple(index)] = rows
+    return values
+
+
+def _fused_part(reference: Trace, candidate: Trace, cand_tid: int, ref_tid: int, axis: int, transposed: bool,
+                slots: list[int]) -> LeafPair:
+    cand_info, ref_info = candidate.tensors[cand_tid], reference.tensors[ref_tid]
+    layout = f"rows {_ranges(slots)} of axis {axis} of the candidate's {list(cand_info.shape)}" + (", transposed" if transposed else "")
+    leaf = LeafPair(cand_info.leaf, ref_info.leaf, layout, "block", slots=slots, axis=axis, transposed=transposed)
+    if reference.has_value(ref_tid) and candidate.has_value(cand_tid):
+        ref_values = reference.value(ref_tid)
+        expected = ref_values.T if transposed else ref_values
+        held = np.take(candidate.value(cand_tid), slots, axis=axis)
+        leaf.status, leaf.description, leaf.max_rel = compare(expected, held, cand_info.dtype, ref_info.dtype)
+    return leaf
+
+
+def _ranges(positions: list[int]) -> str:
+    return ", ".join(f"{run[0]}:{run[-1] + 1}" for run in _runs(positions))
+
+
 def layout_name(pair: TensorPair, reference_shape: tuple[int, ...]) -> str:
     words = []
     if pair.part is not None:
@@ -151,6 +192,9 @@ def _close(a: np.ndarray, b: np.ndarray, dtype: str) -> bool:
 
 
 def _difference(reference: np.ndarray, candidate: np.ndarray, dtype: str, max_rel: float) -> str:
+    nonfinite = int(np.count_nonzero(~np.isfinite(candidate)))
+    if nonfinite:
+        return f"holds {nonfinite} NaN/Inf"
     if not np.any(candidate):
         return "all zeros"
     if np.all(candidate == 1):
@@ -168,6 +212,9 @@ def _difference(reference: np.ndarray, candidate: np.ndarray, dtype: str, max_re
     permutation = _permutation(reference, candidate)
     if permutation is not None:
         return permutation
+    bases = _rotary_base(reference), _rotary_base(candidate)
+    if None not in bases:
+        return f"a rotary table of another base: theta {bases[1]:.4g} where the reference's is {bases[0]:.4g}"
     return f"values differ (max rel {max_rel:.2g})"
 
 
@@ -182,12 +229,22 @@ def _permutation(reference: np.ndarray, candidate: np.ndarray) -> str | None:
         if None in order or sorted(order) != list(range(len(order))):
             continue
         runs = _runs(order)
-        lengths = {len(run) for run in runs}
-        if len(runs) > 1 and len(lengths) == 1:
-            blocks = [run[0] // len(runs[0]) for run in runs]
-            return f"blocks permuted along axis {axis}: the reference's blocks of {len(runs[0])} in order {blocks}"
+        size = math.gcd(*(len(run) for run in runs))
+        if size > 1 and all(run[0] % size == 0 for run in runs):
+            blocks = [order[k] // size for k in range(0, len(order), size)]
+            return f"blocks permuted along axis {axis}: the reference's blocks of {size} in order {blocks}"
         return f"rows permuted along axis {axis}"
     return None
+
+
+def _rotary_base(values: np.ndarray) -> float | None:
+    """theta, for the inverse frequencies of a rotary embedding (theta ** (-i / n), i = 0..n-1), else None."""
+    if values.ndim != 1 or values.size < 3 or values[0] != 1 or np.any(values <= 0):
+        return None
+    ratios = values[1:] / values[:-1]
+    if not np.allclose(ratios, ratios[0], rtol=1e-4) or ratios[0] >= 1:
+        return None
+    return float(ratios[0] ** -values.size)
 
 
 def _runs(order: list[int]) -> list[list[int]]:
@@ -260,6 +317,31 @@ class _Pairer:
                 shape = candidate.tensors[tid].shape
                 if (matches[tid].transform, matches[tid].part) != usual and len(shape) == 2 and shape[0] == shape[1]:
                     matches[tid].transform, matches[tid].part = usual
+
+    def fused_parts(self, matches: dict[int, _Match]) -> dict[int, list[LeafPair]]:
+        """Candidate leaves that fuse several reference leaves read at the same place (q, k and v in
+        one qkv_proj, gate and up in one): candidate tid -> one part per reference leaf, found by
+        matching the reference's rows among the candidate's; a reference leaf none of whose rows is
+        found takes the positions no other leaf holds, when their count fits (a slice not copied)."""
+        reference, candidate = self.traces["reference"], self.traces["candidate"]
+        taken = {m.reference for m in matches.values()}
+        fused: dict[int, list[LeafPair]] = {}
+        for cand_tid in self.candidate_leaves:
+            if cand_tid in matches or not candidate.has_value(cand_tid):
+                continue
+            values = candidate.value(cand_tid)
+            place = self._place(cand_tid)
+            parents = {_parent(reference.tensors[t].leaf) for t in place}
+            nearby = place + [t for t in self.reference_leaves if t not in place and _parent(reference.tensors[t].leaf) in parents]
+            options = [t for t in nearby if t not in taken and reference.has_value(t)
+                       and reference.tensors[t].size < values.size and _same_kind(reference.tensors[t].leaf, candidate.tensors[cand_tid].leaf)]
+            found = _rows_of(values, {t: reference.value(t) for t in options})
+            if found is None:
+                continue
+            axis, transposed, slots = found
+            fused[cand_tid] = [_fused_part(reference, candidate, cand_tid, t, axis, transposed, positions) for t, positions in slots.items()]
+            taken.update(slots)
+        return fused
 
     def reason_unpaired(self, cand_tid: int) -> str:
         if not self._place(cand_tid):
@@ -347,6 +429,34 @@ class _Pairer:
             if compare(expected, values, cand_info.dtype, ref_info.dtype)[0] != "different":
                 return _Match(ref_tid, transform, part, how)
         return None
+
+
+def _rows_of(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int, bool, dict[int, list[int]]] | None:
+    """(axis, transposed, reference tid -> positions) when the reference leaves' rows (slices along
+    one axis, each leaf as stored or transposed) are found among the candidate's, at least one
+    leaf's completely; leaves with no row found fill the positions left, in order, when they fit."""
+    for axis in range(values.ndim):
+        held = {np.take(values, i, axis=axis).astype(np.float32).tobytes(): i for i in range(values.shape[axis])}
+        for transposed in (False, True) if values.ndim == 2 else (False,):
+            slots: dict[int, list[int]] = {}
+            missing: list[int] = []
+            for tid, ref_values in options.items():
+                rows = ref_values.T if transposed else ref_values
+                if rows.ndim != values.ndim or any(r != v for i, (r, v) in enumerate(zip(rows.shape, values.shape)) if i != axis):
+                    continue
+                where = [held.get(np.take(rows, j, axis=axis).astype(np.float32).tobytes()) for j in range(rows.shape[axis])]
+                if None not in where and _informative(rows):
+                    slots[tid] = where
+                elif all(w is None for w in where):
+                    missing.append(tid)
+            if not slots:
+                continue
+            free = sorted(set(range(values.shape[axis])) - {p for positions in slots.values() for p in positions})
+            sizes = [(options[t].T if transposed else options[t]).shape[axis] for t in missing]
+            if len(missing) == 1 and sizes[0] == len(free):
+                slots[missing[0]] = free
+            return axis, transposed, slots
+    return None
 
 
 def _layouts(ref_shape: tuple[int, ...], cand_shape: tuple[int, ...], ref_values: np.ndarray,

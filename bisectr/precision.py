@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .adapters import CannotUpcast
+from .leaves import reference_values
 from .metrics import error_metrics
 from .numerics import judge_float64
 from .record import RunRecord
@@ -52,14 +53,9 @@ def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
 def rounded_leaf_values(run: RunRecord) -> dict[str, np.ndarray]:
     """The reference's values (in the candidate's layout) for each candidate leaf that only rounds them:
     the float64 runs give both sides the same weights, so that their rounding is not taken for a bug."""
-    values = {}
-    for pair in run.alignment.leaves.pairs:
-        if pair.status == "rounded":
-            tid = run.candidate.leaves[pair.candidate]
-            tensor_pair = run.alignment.tensors[tid]
-            values[pair.candidate] = tensor_pair.reference_in_candidate_layout(run.reference.value(tensor_pair.reference),
-                                                                               run.candidate.tensors[tid].shape)
-    return values
+    rounded = [pair for pair in run.alignment.leaves.pairs if pair.status == "rounded"]
+    values = reference_values(run.reference, run.candidate, run.alignment, rounded)
+    return {run.candidate.tensors[tid].leaf: array for tid, array in values.items()}
 
 
 def _noted(check: Float64Check, run: RunRecord, runs: dict[str, Float64Run]) -> Float64Check:

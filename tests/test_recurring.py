@@ -61,14 +61,6 @@ def test_tanh_gelu_in_a_paddle_block_class_is_bracketed_and_confirmed_at_blocks_
     assert result["entry"] == result["culprit"]["candidate"]["index"]
 
 
-def test_resnet_whose_converter_left_every_batch_norm_statistic_at_defaults_is_found_at_bn1():
-    result = bisect("paddle_resnet.py", "candidate_bn_stats_default")
-    assert_found_at_first_occurrence(result, [r["module"] for r in result["recurrences"]])
-    assert len(result["recurrences"]) == 20 and result["culprit"]["candidate"]["module"] == "bn1"
-    assert result["culprit"]["kind"] == "leaf" and result["culprit"]["leaf"].startswith("bn1.running_")
-    assert not result["not_blamed"]  # bn1 alone makes the error worse, and is not dropped for it
-
-
 @pytest.mark.parametrize("candidate, module", [("candidate_mlp_act", "mlp"), ("candidate_attention_scale", "self_attn")])
 def test_hugging_face_llama_whose_layer_class_is_patched_in_every_layer_is_found_in_layer_0(candidate, module):
     pytest.importorskip("transformers")

@@ -253,8 +253,8 @@ async def test_b_searches_again_with_a_progress_bar(live):
         await pilot.press("b")
         await settle(pilot)
         assert not progress.display
-        assert stages[:6] == ["shown: False", "shown: True", "re-running each side unpatched", "replaying ops",
-                              "running both sides in float64", "searching"]
+        assert stages[:7] == ["shown: False", "shown: True", "re-running each side unpatched", "replaying ops",
+                              "running both sides in float64", "comparing parameters and buffers", "searching"]
         assert any(m.startswith("search done: divergent, culprit op 7") for m in messages)
         assert app.data.culprit_index == CULPRIT and bisectr.load(live[0].run_dir).result.verdict == "divergent"
 

@@ -1,0 +1,159 @@
+"""Parameters and buffers on pairs built from public libraries: paired across layouts (transposes,
+slices of a fused parameter, tied and frozen weights), compared before any op is blamed, described
+when they differ, and rounding when they are the reference's rounded to a lower dtype."""
+import importlib.util
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import MODELS, assert_verdict_contract
+from test_isolate import make_interpreter
+from bisectr.leaves import compare
+
+
+def bisect(model: str, candidate: str, *flags: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MODELS / model), "--candidate", candidate, "--json", *flags],
+                          capture_output=True, text=True)
+    assert done.returncode in (0, 1), done.stderr
+    result = json.loads(done.stdout)
+    assert_verdict_contract(result)
+    return result
+
+
+def statuses(result: dict) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for pair in result["leaves"]["pairs"]:
+        counts[pair["status"]] = counts.get(pair["status"], 0) + 1
+    return counts
+
+
+def assert_leaf_culprit(result: dict, leaf: str, description: str) -> None:
+    culprit = result["culprit"]
+    assert result["verdict"] == "divergent" and culprit["kind"] == "leaf"
+    assert culprit["leaf"] == leaf and culprit["description"].startswith(description)
+    assert result["confirmation"]["confirmed"] and result["confirmation"]["output_error"] < result["confirmation"]["before"] / 2
+
+
+def test_a_llama_cast_whole_to_bfloat16_is_rounding_with_its_weights_only_rounded():
+    result = bisect("hf_llama_weights.py", "candidate_bf16")
+    check = result["fp64_check"]
+    assert result["verdict"] == "noise" and 1e-3 < result["output_error"]["max_rel"] < 5e-2
+    assert statuses(result) == {"rounded": 40} and not result["leaves"]["unpaired"]
+    assert "rounded to bfloat16" in result["leaves"]["summary"]
+    # Both sides ran with the reference's weights and no cast left float64: they agree to float64 rounding.
+    assert check["status"] == "agree" and check["float64_error"] < 1e-12 and not check["narrow_ops"]
+    assert "rounded to bfloat16 (40 leaves" in check["rounded_leaves"]
+
+
+def test_a_norm_weight_scaled_after_the_bfloat16_cast_is_that_leaf():
+    result = bisect("hf_llama_weights.py", "candidate_bf16_norm_scaled")
+    assert_leaf_culprit(result, "model.layers.1.post_attention_layernorm.weight", "scaled by 1.1")
+    assert result["culprit"]["candidate"]["module"] == "model.layers.1.post_attention_layernorm"
+    assert statuses(result) == {"rounded": 39, "different": 1}
+
+
+def test_a_rotary_table_of_another_theta_is_that_buffer():
+    result = bisect("hf_llama_weights.py", "candidate_rope_theta")
+    assert_leaf_culprit(result, "model.rotary_emb.inv_freq", "a rotary table of another base: theta 5e+05")
+    assert result["confirmation"]["output_error"] == 0
+
+
+def test_resnet_whose_converter_left_every_batch_norm_statistic_at_defaults_is_all_20_layers_statistics():
+    result = bisect("paddle_resnet.py", "candidate_bn_stats_default")
+    assert_leaf_culprit(result, "bn1.running_mean", "all zeros")
+    assert result["culprit"]["reference_leaf"] == "bn1._mean"
+    listed = [r["module"] for r in result["recurrences"]]
+    assert len(listed) == 20 and listed[0] == "bn1" and len(set(listed)) == 20
+    assert result["confirmation"]["leaves"] == 40  # every mean and variance, given back together
+    different = {p["candidate"].rpartition(".")[2]: p["description"] for p in result["leaves"]["pairs"] if p["status"] == "different"}
+    assert different == {"running_mean": "all zeros", "running_var": "all ones"}
+
+
+def test_gpt2_conv1d_fused_qkv_pairs_with_the_split_linear_port_slice_by_slice():
+    result = bisect("hf_gpt2.py", "candidate")
+    pairs = {p["candidate"]: p for p in result["leaves"]["pairs"]}
+    assert result["verdict"] == "noise" and len(pairs) == 52 and not result["leaves"]["unpaired"]
+    assert statuses(result) == {"equal": 52}
+    assert pairs["param:h.1.attn.k_proj.weight"]["reference"] == "param:h.1.attn.c_attn.weight"
+    assert pairs["param:h.1.attn.k_proj.weight"]["layout"] == "slice 64:128 of axis 1 of [64, 192], transposed"
+    assert pairs["param:h.1.attn.v_proj.bias"]["layout"] == "slice 128:192 of axis 0 of [192]"
+
+
+def test_gpt2_whose_converter_skipped_one_square_transpose_is_that_weight_transposed():
+    result = bisect("hf_gpt2.py", "candidate_untransposed")
+    assert_leaf_culprit(result, "h.2.attn.c_proj.weight", "transposed")
+    assert result["culprit"]["layout"] == "transposed"  # as every other layer's c_proj pairs
+
+
+def test_gpt2_against_a_paddle_linear_port_pairs_all_52_parameters_and_finds_a_frozen_one():
+    correct = bisect("hf_gpt2_paddle.py", "candidate", "--backward")
+    assert statuses(correct) == {"equal": 52} and not correct["leaves"]["unpaired"]
+    assert correct["backward"]["verdict"] == "noise"
+    frozen = bisect("hf_gpt2_paddle.py", "candidate_frozen_c_fc", "--backward")
+    assert frozen["verdict"] == "noise" and frozen["backward"]["verdict"] == "divergent"
+    assert frozen["backward"]["culprit"]["kind"] == "leaf"
+    assert frozen["backward"]["culprit"]["leaf"] == "transformer.h.2.mlp.c_fc.weight"
+    assert "gets no gradient on the candidate" in frozen["backward"]["missing_gradient"]
+
+
+def test_constant_leaves_are_not_paired_by_their_values():
+    """Every LayerNorm bias starts at zero: equal values say nothing about which leaf is which."""
+    result = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MODELS.parent.parent / "examples" / "paddle_vs_paddle.py"),
+                             "--json"], capture_output=True, text=True)
+    pairs = json.loads(result.stdout)["leaves"]["pairs"]
+    assert all(p["candidate"].rpartition(".")[2].split("_")[0] == p["reference"].rpartition(".")[2].split("_")[0].replace("out", "out")
+               or p["reference"].endswith(p["candidate"].rpartition(".")[2].split("_")[-1]) for p in pairs)
+    assert {p["candidate"] for p in pairs} >= {"param:layers.0.out_weight", "param:layers.1.fc2_weight"}
+    assert not any(p["candidate"].endswith(("norm1_bias", "norm2_bias", "out_bias")) for p in pairs)
+
+
+@pytest.mark.parametrize("make, dtype, status, description", [
+    (lambda w: w.astype(np.float16).astype(np.float32), "float16", "rounded", "the reference's rounded to float16"),
+    (lambda w: np.zeros_like(w), "float32", "different", "all zeros"),
+    (lambda w: np.ones_like(w), "float32", "different", "all ones"),
+    (lambda w: w * 1.1, "float32", "different", "scaled by 1.1"),
+    (lambda w: w + 1, "float32", "different", "offset by 1 (1 + w)"),
+    (lambda w: w.T.copy(), "float32", "different", "transposed"),
+    (lambda w: np.concatenate([w[4:], w[:4]]), "float32", "different", "blocks permuted along axis 0: the reference's blocks of 4 in order [1, 0]"),
+    (lambda w: w + np.eye(8, dtype=np.float32) * 0.5, "float32", "different", "values differ (max rel"),
+])
+def test_a_leaf_comparison_says_how_it_differs(make, dtype, status, description):
+    weight = np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32)
+    found, text, _ = compare(weight, make(weight), dtype, "float32")
+    assert found == status and text.startswith(description)
+
+
+# ------------------------------------------------- PaddleFormers' fused Qwen2 (needs transformers and paddleformers)
+needs_paddleformers = pytest.mark.skipif(
+    any(importlib.util.find_spec(name) is None for name in ("transformers", "paddleformers")),
+    reason="needs transformers and paddleformers in one environment (the reference runs in a copy of it that hides "
+           "paddlecodec's torchcodec module: see examples/hf_llama.py)")
+
+
+@pytest.fixture(scope="module")
+def hf_python(tmp_path_factory) -> str:
+    return make_interpreter(tmp_path_factory.mktemp("hf") / "venv", hide=("torchcodec",))
+
+
+def bisect_qwen2(hf_python: str, candidate: str) -> dict:
+    return bisect("pf_qwen2.py", candidate, "--isolate", "--reference-python", hf_python)
+
+
+@needs_paddleformers
+def test_paddleformers_fused_qwen2_pairs_q_k_v_inside_qkv_proj_and_is_noise(hf_python):
+    result = bisect_qwen2(hf_python, "candidate")
+    assert result["verdict"] == "noise" and result["fp64_check"]["float64_error"] < 1e-10
+    parts = [p for p in result["leaves"]["pairs"] if p["candidate"] == "param:model.layers.0.self_attn.qkv_proj.bias"]
+    assert {p["reference"].rpartition(".")[0].rpartition(".")[2] for p in parts} == {"q_proj", "k_proj", "v_proj"}
+    assert statuses(result) == {"equal": len(result["leaves"]["pairs"])} and not result["leaves"]["unpaired"]
+
+
+@needs_paddleformers
+def test_paddleformers_qwen2_whose_k_bias_was_not_copied_is_that_slice_of_the_fused_bias(hf_python):
+    result = bisect_qwen2(hf_python, "candidate_k_bias_missing")
+    assert_leaf_culprit(result, "model.layers.2.self_attn.qkv_proj.bias", "all zeros")
+    assert result["culprit"]["reference_leaf"] == "model.layers.2.self_attn.k_proj.bias"
+    assert result["culprit"]["layout"].startswith("rows 32:48, 96:112 of axis 0")
