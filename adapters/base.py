@@ -227,6 +227,11 @@ class Adapter(ABC):
         weight_decay, weight_decay_kind ("decoupled" | "coupled (L2)" | None), amsgrad, gradient_clipping."""
         raise NotImplementedError
 
+    def weight_decays(self, optimizer: Any, parameters: dict[str, Any]) -> dict[str, float]:
+        """The weight decay coefficient the optimizer applies to each of `parameters` (name ->
+        tensor), read from its parameter groups and exemption rules (0 for an exempt one)."""
+        raise NotImplementedError
+
     def float64_model(self, model: Any) -> Any:
         """A copy of the model with every floating parameter and buffer in float64 (the model
         itself is left as it is: its recording refers to its tensors). Raises `CannotUpcast`."""

@@ -379,6 +379,21 @@ class PaddleAdapter(Adapter):
                 "amsgrad": bool(getattr(optimizer, "_amsgrad", False)),
                 "gradient_clipping": None if clip is None else f"{type(clip).__name__}({getattr(clip, 'clip_norm', '')})"}
 
+    def weight_decays(self, optimizer: Any, parameters: dict[str, Any]) -> dict[str, float]:
+        default = self.optimizer_settings(optimizer)["weight_decay"]
+        groups = getattr(optimizer, "_param_groups", None) or []
+        decay = {}
+        for group in groups:
+            if isinstance(group, dict):  # a parameter group: its own coefficient, where it names one
+                coefficient = group.get("weight_decay", default)
+                coefficient = float(getattr(coefficient, "_coeff", coefficient) or 0.0)
+                decay.update((id(p), coefficient) for p in group["params"])
+            else:
+                decay[id(group)] = default
+        exempt = getattr(optimizer, "_apply_decay_param_fun", None)  # AdamW(apply_decay_param_fun=...)
+        return {name: 0.0 if exempt is not None and not exempt(tensor.name) else decay.get(id(tensor), default)
+                for name, tensor in parameters.items()}
+
     def no_grad(self) -> Any:
         return _paddle().no_grad()
 

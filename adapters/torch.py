@@ -134,6 +134,10 @@ class TorchAdapter(Adapter):
                 "weight_decay": decay, "weight_decay_kind": ("decoupled" if decoupled else "coupled (L2)") if decay else None,
                 "amsgrad": bool(group.get("amsgrad", False)), "gradient_clipping": None}
 
+    def weight_decays(self, optimizer: Any, parameters: dict[str, Any]) -> dict[str, float]:
+        decay = {id(p): float(group.get("weight_decay", 0.0)) for group in optimizer.param_groups for p in group["params"]}
+        return {name: decay.get(id(tensor), 0.0) for name, tensor in parameters.items()}
+
     def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
         # nn.Linear stores its weight as (out, in); the shared layout is (in, out).
         return (1, 0) if op == "linear" and position == 1 else None
@@ -154,7 +158,21 @@ class TorchAdapter(Adapter):
         tensor.register_hook(hook)
 
     def gradients(self, outputs: list[Any], upstream: list[Any], inputs: list[Any]) -> list[Any | None]:
-        return list(_torch().autograd.grad(outputs, inputs, upstream, allow_unused=True))
+        torch = _torch()
+        if not _reentrant_checkpoint(outputs):
+            return list(torch.autograd.grad(outputs, inputs, upstream, allow_unused=True))
+        # A reentrant checkpoint (`torch.utils.checkpoint(use_reentrant=True)`) computes its gradients
+        # only into `.grad`: accumulate there, then put back what every leaf held.
+        leaves = _graph_leaves(outputs)
+        held = {id(leaf): (leaf, leaf.grad) for leaf in leaves + list(inputs)}
+        for leaf, _ in held.values():
+            leaf.grad = None
+        try:
+            torch.autograd.backward(outputs, upstream)
+            return [tensor.grad for tensor in inputs]
+        finally:
+            for leaf, grad in held.values():
+                leaf.grad = grad
 
     def internal_paths(self) -> tuple[str, ...]:
         return (os.path.dirname(_torch().__file__) + os.sep,)
@@ -248,3 +266,26 @@ def _CallRouter(listener: OpListener):
     if _router_class is None:
         _router_class = _make_router_class()
     return _router_class(listener)
+
+
+def _graph_nodes(outputs: list[Any]) -> Iterator[Any]:
+    """Every autograd node the gradients of `outputs` pass through."""
+    seen: set[int] = set()
+    stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        stack.extend(next_node for next_node, _ in node.next_functions if next_node is not None)
+
+
+def _reentrant_checkpoint(outputs: list[Any]) -> bool:
+    return any(type(node).__name__ == "CheckpointFunctionBackward" for node in _graph_nodes(outputs))
+
+
+def _graph_leaves(outputs: list[Any]) -> list[Any]:
+    """The leaf tensors whose `.grad` a backward from `outputs` writes (a reentrant checkpoint's
+    own backward reaches more, through the forward it runs again: their `.grad` is kept too)."""
+    return [node.variable for node in _graph_nodes(outputs) if hasattr(node, "variable")]

@@ -249,6 +249,7 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
     rest_cand = [op for op in candidate.ops if op.index not in pinned_cand]
     rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
     pairs.update(_align_sequences(sides, rest_cand, rest_ref, use_layers=sides.use_layers))
+    _follow_data_flow(sides, pairs)
     _drop_layout_pairs_that_cannot_correspond(sides, pairs)
     _drop_pairs_whose_parameter_is_read_later(sides, pairs)
 
@@ -267,6 +268,40 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
 # Ops that only move their first input's data (or view it in another shape): two of them
 # correspond only if the data they move does.
 LAYOUT_OPS = frozenset({"transpose", "reshape", "expand", "copy", "contiguous"})
+
+
+def _follow_data_flow(sides: _Sides, pairs: dict[int, tuple[int, str, float]]) -> None:
+    """Re-pair layout ops by the data they move: a candidate layout op reading output k of a paired
+    op pairs with the reference's layout op of the same kind reading output k of its partner, its
+    pair swapped with the candidate op that held it. Paired by order alone, q, k and v, viewed in
+    another order on each side, rotate: values tell them apart only while the forward agrees.
+    In candidate order, so that a re-paired op's readers follow it."""
+    candidate, reference = sides.traces["candidate"], sides.traces["reference"]
+    cand_of = {r: c for c, (r, _, _) in pairs.items()}
+    for c in sorted(pairs):
+        cand_op = candidate.ops[c]
+        if cand_op.op not in LAYOUT_OPS or not cand_op.inputs:
+            continue
+        cand_in = candidate.tensors[cand_op.inputs[0]]
+        if cand_in.producer not in pairs:
+            continue
+        ref_producer = reference.ops[pairs[cand_in.producer][0]]
+        position = candidate.ops[cand_in.producer].outputs.index(cand_in.tid)
+        if position >= len(ref_producer.outputs):
+            continue
+        expected = ref_producer.outputs[position]
+        current = reference.ops[pairs[c][0]]
+        if current.inputs and current.inputs[0] == expected:
+            continue
+        readers = [reference.ops[r] for r in sides.readers["reference"].get(expected, [])]
+        moved = next((r for r in readers if r.op == cand_op.op and r.inputs[0] == expected and r.index in cand_of
+                      and r.outputs and cand_op.outputs
+                      and reference.tensors[r.outputs[0]].shape == candidate.tensors[cand_op.outputs[0]].shape), None)
+        if moved is None:
+            continue
+        other = cand_of[moved.index]
+        pairs[c], pairs[other] = pairs[other], pairs[c]
+        cand_of[moved.index], cand_of[current.index] = c, other
 
 
 def _drop_layout_pairs_that_cannot_correspond(sides: _Sides, pairs: dict[int, tuple[int, str, float]]) -> None:
@@ -590,8 +625,8 @@ COMMUTATIVE_OPS = frozenset({"add", "mul", "maximum", "minimum"})
 
 def _partner_by_consumer(sides: _Sides, alignment: Alignment, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
     """The reference tensor in the same argument position of a paired op that reads `c_tid` (any
-    position of a commutative op: `x + attn` against `attn + x`), not one that another argument of
-    that op is paired with already."""
+    position of a commutative op: `x + attn` against `attn + x`, the closest in values), not one
+    that another argument of that op is paired with already."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     info = candidate.tensors[c_tid]
     for reader in sides.readers["candidate"].get(c_tid, []):
@@ -603,12 +638,11 @@ def _partner_by_consumer(sides: _Sides, alignment: Alignment, c_tid: int, paired
             if tid != c_tid:
                 continue
             others = [p for p in range(len(ref_inputs)) if p != position] if candidate.ops[reader].op in COMMUTATIVE_OPS else []
-            for ref_position in [position, *others]:
-                if ref_position >= len(ref_inputs) or ref_inputs[ref_position] in taken:
-                    continue
-                partner = reference.tensors[ref_inputs[ref_position]]
-                if partner.size == info.size or broadcasts(partner.shape, info.shape):
-                    return partner.tid
+            fitting = [reference.tensors[ref_inputs[p]] for p in [position, *others]
+                       if p < len(ref_inputs) and ref_inputs[p] not in taken]
+            fitting = [partner for partner in fitting if partner.size == info.size or broadcasts(partner.shape, info.shape)]
+            if fitting:  # the argument's own position wins a tie
+                return min(fitting, key=lambda partner: value_distance(info, partner)).tid
     return None
 
 

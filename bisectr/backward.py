@@ -40,10 +40,11 @@ from .precision import float64_gradient_check
 from .numerics import GRADIENT_FLOOR, coarsest_dtype, confirms, judge, magnitude, relative_to
 from .record import RunRecord, output_seeds
 from .recording import Gradients, Shift
-from .result import Bracket, Confirmation, Culprit, ProfileRow, Result
+from .result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Result
 from .search import SearchPass, bracket, culprit_without_evidence, cut_before, recurrences, search_pass, site
 from .sides import Sides
-from .trace import OpNode, is_floating
+from .analysis import block_name, external_inputs
+from .trace import OpNode, Trace, is_floating
 
 LEAVES = ("param:", "input:")  # the leaves whose gradients are the backward's outputs (floating inputs: see `Sides.backward`)
 
@@ -66,14 +67,17 @@ class OpGradientEvidence:
 
 
 class BackwardRun:
-    """Both sides' backward passes of a live run, paired through the forward alignment."""
+    """Both sides' backward passes of a live run, paired through the forward alignment. With
+    `reference_activations`, the candidate's runs go through its own ops at the reference's forward
+    values (`reference_activations`): its gradients then differ by what its backward does alone."""
 
-    def __init__(self, run: RunRecord, sides: Sides):
+    def __init__(self, run: RunRecord, sides: Sides, reference_activations: bool = False):
         self.run = run
         self.sides = sides
         self.seeds = output_seeds(run)
+        self.activations = _reference_activations(run) if reference_activations else {}
         self.reference = sides.backward("reference", self.seeds["reference"])
-        self.candidate = sides.backward("candidate", self.seeds["candidate"])
+        self.candidate = sides.backward("candidate", self.seeds["candidate"], activations=self.activations)
         tensors, parameters = {}, {}
         for cand_tid, pair in run.alignment.tensors.items():
             cand_info, ref_info = run.candidate.tensors[cand_tid], run.reference.tensors[pair.reference]
@@ -85,11 +89,14 @@ class BackwardRun:
                 parameters[cand_tid] = pair
         self.tensor_pairs: dict[int, TensorPair] = tensors
         self.leaf_pairs: dict[int, TensorPair] = parameters
-        # Paired ops (candidate -> reference), with the matched blocks of one op a side (a custom
-        # autograd function against the op it stands for), whose backward replays as one op's.
-        singles = [(b.candidate[0], b.reference[0]) for b in run.alignment.blocks
-                   if b.matched and len(b.candidate) == len(b.reference) == 1]
-        self.op_pairs: dict[int, int] = dict(sorted([(p.candidate, p.reference) for p in run.alignment.pairs] + singles))
+        # What one piece of backward evidence covers, by the candidate op it is known by: a paired op,
+        # or a matched N:M block (a custom autograd function against the ops it stands for), known by
+        # its first op, where the backward leaves it: a cut there hands on the reference's gradients
+        # to the block's inputs. `op_pairs`: that op -> the reference's.
+        units = [([p.candidate], [p.reference]) for p in run.alignment.pairs]
+        units += [(b.candidate, b.reference) for b in run.alignment.blocks if b.matched and b.candidate and b.reference]
+        self.units: dict[int, tuple[list[int], list[int]]] = {cand[0]: (cand, ref) for cand, ref in sorted(units)}
+        self.op_pairs: dict[int, int] = {index: ref[0] for index, (_, ref) in self.units.items()}
         magnitudes = {tid: magnitude(self.reference.leaves.get(pair.reference)) for tid, pair in parameters.items()}
         floor = GRADIENT_FLOOR * max(magnitudes.values(), default=0.0)
         self.leaf_scales = {tid: max(magnitude, floor) for tid, magnitude in magnitudes.items()}
@@ -143,6 +150,16 @@ class BackwardRun:
         return relative_to(max_abs, self.leaf_scales[cand_tid])
 
 
+def _reference_activations(run: RunRecord) -> dict[int, np.ndarray]:
+    """The reference's values of every paired floating op output of the candidate, in its layout."""
+    activations = {}
+    for cand_tid, pair in run.alignment.tensors.items():
+        info = run.candidate.tensors[cand_tid]
+        if info.producer is not None and not pair.broadcast and is_floating(info.dtype) and run.reference.has_value(pair.reference):
+            activations[cand_tid] = pair.reference_in_candidate_layout(run.reference.value(pair.reference), info.shape)
+    return activations
+
+
 # -- gradients one side lacks ---------------------------------------------------------
 def _reaches(values: np.ndarray | None) -> bool:
     return values is not None and bool(np.any(values))
@@ -175,40 +192,59 @@ def _first_lacking(order: list[int], pairs: dict[int, TensorPair], candidate: di
 
 
 # -- evidence -------------------------------------------------------------------------
-def op_evidence(backward: BackwardRun, cand_index: int, ref_index: int) -> OpGradientEvidence:
-    """The local backward error of one paired op and its fp64 oracle (see the module docstring)."""
+def block_outputs(trace: Trace, indices: list[int]) -> list[int]:
+    """The tensors ops `indices` hand on, where their backward starts: produced by them, read after
+    them (or an output) and not inside them. One that is read inside too (an alias a `.to()` to
+    its own dtype made, that the model reads again later) is not a start: the gradient reaching it
+    already holds what the block's own ops made of it."""
+    inside = set(indices)
+    readers: dict[int, set[int]] = {}
+    for index in indices:
+        for tid in trace.ops[index].inputs:
+            readers.setdefault(tid, set()).add(index)
+    read_later = {tid for op in trace.ops if op.index not in inside for tid in op.inputs} | set(trace.outputs.values())
+    return [tid for i in indices for tid in trace.ops[i].outputs if tid in read_later and tid not in readers]
+
+
+def op_evidence(backward: BackwardRun, cand_index: int) -> OpGradientEvidence:
+    """The local backward error of one paired op or matched block and its fp64 oracle (see the module docstring)."""
     run, sides = backward.run, backward.sides
-    cand_op, ref_op = run.candidate.ops[cand_index], run.reference.ops[ref_index]
-    dtype = coarsest_dtype([run.candidate.tensors[t].dtype for t in cand_op.inputs + cand_op.outputs])
-    first = cand_op.outputs[0]
-    propagated = backward.tensor_error(first) or {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0, "cosine": 1.0}
-    evidence = OpGradientEvidence(cand_index, ref_index, cand_op.op, dtype, propagated, None, None, "unknown")
-    pairs = {t: backward.pair(t) for t in cand_op.inputs}
-    compared = [(t, pair.reference) for t, pair in pairs.items() if pair is not None and pair.reference in ref_op.inputs]
-    if not compared or not all(run.reference.has_value(t) for t in ref_op.inputs):
+    cand_ops, ref_ops = backward.units[cand_index]
+    ref_index = backward.op_pairs[cand_index]
+    cand_op = run.candidate.ops[cand_index]
+    dtype = coarsest_dtype([run.candidate.tensors[t].dtype for i in cand_ops for t in run.candidate.ops[i].inputs + run.candidate.ops[i].outputs])
+    name = block_name([run.reference.ops[i].op for i in ref_ops]) if len(ref_ops) > 1 or len(cand_ops) > 1 else cand_op.op
+    cand_outputs, ref_outputs = block_outputs(run.candidate, cand_ops), block_outputs(run.reference, ref_ops)
+    propagated = backward.tensor_error(cand_op.outputs[0]) or {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0, "cosine": 1.0}
+    evidence = OpGradientEvidence(cand_index, ref_index, name, dtype, propagated, None, None, "unknown")
+    if not cand_outputs or not ref_outputs:
+        return evidence
+    cand_inputs, ref_inputs = external_inputs(run.candidate, cand_ops), external_inputs(run.reference, ref_ops)
+    pairs = {t: backward.pair(t) for t in cand_inputs}
+    compared = [(t, pair.reference) for t, pair in pairs.items() if pair is not None and pair.reference in ref_inputs]
+    if not compared or not all(run.reference.has_value(t) for t in ref_inputs):
         return evidence
     cand_values = {}
-    for tid in cand_op.inputs:
+    for tid in cand_inputs:
         pair = backward.tensor_pairs.get(tid)
-        from_reference = pair is not None and run.reference.has_value(pair.reference)
-        if from_reference:
+        if pair is not None and run.reference.has_value(pair.reference):
             cand_values[tid] = pair.reference_in_candidate_layout(run.reference.value(pair.reference), run.candidate.tensors[tid].shape)
         elif run.candidate.has_value(tid):
             cand_values[tid] = run.candidate.value(tid)
         else:
             return evidence
-    cand_upstream = [backward.reference_gradient(t) if t in backward.tensor_pairs else backward.candidate.tensors.get(t)
-                     for t in cand_op.outputs]
-    ref_upstream = [backward.reference.tensors.get(t) for t in ref_op.outputs]
-    ref_values = {t: run.reference.value(t) for t in ref_op.inputs}
+    cand_upstream = {t: backward.reference_gradient(t) if t in backward.tensor_pairs else backward.candidate.tensors.get(t)
+                     for t in cand_outputs}
+    ref_upstream = {t: backward.reference.tensors.get(t) for t in ref_outputs}
+    ref_values = {t: run.reference.value(t) for t in ref_inputs}
     try:
-        local = sides.replay_vjp("candidate", cand_index, cand_values, cand_upstream)
-        truth = sides.replay_vjp("reference", ref_index, ref_values, ref_upstream)
-    except Exception:  # an op whose backward cannot be replayed on its own keeps no local evidence
+        local = sides.replay_vjp("candidate", cand_ops, cand_values, cand_upstream)
+        truth = sides.replay_vjp("reference", ref_ops, ref_values, ref_upstream)
+    except Exception:  # ops whose backward cannot be replayed on their own keep no local evidence
         return evidence
     try:
-        oracle = sides.replay_vjp("reference", ref_index, ref_values, ref_upstream, float64=True)
-    except Exception:  # no float64 kernel for its backward
+        oracle = sides.replay_vjp("reference", ref_ops, ref_values, ref_upstream, float64=True)
+    except Exception:  # no float64 kernel for their backward
         oracle = None
 
     worst = {"local": 0.0, "candidate_error": 0.0, "reference_error": 0.0}
@@ -255,7 +291,8 @@ class BackwardPass(SearchPass):
             self.candidate_reruns += 1
         else:
             self.reference_reruns += 1
-        grads = self.backward.sides.backward(role, self.backward.seeds[role], patches)
+        activations = self.backward.activations if role == "candidate" else None
+        grads = self.backward.sides.backward(role, self.backward.seeds[role], patches, activations)
         for tid, shift in (parameter_shift or {}).items():
             if grads.leaves.get(tid) is not None:
                 grads.leaves[tid] = grads.leaves[tid] + shift
@@ -292,7 +329,7 @@ class BackwardPass(SearchPass):
         if index not in self.backward.op_pairs:
             return None
         if index not in self.evidence:
-            self.evidence[index] = op_evidence(self.backward, index, self.backward.op_pairs[index])
+            self.evidence[index] = op_evidence(self.backward, index)
         return self.evidence[index]
 
     def suspects(self, cuts: list[int], entry: int | None) -> Iterator[OpGradientEvidence]:
@@ -345,17 +382,18 @@ class BackwardPass(SearchPass):
         patches = {}
         for tid in op.inputs:
             values = self.backward.reference_gradient(tid)
-            if values is not None and tid in self.backward.candidate.tensors:
-                patches[tid] = values.astype(self.backward.candidate.tensors[tid].dtype)
+            if values is not None and tid in self.backward.tensor_pairs:
+                patches[tid] = values
         return self.backward.leaf_error(self.rerun("candidate", patches))["max_rel"], bool(patches)
 
 
 def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
-                    progress: Callable[[str], None] | None = None) -> Result:
-    """Run both sides' backward passes and search them (see the module docstring)."""
+                    progress: Callable[[str], None] | None = None, reference_activations: bool = False) -> Result:
+    """Run both sides' backward passes and search them (see the module docstring); with
+    `reference_activations`, the candidate's on the reference's forward values (see `BackwardRun`)."""
     say = progress or (lambda message: None)
-    say("running each side's backward pass")
-    backward = BackwardRun(run, sides)
+    say("running each side's backward pass" + (" (the candidate's on the reference's activations)" if reference_activations else ""))
+    backward = BackwardRun(run, sides, reference_activations)
     if not backward.leaf_pairs:
         raise OutputMismatchError(f"{run.model_file}: no parameter or floating input of the candidate is paired with one of "
                                   "the reference, so the backward passes have no gradients to compare")
@@ -370,14 +408,19 @@ def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
     if backward.reference.loss is not None or backward.candidate.loss is not None:
         losses = {"reference": backward.reference.loss, "candidate": backward.candidate.loss}
     search = BackwardPass(backward)
-    result = Result("match", output_error, None, 0, ops, pass_="backward", losses=losses)
+    result = Result("match", output_error, None, 0, ops, pass_="backward", losses=losses,
+                    activations="reference" if reference_activations else "own")
 
     missing = missing_tensor_gradient(backward) or missing_leaf_gradient(backward)
     if missing is not None:
         _name_missing_gradient(result, search, *missing)
     elif full_error > tolerance:
-        say("running both sides' backward passes in float64")
-        float64 = result.fp64_check = float64_gradient_check(backward, full_error)
+        if reference_activations:
+            float64 = result.fp64_check = Float64Check("skipped", "the candidate's backward ran on the reference's activations, "
+                                                       "which a float64 run of its own cannot", full_error)
+        else:
+            say("running both sides' backward passes in float64")
+            float64 = result.fp64_check = float64_gradient_check(backward, full_error)
         say("searching the backward pass")
         outcome = search_pass(search, full_error, float64, not math.isfinite(full_error), say)
         finding = outcome.finding
@@ -419,7 +462,7 @@ def _name_missing_gradient(result: Result, search: BackwardPass, tid: int, lacki
     if lacking == "candidate":
         before = backward.leaf_error()["max_rel"]
         after, handed_on = search.error_with_cut_gradient(cand_op)
-        result.confirmation = Confirmation([cand_op.index], after, before, handed_on and confirms(after, before, 0.0))
+        result.confirmation = Confirmation([cand_op.index], after, before, handed_on and confirms(after, before, 0.0), cut=True)
 
 
 def _bracket(run: RunRecord, pairs: dict[int, int], entry: int | None, low: int | None) -> Bracket:

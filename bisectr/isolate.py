@@ -160,8 +160,9 @@ class _Worker:
     def replay(self, index: int, values: dict[int, np.ndarray], float64: bool) -> list[np.ndarray]:
         return self.runner.replay(self.trace, index, values, float64)
 
-    def backward(self, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
-        return self.runner.backward(self.trace, seeds, gradient_patches)
+    def backward(self, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
+                 activations: dict[int, np.ndarray]) -> Gradients:
+        return self.runner.backward(self.trace, seeds, gradient_patches, activations)
 
     def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> tuple[Float64Run | None, str]:
         try:
@@ -169,9 +170,9 @@ class _Worker:
         except CannotUpcast as exc:
             return None, str(exc)
 
-    def replay_vjp(self, index: int, values: dict[int, np.ndarray], upstream: list[np.ndarray | None],
+    def replay_vjp(self, indices: list[int], values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
                    float64: bool) -> dict[int, np.ndarray | None]:
-        return self.runner.replay_vjp(self.trace, index, values, upstream, float64)
+        return self.runner.replay_vjp(self.trace, indices, values, upstream, float64)
 
     def call(self, index: int) -> tuple[tuple, dict] | None:
         call = self.runner.call(index)
@@ -271,8 +272,9 @@ class IsolatedSide:
     def replay(self, trace: Trace, index: int, values: dict[int, np.ndarray], float64: bool = False) -> list[np.ndarray]:
         return self._request(f"replaying op {index}", "replay", index, values, float64)
 
-    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
-        return self._request("running the backward pass", "backward", seeds, gradient_patches)
+    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
+                 activations: dict[int, np.ndarray]) -> Gradients:
+        return self._request("running the backward pass", "backward", seeds, gradient_patches, activations)
 
     def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
         grads, reason = self._request("running the backward pass in float64", "float64_gradients", seeds, leaf_values)
@@ -280,9 +282,9 @@ class IsolatedSide:
             raise CannotUpcast(reason)
         return grads
 
-    def replay_vjp(self, trace: Trace, index: int, values: dict[int, np.ndarray], upstream: list[np.ndarray | None],
+    def replay_vjp(self, trace: Trace, indices: list[int], values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
                    float64: bool = False) -> dict[int, np.ndarray | None]:
-        return self._request(f"replaying the backward of op {index}", "replay_vjp", index, values, upstream, float64)
+        return self._request(f"replaying the backward of ops {indices[0]}..{indices[-1]}", "replay_vjp", indices, values, upstream, float64)
 
     def call(self, index: int) -> Call | None:
         """The recorded call's arguments, framework objects as `StandIn`s; its function stays in the worker."""

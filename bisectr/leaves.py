@@ -162,6 +162,8 @@ def layout_name(pair: TensorPair, reference_shape: tuple[int, ...]) -> str:
 # -- comparing ----------------------------------------------------------------------------
 def compare(reference: np.ndarray, candidate: np.ndarray, candidate_dtype: str, reference_dtype: str) -> tuple[str, str, float]:
     """(status, description, max_rel) of a candidate leaf against the reference's values in its layout."""
+    if reference.dtype == candidate.dtype and np.array_equal(reference.reshape(candidate.shape), candidate):
+        return "equal", "", 0.0
     reference = reference.astype(np.float64).reshape(candidate.shape)
     candidate = candidate.astype(np.float64)
     scale = float(np.abs(reference).max()) if reference.size else 0.0

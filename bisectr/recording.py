@@ -375,12 +375,16 @@ class PatchedRerun(_Session):
             else:
                 self.tainted.add(tid)
             if tid in self.patches:
-                replacements[id(tensor)] = tensor = _patched(self.adapter, self.patches, tid, tensor, id(tensor) in mutated)
+                replacements[id(tensor)] = tensor = self.substitute(tid, tensor, id(tensor) in mutated)
             self.ids.assign(tensor, tid)
             self.on_output(tid, tensor)
         if replacements:
             result = map_tensors(result, self.adapter.is_tensor, lambda t: replacements.get(id(t), t))
         return result
+
+    def substitute(self, tid: int, tensor: Any, in_place: bool) -> Any:
+        """What the re-run goes on with in place of op output `tensor`, which has a patch."""
+        return _patched(self.adapter, self.patches, tid, tensor, in_place)
 
     def on_output(self, tid: int, tensor: Any) -> None:
         """An op of the re-run produced `tensor`, recorded as `tid` (patched already, if asked)."""
@@ -427,17 +431,33 @@ class GradientRerun(PatchedRerun):
     """A re-run with gradients on (`Adapter.intercept(..., gradients=True)`), following the
     recording as `PatchedRerun` does, that hooks every op output a gradient reaches: the hook
     keeps the gradient in `gradients` and hands on `gradient_patches[tid]` instead where given.
-    `leaves` are the leaf tensors read, by tid, for their gradients."""
+    `leaves` are the leaf tensors read, by tid, for their gradients. `patched` are the patched op
+    outputs: the backward starts from them too, so that a patch reaches the ops before a tensor
+    whose readers all cut the gradient (a `detach`), where no gradient would call its hook.
 
-    def __init__(self, adapter: Adapter, trace: Trace, gradient_patches: dict[int, np.ndarray]):
-        super().__init__(adapter, trace, {})
+    `activations` (tid -> values) replace op outputs in the forward while keeping the graph: the
+    backward then runs through the side's own ops, each at the values given."""
+
+    def __init__(self, adapter: Adapter, trace: Trace, gradient_patches: dict[int, np.ndarray],
+                 activations: dict[int, np.ndarray] | None = None):
+        super().__init__(adapter, trace, activations or {})
         self.gradient_patches = gradient_patches
         self.gradients: dict[int, np.ndarray] = {}
         self.leaves: dict[int, Any] = {}
+        self.patched: list[Any] = []
+
+    def substitute(self, tid: int, tensor: Any, in_place: bool) -> Any:
+        if in_place or not self.adapter.requires_grad(tensor):
+            return super().substitute(tid, tensor, in_place)
+        adapter = self.adapter
+        change = _patch_values(adapter, self.patches, tid, tensor) - adapter.to_numpy(tensor)
+        return tensor + adapter.from_numpy(change, adapter.dtype_name(tensor), adapter.device_name(tensor))
 
     def on_output(self, tid: int, tensor: Any) -> None:
         if self.adapter.requires_grad(tensor) and is_floating(self.trace.tensors[tid].dtype):
             self.adapter.add_gradient_hook(tensor, self._hook(tid, tensor))
+            if tid in self.gradient_patches:
+                self.patched.append(tensor)
 
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         super().on_new_leaf(tid, tensor)
@@ -630,35 +650,45 @@ def replay_op(adapter: Adapter, call: Call, values: dict[int, np.ndarray], dtype
     return [adapter.to_numpy(t) for t in produced]
 
 
-def replay_vjp(adapter: Adapter, call: Call, values: dict[int, np.ndarray], dtypes: dict[int, str], device: str,
-               upstream: list[np.ndarray | None], float64: bool = False) -> dict[int, np.ndarray | None]:
-    """One recorded op's backward: the op called again on `values` with gradients on, then the
-    gradients of its floating inputs (tid -> values; None where none reaches one) from its outputs
-    seeded with `upstream` (in recorded output order; None: no gradient reaches that output). With
-    `float64`, as `replay_op`: the fp64 oracle of the op's backward."""
+def replay_vjp(adapter: Adapter, trace: Trace, calls: list[Call], indices: list[int], values: dict[int, np.ndarray],
+               upstream: dict[int, np.ndarray | None], float64: bool = False) -> dict[int, np.ndarray | None]:
+    """The backward of recorded ops `indices` (one op, or a block in op order): the ops called again
+    with gradients on, each reading what the ones before computed, else `values` (the block's
+    external inputs, by tid); then the gradients of its floating external inputs (tid -> values;
+    None where none reaches one) from the outputs in `upstream` (tid -> the gradient reaching it;
+    None: none does). With `float64` the floating inputs are upcast and casts below float64 inside
+    the block stay at float64 (`Adapter.float64_call`): the fp64 oracle of the block's backward."""
     leaves: dict[int, Any] = {}
+    computed: dict[int, Any] = {}
 
     def materialize(slot: Any) -> Any:
         if not isinstance(slot, Slot):
             return slot
-        dtype = dtypes[slot.tid]
+        if slot.tid in computed:
+            return computed[slot.tid]
+        dtype = trace.tensors[slot.tid].dtype
         if not is_floating(dtype):
-            return adapter.from_numpy(values[slot.tid], dtype, device)
-        if slot.tid not in leaves:  # one leaf per tensor: an op reading it twice sums both gradients
-            tensor = adapter.from_numpy(values[slot.tid], "float64" if float64 else dtype, device)
+            return adapter.from_numpy(values[slot.tid], dtype, trace.device)
+        if slot.tid not in leaves:  # one leaf per tensor: ops reading it twice sum both gradients
+            tensor = adapter.from_numpy(values[slot.tid], "float64" if float64 else dtype, trace.device)
             leaves[slot.tid] = adapter.gradient_leaf(tensor)
         return leaves[slot.tid]
 
     with adapter.enable_grad():
-        args = map_tensors(call.args, _is_slot, materialize)
-        kwargs = map_tensors(call.kwargs, _is_slot, materialize)
-        _, produced, _ = run_op(adapter, call.fn, args, kwargs, call_tensors(args, kwargs, adapter.is_tensor))
-    seeded = [(tensor, gradient) for tensor, gradient in zip(produced, upstream)
-              if gradient is not None and adapter.requires_grad(tensor)]
+        for index, call in zip(indices, calls):
+            args = map_tensors(call.args, _is_slot, materialize)
+            kwargs = map_tensors(call.kwargs, _is_slot, materialize)
+            fn = call.fn
+            if float64:
+                fn, args, kwargs = adapter.float64_call(trace.ops[index].framework_op, fn, args, kwargs)
+            _, produced, _ = run_op(adapter, fn, args, kwargs, call_tensors(args, kwargs, adapter.is_tensor))
+            computed.update(zip(trace.ops[index].outputs, produced))
+    seeded = [(computed[tid], gradient) for tid, gradient in upstream.items()
+              if gradient is not None and tid in computed and adapter.requires_grad(computed[tid])]
     if not seeded or not leaves:
         return dict.fromkeys(leaves)
-    grads = adapter.gradients([t for t, _ in seeded],
-                              [adapter.from_numpy(g, adapter.dtype_name(t), device) for t, g in seeded], list(leaves.values()))
+    grads = adapter.gradients([t for t, _ in seeded], [adapter.from_numpy(g, adapter.dtype_name(t), trace.device) for t, g in seeded],
+                              list(leaves.values()))
     return {tid: None if g is None else adapter.to_numpy(g) for tid, g in zip(leaves, grads)}
 
 

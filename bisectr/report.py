@@ -213,9 +213,9 @@ def print_result(console: Console, run: RunRecord, result: Result) -> None:
             console.print(line, highlight=False, markup=False)
     if result.backward is not None:
         console.print("\nbackward pass:", style="bold", highlight=False)
-        if result.verdict == "divergent":
-            console.print("the forward differs: the gradients carry that difference too (the backward runs on each "
-                          "side's own activations); search the backward again once the forward agrees", highlight=False)
+        if result.backward.activations == "reference":
+            console.print("the forward differs: the candidate's backward ran through its own ops at the reference's "
+                          "forward values, so that its gradients differ by what its backward does alone", highlight=False)
         print_result(console, run, result.backward)
 
 
@@ -260,8 +260,10 @@ def confirmation_text(confirmation: Confirmation, errors_of: str = "outputs") ->
         readers = f"op {first}" if not recurrences else f"ops {', '.join(map(str, confirmation.patched_ops))}"
         what = f"the reference's values for {confirmation.leaves} leaf (read by {readers})" if confirmation.leaves == 1 else \
             f"the reference's values for these {confirmation.leaves} leaves (read by {readers})"
+    if confirmation.cut:
+        what = f"the reference's gradient where op {first} cuts the candidate's"
     change = f"from {fmt(confirmation.before)} to {fmt(confirmation.output_error)}"
-    action = "giving the candidate only" if confirmation.leaves else "taking out only"
+    action = "giving the candidate only" if confirmation.leaves else "handing on" if confirmation.cut else "taking out only"
     if confirmation.confirmed:
         return f"confirmed: {action} {what} takes the {errors_of}' error {change}"
     return f"unconfirmed: {action} {what} takes the {errors_of}' error only {change}"

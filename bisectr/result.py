@@ -76,6 +76,7 @@ class Confirmation:
     before: float
     confirmed: bool
     leaves: int = 0  # for a leaf culprit: how many leaves were given the reference's values (read by `patched_ops`)
+    cut: bool = False  # for a cut gradient: the reference's gradient handed on where the culprit cuts it
 
 
 @dataclass
@@ -183,6 +184,9 @@ class Result:
     # a detached path); the losses, where the model file defines them.
     missing_gradient: str | None = None
     losses: dict[str, float | None] | None = None
+    # The backward's: "own" (each side on its own forward activations) or "reference" (the
+    # candidate's backward through its own ops at the reference's forward values).
+    activations: str | None = None
     backward: Result | None = None  # the backward pass's result, when one was run
     leaves: LeafPairing | None = None  # the parameters and buffers, paired and compared
 

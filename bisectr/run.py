@@ -66,7 +66,7 @@ class Run(RunRecord):
                 setattr(self, f.name, getattr(fresh, f.name))
         result = bisect_run(self, self.sides, tolerance, exhaustive, progress)
         if backward:
-            result.backward = bisect_backward(self, self.sides, tolerance, progress)
+            result.backward = bisect_backward(self, self.sides, tolerance, progress, reference_activations=result.verdict == "divergent")
         self.result = result
         return result
 

@@ -37,18 +37,20 @@ class SideRunner(Protocol):
     def call(self, index: int) -> Call | None:
         """The recorded call of op `index`, where it is available in this process."""
 
-    def replay_vjp(self, trace: Trace, index: int, values: dict[int, np.ndarray], upstream: list[np.ndarray | None],
+    def replay_vjp(self, trace: Trace, indices: list[int], values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
                    float64: bool = False) -> dict[int, np.ndarray | None]:
-        """Op `index`'s backward (see `replay_vjp`)."""
+        """The backward of ops `indices` (see `replay_vjp`)."""
 
     def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> "Float64Run":
         """The outputs of a float64 copy of the model (with `leaf_values`, leaf name -> values, in
         place of its own) on float64 inputs, keyed like the trace's outputs, and the ops that still
         ran below float64; raises `CannotUpcast` saying why the side cannot run in float64."""
 
-    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
+    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
+                 activations: dict[int, np.ndarray]) -> Gradients:
         """Run forward and backward again, following `trace`, from the loss or from `seeds` (output
-        key -> gradient), with `gradient_patches` (tid -> gradient) handed on instead of the own."""
+        key -> gradient), with `gradient_patches` (tid -> gradient) handed on instead of the own, on
+        `activations` (tid -> values) in place of its own forward's (see `GradientRerun`)."""
 
     def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> "Float64Run":
         """The gradients of the parameters and floating inputs (by leaf name) of a float64 copy of
@@ -116,10 +118,10 @@ class LocalSide:
         dtypes = {tid: trace.tensors[tid].dtype for tid in trace.ops[index].inputs}
         return replay_op(self.side.adapter, self.recording.calls[index], values, dtypes, trace.device, float64)
 
-    def replay_vjp(self, trace: Trace, index: int, values: dict[int, np.ndarray], upstream: list[np.ndarray | None],
+    def replay_vjp(self, trace: Trace, indices: list[int], values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
                    float64: bool = False) -> dict[int, np.ndarray | None]:
-        dtypes = {tid: trace.tensors[tid].dtype for tid in trace.ops[index].inputs}
-        return replay_vjp(self.side.adapter, self.recording.calls[index], values, dtypes, trace.device, upstream, float64)
+        calls = [self.recording.calls[i] for i in indices]
+        return replay_vjp(self.side.adapter, trace, calls, indices, values, upstream, float64)
 
     def call(self, index: int) -> Call | None:
         calls = self.recording.calls
@@ -142,16 +144,17 @@ class LocalSide:
             raise CannotUpcast(f"its output {narrow!r} stays {values[narrow].dtype} (a dtype fixed inside the forward)")
         return Float64Run(values, listener.narrow_ops())
 
-    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray]) -> Gradients:
+    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
+                 activations: dict[int, np.ndarray]) -> Gradients:
         side, adapter = self.side, self.side.adapter
-        listener = GradientRerun(adapter, trace, gradient_patches)
+        listener = GradientRerun(adapter, trace, gradient_patches, activations)
         differentiated = _with_gradient_inputs(side, side.inputs)
         with adapter.intercept(side.model, listener, gradients=True):
             outputs = differentiated.forward()
         listener.finish(output_pairs(adapter, outputs))
         leaves = {tid: tensor for tid, tensor in listener.leaves.items()
                   if (trace.tensors[tid].leaf or "").startswith(("param:", "input:")) and is_floating(trace.tensors[tid].dtype)}
-        grads, loss = _backward(side, outputs, seeds, leaves)
+        grads, loss = _backward(side, outputs, seeds, leaves, listener.patched)
         return Gradients(listener.gradients, grads, loss)
 
     def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
@@ -227,9 +230,11 @@ def _with_gradient_inputs(side: Side, inputs: tuple | dict) -> Side:
                                             lambda t: adapter.gradient_leaf(t) if is_floating(adapter.dtype_name(t)) else t))
 
 
-def _backward(side: Side, outputs: Any, seeds: dict[str, np.ndarray], parameters: dict) -> tuple[dict, float | None]:
+def _backward(side: Side, outputs: Any, seeds: dict[str, np.ndarray], parameters: dict,
+              patched: list[Any] = ()) -> tuple[dict, float | None]:
     """The gradients of `parameters` (key -> parameter or input tensor; None for one no gradient
-    reaches) from the side's loss of `outputs`, or from `seeds` on its outputs; and the loss."""
+    reaches) from the side's loss of `outputs`, or from `seeds` on its outputs; and the loss.
+    The `patched` tensors are roots too, with a zero gradient their hooks replace."""
     adapter = side.adapter
     loss = None
     if side.loss is not None:
@@ -240,6 +245,10 @@ def _backward(side: Side, outputs: Any, seeds: dict[str, np.ndarray], parameters
         seeded = [(key, t) for key, t in output_pairs(adapter, outputs) if key in seeds and adapter.requires_grad(t)]
         roots = [t for _, t in seeded]
         upstream = [adapter.from_numpy(seeds[key], adapter.dtype_name(t), adapter.device_name(t)) for key, t in seeded]
+    for tensor in patched:
+        if not any(tensor is root for root in roots):  # paddle refuses a root given twice
+            roots.append(tensor)
+            upstream.append(adapter.from_numpy(np.zeros(tensor.shape), adapter.dtype_name(tensor), adapter.device_name(tensor)))
     reached = [key for key, tensor in parameters.items() if adapter.requires_grad(tensor)]
     if not roots or not reached:
         raise ModelFileError(f"{side.model_file}: no gradient reaches any parameter or input of the {side.role} model "
@@ -296,15 +305,17 @@ class Sides:
     def float64_outputs(self, role: str, leaf_values: dict[str, np.ndarray]) -> Float64Run:
         return self.runners[role].float64_outputs(leaf_values)
 
-    def backward(self, role: str, seeds: dict[str, np.ndarray],
-                 gradient_patches: dict[int, np.ndarray] | None = None) -> Gradients:
-        """One side's forward and backward again, with `gradient_patches` handed on; see `SideRunner.backward`."""
-        return self.runners[role].backward(self.traces[role], seeds, gradient_patches or {})
+    def backward(self, role: str, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray] | None = None,
+                 activations: dict[int, np.ndarray] | None = None) -> Gradients:
+        """One side's forward and backward again, with `gradient_patches` handed on, on `activations`
+        in place of its own; see `SideRunner.backward`."""
+        return self.runners[role].backward(self.traces[role], seeds, gradient_patches or {}, activations or {})
 
     def float64_gradients(self, role: str, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
         return self.runners[role].float64_gradients(seeds, leaf_values)
 
-    def replay_vjp(self, role: str, index: int, values: dict[int, np.ndarray], upstream: list[np.ndarray | None],
+    def replay_vjp(self, role: str, indices: list[int], values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
                    float64: bool = False) -> dict[int, np.ndarray | None]:
-        """Op `index`'s backward on `values` for its inputs from `upstream` for its outputs; see `replay_vjp`."""
-        return self.runners[role].replay_vjp(self.traces[role], index, values, upstream, float64)
+        """The backward of ops `indices` (one op or a block) on `values` for their external inputs from
+        `upstream` (tid -> gradient) for their outputs; see `replay_vjp`."""
+        return self.runners[role].replay_vjp(self.traces[role], indices, values, upstream, float64)

@@ -120,6 +120,10 @@ class Trainer:
     def settings(self) -> dict[str, Any]:
         return self.side.adapter.optimizer_settings(self.optimizer)
 
+    def weight_decays(self) -> dict[str, float]:
+        """Each parameter's weight decay coefficient, by leaf name."""
+        return self.side.adapter.weight_decays(self.optimizer, self.parameters)
+
     def step(self, number: int) -> StepRecord:
         side, adapter = self.side, self.side.adapter
         inputs = side.inputs if self.batch is None else \
@@ -277,7 +281,8 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
     result = TrainingResult("divergent", rows, number, STAGES[measure], settings=settings)
     if measure == "update":
         parameter, error = comparison.worst_parameter(records["candidate", 64], records["reference", 64])
-        what, ref_value, cand_value = _differing_setting(row, settings)
+        decays = {role: trainers[role, 32].weight_decays() for role in ("reference", "candidate")}
+        what, ref_value, cand_value = _differing_setting(row, settings, _decay_differences(pairs, decays))
         result.culprit = OptimizerCulprit("optimizer", parameter.split(":", 1)[1], what, ref_value, cand_value, error)
     elif number == 1:
         say(f"searching the {result.stage} pass at the initial weights")
@@ -302,11 +307,45 @@ def _error_text(result: Any) -> str:
     return f"relative difference {result.output_error.get('max_rel', 0.0):.3g}"
 
 
-def _differing_setting(row: StepRow, settings: dict[str, dict[str, Any]]) -> tuple[str, Any, Any]:
-    """What differs between the optimizers at this step: the learning rate, a setting, else the update rule."""
+def _decay_differences(pairs: list[tuple[str, str, TensorPair]], decays: dict[str, dict[str, float]]) -> tuple[str, Any, Any] | None:
+    """Parameters that one side decays and the other exempts: (what, reference's coefficient, candidate's)."""
+    decayed_here = {"candidate": [], "reference": []}
+    coefficients = {"candidate": set(), "reference": set()}
+    for reference, candidate, _ in pairs:
+        ours, theirs = decays["reference"].get(reference, 0.0), decays["candidate"].get(candidate, 0.0)
+        for role, name, mine, other in (("candidate", candidate, theirs, ours), ("reference", reference, ours, theirs)):
+            if mine and not other:
+                decayed_here[role].append(name.split(":", 1)[1])
+                coefficients[role].add(mine)
+    for role, exempting in (("candidate", "the reference exempts"), ("reference", "the candidate exempts")):
+        names = decayed_here[role]
+        if names:
+            what = f"weight decay on {len(names)} parameters {exempting} ({_kinds(names)})"
+            coefficient = max(coefficients[role])
+            return (what, 0.0, coefficient) if role == "candidate" else (what, coefficient, 0.0)
+    return None
+
+
+def _kinds(names: list[str]) -> str:
+    """What kinds of parameters `names` are, as the usual exemption rules name them."""
+    biases = sum(name.endswith("bias") for name in names)
+    norms = sum(not name.endswith("bias") and any(part in name.lower() for part in ("norm", "ln")) for name in names)
+    kinds = [f"{norms} norm weights"] if norms else []
+    kinds += [f"{biases} biases"] if biases else []
+    others = len(names) - biases - norms
+    kinds += [f"{others} others"] if others else []
+    return ", ".join(kinds)
+
+
+def _differing_setting(row: StepRow, settings: dict[str, dict[str, Any]],
+                       decay_difference: tuple[str, Any, Any] | None = None) -> tuple[str, Any, Any]:
+    """What differs between the optimizers at this step: the learning rate, which parameters are
+    decayed, a setting, else the update rule."""
     rates = row.learning_rate
     if not math.isclose(rates["reference"], rates["candidate"], rel_tol=1e-6, abs_tol=0.0):
         return "learning rate", rates["reference"], rates["candidate"]
+    if decay_difference is not None:
+        return decay_difference
     reference, candidate = settings["reference"], settings["candidate"]
     for name in SETTINGS:
         ours, theirs = reference.get(name), candidate.get(name)

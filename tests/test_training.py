@@ -94,3 +94,16 @@ def test_a_model_file_that_cannot_train_is_status_2_naming_the_problem(model, ar
     done = subprocess.run([sys.executable, "-m", "bisectr", "train", str(model), *args], capture_output=True, text=True)
     assert done.returncode == 2 and message in done.stderr.replace("\n", " "), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_port_that_decays_what_the_reference_exempts_is_named_by_those_parameters():
+    status, result = train_json(PORTS, "--reference", "reference_grouped", "--candidate", "candidate_decay_all", "--steps", 2)
+    culprit = result["culprit"]
+    assert status == 1 and result["first_step"] == 1 and result["stage"] == "optimizer"
+    assert culprit["field"] == "weight decay on 13 parameters the reference exempts (3 norm weights, 10 biases)"
+    assert culprit["reference"] == 0.0 and culprit["candidate"] == 0.1
+
+
+def test_the_same_exemptions_through_apply_decay_param_fun_are_noise():
+    status, result = train_json(PORTS, "--reference", "reference_grouped", "--candidate", "candidate_exempt", "--steps", 2)
+    assert status == 0 and result["verdict"] == "noise"

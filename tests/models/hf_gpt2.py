@@ -16,7 +16,13 @@ Measured here: outputs (magnitude 2.9) differ by 6.0e-07 (2.1e-07 relative); wit
 bisectr should conclude: `noise` for `candidate()`; `divergent` for `candidate_untransposed()`, culprit
 the `linear` of `h.2.attn.c_proj` (or its weight, the leaf `h.2.attn.c_proj.weight`).
 """
+import os
+import sys
+
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _hf import seeded_gpt2  # noqa: E402
 
 CONFIG = dict(vocab_size=128, n_positions=32, n_embd=64, n_layer=3, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
               attn_pdrop=0.0, attn_implementation="eager")
@@ -28,29 +34,7 @@ def _inputs():
 
 
 def _gpt2():
-    import importlib.metadata
-    import importlib.util
-    import sys
-
-    # paddleformers' dependency paddlecodec installs a module named `torchcodec` without that
-    # package's metadata, and transformers then fails to import any torch model: hide that module.
-    if importlib.util.find_spec("torchcodec") is not None:
-        try:
-            importlib.metadata.version("torchcodec")
-        except importlib.metadata.PackageNotFoundError:
-            sys.modules["torchcodec"] = None
-    import torch
-    from transformers import GPT2Config, GPT2Model
-
-    torch.manual_seed(0)
-    model = GPT2Model(GPT2Config(**CONFIG))
-    with torch.no_grad():  # non-zero biases and norm affines, so that a misplaced one would show
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-            elif ".ln_" in name or name.startswith("ln_f"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-    return model.eval()
+    return seeded_gpt2("GPT2Model", CONFIG)
 
 
 def reference():

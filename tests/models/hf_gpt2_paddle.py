@@ -17,7 +17,11 @@ torch tensors, `set_value`). Attention written out (matmul, scale 1/sqrt(16), ca
 
 `candidate()`: the correct port. `candidate_frozen_c_fc()`: the correct port with
 `transformer.h.2.mlp.c_fc.weight.stop_gradient = True` (line marked `# @frozen`): the forward is
-identical, the parameter's gradient is missing.
+identical, the parameter's gradient is missing. `candidate_pylayer_ln_2()`: the correct port with
+block 2's `ln_2` a `FusedLayerNorm` computed by a `PyLayer` (the forward written out, the same
+values up to rounding) whose backward drops the variance term (line marked `# @dropped`).
+`candidate_bias_and_pylayer()`: that `PyLayer`, and block 0's `mlp.c_proj.bias` left at zeros
+(line marked `# @bias`): a forward difference before a backward one.
 
 Measured here: logits (magnitude 0.51) differ by 1.8e-07 (3.5e-07 relative) for `candidate()`, and
 by the same for `candidate_frozen_c_fc()` (its forward is the same computation); in float64 on both
@@ -25,9 +29,19 @@ sides (bisectr's float64 check), by 9.9e-12 (relative).
 
 bisectr should conclude: `noise` forward and backward (`--backward`) for `candidate()`;
 `candidate_frozen_c_fc()` is `noise` forward and `divergent` backward, culprit the leaf
-`transformer.h.2.mlp.c_fc.weight` (its gradient is missing on the candidate side).
+`transformer.h.2.mlp.c_fc.weight` (its gradient is missing on the candidate side);
+`candidate_pylayer_ln_2()` is `noise` forward and `divergent` backward, culprit the `PyLayer` in
+`transformer.h.2.ln_2`, confirmed; `candidate_bias_and_pylayer()` is `divergent` forward, culprit the
+leaf `transformer.h.0.mlp.c_proj.bias`, and `divergent` backward on the reference's activations,
+culprit the `PyLayer`.
 """
+import os
+import sys
+
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _hf import seeded_gpt2  # noqa: E402
 
 CONFIG = dict(vocab_size=128, n_positions=32, n_embd=64, n_layer=4, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0,
               attn_pdrop=0.0, attn_implementation="eager", bos_token_id=0, eos_token_id=0)
@@ -40,29 +54,7 @@ def _inputs():
 
 
 def _gpt2():
-    import importlib.metadata
-    import importlib.util
-    import sys
-
-    # paddleformers' dependency paddlecodec installs a module named `torchcodec` without that
-    # package's metadata, and transformers then fails to import any torch model: hide that module.
-    if importlib.util.find_spec("torchcodec") is not None:
-        try:
-            importlib.metadata.version("torchcodec")
-        except importlib.metadata.PackageNotFoundError:
-            sys.modules["torchcodec"] = None
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(**CONFIG))
-    with torch.no_grad():  # non-zero biases and norm affines, so that a misplaced one would show
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-            elif ".ln_" in name:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-    return model.eval()
+    return seeded_gpt2("GPT2LMHeadModel", CONFIG)
 
 
 def reference():
@@ -71,10 +63,11 @@ def reference():
     return _gpt2(), {"input_ids": torch.from_numpy(_inputs()), "use_cache": False}
 
 
-def _port():
+def _port(pylayer_ln_2_layer: int = -1):
     import paddle
     import paddle.nn.functional as F
     from paddle import nn
+    from paddle.autograd import PyLayer
 
     class Attention(nn.Layer):
         def __init__(self):
@@ -102,11 +95,35 @@ def _port():
         def forward(self, x):
             return self.c_proj(F.gelu(self.c_fc(x), approximate=True))
 
+    class LayerNormFunction(PyLayer):
+        """LayerNorm with its backward written out, the variance term dropped (`# @dropped`)."""
+
+        @staticmethod
+        def forward(ctx, x, weight, bias):
+            mean = x.mean(-1, keepdim=True)
+            rstd = paddle.rsqrt(((x - mean) ** 2).mean(-1, keepdim=True) + 1e-5)
+            normed = (x - mean) * rstd
+            ctx.save_for_backward(normed, weight, rstd)
+            return normed * weight + bias
+
+        @staticmethod
+        def backward(ctx, grad):
+            normed, weight, rstd = ctx.saved_tensor()
+            wg = grad * weight
+            grad_x = rstd * (wg - wg.mean(-1, keepdim=True))  # @dropped
+            flat = [-1, normed.shape[-1]]
+            return grad_x, (grad * normed).reshape(flat).sum(0), grad.reshape(flat).sum(0)
+
+    class FusedLayerNorm(nn.LayerNorm):
+        def forward(self, x):
+            return LayerNormFunction.apply(x, self.weight, self.bias)
+
     class Block(nn.Layer):
-        def __init__(self):
+        def __init__(self, index: int):
             super().__init__()
             self.ln_1, self.attn = nn.LayerNorm(D, epsilon=1e-5), Attention()
-            self.ln_2, self.mlp = nn.LayerNorm(D, epsilon=1e-5), MLP()
+            fused = index == pylayer_ln_2_layer
+            self.ln_2, self.mlp = (FusedLayerNorm if fused else nn.LayerNorm)(D, epsilon=1e-5), MLP()
 
         def forward(self, x):
             x = x + self.attn(self.ln_1(x))
@@ -116,7 +133,7 @@ def _port():
         def __init__(self):
             super().__init__()
             self.wte, self.wpe = nn.Embedding(CONFIG["vocab_size"], D), nn.Embedding(CONFIG["n_positions"], D)
-            self.h = nn.LayerList([Block() for _ in range(CONFIG["n_layer"])])
+            self.h = nn.LayerList([Block(i) for i in range(CONFIG["n_layer"])])
             self.ln_f = nn.LayerNorm(D, epsilon=1e-5)
 
         def forward(self, input_ids):
@@ -137,12 +154,12 @@ def _port():
     return GPT2LM()
 
 
-def candidate(frozen: bool = False):
+def candidate(frozen: bool = False, pylayer_ln_2_layer: int = -1, bias_not_copied: bool = False):
     import paddle
 
     paddle.seed(0)
     reference_params = dict(_gpt2().named_parameters())  # tied lm_head.weight appears once, as wte
-    model = _port()
+    model = _port(pylayer_ln_2_layer)
     params = dict(model.named_parameters())
     assert sorted(params) == sorted(reference_params), sorted(set(params) ^ set(reference_params))
     for name, p in params.items():
@@ -151,6 +168,8 @@ def candidate(frozen: bool = False):
         p.set_value(value)
     if frozen:
         model.transformer.h[2].mlp.c_fc.weight.stop_gradient = True  # @frozen
+    if bias_not_copied:
+        model.transformer.h[0].mlp.c_proj.bias.set_value(np.zeros(D, dtype="float32"))  # @bias
     model.eval()
     return model, {"input_ids": paddle.to_tensor(_inputs())}
 
@@ -158,3 +177,14 @@ def candidate(frozen: bool = False):
 def candidate_frozen_c_fc():
     """The correct port with block 2's `mlp.c_fc.weight` frozen (stop_gradient): no gradient for it."""
     return candidate(frozen=True)
+
+
+def candidate_pylayer_ln_2():
+    """The correct port with block 2's `ln_2` a `PyLayer` whose backward drops the variance term."""
+    return candidate(pylayer_ln_2_layer=2)
+
+
+def candidate_bias_and_pylayer():
+    """Two bugs: block 0's `mlp.c_proj.bias` left at zeros (a forward difference) and the `PyLayer`
+    of `candidate_pylayer_ln_2()` in block 2 (a backward one)."""
+    return candidate(pylayer_ln_2_layer=2, bias_not_copied=True)

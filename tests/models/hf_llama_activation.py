@@ -12,7 +12,14 @@ at magnitude 0.73 (9.7e-03 relative).
 bisectr should conclude: `match` for `candidate()`; `divergent` for `candidate_gelu_layer()`, culprit
 the activation of `model.layers.2.mlp.act_fn` (`gelu` against `silu`).
 """
+import os
+import sys
+
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _hf import hide_broken_torchcodec  # noqa: E402
+
 
 CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
@@ -26,17 +33,7 @@ def _inputs():
 
 
 def _llama(seed=0):
-    import importlib.metadata
-    import importlib.util
-    import sys
-
-    # paddleformers' dependency paddlecodec installs a module named `torchcodec` without that
-    # package's metadata, and transformers then fails to import any torch model: hide that module.
-    if importlib.util.find_spec("torchcodec") is not None:
-        try:
-            importlib.metadata.version("torchcodec")
-        except importlib.metadata.PackageNotFoundError:
-            sys.modules["torchcodec"] = None
+    hide_broken_torchcodec()
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -32,8 +32,14 @@ culprit in layer 0 (`model.layers.0.mlp`'s `gelu` against `model.layers.0.mlp.ac
 `model.layers.0.self_attn`'s score scaling `mul`), the same bug recurring in layers 1-3.
 """
 import copy
+import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _hf import hide_broken_torchcodec  # noqa: E402
+
 
 INIT_RANGE = 0.02
 CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -48,22 +54,8 @@ def _inputs():
     return {"input_ids": torch.from_numpy(ids), "use_cache": False}
 
 
-def _hide_broken_torchcodec():
-    import importlib.metadata
-    import importlib.util
-    import sys
-
-    # paddleformers' dependency paddlecodec installs a module named `torchcodec` without that
-    # package's metadata, and transformers then fails to import any torch model: hide that module.
-    if importlib.util.find_spec("torchcodec") is not None:
-        try:
-            importlib.metadata.version("torchcodec")
-        except importlib.metadata.PackageNotFoundError:
-            sys.modules["torchcodec"] = None
-
-
 def _llama():
-    _hide_broken_torchcodec()
+    hide_broken_torchcodec()
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

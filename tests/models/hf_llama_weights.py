@@ -17,8 +17,14 @@ agreeing); `divergent` for the other two, culprit the leaf `model.layers.1.post_
 ("scaled by 1.1") and the buffer `model.rotary_emb.inv_freq`.
 """
 import copy
+import os
+import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _hf import hide_broken_torchcodec  # noqa: E402
+
 
 CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
@@ -32,22 +38,8 @@ def _inputs():
     return {"input_ids": torch.from_numpy(ids), "use_cache": False}
 
 
-def _hide_broken_torchcodec():
-    import importlib.metadata
-    import importlib.util
-    import sys
-
-    # paddleformers' dependency paddlecodec installs a module named `torchcodec` without that
-    # package's metadata, and transformers then fails to import any torch model: hide that module.
-    if importlib.util.find_spec("torchcodec") is not None:
-        try:
-            importlib.metadata.version("torchcodec")
-        except importlib.metadata.PackageNotFoundError:
-            sys.modules["torchcodec"] = None
-
-
 def _llama():
-    _hide_broken_torchcodec()
+    hide_broken_torchcodec()
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 

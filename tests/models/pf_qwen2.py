@@ -43,7 +43,14 @@ bisectr should conclude: `noise` for `candidate()`; `divergent` for the other tw
 `self_attn.qkv_proj` (the leaf `model.layers.2.self_attn.qkv_proj.bias`) and at layer 0's
 `self_attn.qkv_proj` (every layer's `qkv_proj` weight and bias permuted by blocks) respectively.
 """
+import os
+import sys
+
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _hf import hide_broken_torchcodec  # noqa: E402
+
 
 CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
@@ -133,22 +140,8 @@ def _paddle_state(checkpoint: dict, k_bias_missing: bool = False, naive_qkv: boo
     return state
 
 
-def _hide_broken_torchcodec():
-    import importlib.metadata
-    import importlib.util
-    import sys
-
-    # paddleformers' dependency paddlecodec installs a module named `torchcodec` without that
-    # package's metadata, and transformers then fails to import any torch model: hide that module.
-    if importlib.util.find_spec("torchcodec") is not None:
-        try:
-            importlib.metadata.version("torchcodec")
-        except importlib.metadata.PackageNotFoundError:
-            sys.modules["torchcodec"] = None
-
-
 def reference():
-    _hide_broken_torchcodec()
+    hide_broken_torchcodec()
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 

@@ -9,6 +9,10 @@ The reference: torch `AdamW(lr=1e-2, weight_decay=0.1)`; `candidate`: the paddle
   (step + 1) / 5 of the rate, paddle's `LinearWarmup` from 0: one step behind.
 - `candidate_pylayer`: the port whose block 1 GELU has a wrong backward (a backward bug).
 - `torch_adam_l2`: torch `Adam(weight_decay=0.1)` (torch against torch); `torch_port`: the reference again.
+- `reference_grouped`: the reference with Hugging Face's convention, two parameter groups: LayerNorm
+  weights and biases exempt from the decay. Against it, `candidate_decay_all` decays every parameter
+  (paddle's `AdamW` as built above) and `candidate_exempt` exempts the same ones through
+  `apply_decay_param_fun`.
 """
 import os
 import sys
@@ -97,3 +101,41 @@ def torch_port():
 
 def torch_port_optimizer(model):
     return reference_optimizer(model)
+
+
+def _exempt(name: str) -> bool:
+    """Hugging Face's rule: no weight decay on biases and LayerNorm weights."""
+    return name.endswith("bias") or "norm" in name
+
+
+def reference_grouped():
+    return reference()
+
+
+def reference_grouped_optimizer(model):
+    import torch
+
+    named = list(model.named_parameters())
+    groups = [{"params": [p for n, p in named if not _exempt(n)], "weight_decay": DECAY},
+              {"params": [p for n, p in named if _exempt(n)], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=LR)
+
+
+def candidate_decay_all():
+    return _paddle_side("")
+
+
+def candidate_decay_all_optimizer(model):
+    return candidate_optimizer(model)
+
+
+def candidate_exempt():
+    return _paddle_side("")
+
+
+def candidate_exempt_optimizer(model):
+    import paddle
+
+    decayed = {p.name for n, p in model.named_parameters() if not _exempt(n)}
+    return paddle.optimizer.AdamW(learning_rate=LR, parameters=model.parameters(), weight_decay=DECAY,
+                                  apply_decay_param_fun=lambda name: name in decayed)
