@@ -416,7 +416,8 @@ class PatchedRerun(_Session):
         return expected
 
     def _departure(self, expected: OpNode | None, name: str, what: str) -> TraceMismatchError:
-        return _departure_error(self.trace, expected.index if expected is not None else self.op_count, expected, what)
+        return _departure_error(self.trace, expected.index if expected is not None else self.op_count, expected, what,
+                                isinstance(self, GradientRerun))
 
     def finish(self, outputs: list[tuple[str, Any]]) -> RerunResult:
         if self.op_count != len(self.trace.ops):
@@ -490,13 +491,14 @@ def _check_reproduced(adapter: Adapter, trace: Trace, tensor: Any, tid: int, op:
         raise _departure_error(trace, op.index, op, "computes other values from the same inputs")
 
 
-def _departure_error(trace: Trace, index: int, op: OpNode | None, what: str) -> TraceMismatchError:
+def _departure_error(trace: Trace, index: int, op: OpNode | None, what: str, gradients: bool = False) -> TraceMismatchError:
     where = "" if op is None else \
         f" ({op.framework_op} in {op.module or '(top level)'}" + (f" at {op.source})" if op.source else ")")
-    return TraceMismatchError(
-        f"the {trace.side} re-run departed from its recording at op {index}{where}: it {what}. "
-        "The forward is not deterministic (dropout or randomness in training mode? data-dependent control flow?)"
-    )
+    cause = "The forward is not deterministic (dropout or randomness in training mode? data-dependent control flow?)"
+    if gradients:  # the recording ran without gradients, this re-run with them
+        cause = ("The forward is not deterministic, or takes another path with gradients on than without (a reentrant "
+                 "gradient checkpoint that applies only with gradients on: use use_reentrant=False)")
+    return TraceMismatchError(f"the {trace.side} re-run departed from its recording at op {index}{where}: it {what}. {cause}")
 
 
 def _checked_patch(patches: dict[int, np.ndarray], tid: int, shape: Iterable[int]) -> np.ndarray:

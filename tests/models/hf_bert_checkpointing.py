@@ -7,11 +7,15 @@ attention mask with padding (2, 16). Candidate: a `copy.deepcopy` with
 `activation_checkpointing_enable()` (gradient checkpointing): each layer's forward runs again inside the backward pass.
 
 `candidate_reentrant()` uses torch's reentrant checkpoint (`use_reentrant=True`): the layers' first
-forward runs without autograd, and their ops' outputs get no gradient of their own.
+forward runs without autograd, and their ops' outputs get no gradient of their own. transformers up
+to 5.23 checkpoints with gradients off too; from 5.24 only with gradients on, so a forward
+recorded without gradients takes another path than one run with them.
 
 Measured here: outputs bit-equal; parameter gradients equal up to rounding (both variants).
 
-bisectr should conclude: forward `match`, backward `noise` (or `match`) for both.
+bisectr should conclude: forward `match`, backward `noise` (or `match`) for `candidate()`, and for
+`candidate_reentrant()` where transformers checkpoints with gradients off too (else exit 2, saying
+why and what to pass instead).
 """
 import copy
 import os
