@@ -600,7 +600,7 @@ def _block_for(sides: _Sides, alignment: Alignment, cand_ops: list[int], paired_
     options += [alignment.tensors[t].reference for i in cand_ops for t in candidate.ops[i].inputs if t in alignment.tensors]
     unpartnered: set[int] = set()
     unpaired = set(unpaired_ref)
-    for c_tid in _handed_on(candidate, cand_ops, sides.readers["candidate"]):
+    for c_tid in handed_on(candidate, cand_ops, sides.readers["candidate"]):
         partner = _partner_by_consumer(sides, alignment, c_tid, paired_ref_of) or _partner_by_value(sides, c_tid, options)
         producer = reference.tensors[partner].producer if partner is not None else None
         if producer in unpaired and producer not in ref_ops:
@@ -689,7 +689,7 @@ def _layout(sides: _Sides, c_tid: int, r_tid: int) -> tuple[Permutation, float]:
     return best[1], best[0]
 
 
-def _handed_on(trace: Trace, run: list[int], readers: dict[int, list[int]]) -> list[int]:
+def handed_on(trace: Trace, run: list[int], readers: dict[int, list[int]]) -> list[int]:
     """Tensors produced inside `run` that ops after it (or the model outputs) read."""
     produced = {t for i in run for t in trace.ops[i].outputs}
     inside = set(run)

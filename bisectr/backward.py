@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .align import TensorPair
+from .align import TensorPair, handed_on
 from .errors import ModelFileError, OutputMismatchError
 from .metrics import error_metrics
 from .precision import float64_gradient_check
@@ -69,7 +69,7 @@ class OpGradientEvidence:
 class BackwardRun:
     """Both sides' backward passes of a live run, paired through the forward alignment. With
     `reference_activations`, the candidate's runs go through its own ops at the reference's forward
-    values (`reference_activations`): its gradients then differ by what its backward does alone."""
+    values (`activations`): its gradients then differ by what its backward does alone."""
 
     def __init__(self, run: RunRecord, sides: Sides, reference_activations: bool = False):
         self.run = run
@@ -97,6 +97,7 @@ class BackwardRun:
         units += [(b.candidate, b.reference) for b in run.alignment.blocks if b.matched and b.candidate and b.reference]
         self.units: dict[int, tuple[list[int], list[int]]] = {cand[0]: (cand, ref) for cand, ref in sorted(units)}
         self.op_pairs: dict[int, int] = {index: ref[0] for index, (_, ref) in self.units.items()}
+        self.readers = {role: trace.consumers() for role, trace in run.traces.items()}
         magnitudes = {tid: magnitude(self.reference.leaves.get(pair.reference)) for tid, pair in parameters.items()}
         floor = GRADIENT_FLOOR * max(magnitudes.values(), default=0.0)
         self.leaf_scales = {tid: max(magnitude, floor) for tid, magnitude in magnitudes.items()}
@@ -192,18 +193,13 @@ def _first_lacking(order: list[int], pairs: dict[int, TensorPair], candidate: di
 
 
 # -- evidence -------------------------------------------------------------------------
-def block_outputs(trace: Trace, indices: list[int]) -> list[int]:
-    """The tensors ops `indices` hand on, where their backward starts: produced by them, read after
-    them (or an output) and not inside them. One that is read inside too (an alias a `.to()` to
-    its own dtype made, that the model reads again later) is not a start: the gradient reaching it
-    already holds what the block's own ops made of it."""
+def block_outputs(trace: Trace, indices: list[int], readers: dict[int, list[int]]) -> list[int]:
+    """The tensors ops `indices` hand on (`align.handed_on`) where their backward starts: those no op
+    inside reads. One read inside too (an alias a `.to()` to its own dtype made, that the model
+    reads again later) is not a start: the gradient reaching it already holds what the block's
+    own ops made of it."""
     inside = set(indices)
-    readers: dict[int, set[int]] = {}
-    for index in indices:
-        for tid in trace.ops[index].inputs:
-            readers.setdefault(tid, set()).add(index)
-    read_later = {tid for op in trace.ops if op.index not in inside for tid in op.inputs} | set(trace.outputs.values())
-    return [tid for i in indices for tid in trace.ops[i].outputs if tid in read_later and tid not in readers]
+    return [tid for tid in handed_on(trace, indices, readers) if inside.isdisjoint(readers.get(tid, []))]
 
 
 def op_evidence(backward: BackwardRun, cand_index: int) -> OpGradientEvidence:
@@ -214,7 +210,8 @@ def op_evidence(backward: BackwardRun, cand_index: int) -> OpGradientEvidence:
     cand_op = run.candidate.ops[cand_index]
     dtype = coarsest_dtype([run.candidate.tensors[t].dtype for i in cand_ops for t in run.candidate.ops[i].inputs + run.candidate.ops[i].outputs])
     name = block_name([run.reference.ops[i].op for i in ref_ops]) if len(ref_ops) > 1 or len(cand_ops) > 1 else cand_op.op
-    cand_outputs, ref_outputs = block_outputs(run.candidate, cand_ops), block_outputs(run.reference, ref_ops)
+    cand_outputs = block_outputs(run.candidate, cand_ops, backward.readers["candidate"])
+    ref_outputs = block_outputs(run.reference, ref_ops, backward.readers["reference"])
     propagated = backward.tensor_error(cand_op.outputs[0]) or {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0, "cosine": 1.0}
     evidence = OpGradientEvidence(cand_index, ref_index, name, dtype, propagated, None, None, "unknown")
     if not cand_outputs or not ref_outputs:
@@ -461,8 +458,8 @@ def _name_missing_gradient(result: Result, search: BackwardPass, tid: int, lacki
                                f"the {has} but not the {lacking}: {cutting.framework_op} cuts the {lacking}'s gradient there")
     if lacking == "candidate":
         before = backward.leaf_error()["max_rel"]
-        after, handed_on = search.error_with_cut_gradient(cand_op)
-        result.confirmation = Confirmation([cand_op.index], after, before, handed_on and confirms(after, before, 0.0), cut=True)
+        after, given = search.error_with_cut_gradient(cand_op)
+        result.confirmation = Confirmation([cand_op.index], after, before, given and confirms(after, before, 0.0), cut=True)
 
 
 def _bracket(run: RunRecord, pairs: dict[int, int], entry: int | None, low: int | None) -> Bracket:

@@ -346,6 +346,8 @@ class PatchedRerun(_Session):
     are replaced where they are read. `capture` names tids whose re-run values to keep.
     """
 
+    with_gradients = False  # the recording ran without gradients; a re-run with them may take another path
+
     def __init__(self, adapter: Adapter, trace: Trace, patches: dict[int, np.ndarray], capture: Iterable[int] = ()):
         super().__init__(adapter)
         self.trace = trace
@@ -417,7 +419,7 @@ class PatchedRerun(_Session):
 
     def _departure(self, expected: OpNode | None, name: str, what: str) -> TraceMismatchError:
         return _departure_error(self.trace, expected.index if expected is not None else self.op_count, expected, what,
-                                isinstance(self, GradientRerun))
+                                self.with_gradients)
 
     def finish(self, outputs: list[tuple[str, Any]]) -> RerunResult:
         if self.op_count != len(self.trace.ops):
@@ -438,6 +440,8 @@ class GradientRerun(PatchedRerun):
 
     `activations` (tid -> values) replace op outputs in the forward while keeping the graph: the
     backward then runs through the side's own ops, each at the values given."""
+
+    with_gradients = True
 
     def __init__(self, adapter: Adapter, trace: Trace, gradient_patches: dict[int, np.ndarray],
                  activations: dict[int, np.ndarray] | None = None):
@@ -495,7 +499,7 @@ def _departure_error(trace: Trace, index: int, op: OpNode | None, what: str, gra
     where = "" if op is None else \
         f" ({op.framework_op} in {op.module or '(top level)'}" + (f" at {op.source})" if op.source else ")")
     cause = "The forward is not deterministic (dropout or randomness in training mode? data-dependent control flow?)"
-    if gradients:  # the recording ran without gradients, this re-run with them
+    if gradients:
         cause = ("The forward is not deterministic, or takes another path with gradients on than without (a reentrant "
                  "gradient checkpoint that applies only with gradients on: use use_reentrant=False)")
     return TraceMismatchError(f"the {trace.side} re-run departed from its recording at op {index}{where}: it {what}. {cause}")

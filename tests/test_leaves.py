@@ -9,18 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, MODELS, assert_verdict_contract
+from conftest import EXAMPLES
 from test_isolate import make_interpreter
+from test_recurring import bisect
 from bisectr.leaves import compare
-
-
-def bisect(model: str, candidate: str, *flags: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MODELS / model), "--candidate", candidate, "--json", *flags],
-                          capture_output=True, text=True)
-    assert done.returncode in (0, 1), done.stderr
-    result = json.loads(done.stdout)
-    assert_verdict_contract(result)
-    return result
 
 
 def statuses(result: dict) -> dict[str, int]:
