@@ -8,7 +8,8 @@ compared before any op is blamed.
 reads at the same position (the alignment's pairs, with the layout the frameworks' op semantics
 give), else with one read at the same place (the reference ops of the matched block or paired op
 that reads it) whose values it holds as stored, transposed, or as a slice of a fused parameter
-(GPT-2's `c_attn` split into q/k/v); else with a leaf of the same size read there, in reading
+(GPT-2's `c_attn` split into q/k/v, or q/k/v fused into one, checked against where the
+candidate's ops read each part); else with a leaf of the same size read there, in reading
 order; else with a leaf anywhere that holds the same values (in any order), or failing that the
 same name. Every leaf read by either side is paired or listed as unpaired with the reason.
 
@@ -324,7 +325,9 @@ class _Pairer:
         """Candidate leaves that fuse several reference leaves read at the same place (q, k and v in
         one qkv_proj, gate and up in one): candidate tid -> one part per reference leaf, found by
         matching the reference's rows among the candidate's; a reference leaf none of whose rows is
-        found takes the positions no other leaf holds, when their count fits (a slice not copied)."""
+        found takes the positions no other leaf holds, when their count fits (a slice not copied).
+        Each part is compared where the candidate's ops read it (`_read_slots`), so rows held in
+        another order than the one read (q/k/v concatenated naively) are different, described by both."""
         reference, candidate = self.traces["reference"], self.traces["candidate"]
         taken = {m.reference for m in matches.values()}
         fused: dict[int, list[LeafPair]] = {}
@@ -340,10 +343,66 @@ class _Pairer:
             found = _rows_of(values, {t: reference.value(t) for t in options})
             if found is None:
                 continue
-            axis, transposed, slots = found
-            fused[cand_tid] = [_fused_part(reference, candidate, cand_tid, t, axis, transposed, positions) for t, positions in slots.items()]
-            taken.update(slots)
+            axis, transposed, held = found
+            read = self._read_slots(cand_tid, axis, held)
+            parts = [_fused_part(reference, candidate, cand_tid, t, axis, transposed, positions) for t, positions in read.items()]
+            if read != held:
+                names = {t: _module_name(reference.tensors[t].leaf) for t in read}
+                text = (f"blocks permuted along axis {axis}: holds {_layout_text(held, names)} "
+                        f"where its ops read {_layout_text(read, names)}")
+                for part in parts:
+                    if part.status == "different":
+                        part.description = text
+            fused[cand_tid] = parts
+            taken.update(read)
         return fused
+
+    def _read_slots(self, cand_tid: int, axis: int, held: dict[int, list[int]]) -> dict[int, list[int]]:
+        """Where the candidate's own ops read each reference leaf's rows in the fused leaf: row r of
+        a reference leaf sits at position c when a tensor the candidate copies out of column c of the
+        fused op's output (by reshapes, splits, transposes) is paired with one the reference copies
+        out of column r of that leaf's op's output. `held` (where the rows are found) where the
+        data does not say, or says something inconsistent."""
+        reference, candidate = self.traces["reference"], self.traces["candidate"]
+        fused_out = _output_columns(candidate, self.readers["candidate"], cand_tid, candidate.tensors[cand_tid].shape[axis])
+        if fused_out is None:
+            return held
+        part_outs = {t: _output_columns(reference, self.readers["reference"], t, len(positions)) for t, positions in held.items()}
+        read: dict[int, list[int]] = {}
+        for copy in self._copies(fused_out):
+            pair = self.alignment.tensors.get(copy.tid)
+            if pair is None or pair.part is not None or not reference.has_value(pair.reference):
+                continue
+            ref_values = pair.reference_in_candidate_layout(reference.value(pair.reference), candidate.tensors[copy.tid].shape)
+            for ref_tid, part_out in part_outs.items():
+                if ref_tid in read or part_out is None:
+                    continue
+                rows = _column_map(copy.columns, part_out.columns_of(ref_values), len(held[ref_tid]))
+                if rows is not None:
+                    read[ref_tid] = rows
+        missing = [t for t in held if t not in read]
+        free = sorted(set(range(candidate.tensors[cand_tid].shape[axis])) - {p for rows in read.values() for p in rows})
+        if len(missing) == 1 and len(held[missing[0]]) == len(free):
+            read[missing[0]] = free
+        positions = [p for rows in read.values() for p in rows]
+        if len(read) != len(held) or len(set(positions)) != len(positions):
+            return held
+        return {t: read[t] for t in held}
+
+    def _copies(self, origin: "_Columns", depth: int = 3) -> Iterator["_Copy"]:
+        """Candidate tensors up to `depth` ops after `origin` whose every value is one of its values,
+        with the column of `origin` each element came from (-1 where a value is not unique there)."""
+        trace, readers = self.traces["candidate"], self.readers["candidate"]
+        frontier = [origin.tid]
+        for _ in range(depth):
+            reached = [out for tid in frontier for op in readers.get(tid, []) for out in trace.ops[op].outputs]
+            frontier = []
+            for tid in dict.fromkeys(reached):
+                if trace.has_value(tid) and is_floating(trace.tensors[tid].dtype):
+                    columns = origin.columns_of(trace.value(tid))
+                    if columns is not None:
+                        frontier.append(tid)
+                        yield _Copy(tid, columns)
 
     def reason_unpaired(self, cand_tid: int) -> str:
         if not self._place(cand_tid):
@@ -431,6 +490,76 @@ class _Pairer:
             if compare(expected, values, cand_info.dtype, ref_info.dtype)[0] != "different":
                 return _Match(ref_tid, transform, part, how)
         return None
+
+
+@dataclass
+class _Copy:
+    tid: int
+    columns: np.ndarray  # per element, the column of the origin it holds (-1: not known)
+
+
+class _Columns:
+    """An op output's values, to tell for a tensor copied out of it which column each element came from."""
+
+    def __init__(self, tid: int, values: np.ndarray):
+        self.tid = tid
+        keys = np.ascontiguousarray(values, dtype=np.float32).ravel().view(np.uint32)
+        unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
+        self.all_keys = unique
+        self.keys, self.columns = unique[counts == 1], (first % values.shape[-1])[counts == 1]
+
+    def columns_of(self, values: np.ndarray) -> np.ndarray | None:
+        """Per element of `values`, its column here (-1 where ambiguous); None unless every value is one of these."""
+        keys = np.ascontiguousarray(values, dtype=np.float32).ravel().view(np.uint32)
+        if keys.size == 0 or self.keys.size == 0 or not np.all(np.isin(keys, self.all_keys)):
+            return None
+        at = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
+        return np.where(self.keys[at] == keys, self.columns[at], -1)
+
+
+def _output_columns(trace: Trace, readers: dict[int, list[int]], leaf: int, rows: int) -> _Columns | None:
+    """The output of the first op reading `leaf` whose last axis has `rows` entries (a projection's), as `_Columns`."""
+    for op in readers.get(leaf, []):
+        for tid in trace.ops[op].outputs:
+            shape = trace.tensors[tid].shape
+            if shape and shape[-1] == rows and trace.has_value(tid) and is_floating(trace.tensors[tid].dtype):
+                return _Columns(tid, trace.value(tid))
+    return None
+
+
+def _column_map(candidate: np.ndarray, reference: np.ndarray | None, rows: int) -> list[int] | None:
+    """Candidate column per reference column, when elements paired position by position say so
+    consistently (nine in ten agreeing) for every one of the reference's `rows` columns."""
+    if reference is None or reference.size != candidate.size:
+        return None
+    known = (candidate >= 0) & (reference >= 0)
+    mapping = []
+    for row in range(rows):
+        columns = candidate[known & (reference == row)]
+        if columns.size == 0:
+            return None
+        values, counts = np.unique(columns, return_counts=True)
+        if counts.max() < 0.9 * columns.size:
+            return None
+        mapping.append(int(values[counts.argmax()]))
+    return mapping
+
+
+def _layout_text(slots: dict[int, list[int]], names: dict[int, str]) -> str:
+    """'q_proj 0:64, k_proj 0:32, ...': which reference rows the positions hold, in position order."""
+    at = sorted((position, tid, row) for tid, positions in slots.items() for row, position in enumerate(positions))
+    runs: list[tuple[int, int, int]] = []  # (tid, first row, last row)
+    for _, tid, row in at:
+        if runs and runs[-1][0] == tid and runs[-1][2] == row - 1:
+            runs[-1] = (tid, runs[-1][1], row)
+        else:
+            runs.append((tid, row, row))
+    return ", ".join(f"{names[tid]} {first}:{last + 1}" for tid, first, last in runs)
+
+
+def _module_name(leaf: str) -> str:
+    """`q_proj` for `param:model.layers.0.self_attn.q_proj.weight`."""
+    return leaf.split(":", 1)[1].rpartition(".")[0].rpartition(".")[2]
 
 
 def _rows_of(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int, bool, dict[int, list[int]]] | None:

@@ -148,3 +148,14 @@ def test_paddleformers_qwen2_whose_k_bias_was_not_copied_is_that_slice_of_the_fu
     assert_leaf_culprit(result, "model.layers.2.self_attn.qkv_proj.bias", "all zeros")
     assert result["culprit"]["reference_leaf"] == "model.layers.2.self_attn.k_proj.bias"
     assert result["culprit"]["layout"].startswith("rows 32:48, 96:112 of axis 0")
+
+
+@needs_paddleformers
+def test_paddleformers_qwen2_with_q_k_v_concatenated_naively_is_every_fused_qkv_with_its_blocks_permuted(hf_python):
+    result = bisect_qwen2(hf_python, "candidate_naive_qkv_order")
+    read = "q_proj 0:32, k_proj 0:16, v_proj 0:16, q_proj 32:64, k_proj 16:32, v_proj 16:32"  # the grouped layout its split reads
+    assert_leaf_culprit(result, "model.layers.0.self_attn.qkv_proj.weight",
+                        f"blocks permuted along axis 1: holds q_proj 0:64, k_proj 0:32, v_proj 0:32 where its ops read {read}")
+    different = {p["candidate"] for p in result["leaves"]["pairs"] if p["status"] == "different"}
+    assert different == {f"param:model.layers.{n}.self_attn.qkv_proj.{kind}" for n in range(4) for kind in ("weight", "bias")}
+    assert result["confirmation"]["output_error"] < 1e-3 < 0.5 < result["confirmation"]["before"]
