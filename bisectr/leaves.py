@@ -34,6 +34,7 @@ LEAF_KINDS = ("param:", "buffer:")
 # Mantissa bits of the dtypes a cast may round to.
 _MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
 AS_STORED, TRANSPOSED = "as stored", "transposed"
+UNREAD = "no op of the forward reads it"
 
 
 @dataclass
@@ -61,14 +62,19 @@ def pair_leaves(reference: Trace, candidate: Trace, alignment: Alignment) -> Ali
                 for t in pairer.candidate_leaves if t not in matches and t not in fused]
     unpaired += [UnpairedLeaf("reference", reference.tensors[t].leaf, "no candidate leaf holds its values or is read where it is")
                  for t in pairer.reference_leaves if t not in paired_refs]
+    unpaired += [UnpairedLeaf(trace.side, name, UNREAD)
+                 for trace in (candidate, reference) for name in trace.unread_leaves]
     return Alignment(alignment.pairs, alignment.blocks, tensors, LeafPairing(pairs, unpaired, _summary(candidate, pairs, unpaired)))
 
 
 def _summary(candidate: Trace, pairs: list[LeafPair], unpaired: list[UnpairedLeaf]) -> str:
     counts = {status: sum(p.status == status for p in pairs) for status in ("equal", "rounded", "different", "unknown")}
     text = f"{len(pairs)} leaves paired ({', '.join(f'{n} {s}' for s, n in counts.items() if n)})"
-    if unpaired:
-        text += f", {len(unpaired)} unpaired"
+    unread = sum(leaf.reason == UNREAD for leaf in unpaired)
+    if len(unpaired) > unread:
+        text += f", {len(unpaired) - unread} unpaired"
+    if unread:
+        text += f", {unread} never read"
     different = [p for p in pairs if p.status == "different"]
     rounded = [p for p in pairs if p.status == "rounded"]
     if different:

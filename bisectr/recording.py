@@ -246,8 +246,13 @@ class Recorder(_Session):
         self._stats.add(info, values)
 
     def finish(self, outputs: list[tuple[str, Any]]) -> None:
-        """Mark the model's outputs and complete every tensor's statistics."""
+        """Mark the model's outputs, name the floating parameters and buffers no op read, and
+        complete every tensor's statistics."""
         self._record_outputs(outputs)
+        read = set(self.trace.leaves)
+        unread = {name for ref, name in self._leaf_names.values() if name.startswith(("param:", "buffer:"))
+                  and name not in read and ref() is not None and is_floating(self.adapter.dtype_name(ref()))}
+        self.trace.unread_leaves = sorted(unread)
         self._stats.flush()
 
     def _record_outputs(self, outputs: list[tuple[str, Any]]) -> None:

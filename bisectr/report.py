@@ -344,6 +344,7 @@ def print_substitution(console: Console, substitution: dict) -> None:
 
 OP_COLUMNS = ("op", "name", "module", "source", "mean dif", "max dif", "max rel", "local", "verdict")
 ALIGNMENT_COLUMNS = ("cand op", "ref op", "op", "candidate module", "reference module", "confidence", "why")
+LEAF_COLUMNS = ("candidate leaf", "reference leaf", "layout", "status", "how it differs")
 PAIRED_BECAUSE = {
     "anchor": "same op, output shape and layer numbers, in order",
     "gap": "the best match in order between two anchors",
@@ -382,7 +383,7 @@ def print_ops(console: Console, run: RunRecord, result: Result, tsv: bool = Fals
 
 
 def print_alignment(console: Console, run: RunRecord, tsv: bool = False) -> None:
-    """The aligned op pairs, then the N:M blocks (the blocks only in the table form)."""
+    """The aligned op pairs, then the N:M blocks and the leaf pairs (those only in the table form)."""
     rows = alignment_rows(run)
     if tsv:
         print_tsv(console, ALIGNMENT_COLUMNS, rows)
@@ -393,6 +394,12 @@ def print_alignment(console: Console, run: RunRecord, tsv: bool = False) -> None
         cand_ops = " ".join(f"{i}:{run.candidate.ops[i].op}" for i in block.candidate) or "-"
         ref_ops = " ".join(f"{i}:{run.reference.ops[i].op}" for i in block.reference) or "-"
         console.print(f"{state}: candidate [{cand_ops}]  reference [{ref_ops}]", highlight=False)
+    leaves = run.alignment.leaves
+    if leaves.pairs:
+        leaf_rows = [[p.candidate, p.reference, p.layout, p.status, p.description] for p in leaves.pairs]
+        console.print(_table("Leaves (candidate -> reference)", LEAF_COLUMNS, leaf_rows))
+    for leaf in leaves.unpaired:
+        console.print(f"unpaired {leaf.side} leaf {leaf.name}: {leaf.reason}", highlight=False)
 
 
 def _table(title: str, columns: tuple[str, ...], rows: list[list], no_wrap: tuple[str, ...] = ()) -> Table:

@@ -84,6 +84,7 @@ class Trace:
     ops: list[OpNode] = field(default_factory=list)
     tensors: dict[int, TensorInfo] = field(default_factory=dict)
     outputs: dict[str, int] = field(default_factory=dict)  # flattened output key -> tid
+    unread_leaves: list[str] = field(default_factory=list)  # floating parameters and buffers no op read
     # Reads a stored tensor's values; set by the store. None in a trace without values.
     value_reader: Callable[[int], np.ndarray] | None = field(default=None, repr=False)
     _graph: nx.DiGraph | None = field(default=None, repr=False)
@@ -163,6 +164,7 @@ class Trace:
             "ops": [op.to_json() for op in self.ops],
             "tensors": [t.to_json() for t in self.tensors.values()],
             "outputs": self.outputs,
+            "unread_leaves": self.unread_leaves,
         }
 
     @classmethod
@@ -175,6 +177,7 @@ class Trace:
             ops=[OpNode.from_json(op) for op in data["ops"]],
             tensors={t["tid"]: TensorInfo.from_json(t) for t in data["tensors"]},
             outputs=data["outputs"],
+            unread_leaves=data.get("unread_leaves", []),
         )
 
     def check(self) -> None:
@@ -203,6 +206,8 @@ class Trace:
                 raise ValueError(f"op {position}: a field has the wrong type or names no tensor of the trace")
         if not (type(self.outputs) is dict and _are_indices(self.outputs.values()) and tids >= set(self.outputs.values())):
             raise ValueError("outputs: not a mapping of output keys to tensors of the trace")
+        if not (type(self.unread_leaves) is list and all(type(name) is str for name in self.unread_leaves)):
+            raise ValueError("unread_leaves: not a list of leaf names")
 
 
 _NUMBER_TYPES = frozenset((int, float))

@@ -35,6 +35,8 @@ def test_trace_alignment_table(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "Alignment (candidate -> reference)" in done.stdout
     assert "matched block" in done.stdout and "aligned: 44 of 44 candidate ops" in done.stdout
+    assert "Leaves (candidate -> reference)" in done.stdout
+    assert re.search(r"param:w_q +│ param:q_proj.weight +│ transposed +│ equal", done.stdout)
 
 
 def write(tmp_path, text):

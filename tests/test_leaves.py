@@ -33,7 +33,10 @@ def test_a_llama_cast_whole_to_bfloat16_is_rounding_with_its_weights_only_rounde
     result = bisect("hf_llama_weights.py", "candidate_bf16")
     check = result["fp64_check"]
     assert result["verdict"] == "noise" and 1e-3 < result["output_error"]["max_rel"] < 5e-2
-    assert statuses(result) == {"rounded": 40} and not result["leaves"]["unpaired"]
+    assert statuses(result) == {"rounded": 40}
+    never_read = {"side": "candidate", "name": "buffer:model.rotary_emb.original_inv_freq", "reason": "no op of the forward reads it"}
+    assert result["leaves"]["unpaired"] == [never_read, {**never_read, "side": "reference"}]
+    assert "2 never read" in result["leaves"]["summary"] and "unpaired" not in result["leaves"]["summary"]
     assert "rounded to bfloat16" in result["leaves"]["summary"]
     # Both sides ran with the reference's weights and no cast left float64: they agree to float64 rounding.
     assert check["status"] == "agree" and check["float64_error"] < 1e-12 and not check["narrow_ops"]
@@ -139,7 +142,8 @@ def test_paddleformers_fused_qwen2_pairs_q_k_v_inside_qkv_proj_and_is_noise(hf_p
     assert result["verdict"] == "noise" and result["fp64_check"]["float64_error"] < 1e-10
     parts = [p for p in result["leaves"]["pairs"] if p["candidate"] == "param:model.layers.0.self_attn.qkv_proj.bias"]
     assert {p["reference"].rpartition(".")[0].rpartition(".")[2] for p in parts} == {"q_proj", "k_proj", "v_proj"}
-    assert statuses(result) == {"equal": len(result["leaves"]["pairs"])} and not result["leaves"]["unpaired"]
+    assert statuses(result) == {"equal": len(result["leaves"]["pairs"])}
+    assert [(u["side"], u["name"]) for u in result["leaves"]["unpaired"]] == [("reference", "buffer:model.rotary_emb.original_inv_freq")]
 
 
 @needs_paddleformers
