@@ -179,16 +179,6 @@ class Alignment:
                 aligned.update(getattr(block, attr))
         return aligned
 
-    def unaligned_ops(self, trace: Trace, side: str) -> list[int]:
-        aligned = self.aligned_ops(side)
-        return [op.index for op in trace.ops if op.index not in aligned]
-
-    def counts(self, reference: Trace, candidate: Trace) -> dict[str, dict[str, int]]:
-        return {
-            side: {"ops": len(trace.ops), "aligned": len(self.aligned_ops(side)), "paired": len(self.pairs)}
-            for side, trace in (("reference", reference), ("candidate", candidate))
-        }
-
 
 @lru_cache(maxsize=65536)
 def layer_numbers(module: str) -> tuple[int, ...]:

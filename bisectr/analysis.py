@@ -17,14 +17,14 @@ in float64 as the oracle. Its evidence sits under the candidate op completing it
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
 from .align import LAYOUT_OPS, Block, TensorPair
 from .metrics import error_metrics
 from .numerics import coarsest_dtype, judge, noise_floor
-from .record import RunRecord
+from .runrecord import RunRecord
 from .sides import Sides
 from .trace import OpNode, Trace
 
@@ -42,9 +42,6 @@ class OpEvidence:
     amplification: float
     verdict: str  # exact / noise / different / unknown
     block: Block | None = None  # set when the evidence is for a matched N:M block
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -186,7 +183,7 @@ class Analysis:
         for tid in external_inputs(self.candidate, ops):
             from_reference = None if self.candidate.tensors[tid].producer is None else self.reference_values_for(tid)
             values[tid] = from_reference if from_reference is not None else self.candidate.value(tid)
-        computed = self.sides.replay_ops("candidate", ops, values)
+        computed = self.sides.replay("candidate", ops, values)
         return {tid: computed[tid] for tid in compared}
 
     def _reads_its_own_inputs(self, cand_op: OpNode) -> bool:
@@ -226,7 +223,7 @@ class Analysis:
         if local == 0.0:
             return local, None
         try:
-            oracle = self.sides.replay_ops("reference", ref_ops, {t: self.reference.value(t) for t in ref_inputs}, float64=True)
+            oracle = self.sides.replay("reference", ref_ops, {t: self.reference.value(t) for t in ref_inputs}, float64=True)
         except Exception:  # no float64 kernel for this op
             return local, None
         oracle = {r: oracle[r].reshape(reference_out[r].shape) for _, r in compared}

@@ -38,11 +38,11 @@ from .errors import ModelFileError, OutputMismatchError
 from .metrics import error_metrics
 from .precision import float64_gradient_check
 from .numerics import GRADIENT_FLOOR, coarsest_dtype, confirms, judge, magnitude, relative_to
-from .record import RunRecord, output_seeds
-from .recording import Gradients, Shift
+from .runrecord import RunRecord, output_seeds
+from .interpreter import Gradients, Shift
 from .result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Result
 from .search import SearchPass, bracket, culprit_without_evidence, cut_before, recurrences, search_pass, site
-from .sides import Sides
+from .sides import Backward, ReplayVJP, Sides
 from .analysis import block_name, external_inputs
 from .trace import OpNode, Trace, is_floating
 
@@ -76,8 +76,8 @@ class BackwardRun:
         self.sides = sides
         self.seeds = output_seeds(run)
         self.activations = _reference_activations(run) if reference_activations else {}
-        self.reference = sides.backward("reference", self.seeds["reference"])
-        self.candidate = sides.backward("candidate", self.seeds["candidate"], activations=self.activations)
+        self.reference = sides.run("reference", Backward(self.seeds["reference"]))
+        self.candidate = sides.run("candidate", Backward(self.seeds["candidate"], activations=self.activations))
         tensors, parameters = {}, {}
         for cand_tid, pair in run.alignment.tensors.items():
             cand_info, ref_info = run.candidate.tensors[cand_tid], run.reference.tensors[pair.reference]
@@ -184,10 +184,10 @@ def missing_tensor_gradient(backward: BackwardRun) -> tuple[int, str] | None:
 def _first_lacking(order: list[int], pairs: dict[int, TensorPair], candidate: dict, reference: dict) -> tuple[int, str] | None:
     """(candidate tid, the side lacking it) of the first tid in `order` with a gradient on one side only."""
     for tid in order:
-        ours, theirs = candidate.get(tid), reference.get(pairs[tid].reference)
-        if ours is None and _reaches(theirs):
+        of_candidate, of_reference = candidate.get(tid), reference.get(pairs[tid].reference)
+        if of_candidate is None and _reaches(of_reference):
             return tid, "candidate"
-        if theirs is None and _reaches(ours):
+        if of_reference is None and _reaches(of_candidate):
             return tid, "reference"
     return None
 
@@ -235,32 +235,32 @@ def op_evidence(backward: BackwardRun, cand_index: int) -> OpGradientEvidence:
     ref_upstream = {t: backward.reference.tensors.get(t) for t in ref_outputs}
     ref_values = {t: run.reference.value(t) for t in ref_inputs}
     try:
-        local = sides.replay_vjp("candidate", cand_ops, cand_values, cand_upstream)
-        truth = sides.replay_vjp("reference", ref_ops, ref_values, ref_upstream)
+        local = sides.run("candidate", ReplayVJP(cand_ops, cand_values, cand_upstream))
+        truth = sides.run("reference", ReplayVJP(ref_ops, ref_values, ref_upstream))
     except Exception:  # ops whose backward cannot be replayed on their own keep no local evidence
         return evidence
     try:
-        oracle = sides.replay_vjp("reference", ref_ops, ref_values, ref_upstream, float64=True)
+        oracle = sides.run("reference", ReplayVJP(ref_ops, ref_values, ref_upstream, float64=True))
     except Exception:  # no float64 kernel for their backward
         oracle = None
 
     worst = {"local": 0.0, "candidate_error": 0.0, "reference_error": 0.0}
     own_difference = {}
     for cand_tid, ref_tid in compared:
-        mine, theirs = local.get(cand_tid), truth.get(ref_tid)
-        if mine is None or theirs is None:
-            if _reaches(mine) or _reaches(theirs):
+        candidate_grad, reference_grad = local.get(cand_tid), truth.get(ref_tid)
+        if candidate_grad is None or reference_grad is None:
+            if _reaches(candidate_grad) or _reaches(reference_grad):
                 worst["local"] = math.inf
             continue
         pair = pairs[cand_tid]
-        mine = pair.candidate_in_reference_layout(mine, run.reference.tensors[ref_tid].shape)
-        worst["local"] = max(worst["local"], error_metrics(mine, theirs)["max_rel"])
-        difference = mine.astype(np.float64) - theirs
+        candidate_grad = pair.candidate_in_reference_layout(candidate_grad, run.reference.tensors[ref_tid].shape)
+        worst["local"] = max(worst["local"], error_metrics(candidate_grad, reference_grad)["max_rel"])
+        difference = candidate_grad.astype(np.float64) - reference_grad
         own_difference[cand_tid] = pair.reference_in_candidate_layout(difference, run.candidate.tensors[cand_tid].shape)
         if oracle is not None and oracle.get(ref_tid) is not None:
             exact = oracle[ref_tid]
-            worst["candidate_error"] = max(worst["candidate_error"], error_metrics(mine.astype(np.float64), exact)["max_rel"])
-            worst["reference_error"] = max(worst["reference_error"], error_metrics(theirs.astype(np.float64), exact)["max_rel"])
+            worst["candidate_error"] = max(worst["candidate_error"], error_metrics(candidate_grad.astype(np.float64), exact)["max_rel"])
+            worst["reference_error"] = max(worst["reference_error"], error_metrics(reference_grad.astype(np.float64), exact)["max_rel"])
     evidence.local_error = worst["local"]
     evidence.own_difference = own_difference
     if oracle is not None and worst["local"] not in (0.0, math.inf):
@@ -289,7 +289,7 @@ class BackwardPass(SearchPass):
         else:
             self.reference_reruns += 1
         activations = self.backward.activations if role == "candidate" else None
-        grads = self.backward.sides.backward(role, self.backward.seeds[role], patches, activations)
+        grads = self.backward.sides.run(role, Backward(self.backward.seeds[role], patches, activations))
         for tid, shift in (parameter_shift or {}).items():
             if grads.leaves.get(tid) is not None:
                 grads.leaves[tid] = grads.leaves[tid] + shift

@@ -30,12 +30,12 @@ from .leaves import leaf_causes, reference_values
 from .numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms
 from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
-from .record import RunRecord
-from .recording import Shift
+from .runrecord import RunRecord
+from .interpreter import Shift
 from .result import BlockOps, Bracket, Confirmation, Culprit, ProfileRow, Recurrence, Result
 from .search import (MAX_REACH_TESTS, SearchPass, bracket, culprit_without_evidence, cut_before, recurrences, search_pass,
                      site)
-from .sides import Sides
+from .sides import Rerun, Sides
 from .store import SIDES
 from .trace import is_floating
 
@@ -54,7 +54,7 @@ class ForwardPass(SearchPass):
     # -- re-runs ---------------------------------------------------------------
     def candidate_outputs(self, patches: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
         self.candidate_reruns += 1
-        return self.sides.rerun("candidate", patches).outputs
+        return self.sides.run("candidate", Rerun(patches)).outputs
 
     def candidate_error(self, patches: dict[int, np.ndarray]) -> float:
         """Outputs' error (vs the reference) of a candidate re-run with `patches`."""
@@ -63,7 +63,7 @@ class ForwardPass(SearchPass):
     def reference_error(self, patches: dict[int, np.ndarray]) -> float:
         """How far a reference re-run with `patches` moves the reference's own outputs."""
         self.reference_reruns += 1
-        return self.run.worst_output_error(self.sides.rerun("reference", patches).outputs)
+        return self.run.worst_output_error(self.sides.run("reference", Rerun(patches)).outputs)
 
     def patches_up_to(self, cut: int) -> dict[int, np.ndarray]:
         """Reference values for every patchable candidate tensor produced or first read by op `cut`."""
@@ -195,7 +195,7 @@ def _differing_leaves(search: ForwardPass, full_error: float, rounding: float) -
     """The first cause among the leaves that differ (in the order the candidate reads them) whose
     reference values, given to the candidate, take the outputs' error down to rounding: the culprit
     (its first leaf), the confirmation, and every layer holding it where there are several."""
-    run, analysis = search.run, search.analysis
+    run = search.run
     for cause in leaf_causes(run.alignment.leaves, run.candidate)[:MAX_REACH_TESTS]:
         tids = [run.candidate.leaves[pair.candidate] for pair in cause]
         patches = reference_values(run.reference, run.candidate, run.alignment, cause)
@@ -219,7 +219,7 @@ def check_reproducible(run: RunRecord, sides: Sides) -> None:
     difference (dropout in training mode, random ops) is neither a bug nor rounding."""
     for role in SIDES:
         try:
-            sides.rerun(role, {})
+            sides.run(role, Rerun({}))
         except TraceMismatchError as exc:
             raise TraceMismatchError(f"{run.model_file}: the {role} side does not reproduce its own outputs when run "
                                      f"twice, so no verdict can be given: {exc} If the model has dropout, put it in "
@@ -275,8 +275,8 @@ def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float,
     """The op amplifying rounding the most (its output's absolute error the largest multiple of
     its inputs') among those whose output carries a real share of the outputs' error and whose
     own rounding reaches the outputs. An op whose kernels agree bitwise (exact) has no rounding of
-    its own and counts only where it makes a model output, as seed 004's span matmul does on CPUs
-    where both frameworks' GEMMs agree: nothing downstream can undo its growth. Elsewhere an exact
+    its own and counts only where it makes a model output, as a span head's logits matmul does on
+    CPUs where both frameworks' GEMMs agree: nothing downstream can undo its growth. Elsewhere an exact
     op's large amplification (a -1e4 mask add, rounded at magnitude 1e4, then zeroed by a softmax)
     is passed over."""
     outputs = {pair.candidate for pair in search.run.output_pairs}

@@ -31,8 +31,10 @@ from . import errors
 from .adapters import CannotUpcast
 from .errors import BisectrError, UserModelError
 from .modelfile import build_side, load_module
-from .recording import Call, Gradients, RecordOptions, RerunResult, Slot
-from .sides import Float64Run, LocalSide, Watch
+from .interpreter import Call, Slot
+from .recording import RecordOptions
+from .sides import (Backward, Float64Gradients, Float64Outputs, LocalSide, RecordedCall, Replay, ReplayVJP, Request, Rerun,
+                    Watch)
 from .store import TensorWriter
 from .trace import Trace
 
@@ -126,7 +128,7 @@ def _portable(value: Any) -> Any:
 
 
 def _runs_in_the_worker(*args: Any, **kwargs: Any) -> Any:
-    raise BisectrError("this recorded call's function lives in its side's worker process; replay it with Sides.replay")
+    raise BisectrError("this recorded call's function lives in its side's worker process; replay it with a sides.Replay request")
 
 
 # ---------------------------------------------------------------- the worker
@@ -137,7 +139,6 @@ class _Worker:
 
     def __init__(self):
         self.runner: LocalSide | None = None
-        self.trace: Trace | None = None
 
     def build(self, model_file: str, role: str, function: str) -> None:
         path = Path(model_file)
@@ -147,45 +148,24 @@ class _Worker:
         """The trace as JSON data, and where the worker wrote each tensor in `directory`/tensors.bin."""
         writer = TensorWriter(Path(directory)) if directory is not None else None
         try:
-            self.trace = self.runner.record(writer, options)
+            trace = self.runner.record(writer, options)
         finally:
             if writer is not None:
                 writer.close()
-        return self.trace.to_json(), writer.index if writer is not None else {}
+        return trace.to_json(), writer.index if writer is not None else {}
 
-    def rerun(self, patches: dict[int, np.ndarray], capture: set[int]) -> tuple[dict, dict]:
-        result = self.runner.rerun(self.trace, patches, capture)
-        return result.outputs, result.captured
-
-    def replay(self, index: int, values: dict[int, np.ndarray], float64: bool) -> list[np.ndarray]:
-        return self.runner.replay(self.trace, index, values, float64)
-
-    def backward(self, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
-                 activations: dict[int, np.ndarray]) -> Gradients:
-        return self.runner.backward(self.trace, seeds, gradient_patches, activations)
-
-    def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> tuple[Float64Run | None, str]:
-        try:
-            return self.runner.float64_gradients(seeds, leaf_values), ""
-        except CannotUpcast as exc:
-            return None, str(exc)
-
-    def replay_vjp(self, indices: list[int], values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
-                   float64: bool) -> dict[int, np.ndarray | None]:
-        return self.runner.replay_vjp(self.trace, indices, values, upstream, float64)
-
-    def call(self, index: int) -> tuple[tuple, dict] | None:
-        call = self.runner.call(index)
-        return None if call is None else (_portable(call.args), _portable(call.kwargs))
-
-    def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> tuple[Float64Run | None, str]:
-        try:
-            return self.runner.float64_outputs(leaf_values), ""
-        except CannotUpcast as exc:
-            return None, str(exc)
+    def run(self, request: Request) -> Any:
+        """The local side's answer; a recorded call comes back with its arguments made portable and
+        its function left here."""
+        answer = self.runner.run(request)
+        if isinstance(answer, Call):
+            return Call(_runs_in_the_worker, _portable(answer.args), _portable(answer.kwargs), answer.device)
+        return answer
 
 
 def _error_reply(exc: BaseException) -> tuple:
+    if isinstance(exc, CannotUpcast):
+        return "cannot_upcast", str(exc)
     if isinstance(exc, BisectrError):
         # The user's model could not import something: the interpreter lacks a package.
         lacks_import = isinstance(exc, UserModelError) and isinstance(exc.__context__, ImportError)
@@ -233,10 +213,9 @@ def _stop(process: subprocess.Popen) -> None:
 class IsolatedSide:
     """A side whose model lives in a worker process started with interpreter `python`.
 
-    The worker keeps the trace it recorded and re-runs and replays against it: the `trace`
-    arguments of `rerun` and `replay` are the same recording, read back from the store. An error
-    in a request is raised here as the same bisectr error (any other as a RuntimeError) and leaves
-    the worker serving, as an in-process side would be.
+    The worker keeps the trace it recorded and answers each request (`sides.Request`) against it.
+    An error in a request is raised here as the same bisectr error (any other as a RuntimeError)
+    and leaves the worker serving, as an in-process side would be.
     """
 
     def __init__(self, model_file: str | os.PathLike, role: str, function: str, python: str | None = None):
@@ -265,37 +244,8 @@ class IsolatedSide:
             writer.index.update(index)
         return Trace.from_json(data)
 
-    def rerun(self, trace: Trace, patches: dict[int, np.ndarray], capture: set[int] | frozenset = frozenset()) -> RerunResult:
-        outputs, captured = self._request("re-running", "rerun", patches, set(capture))
-        return RerunResult(outputs, captured)
-
-    def replay(self, trace: Trace, index: int, values: dict[int, np.ndarray], float64: bool = False) -> list[np.ndarray]:
-        return self._request(f"replaying op {index}", "replay", index, values, float64)
-
-    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
-                 activations: dict[int, np.ndarray]) -> Gradients:
-        return self._request("running the backward pass", "backward", seeds, gradient_patches, activations)
-
-    def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
-        grads, reason = self._request("running the backward pass in float64", "float64_gradients", seeds, leaf_values)
-        if grads is None:
-            raise CannotUpcast(reason)
-        return grads
-
-    def replay_vjp(self, trace: Trace, indices: list[int], values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
-                   float64: bool = False) -> dict[int, np.ndarray | None]:
-        return self._request(f"replaying the backward of ops {indices[0]}..{indices[-1]}", "replay_vjp", indices, values, upstream, float64)
-
-    def call(self, index: int) -> Call | None:
-        """The recorded call's arguments, framework objects as `StandIn`s; its function stays in the worker."""
-        found = self._request(f"describing op {index}", "call", index)
-        return None if found is None else Call(_runs_in_the_worker, *found)
-
-    def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> Float64Run:
-        outputs, reason = self._request("running in float64", "float64_outputs", leaf_values)
-        if outputs is None:
-            raise CannotUpcast(reason)
-        return outputs
+    def run(self, request: Request) -> Any:
+        return self._request(_doing(request), "run", request)
 
     def close(self) -> None:
         self._finalizer()
@@ -322,6 +272,8 @@ class IsolatedSide:
         raise self._reply_error(status, body)
 
     def _reply_error(self, status: str, body: list) -> Exception:
+        if status == "cannot_upcast":
+            return CannotUpcast(body[0])
         if status == "unusable":
             return BisectrError(f"the {self.role} side's interpreter {self.python} cannot run bisectr's worker "
                                 f"({body[0]}); install bisectr in that environment, or choose another "
@@ -342,6 +294,26 @@ class IsolatedSide:
         self.close()
         return BisectrError(f"the {self.role} side's worker ({self.python}) exited with status "
                             f"{self.process.returncode} while {doing}; its messages are above")
+
+
+def _doing(request: Request) -> str:
+    """What the worker is doing while it answers `request`, for the message should it die."""
+    match request:
+        case Rerun():
+            return "re-running"
+        case Replay(indices) if len(indices) == 1:
+            return f"replaying op {indices[0]}"
+        case Replay(indices) | ReplayVJP(indices):
+            return f"replaying {'the backward of ' if isinstance(request, ReplayVJP) else ''}ops {indices[0]}..{indices[-1]}"
+        case Backward():
+            return "running the backward pass"
+        case Float64Outputs():
+            return "running in float64"
+        case Float64Gradients():
+            return "running the backward pass in float64"
+        case RecordedCall(index):
+            return f"describing op {index}"
+    return type(request).__name__
 
 
 def start_isolated(model_file: str | os.PathLike, functions: dict[str, str],

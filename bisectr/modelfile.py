@@ -23,7 +23,9 @@ _ADAPTERS_DIR = os.path.dirname(os.path.abspath(sys.modules[Adapter.__module__].
 
 
 @dataclass
-class Side:
+class BuiltSide:
+    """One side as its model file's function built it: the model, its inputs and its framework's adapter."""
+
     role: str  # "reference" or "candidate"
     function: str
     model_file: Path
@@ -103,7 +105,7 @@ def module_name(model_file: Path) -> str:
     return f"bisectr_model_{abs(hash(str(model_file.resolve())))}"
 
 
-def build_side(module: ModuleType, model_file: Path, role: str, function: str) -> Side:
+def build_side(module: ModuleType, model_file: Path, role: str, function: str) -> BuiltSide:
     factory = getattr(module, function, None)
     if factory is None:
         defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
@@ -121,7 +123,7 @@ def build_side(module: ModuleType, model_file: Path, role: str, function: str) -
     return side
 
 
-def side_of(role: str, built: Any, model_file: Path, function: str, given: str) -> Side:
+def side_of(role: str, built: Any, model_file: Path, function: str, given: str) -> BuiltSide:
     """A side from what its function returned (`given` says where that came from, in messages):
     `(model, inputs)` with a callable model and a tuple or dict of inputs, in a known framework."""
     if not (isinstance(built, tuple) and len(built) == 2):
@@ -140,10 +142,10 @@ def side_of(role: str, built: Any, model_file: Path, function: str, given: str) 
         raise ModelFileError(f"{model_file}: cannot tell the framework of the {role} side: {given} "
                              f"a {_describe(model)} and inputs {[_describe(v) for v in values]}; "
                              "expected a torch.nn.Module / paddle.nn.Layer, or torch / paddle tensors as inputs")
-    return Side(role, function, model_file, model, inputs, adapter)
+    return BuiltSide(role, function, model_file, model, inputs, adapter)
 
 
-def load_sides(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate") -> tuple[Side, Side]:
+def load_sides(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate") -> tuple[BuiltSide, BuiltSide]:
     path = Path(model_file)
     module = load_module(path)
     return build_side(module, path, "reference", reference), build_side(module, path, "candidate", candidate)

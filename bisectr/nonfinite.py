@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from .align import Alignment
-from .record import RunRecord
+from .runrecord import RunRecord
 from .result import Culprit, NonFinite, NonFiniteSite
 from .search import culprit_without_evidence, site
 from .trace import OpNode

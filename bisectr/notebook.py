@@ -18,7 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from .modelfile import side_of
-from .record import HowTraced
+from .runrecord import HowTraced
 from .report import print_result
 from .result import Result
 from .run import Run, record_run, temporary_run_dir

@@ -1,7 +1,7 @@
 """The whole-model float64 check: is the outputs' difference what rounding makes?
 
 Both sides run once more as float64 copies (parameters, buffers and floating inputs
-upcast), as seed 002 did by hand. Each side's distance to its own float64 outputs is its
+upcast). Each side's distance to its own float64 outputs is its
 rounding; their sum is what rounding predicts for the measured difference, which the
 triangle inequality bounds by that prediction plus the difference left in float64.
 The float64 rule (`numerics.rounding_explains`) then says whether rounding explains the
@@ -19,9 +19,9 @@ from .adapters import CannotUpcast
 from .leaves import reference_values
 from .metrics import error_metrics
 from .numerics import judge_float64
-from .record import RunRecord
+from .runrecord import RunRecord
 from .result import Float64Check
-from .sides import Float64Run, Sides
+from .sides import Float64Gradients, Float64Outputs, Float64Run, Sides
 
 
 def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
@@ -34,7 +34,7 @@ def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
     runs = {}
     for role, leaf_values in (("reference", {}), ("candidate", rounded_leaf_values(run))):
         try:
-            runs[role] = sides.float64_outputs(role, leaf_values)
+            runs[role] = sides.run(role, Float64Outputs(leaf_values))
         except CannotUpcast as exc:
             return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
     outputs = {role: float64.values for role, float64 in runs.items()}
@@ -79,7 +79,7 @@ def float64_gradient_check(backward: Any, error: float) -> Float64Check:
     runs = {}
     for role, leaf_values in (("reference", {}), ("candidate", rounded_leaf_values(run))):
         try:
-            runs[role] = backward.sides.float64_gradients(role, backward.seeds[role], leaf_values)
+            runs[role] = backward.sides.run(role, Float64Gradients(backward.seeds[role], leaf_values))
         except CannotUpcast as exc:
             return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
     grads = {role: float64.values for role, float64 in runs.items()}

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .record import RunRecord
+from .runrecord import RunRecord
 from .result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, NotBlamed, ProfileRow, Result
 
 if TYPE_CHECKING:

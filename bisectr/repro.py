@@ -4,7 +4,7 @@ The directory gets `inputs.npz` (the reference op's inputs, the same inputs in t
 candidate's layout with the candidate's own parameters, both recorded outputs) and
 `repro.py`, which needs only numpy and the two frameworks: it runs both ops on those
 inputs, in their recorded precision and upcast to float64, and prints each op's error
-against the float64 oracle (the reference op in float64), as seed 003 did by hand.
+against the float64 oracle (the reference op in float64).
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from .recording import Call, Slot
+from .interpreter import Call, Slot
 from .report import short_source, source_text
-from .record import RunRecord, output_seeds
-from .sides import Sides
+from .runrecord import RunRecord, output_seeds
+from .sides import Backward, RecordedCall, Sides
 from .trace import is_floating
 
 _TENSOR = {
@@ -32,7 +32,7 @@ def repro_upstream(run: RunRecord, sides: Sides, cand_index: int, ref_index: int
     """For a backward repro (`write_repro`): the reference's gradient of each output of reference op
     `ref_index`, and the same laid out for each output of candidate op `cand_index` (None where
     no gradient, or no partner)."""
-    reference = sides.backward("reference", output_seeds(run)["reference"])
+    reference = sides.run("reference", Backward(output_seeds(run)["reference"]))
     ref_op, cand_op = run.reference.ops[ref_index], run.candidate.ops[cand_index]
     candidate = []
     for tid in cand_op.outputs:
@@ -134,9 +134,9 @@ def write_repro(run: RunRecord, cand_index: int, directory: str | Path, sides: S
     np.savez(directory / "inputs.npz", **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
     sides = {
         "reference": (ref.framework, [ref.tensors[t].dtype for t in ref_op.inputs],
-                      call_expression(ref.framework, ref_op.framework_op, ref_op.inputs, sides and sides.call("reference", ref_index))),
+                      call_expression(ref.framework, ref_op.framework_op, ref_op.inputs, sides and sides.run("reference", RecordedCall(ref_index)))),
         "candidate": (cand.framework, [cand.tensors[t].dtype for t in cand_op.inputs],
-                      call_expression(cand.framework, cand_op.framework_op, cand_op.inputs, sides and sides.call("candidate", cand_index))),
+                      call_expression(cand.framework, cand_op.framework_op, cand_op.inputs, sides and sides.run("candidate", RecordedCall(cand_index)))),
     }
     header = "\n".join([
         f'"""bisectr repro: {cand_op.op} — candidate op {cand_index} vs reference op {ref_index}.',

@@ -23,7 +23,7 @@ from .backward import bisect_backward
 from .forward import bisect_run
 from .errors import ModelFileError, RunDirError
 from .modelfile import build_side, load_module
-from .record import HowTraced, OutputPair, RunRecord, pair_outputs
+from .runrecord import HowTraced, OutputPair, RunRecord, pair_outputs
 from .recording import RecordOptions
 from .result import Result
 from .serial import PlainError, from_plain, to_plain

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol
 
 from .numerics import NOISE_FACTOR, REACH_FRACTION, confirms, noise_floor, past_entry
-from .record import RunRecord
+from .runrecord import RunRecord
 from .result import Bracket, Confirmation, Culprit, Cut, Float64Check, NotBlamed, OpSite, Recurrence
 from .trace import OpNode
 

@@ -1,14 +1,15 @@
 """Where a side's model runs: the live handle a search re-runs and replays through.
 
-A side runner records the forward pass, re-runs it with patches and replays single
-ops. `LocalSide` keeps the model in this process; a runner in another process
-(`--isolate`) offers the same methods, so the analysis and the search never know
-where a model lives. `Sides` holds both runners with the traces they recorded; a run
-record (`record.RunRecord`) never does.
+A side runner records the forward pass (`record`) and answers requests about it (`run`): a
+re-run with patches, a replay of ops or of their backward, a backward pass, the float64 runs,
+a recorded call. `LocalSide` keeps the model in this process; a runner in another process
+(`--isolate`) sends the same requests to its worker, so the analysis and the search never know
+where a model lives. `Sides` holds both runners with the traces they recorded; a run record
+(`runrecord.RunRecord`) never does.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -16,45 +17,92 @@ import numpy as np
 
 from .adapters import Adapter, CannotUpcast
 from .errors import ModelFileError, UserModelError
-from .modelfile import Side, run_user_code
-from .recording import (Call, GradientRerun, Gradients, PatchedRerun, RecordOptions, Recorder, Recording, RerunResult,
-                        UnfaithfulReplay, output_pairs, replay_op, replay_vjp, rerun_recorded)
+from .interpreter import Gradients, RerunResult, UnfaithfulReplay, ValuesInterpreter, VJPInterpreter, rerun_recorded
+from .modelfile import BuiltSide, run_user_code
+from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, Recording, output_pairs
 from .store import TensorWriter
 from .structure import iter_tensors, map_tensors
 from .trace import Trace, is_floating
+
+
+# -- what a side is asked ------------------------------------------------------------------
+@dataclass
+class Rerun:
+    """Run again, following the recording, with `patches` (tid -> values, or a `Shift`) swapped in
+    (see `interpreter.Patches`); the values of the tids in `capture` come back too. -> `RerunResult`"""
+
+    patches: dict[int, Any]
+    capture: frozenset[int] = frozenset()
+
+
+@dataclass
+class Replay:
+    """Ops `indices` (one op, or a block in op order) called again on `values` (tid -> array) for
+    every input they do not compute, upcast to float64 if asked. -> tid -> values of what they computed"""
+
+    indices: list[int]
+    values: dict[int, np.ndarray]
+    float64: bool = False
+
+
+@dataclass
+class ReplayVJP:
+    """The backward of ops `indices` on `values` for their external inputs, from `upstream` (tid ->
+    the gradient reaching an output; None: none does); see `interpreter.VJPInterpreter`.
+    -> tid -> the gradient of each floating external input (None: none reaches it)"""
+
+    indices: list[int]
+    values: dict[int, np.ndarray]
+    upstream: dict[int, np.ndarray | None]
+    float64: bool = False
+
+
+@dataclass
+class Backward:
+    """Forward and backward again, following the recording, from the loss or from `seeds` (output
+    key -> gradient), with `gradient_patches` (tid -> gradient) handed on instead of the own, on
+    `activations` (tid -> values) in place of its own forward's (see `GradientRerun`). -> `Gradients`"""
+
+    seeds: dict[str, np.ndarray]
+    gradient_patches: dict[int, np.ndarray] = field(default_factory=dict)
+    activations: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class Float64Outputs:
+    """The outputs of a float64 copy of the model (with `leaf_values`, leaf name -> values, in place
+    of its own) on float64 inputs, keyed like the trace's outputs, and the ops that still ran below
+    float64. -> `Float64Run`; raises `CannotUpcast` saying why the side cannot run in float64"""
+
+    leaf_values: dict[str, np.ndarray]
+
+
+@dataclass
+class Float64Gradients:
+    """The gradients of the parameters and floating inputs (by leaf name) of a float64 copy of the
+    model (with `leaf_values`), as `Backward` computes them. -> `Float64Run`; raises `CannotUpcast`"""
+
+    seeds: dict[str, np.ndarray]
+    leaf_values: dict[str, np.ndarray]
+
+
+@dataclass
+class RecordedCall:
+    """The recorded call of op `index` (function and arguments). -> `Call`, or None where op `index`
+    has none (the model's code was re-run)"""
+
+    index: int
+
+
+Request = Rerun | Replay | ReplayVJP | Backward | Float64Outputs | Float64Gradients | RecordedCall
 
 
 class SideRunner(Protocol):
     def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
         """Record one forward pass, writing tensor values through `writer`; `watch`: see `record_side`."""
 
-    def rerun(self, trace: Trace, patches: dict[int, np.ndarray], capture: set[int] | frozenset) -> RerunResult:
-        """Run again, following `trace`, with `patches` (tid -> values) swapped in."""
-
-    def replay(self, trace: Trace, index: int, values: dict[int, np.ndarray], float64: bool) -> list[np.ndarray]:
-        """Call op `index` again on `values` for its inputs (upcast to float64 if asked)."""
-
-    def call(self, index: int) -> Call | None:
-        """The recorded call of op `index`, where it is available in this process."""
-
-    def replay_vjp(self, trace: Trace, indices: list[int], values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
-                   float64: bool = False) -> dict[int, np.ndarray | None]:
-        """The backward of ops `indices` (see `replay_vjp`)."""
-
-    def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> "Float64Run":
-        """The outputs of a float64 copy of the model (with `leaf_values`, leaf name -> values, in
-        place of its own) on float64 inputs, keyed like the trace's outputs, and the ops that still
-        ran below float64; raises `CannotUpcast` saying why the side cannot run in float64."""
-
-    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
-                 activations: dict[int, np.ndarray]) -> Gradients:
-        """Run forward and backward again, following `trace`, from the loss or from `seeds` (output
-        key -> gradient), with `gradient_patches` (tid -> gradient) handed on instead of the own, on
-        `activations` (tid -> values) in place of its own forward's (see `GradientRerun`)."""
-
-    def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> "Float64Run":
-        """The gradients of the parameters and floating inputs (by leaf name) of a float64 copy of
-        the model (with `leaf_values`), as `backward` computes them; raises `CannotUpcast`."""
+    def run(self, request: Request) -> Any:
+        """Answer `request` about the recorded forward (each request says what it returns)."""
 
 
 # Called as a recording starts with a function returning the number of ops recorded so far (read
@@ -62,7 +110,7 @@ class SideRunner(Protocol):
 Watch = Callable[[Callable[[], int]], None]
 
 
-def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions,
+def record_side(side: BuiltSide, writer: TensorWriter | None, options: RecordOptions,
                 watch: Watch | None = None) -> tuple[Trace, Recording]:
     """Record one side's forward pass: its trace, and the calls and leaves that replays need."""
     items = side.input_items()
@@ -83,49 +131,62 @@ def record_side(side: Side, writer: TensorWriter | None, options: RecordOptions,
 class LocalSide:
     """A side whose model lives in this process.
 
-    A re-run executes the recorded calls (`rerun_recorded`: the same results, several
-    times faster, and only the ops a cut leaves to compute) where the recording can stand
-    in for the model (see `Recording.replayable`), and the model's own code otherwise
-    (`PatchedRerun`), also once the recorded calls turn out not to stand in (autocast).
+    A re-run executes the recorded calls (`interpreter.rerun_recorded`: the same results, several
+    times faster, and only the ops a cut leaves to compute) where the recording can stand in for
+    the model (see `Recording.replayable`), and the model's own code otherwise (`PatchedRerun`),
+    also once the recorded calls turn out not to stand in (autocast).
     """
 
-    def __init__(self, side: Side):
+    def __init__(self, side: BuiltSide):
         self.side = side
         self.recording = Recording()
+        self.trace: Trace | None = None
 
     def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
-        trace, self.recording = record_side(self.side, writer, options, watch)
-        return trace
+        self.trace, self.recording = record_side(self.side, writer, options, watch)
+        return self.trace
 
-    def rerun(self, trace: Trace, patches: dict[int, np.ndarray], capture: set[int] | frozenset = frozenset()) -> RerunResult:
-        adapter = self.side.adapter
-        if self.recording.replayable(adapter):
+    def run(self, request: Request) -> Any:
+        adapter, trace, calls = self.side.adapter, self.trace, self.recording.calls
+        match request:
+            case Rerun(patches, capture):
+                return self.rerun(patches, capture)
+            case Replay(indices, values, float64):
+                replay = ValuesInterpreter(adapter, trace, calls, values, float64)
+                replay.run(indices)
+                return {tid: replay.computed[tid] for index in indices for tid in trace.ops[index].outputs}
+            case ReplayVJP(indices, values, upstream, float64):
+                vjp = VJPInterpreter(adapter, trace, calls, values, float64)
+                with adapter.enable_grad():
+                    vjp.run(indices)
+                return vjp.gradients(upstream)
+            case Backward(seeds, gradient_patches, activations):
+                return self.backward(seeds, gradient_patches, activations)
+            case Float64Outputs(leaf_values):
+                return self.float64_outputs(leaf_values)
+            case Float64Gradients(seeds, leaf_values):
+                return self.float64_gradients(seeds, leaf_values)
+            case RecordedCall(index):
+                return calls[index] if index < len(calls) else None
+        raise TypeError(f"not a side request: {request!r}")
+
+    def rerun(self, patches: dict[int, Any], capture: frozenset[int] = frozenset()) -> RerunResult:
+        adapter, recording = self.side.adapter, self.recording
+        if recording.replayable(adapter):
             try:
-                return rerun_recorded(adapter, trace, self.recording, patches, capture)
+                leaves = {tid: tensor for tid, (tensor, _) in recording.leaves.items()}
+                return rerun_recorded(adapter, self.trace, recording.calls, leaves, patches, capture)
             except UnfaithfulReplay:
-                self.recording.faithful = False
-        return self.rerun_model(trace, patches, capture)
+                recording.faithful = False
+        return self.rerun_model(patches, capture)
 
-    def rerun_model(self, trace: Trace, patches: dict[int, np.ndarray], capture: set[int] | frozenset = frozenset()) -> RerunResult:
+    def rerun_model(self, patches: dict[int, Any], capture: frozenset[int] = frozenset()) -> RerunResult:
         """A re-run of the model's own code (see `PatchedRerun`)."""
         side = self.side
-        listener = PatchedRerun(side.adapter, trace, patches, capture)
+        listener = PatchedRerun(side.adapter, self.trace, patches, capture)
         with side.adapter.intercept(side.model, listener):
             outputs = side.forward()
         return listener.finish(output_pairs(side.adapter, outputs))
-
-    def replay(self, trace: Trace, index: int, values: dict[int, np.ndarray], float64: bool = False) -> list[np.ndarray]:
-        dtypes = {tid: trace.tensors[tid].dtype for tid in trace.ops[index].inputs}
-        return replay_op(self.side.adapter, self.recording.calls[index], values, dtypes, trace.device, float64)
-
-    def replay_vjp(self, trace: Trace, indices: list[int], values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
-                   float64: bool = False) -> dict[int, np.ndarray | None]:
-        calls = [self.recording.calls[i] for i in indices]
-        return replay_vjp(self.side.adapter, trace, calls, indices, values, upstream, float64)
-
-    def call(self, index: int) -> Call | None:
-        calls = self.recording.calls
-        return calls[index] if index < len(calls) else None
 
     def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> Float64Run:
         side, adapter = self.side, self.side.adapter
@@ -144,9 +205,9 @@ class LocalSide:
             raise CannotUpcast(f"its output {narrow!r} stays {values[narrow].dtype} (a dtype fixed inside the forward)")
         return Float64Run(values, listener.narrow_ops())
 
-    def backward(self, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
+    def backward(self, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
                  activations: dict[int, np.ndarray]) -> Gradients:
-        side, adapter = self.side, self.side.adapter
+        side, adapter, trace = self.side, self.side.adapter, self.trace
         listener = GradientRerun(adapter, trace, gradient_patches, activations)
         differentiated = _with_gradient_inputs(side, side.inputs)
         with adapter.intercept(side.model, listener, gradients=True):
@@ -222,7 +283,7 @@ class Float64Listener:
         return [f"{where} (x{count})" if count > 1 else where for where, count in self.narrow.items()]
 
 
-def _with_gradient_inputs(side: Side, inputs: tuple | dict) -> Side:
+def _with_gradient_inputs(side: BuiltSide, inputs: tuple | dict) -> BuiltSide:
     """`side` run on `inputs` with each floating tensor a new leaf requiring a gradient: the gradient
     reaching the inputs is the backward's last word, and compared with the parameters'."""
     adapter = side.adapter
@@ -230,7 +291,7 @@ def _with_gradient_inputs(side: Side, inputs: tuple | dict) -> Side:
                                             lambda t: adapter.gradient_leaf(t) if is_floating(adapter.dtype_name(t)) else t))
 
 
-def _backward(side: Side, outputs: Any, seeds: dict[str, np.ndarray], parameters: dict,
+def _backward(side: BuiltSide, outputs: Any, seeds: dict[str, np.ndarray], parameters: dict,
               patched: list[Any] = ()) -> tuple[dict, float | None]:
     """The gradients of `parameters` (key -> parameter or input tensor; None for one no gradient
     reaches) from the side's loss of `outputs`, or from `seeds` on its outputs; and the loss.
@@ -260,7 +321,7 @@ def _backward(side: Side, outputs: Any, seeds: dict[str, np.ndarray], parameters
     return grads, loss
 
 
-def loss_of(side: Side, outputs: Any) -> Any:
+def loss_of(side: BuiltSide, outputs: Any) -> Any:
     """The side's loss of its `outputs`: what its loss function returns, checked to be one value."""
     adapter = side.adapter
     value = run_user_code(lambda: side.loss(outputs), f"{side.model_file}: {side.role}_loss() raised")
@@ -278,44 +339,19 @@ class Sides:
     runners: dict[str, SideRunner]
     traces: dict[str, Trace]
 
-    def rerun(self, role: str, patches: dict[int, np.ndarray], capture: set[int] | frozenset = frozenset()) -> RerunResult:
-        """Run one side again with `patches` (tid -> values) swapped in; see `PatchedRerun`."""
-        return self.runners[role].rerun(self.traces[role], patches, capture)
+    def run(self, role: str, request: Request) -> Any:
+        """Ask one side's runner (see the requests above)."""
+        return self.runners[role].run(request)
 
-    def replay(self, role: str, index: int, values: dict[int, np.ndarray], float64: bool = False) -> list[np.ndarray]:
-        """Call op `index` of one side again on `values` (tid -> array) for its inputs; see `replay_op`."""
-        return self.runners[role].replay(self.traces[role], index, values, float64)
-
-    def replay_ops(self, role: str, indices: list[int], values: dict[int, np.ndarray],
-                   float64: bool = False) -> dict[int, np.ndarray]:
-        """Replay ops `indices` of one side in order, as `torch.fx.Interpreter` runs nodes: each reads
-        what the ones before computed, else `values`, else its recorded inputs. Returns `values`
-        with every tensor the ops computed (a new dict)."""
+    def replay(self, role: str, indices: list[int], values: dict[int, np.ndarray], float64: bool = False) -> dict[int, np.ndarray]:
+        """`Replay` of ops `indices`, each input that is neither in `values` nor computed by an op
+        before it read from the trace; returns `values` with every tensor the ops computed (a new dict)."""
         trace = self.traces[role]
         computed = dict(values)
+        made = {tid for index in indices for tid in trace.ops[index].outputs}
         for index in indices:
-            inputs = {tid: computed[tid] if tid in computed else trace.value(tid) for tid in trace.ops[index].inputs}
-            computed.update(zip(trace.ops[index].outputs, self.replay(role, index, inputs, float64)))
+            for tid in trace.ops[index].inputs:
+                if tid not in computed and tid not in made:
+                    computed[tid] = trace.value(tid)
+        computed.update(self.run(role, Replay(indices, computed, float64)))
         return computed
-
-    def call(self, role: str, index: int) -> Call | None:
-        """The recorded call of op `index` (function and arguments)."""
-        return self.runners[role].call(index)
-
-    def float64_outputs(self, role: str, leaf_values: dict[str, np.ndarray]) -> Float64Run:
-        return self.runners[role].float64_outputs(leaf_values)
-
-    def backward(self, role: str, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray] | None = None,
-                 activations: dict[int, np.ndarray] | None = None) -> Gradients:
-        """One side's forward and backward again, with `gradient_patches` handed on, on `activations`
-        in place of its own; see `SideRunner.backward`."""
-        return self.runners[role].backward(self.traces[role], seeds, gradient_patches or {}, activations or {})
-
-    def float64_gradients(self, role: str, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
-        return self.runners[role].float64_gradients(seeds, leaf_values)
-
-    def replay_vjp(self, role: str, indices: list[int], values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
-                   float64: bool = False) -> dict[int, np.ndarray | None]:
-        """The backward of ops `indices` (one op or a block) on `values` for their external inputs from
-        `upstream` (tid -> gradient) for their outputs; see `replay_vjp`."""
-        return self.runners[role].replay_vjp(self.traces[role], indices, values, upstream, float64)

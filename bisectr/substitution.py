@@ -1,9 +1,8 @@
-"""Operator substitution (seed 003): run the candidate with the reference framework's
+"""Operator substitution: run the candidate with the reference framework's
 implementation of chosen ops, and see whether the difference goes away.
 
-The candidate's forward is re-executed from its trace, op by op, with `Sides.replay_ops` (the
-interpreter over the recorded graph the analysis also uses, as `torch.fx.Interpreter` is over a
-graph module). An aligned unit (a 1:1 pair, or a matched N:M block such as a fused
+The candidate's forward is re-executed from its trace, op by op, with `Sides.replay` (the
+interpreter over the recorded graph the analysis also uses, `bisectr.interpreter`). An aligned unit (a 1:1 pair, or a matched N:M block such as a fused
 `layer_norm` against mean/var/rsqrt) that contains a chosen op is computed instead by
 replaying the reference's ops on the candidate's current values.
 """
@@ -15,7 +14,7 @@ import numpy as np
 
 from .align import Alignment, TensorPair
 from .analysis import external_inputs
-from .record import RunRecord
+from .runrecord import RunRecord
 from .sides import Sides
 
 
@@ -67,9 +66,9 @@ def _replay_candidate(run: RunRecord, sides: Sides, units: list[Unit]) -> dict[s
             continue
         unit = by_first_op.get(op.index)
         if unit is None:
-            values.update(sides.replay_ops("candidate", [op.index], values))
+            values.update(sides.replay("candidate", [op.index], values))
         else:  # the candidate's own values first: block internals stay defined
-            values.update(sides.replay_ops("candidate", unit.candidate, values))
+            values.update(sides.replay("candidate", unit.candidate, values))
             values.update(_reference_unit(run, sides, unit, values))
             skipped.update(unit.candidate)
         for tid in op.inputs:  # free what no later op reads
@@ -89,7 +88,7 @@ def _reference_unit(run: RunRecord, sides: Sides, unit: Unit, cand_values: dict[
     from_candidate_values = {tid: from_candidate[tid].candidate_in_reference_layout(
         cand_values[from_candidate[tid].candidate], reference.tensors[tid].shape)
         for tid in external_inputs(reference, ref_ops) if tid in from_candidate}
-    ref_values = sides.replay_ops("reference", ref_ops, from_candidate_values)
+    ref_values = sides.replay("reference", ref_ops, from_candidate_values)
     defined = {}
     for index in unit.candidate:
         for tid in run.candidate.ops[index].outputs:

@@ -223,6 +223,13 @@ def is_floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat", "complex"))
 
 
+def float64_dtype(dtype: str) -> str:
+    """The dtype a float64 run gives a tensor of `dtype`: float64 for real floats, complex128 for complex."""
+    if dtype.startswith("complex"):
+        return "complex128"
+    return "float64" if dtype.startswith(("float", "bfloat")) else dtype
+
+
 def tensor_stats(values: np.ndarray) -> dict[str, float]:
     """min/max/mean/abs-max/std over the finite values, plus NaN and Inf counts.
 

@@ -36,9 +36,9 @@ import numpy as np
 from .adapters import CannotUpcast
 from .align import TensorPair
 from .errors import ModelFileError
-from .modelfile import Side, load_module, module_name, run_user_code
+from .modelfile import BuiltSide, load_module, module_name, run_user_code
 from .numerics import GRADIENT_FLOOR, coarsest_dtype, magnitude, noise_floor, relative_to, rounding_explains
-from .record import output_seeds
+from .runrecord import output_seeds
 from .recording import output_pairs
 from .result import Culprit
 from .run import Run, trace
@@ -66,7 +66,7 @@ class StepRecord:
 
 @dataclass
 class StepRow:
-    """One step of the comparison (errors relative, see `Comparison`)."""
+    """One step of the comparison (errors relative, see `StepComparison`)."""
 
     step: int
     loss: dict[str, float]  # reference, candidate
@@ -104,7 +104,7 @@ class TrainingResult:
 class Trainer:
     """One side trained step by step: a copy of its model (float64 when asked), its optimizer and batches."""
 
-    def __init__(self, side: Side, module: Any, seeds: dict[str, np.ndarray], float64: bool):
+    def __init__(self, side: BuiltSide, module: Any, seeds: dict[str, np.ndarray], float64: bool):
         self.side, self.float64, self.seeds = side, float64, seeds
         adapter = side.adapter
         try:
@@ -159,7 +159,7 @@ class Trainer:
         return total
 
 
-def _function(module: Any, side: Side, what: str, required: bool) -> Callable | None:
+def _function(module: Any, side: BuiltSide, what: str, required: bool) -> Callable | None:
     """The model file's `<side function>_<what>` (`candidate_eps_optimizer` for `--candidate candidate_eps`),
     else its `<role>_<what>` (`candidate_optimizer`)."""
     for name in dict.fromkeys((f"{side.function}_{what}", f"{side.role}_{what}")):
@@ -174,7 +174,7 @@ def _function(module: Any, side: Side, what: str, required: bool) -> Callable | 
     return None
 
 
-class Comparison:
+class StepComparison:
     """Distances between two sides' step records (parameters paired through the forward alignment).
     A gradient's or update's error is relative to its own magnitude, floored at `GRADIENT_FLOOR` of the
     largest one's in the step (a value that is zero but for rounding has no relative error of its own)."""
@@ -251,10 +251,10 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
     trainers = {(role, width): Trainer(sides[role], module, seeds[role], float64=width == 64)
                 for role in ("reference", "candidate") for width in (32, 64)}
     pairs = parameter_pairs(run)
-    comparison = Comparison(pairs, {r: run.reference.tensors[run.reference.leaves[r]].shape for r, _, _ in pairs})
-    ours = Comparison([(r, r, None) for r, _, _ in pairs], comparison.shapes)
-    theirs = Comparison([(c, c, None) for _, c, _ in pairs],
-                        {c: run.candidate.tensors[run.candidate.leaves[c]].shape for _, c, _ in pairs})
+    comparison = StepComparison(pairs, {r: run.reference.tensors[run.reference.leaves[r]].shape for r, _, _ in pairs})
+    reference_itself = StepComparison([(r, r, None) for r, _, _ in pairs], comparison.shapes)
+    candidate_itself = StepComparison([(c, c, None) for _, c, _ in pairs],
+                                  {c: run.candidate.tensors[run.candidate.leaves[c]].shape for _, c, _ in pairs})
     floor = noise_floor(coarsest_dtype([run.reference.dtype, run.candidate.dtype]))
     rows: list[StepRow] = []
     first: tuple[int, dict[str, StepRecord], str] | None = None
@@ -263,8 +263,8 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         records = {key: trainer.step(number) for key, trainer in trainers.items()}
         as_run = comparison.between(records["candidate", 32], records["reference", 32])
         in_float64 = comparison.between(records["candidate", 64], records["reference", 64])
-        reference_rounding = ours.between(records["reference", 32], records["reference", 64], same_side=True)
-        candidate_rounding = theirs.between(records["candidate", 32], records["candidate", 64], same_side=True)
+        reference_rounding = reference_itself.between(records["reference", 32], records["reference", 64], same_side=True)
+        candidate_rounding = candidate_itself.between(records["candidate", 32], records["candidate", 64], same_side=True)
         predicted = {m: reference_rounding[m] + candidate_rounding[m] for m in RECORDED}
         semantic = [m for m in MEASURES if not rounding_explains(in_float64[m], predicted[m], floor)]
         rows.append(StepRow(number, {"reference": records["reference", 32].loss, "candidate": records["candidate", 32].loss},
@@ -312,8 +312,9 @@ def _decay_differences(pairs: list[tuple[str, str, TensorPair]], decays: dict[st
     decayed_here = {"candidate": [], "reference": []}
     coefficients = {"candidate": set(), "reference": set()}
     for reference, candidate, _ in pairs:
-        ours, theirs = decays["reference"].get(reference, 0.0), decays["candidate"].get(candidate, 0.0)
-        for role, name, mine, other in (("candidate", candidate, theirs, ours), ("reference", reference, ours, theirs)):
+        of_reference, of_candidate = decays["reference"].get(reference, 0.0), decays["candidate"].get(candidate, 0.0)
+        for role, name, mine, other in (("candidate", candidate, of_candidate, of_reference),
+                                        ("reference", reference, of_reference, of_candidate)):
             if mine and not other:
                 decayed_here[role].append(name.split(":", 1)[1])
                 coefficients[role].add(mine)
@@ -348,9 +349,9 @@ def _differing_setting(row: StepRow, settings: dict[str, dict[str, Any]],
         return decay_difference
     reference, candidate = settings["reference"], settings["candidate"]
     for name in SETTINGS:
-        ours, theirs = reference.get(name), candidate.get(name)
-        if isinstance(ours, float) and isinstance(theirs, float) and math.isclose(ours, theirs, rel_tol=1e-6):
+        of_reference, of_candidate = reference.get(name), candidate.get(name)
+        if isinstance(of_reference, float) and isinstance(of_candidate, float) and math.isclose(of_reference, of_candidate, rel_tol=1e-6):
             continue
-        if ours != theirs:
-            return name.replace("_", " "), ours, theirs
+        if of_reference != of_candidate:
+            return name.replace("_", " "), of_reference, of_candidate
     return "update rule", reference.get("optimizer"), candidate.get("optimizer")

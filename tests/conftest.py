@@ -2,11 +2,18 @@ import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 MODELS = Path(__file__).parent / "models"
+
+
+def pytest_configure(config):
+    """A failed snapshot's report goes to the temporary directory, not into the work tree."""
+    if getattr(config.option, "snapshot_report", None) == "snapshot_report.html":
+        config.option.snapshot_report = str(Path(tempfile.gettempdir()) / "bisectr_snapshot_report.html")
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
@@ -29,7 +36,7 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
     values, a parameter replaced) and captured tensors; the patches do move the outputs."""
     import numpy as np
 
-    from bisectr.recording import rerun_recorded
+    from bisectr.interpreter import rerun_recorded
     from bisectr.trace import is_floating
 
     trace, side = run.traces[role], run.sides.runners[role]
@@ -43,8 +50,9 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
         if cut == n // 3:
             patches[parameter] = trace.value(parameter) * 0.5
         capture = {tid for op in trace.ops[n // 2:n // 2 + 3] for tid in op.outputs}
-        by_model = side.rerun_model(trace, patches, capture)
-        by_calls = rerun_recorded(side.side.adapter, trace, side.recording, patches, capture)
+        by_model = side.rerun_model(patches, capture)
+        leaves = {tid: tensor for tid, (tensor, _) in side.recording.leaves.items()}
+        by_calls = rerun_recorded(side.side.adapter, trace, side.recording.calls, leaves, patches, capture)
         for key, values in by_model.outputs.items():
             assert np.array_equal(by_calls.outputs[key], values, equal_nan=True), (cut, key)
         assert by_calls.captured.keys() == by_model.captured.keys() == capture

@@ -6,8 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from conftest import MODELS, line_of
 from test_backward import bisect_json
 

@@ -136,8 +136,9 @@ def test_substituting_the_reference_ops_brings_the_difference_to_zero():
     named = bisect_json("op_substitution.py", "--substitute", "layer_norm,linear,matmul,sum,logsumexp")["substitution"]
     assert named["before"] > 1e-7 and named["output_error"] < named["before"]
     every = bisect_json("op_substitution.py", "--substitute", "rounding")["substitution"]
-    # On some CPUs both frameworks' GEMMs agree bitwise (linear and matmul are then exact, not rounding).
-    assert {"layer_norm", "logsumexp"} <= {"layer_norm", *every["ops"]}
+    # On some CPUs both frameworks' GEMMs agree bitwise (linear and matmul are then exact, not rounding);
+    # paddle's fused layer_norm against torch's written out always differs in rounding, and logsumexp.
+    assert {"mean+sub+pow+add+sqrt+div+mul", "logsumexp"} <= set(every["ops"])
     assert every["output_error"] == 0.0
     assert every["replaced"][0]["candidate"] == [0] and len(every["replaced"][0]["reference"]) > 5  # fused vs by hand
 

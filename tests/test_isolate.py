@@ -14,9 +14,10 @@ import pytest
 import bisectr
 from bisectr.cli import main
 from bisectr.errors import BisectrError, TraceMismatchError
+from bisectr.interpreter import Slot
 from bisectr.isolate import _portable
-from bisectr.recording import Slot
 from bisectr.repro import python_literal
+from bisectr.sides import RecordedCall, Rerun
 from conftest import EXAMPLES, MODELS
 
 
@@ -141,11 +142,11 @@ def test_a_departing_rerun_raises_trace_mismatch_and_the_worker_keeps_serving(mo
     run = bisectr.trace(models / "torch_data_dependent.py", out=tmp_path / "run", isolate=True)
     doubled = run.candidate.ops[0].outputs[0]
     with pytest.raises(TraceMismatchError, match="at op 2 .*calls Tensor.tanh where the recording called Tensor.exp"):
-        run.sides.rerun("candidate", {doubled: -np.ones(4, np.float32)})
-    result = run.sides.rerun("candidate", {doubled: np.full(4, 3.0, np.float32)}, capture={doubled})
+        run.sides.run("candidate", Rerun({doubled: -np.ones(4, np.float32)}))
+    result = run.sides.run("candidate", Rerun({doubled: np.full(4, 3.0, np.float32)}, {doubled}))
     np.testing.assert_array_equal(result.outputs["output"], np.exp(np.full(4, 3.0, np.float32)))
     np.testing.assert_array_equal(result.captured[doubled], 3.0)
-    call = run.sides.call("candidate", 0)  # y = x * 2: the arguments come back, the function stays in the worker
+    call = run.sides.run("candidate", RecordedCall(0))  # y = x * 2: the arguments come back, the function stays in the worker
     assert isinstance(call.args[0], Slot) and call.args[1:] == (2,)
     with pytest.raises(BisectrError, match="lives in its side's worker"):
         call.fn()

@@ -17,7 +17,9 @@ paddle = pytest.importorskip("paddle")
 import bisectr  # noqa: E402
 from bisectr.adapters.paddle import PaddleAdapter, patch_counts  # noqa: E402
 from bisectr.errors import TraceMismatchError, UserModelError  # noqa: E402
-from bisectr.recording import RecordOptions, Recorder, replay_op  # noqa: E402
+from bisectr.interpreter import ValuesInterpreter  # noqa: E402
+from bisectr.recording import RecordOptions, Recorder  # noqa: E402
+from bisectr.sides import Rerun  # noqa: E402
 from bisectr.trace import Trace  # noqa: E402
 from conftest import assert_replay_matches_model_rerun  # noqa: E402
 
@@ -216,12 +218,12 @@ def test_rerun_with_patches_replaces_outputs_including_in_place_ops(run):
     trace = run.candidate
     recorded = {key: trace.value(tid) for key, tid in trace.outputs.items()}
     all_outputs = {tid: trace.value(tid) for op in trace.ops for tid in op.outputs}
-    same = run.sides.rerun("candidate", all_outputs)
+    same = run.sides.run("candidate", Rerun(all_outputs))
     for key in recorded:
         assert np.array_equal(same.outputs[key], recorded[key])
 
     middle = _op_at(trace, "layer_norm", "norm1", 1)  # layers.1.norm1
-    zeroed = run.sides.rerun("candidate", {middle.outputs[0]: np.zeros(trace.tensors[middle.outputs[0]].shape, np.float32)})
+    zeroed = run.sides.run("candidate", Rerun({middle.outputs[0]: np.zeros(trace.tensors[middle.outputs[0]].shape, np.float32)}))
     for key in recorded:
         assert not np.allclose(zeroed.outputs[key], recorded[key])
 
@@ -230,21 +232,21 @@ def test_rerun_with_patches_replaces_outputs_including_in_place_ops(run):
     softmax = lambda v: np.exp(v - v.max(-1, keepdims=True)) / np.exp(v - v.max(-1, keepdims=True)).sum(-1, keepdims=True)  # noqa: E731
     values = rng.standard_normal(trace.tensors[bias_op.outputs[0]].shape).astype(np.float32)
     # `logits.add_(bias)` patched: the later `logits[:, :, 0] = -5` still applies to the patched tensor.
-    patched = run.sides.rerun("candidate", {bias_op.outputs[0]: values}, capture={bias_op.outputs[0]})
+    patched = run.sides.run("candidate", Rerun({bias_op.outputs[0]: values}, {bias_op.outputs[0]}))
     expected = values.copy()
     expected[:, :, 0] = -5.0
     assert np.array_equal(patched.outputs["logits"], expected)
     np.testing.assert_allclose(patched.outputs["probs"], softmax(expected), rtol=1e-5, atol=1e-7)
     assert np.array_equal(patched.captured[bias_op.outputs[0]], values)
     # `logits[:, :, 0] = -5` patched: the returned logits are exactly the patch.
-    patched = run.sides.rerun("candidate", {mask_op.outputs[0]: values})
+    patched = run.sides.run("candidate", Rerun({mask_op.outputs[0]: values}))
     assert np.array_equal(patched.outputs["logits"], values)
     np.testing.assert_allclose(patched.outputs["probs"], softmax(values), rtol=1e-5, atol=1e-7)
     # A patched leaf (the classifier parameter) changes what reads it, not the model.
     model = run.sides.runners["candidate"].side.model
     before = model.classifier.numpy()
     classifier = run.candidate.leaves["param:classifier"]
-    patched = run.sides.rerun("candidate", {classifier: np.zeros_like(before)})
+    patched = run.sides.run("candidate", Rerun({classifier: np.zeros_like(before)}))
     logit_bias = model.logit_bias.numpy()
     assert np.array_equal(patched.outputs["logits"][:, :, 1:], np.broadcast_to(logit_bias[1:], (2, 4, 7)))
     assert np.array_equal(model.classifier.numpy(), before)
@@ -271,19 +273,20 @@ def test_values_read_into_python_are_counted_and_the_model_is_rerun(tmp_path):
     side = run.sides.runners["candidate"]
     assert side.recording.value_reads == 2 and not side.recording.replayable(side.side.adapter)
     maximum = next(op for op in run.candidate.ops if op.op == "max").outputs[0]
-    np.testing.assert_allclose(run.sides.rerun("candidate", {maximum: np.array(2.0, np.float32)}).outputs["output"], [3.5, 7.0])
+    np.testing.assert_allclose(run.sides.run("candidate", Rerun({maximum: np.array(2.0, np.float32)})).outputs["output"], [3.5, 7.0])
     with pytest.raises(TraceMismatchError, match=r"at op 2 \(Tensor.__mul__ .*computes other values"):
-        run.sides.rerun("candidate", {maximum: np.array(4.0, np.float32)})
+        run.sides.run("candidate", Rerun({maximum: np.array(4.0, np.float32)}))
 
 
 def test_replay_in_float64_matches_numpy_truth(run):
     trace, calls, adapter = run.candidate, run.sides.runners["candidate"].recording.calls, PaddleAdapter()
 
-    def replay(op):
+    def replay(op, float64=True):
         values = {tid: trace.value(tid) for tid in op.inputs}
-        dtypes = {tid: trace.tensors[tid].dtype for tid in op.inputs}
-        (out,) = replay_op(adapter, calls[op.index], values, dtypes, "cpu", float64=True)
-        assert out.dtype == np.float64
+        interpreter = ValuesInterpreter(adapter, trace, calls, values, float64)
+        interpreter.run([op.index])
+        (out,) = (interpreter.computed[tid] for tid in op.outputs)
+        assert out.dtype == (np.float64 if float64 else np.float32)
         return out, [values[t].astype(np.float64) for t in op.inputs]
 
     matmul = _op_at(trace, "matmul", "bilinear1")
@@ -298,8 +301,7 @@ def test_replay_in_float64_matches_numpy_truth(run):
     truth = (x - mean) / np.sqrt(var + 1e-5) * weight + bias
     assert np.max(np.abs(out - truth)) <= 1e-11 * np.max(np.abs(truth))  # eps is kept as float32: ~1e-13
     # Replaying with the recorded float32 values reproduces the recorded output bitwise.
-    values = {tid: trace.value(tid) for tid in norm.inputs}
-    (out32,) = replay_op(adapter, calls[norm.index], values, {t: "float32" for t in norm.inputs}, "cpu")
+    out32, _ = replay(norm, float64=False)
     assert np.array_equal(out32, trace.value(norm.outputs[0]))
 
 

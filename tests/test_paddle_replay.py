@@ -63,11 +63,17 @@ def test_ops_read_only_tensors_the_trace_names(run):
     assert unnamed == []
 
 
+def replayed(run, op, inputs: dict) -> list[np.ndarray]:
+    """Op `op` of the candidate replayed on `inputs`: its outputs in recorded order."""
+    computed = run.sides.replay("candidate", [op.index], inputs)
+    return [computed[tid] for tid in op.outputs]
+
+
 def test_replay_on_recorded_inputs_reproduces_every_output(run):
     trace = run.traces["candidate"]
     failed = []
     for op in trace.ops:
-        outputs = run.sides.replay("candidate", op.index, {tid: trace.value(tid) for tid in op.inputs})
+        outputs = replayed(run, op, {tid: trace.value(tid) for tid in op.inputs})
         assert len(outputs) == len(op.outputs)
         failed += [(op.index, op.framework_op, k) for k, (values, tid) in enumerate(zip(outputs, op.outputs))
                    if not np.array_equal(values, trace.value(tid), equal_nan=True)]
@@ -81,7 +87,7 @@ def test_replay_on_perturbed_inputs_moves_every_live_output(run):
     for op in trace.ops:
         if not any(is_floating(trace.tensors[tid].dtype) for tid in op.inputs):
             continue
-        outputs = run.sides.replay("candidate", op.index, _perturbed(trace, {tid: trace.value(tid) for tid in op.inputs}))
+        outputs = replayed(run, op, _perturbed(trace, {tid: trace.value(tid) for tid in op.inputs}))
         stuck += [(op.index, op.framework_op, k) for k, (values, tid) in enumerate(zip(outputs, op.outputs))
                   if tid in live and np.array_equal(values, trace.value(tid))]
     assert stuck == []
@@ -97,7 +103,7 @@ def test_a_perturbed_input_reaches_every_op_through_replays(run):
     stuck = []
     for op in trace.ops:
         inputs = {tid: values[tid] if tid in values else trace.value(tid) for tid in op.inputs}
-        for values_out, tid in zip(run.sides.replay("candidate", op.index, inputs), op.outputs):
+        for values_out, tid in zip(replayed(run, op, inputs), op.outputs):
             values[tid] = values_out
             if tid in live and np.array_equal(values_out, trace.value(tid)):
                 stuck.append((op.index, op.framework_op, op.module))

@@ -6,6 +6,7 @@ import pytest
 
 import bisectr
 from bisectr.errors import TraceMismatchError, UserModelError
+from bisectr.sides import Rerun
 from bisectr.trace import StatsBatch, TensorInfo, fingerprint, tensor_stats
 from conftest import EXAMPLES, MODELS, assert_replay_matches_model_rerun, line_of
 
@@ -117,12 +118,12 @@ def test_recording_twice_gives_the_same_graph(ops_run, tmp_path):
 def test_rerun_with_own_values_reproduces_outputs_and_a_patch_changes_them(ops_run):
     trace = ops_run.candidate
     own = {tid: np.array(trace.value(tid)) for op in trace.ops for tid in op.outputs}
-    same = ops_run.sides.rerun("candidate", own).outputs["output"]
+    same = ops_run.sides.run("candidate", Rerun(own)).outputs["output"]
     np.testing.assert_array_equal(same, trace.value(trace.outputs["output"]))
     mul = _op_at(trace, "LINE_INPLACE", "mul")  # patch an in-place op's result
     zeros = {mul.outputs[0]: np.zeros(trace.tensors[mul.outputs[0]].shape, np.float32)}
     captured_after = _op_at(trace, "LINE_GETITEM", "getitem").outputs[0]
-    result = ops_run.sides.rerun("candidate", zeros, capture={captured_after})
+    result = ops_run.sides.run("candidate", Rerun(zeros, {captured_after}))
     np.testing.assert_array_equal(result.captured[captured_after], 0.0)
     assert not np.allclose(result.outputs["output"], trace.value(trace.outputs["output"]))
 
@@ -131,7 +132,7 @@ def test_parameter_patch_is_used_where_the_parameter_is_read(ops_run):
     trace = ops_run.candidate
     w = trace.leaves["param:w"]
     matmul = _op_at(trace, "LINE_MATMUL", "matmul")
-    result = ops_run.sides.rerun("candidate", {w: np.zeros((8, 8), np.float32)}, capture={matmul.outputs[0]})
+    result = ops_run.sides.run("candidate", Rerun({w: np.zeros((8, 8), np.float32)}, {matmul.outputs[0]}))
     np.testing.assert_array_equal(result.captured[matmul.outputs[0]], 0.0)
 
 
@@ -143,14 +144,14 @@ def test_dropout_in_training_mode_is_reported_not_mis_patched(models, tmp_path):
     run = bisectr.trace(models / "torch_dropout.py", out=tmp_path / "run")
     assert [op.op for op in run.candidate.ops] == ["linear", "dropout", "linear"]
     with pytest.raises(TraceMismatchError, match=r"at op 1 .*computes other values from the same inputs.*dropout"):
-        run.sides.rerun("candidate", {})
+        run.sides.run("candidate", Rerun({}))
     # With dropout's output patched, neither dropout nor the linear feeding it runs again.
     dropped = run.candidate.ops[1].outputs[0]
     values = run.candidate.value(dropped)
-    result = run.sides.rerun("candidate", {dropped: values})
+    result = run.sides.run("candidate", Rerun({dropped: values}))
     np.testing.assert_array_equal(result.outputs["output"], run.candidate.value(run.candidate.outputs["output"]))
     with pytest.raises(TraceMismatchError, match=r"at op 1 .*dropout"):
-        run.sides.runners["candidate"].rerun_model(run.candidate, {dropped: values})
+        run.sides.runners["candidate"].rerun_model({dropped: values})
 
 
 def test_data_dependent_control_flow_is_detected(models, tmp_path):
@@ -159,7 +160,7 @@ def test_data_dependent_control_flow_is_detected(models, tmp_path):
     assert recording.value_reads == 1 and not recording.replayable(run.sides.runners["candidate"].side.adapter)
     doubled = run.candidate.ops[0].outputs[0]
     with pytest.raises(TraceMismatchError, match="at op 2 .*calls Tensor.tanh where the recording called Tensor.exp"):
-        run.sides.rerun("candidate", {doubled: -np.ones(4, np.float32)})
+        run.sides.run("candidate", Rerun({doubled: -np.ones(4, np.float32)}))
 
 
 def test_autocast_around_the_calls_makes_the_model_rerun(tmp_path):
@@ -169,9 +170,9 @@ def test_autocast_around_the_calls_makes_the_model_rerun(tmp_path):
     side = run.sides.runners["candidate"]
     assert side.recording.replayable(side.side.adapter)
     patches = {tid: run.candidate.value(tid) for tid in run.candidate.ops[10].outputs}
-    result = run.sides.rerun("candidate", patches)
+    result = run.sides.run("candidate", Rerun(patches))
     assert not side.recording.faithful
-    expected = side.rerun_model(run.candidate, patches).outputs["output"]
+    expected = side.rerun_model(patches).outputs["output"]
     np.testing.assert_array_equal(result.outputs["output"], expected)
     np.testing.assert_array_equal(expected, run.candidate.value(run.candidate.outputs["output"]))
 

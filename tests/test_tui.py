@@ -2,8 +2,10 @@
 and end-to-end runs in a real terminal (tmux).
 
 Most tests use tests/models/tui_mlp.py (torch vs torch, the candidate's `blocks.2` uses the tanh
-GELU): verdict divergent, culprit op 7 `gelu`, 13 ops on each side. The span-head example (seed
-004, torch vs paddle) has its own snapshots and the `bisectr trace` terminal test.
+GELU): verdict divergent, culprit op 7 `gelu`, 13 ops on each side. Tests of a saved run and the
+snapshots open the runs saved in tests/data/runs (the same digits on every CPU); tests of a live
+run trace the model here. The span-head example (torch vs paddle) has its own snapshots and the
+`bisectr trace` terminal test.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from bisectr.tui.widgets import (CulpritPanel, ErrorChart, EvidencePanel, Filter
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "tests" / "models" / "tui_mlp.py"
+RUNS = ROOT / "tests" / "data" / "runs"
 CULPRIT = 7
 GELU_LINE = "h = F.gelu(h, approximate=self.approximate)"
 SIZE = (100, 30)
@@ -53,10 +56,18 @@ def live(tmp_path_factory):
     return run, result
 
 
+def committed_run(name: str, tmp_path: Path) -> bisectr.Run:
+    """A run saved in tests/data/runs (made by tests/data/make_runs.py), opened from a copy: the
+    same digits on every CPU, and nothing the TUI writes lands in the work tree."""
+    copy = tmp_path / name
+    shutil.copytree(RUNS / name, copy)
+    return bisectr.load(copy)
+
+
 @pytest.fixture
-def saved(live):
-    """The same run reopened from disk: no models, the result from result.json."""
-    return bisectr.load(live[0].run_dir)
+def saved(tmp_path):
+    """The tui_mlp run reopened from disk: no models, the result from result.json."""
+    return committed_run("tui_mlp", tmp_path)
 
 
 def live_app(live) -> BisectrApp:
@@ -207,7 +218,7 @@ async def test_enter_opens_the_op_detail(saved):
         assert GELU_LINE in text(screen.query_one("#source-candidate")) and GELU_LINE in text(screen.query_one("#source-reference"))
         evidence = text(screen.query_one(EvidencePanel))
         assert "vs fp64" in evidence and "different" in evidence
-        assert re.search(r"cand 1\.\d+e-05 · ref 1\.\d+e-08", evidence)  # the last digits vary with the CPU
+        assert_gelu_evidence(evidence)
         heat = text(screen.query_one(HeatMapView))
         assert "█" in heat and "[3,16]" in heat
         assert "op 6" in text(screen.query_one("#tensors"))
@@ -216,6 +227,26 @@ async def test_enter_opens_the_op_detail(saved):
         assert screen.index == CULPRIT
         await pilot.press("escape")
         assert not isinstance(app.screen, DetailScreen)
+
+
+def assert_gelu_evidence(evidence: str) -> None:
+    """The culprit gelu's fp64 evidence: the candidate's tanh GELU ~1.5e-05 from float64, the
+    reference's exact GELU at rounding (~1e-08; how far below depends on the CPU's kernels)."""
+    found = re.search(r"cand (\S+) · ref (\S+)", evidence)
+    assert found, evidence
+    cand, ref = map(float, found.groups())
+    assert 5e-6 < cand < 5e-5 and 1e-9 < ref < 1e-7 and cand > 100 * ref, evidence
+
+
+@pytest.mark.parametrize("line", ["cand 1.53e-05 · ref 1.13e-08", "cand 1.53e-05 · ref 8.56e-09"])  # Intel, AMD EPYC
+def test_the_detail_check_takes_any_cpus_digits(line):
+    assert_gelu_evidence(line)
+
+
+@pytest.mark.parametrize("line", ["cand 1.53e-05 · ref 1.13e-05", "cand 1.53e-07 · ref 1.13e-08", "ref 1.13e-08"])
+def test_the_detail_check_fails_on_other_evidence(line):
+    with pytest.raises(AssertionError):
+        assert_gelu_evidence(line)
 
 
 async def test_detail_patches_the_op_and_reruns_a_live_run(live):
@@ -266,7 +297,7 @@ async def test_b_on_a_saved_run_asks_for_the_model_file_and_escape_searches_noth
         await pilot.pause()
         assert isinstance(app.screen, RetraceScreen)
         shown = " ".join(" ".join(text(widget).split()) for widget in app.screen.query(Static))
-        assert f"This run was traced from: {MODEL}" in shown
+        assert f"This run was traced from: {MODEL.relative_to(ROOT)}" in shown  # as tests/data/make_runs.py stores it
         await pilot.press("escape")
         await pilot.pause()
         assert not isinstance(app.screen, RetraceScreen) and not app.query_one(SearchProgress).display
@@ -484,17 +515,10 @@ def test_tmux_end_to_end(live, terminal):
 
 
 # -- the span-head example (seed 004): torch reference, paddle candidate ------------------------
-SPAN_HEAD = ROOT / "examples" / "span_head.py"
-
-
-@pytest.fixture(scope="module")
-def span_head(tmp_path_factory):
-    """The span-head example traced and searched, reopened from disk as `bisectr view` does."""
-    pytest.importorskip("paddle")
-    run = bisectr.trace(SPAN_HEAD, out=tmp_path_factory.mktemp("tui") / "span")
-    run.bisect()
-    run.save()
-    return bisectr.load(run.run_dir)
+@pytest.fixture
+def span_head(tmp_path):
+    """The span-head example's saved run, as `bisectr view` opens it."""
+    return committed_run("span_head", tmp_path)
 
 
 def test_snapshot_span_head_overview(snap_compare, span_head):

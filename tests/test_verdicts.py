@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+import bisectr
+
 from conftest import MODELS, assert_verdict_contract, line_of
 
 
@@ -29,12 +31,19 @@ def test_multihead_attention_against_a_correct_hand_port_is_noise_by_the_float64
     assert check["status"] == "agree" and check["float64_error"] < 1e-12 < 1e-8 < check["error"] < 1e-6
 
 
-def test_multihead_attention_with_a_wrong_scale_is_divergent_and_bracketed_at_it():
+def test_multihead_attention_with_a_wrong_scale_is_divergent_and_bracketed_at_it(tmp_path):
     status, result = bisect("torch_mha.py", "candidate_wrong_scale")
     check = result["fp64_check"]
     assert status == 1 and check["status"] == "disagree" and 0.5 < check["float64_error"] / check["error"] < 2
-    if not (result["confirmation"] or {}).get("confirmed"):
-        scale_line = f"{MODELS / 'torch_mha.py'}:{line_of(MODELS / 'torch_mha.py', 'self.scale  # @scale')}"
+    scale_line = f"{MODELS / 'torch_mha.py'}:{line_of(MODELS / 'torch_mha.py', 'self.scale  # @scale')}"
+    if result["confirmation"]["confirmed"]:
+        # torch's attention is one op (multi_head_attention_forward): the culprit is the block of the
+        # candidate's ops standing for blocks.1's, the scaled scores among them
+        culprit = result["culprit"]
+        assert culprit["reference"]["module"] == "blocks.1.attn" and culprit["block"] is not None
+        candidate = bisectr.trace(MODELS / "torch_mha.py", candidate="candidate_wrong_scale", out=tmp_path / "run").candidate
+        assert scale_line in {candidate.ops[i].source for i in culprit["block"]["candidate"]}
+    else:
         assert scale_line in [site["source"] for site in result["bracket"]["candidate"]]
         assert all(site["module"].startswith("blocks.1") for site in result["bracket"]["candidate"])
 

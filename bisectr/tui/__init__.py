@@ -1,7 +1,6 @@
 """The interactive Textual TUI of bisectr.
 
-Entry point: `run_app(run) -> int` (see `bisectr.tui.app.run_app`); the
-`textual` package is needed (`pip install bisectr[tui]`). `python -m bisectr.tui RUN_DIR`
+Entry point: `run_app(run) -> int` (see `bisectr.tui.app.run_app`). `python -m bisectr.tui RUN_DIR`
 opens a saved run.
 """
 from __future__ import annotations
@@ -16,10 +15,10 @@ def run_app(run) -> int:
     """
     try:
         from .app import run_app as _run_app
-    except ImportError as exc:  # textual is an optional dependency
+    except ImportError as exc:  # an environment that installed bisectr without its dependencies
         if "textual" not in str(exc):
             raise
-        raise BisectrError("the TUI needs Textual: pip install 'bisectr[tui]' (or use --no-tui)") from None
+        raise BisectrError("the TUI needs Textual: pip install textual (or use --no-tui)") from None
     return _run_app(run)
 
 

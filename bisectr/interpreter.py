@@ -1,0 +1,392 @@
+"""The one interpreter over a recorded graph, as `torch.fx.Interpreter` runs a graph module.
+
+A recording keeps each op's call (`Call`: the function, its arguments with a `Slot` for each
+tensor). `Interpreter.run(indices)` executes calls in order: every slot is filled by
+`fetch(tid)`, `run_node` calls the op, `store` keeps what it made. The ways bisectr runs ops
+again are overrides of these three:
+
+- `ValuesInterpreter`: ops on given values for the inputs they do not compute (one op, or a block), upcast
+  to float64 where asked: the per-op evidence and its float64 oracle, operator substitution.
+- `VJPInterpreter`: the same with gradients on, its inputs leaves: the backward of an op or a block.
+- `PatchedInterpreter`: the recorded forward with patches, running only the ops whose values are
+  needed and releasing tensors after their last use.
+
+What a patch does to a run is `Patches`, shared with the re-run of the model's own code
+(`recording.PatchedRerun`, for forwards the recorded calls cannot stand in for): leaves and op
+outputs replaced, and every value no patch can have reached checked against the recording.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from .adapters import Adapter
+from .errors import TraceMismatchError
+from .structure import call_tensors, iter_tensors, map_tensors
+from .trace import OpNode, Trace, fingerprint, float64_dtype, is_floating
+
+# An unpatched op whose values move by more than this (relative to the tensor's largest
+# magnitude) between recording and re-run is not deterministic: dropout or other randomness.
+VALUE_DRIFT = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Stands for the tensor `tid` inside a recorded call's arguments."""
+
+    tid: int
+
+
+@dataclass
+class Call:
+    """A recorded op's call: what the interpreter runs again."""
+
+    fn: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    device: str = ""  # where its outputs live
+
+
+@dataclass
+class Shift:
+    """A patch that adds `delta` to what the re-run computes instead of replacing it: an op's own
+    difference taken out (or put in) while whatever reaches the op in this re-run stays, as when
+    every occurrence of a difference is taken out at once. Where the sum is not finite,
+    `fallback` stands in."""
+
+    delta: np.ndarray
+    fallback: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.delta.shape
+
+    def applied_to(self, values: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", over="ignore"):
+            shifted = (values + self.delta).astype(values.dtype)
+        return shifted if self.fallback is None else np.where(np.isfinite(shifted), shifted, self.fallback).astype(values.dtype)
+
+
+@dataclass
+class RerunResult:
+    outputs: dict[str, np.ndarray]
+    captured: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class Gradients:
+    """What one backward pass of a side computed (see `bisectr.backward`)."""
+
+    tensors: dict[int, np.ndarray]  # op output tid -> the gradient reaching it (absent: none reaches it)
+    leaves: dict[int, np.ndarray | None]  # parameter or floating input tid -> its gradient (None: frozen, or unused)
+    loss: float | None = None  # the side's loss, where the model file defines one
+
+
+class UnfaithfulReplay(Exception):
+    """Executing the recorded calls did not make the tensors the recording made."""
+
+
+def run_op(adapter: Adapter, fn: Callable[..., Any], args: tuple, kwargs: dict,
+           inputs: list[Any]) -> tuple[Any, list[Any], set[int]]:
+    """Run one framework op on `args` and `kwargs` (whose tensors are `inputs`). Returns its result,
+    the tensors it wrote (what it returned, plus the input it changed in place) and the object id of
+    the one changed in place. Views share their base's version counter, so only the first changed
+    input counts as written. What the op raises is marked as the op's (the user's or the framework's
+    error), so that it is not mistaken for a failure of bisectr itself."""
+    versions = [adapter.version(t) for t in inputs]
+    try:
+        result = fn(*args, **kwargs)
+    except Exception as exc:
+        exc.raised_by_op = True
+        raise
+    if adapter.is_tensor(result):
+        produced = [result]
+    else:
+        produced = list({id(t): t for t in iter_tensors(result, adapter.is_tensor)}.values())
+    written = next((t for t, v in zip(inputs, versions) if adapter.version(t) != v), None)
+    if written is None:
+        return result, produced, set()
+    if all(written is not t for t in produced):
+        produced.append(written)
+    return result, produced, {id(written)}
+
+
+def fill_slots(arguments: tuple | dict, fetch: Callable[[int], Any]) -> tuple | dict:
+    """A recorded call's arguments with each `Slot` replaced by `fetch(tid)`."""
+    return map_tensors(arguments, _is_slot, lambda slot: fetch(slot.tid))
+
+
+def _is_slot(obj: Any) -> bool:
+    return isinstance(obj, Slot)
+
+
+class Interpreter:
+    """Runs recorded calls of one trace in op order; subclasses override `fetch`, `run_node`, `store`."""
+
+    def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call]):
+        self.adapter = adapter
+        self.trace = trace
+        self.calls = calls
+        self.env: dict[int, Any] = {}  # tid -> what later ops read
+
+    def run(self, indices: Iterable[int]) -> None:
+        for index in indices:
+            call = self.calls[index]
+            args, kwargs = fill_slots(call.args, self.fetch), fill_slots(call.kwargs, self.fetch)
+            self.store(index, self.run_node(index, call.fn, args, kwargs))
+
+    def fetch(self, tid: int) -> Any:
+        return self.env[tid]
+
+    def run_node(self, index: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Any]:
+        _, produced, _ = run_op(self.adapter, fn, args, kwargs, call_tensors(args, kwargs, self.adapter.is_tensor))
+        return produced
+
+    def store(self, index: int, produced: list[Any]) -> None:
+        self.env.update(zip(self.trace.ops[index].outputs, produced))
+
+
+class ValuesInterpreter(Interpreter):
+    """Ops run on `values` (tid -> array) for the inputs they do not compute, each input made
+    afresh from its values in its recorded dtype, or in float64 with `float64` (the fp64 oracle:
+    every op of a block reads float64 inputs). `computed` holds the values of every tensor the
+    ops made."""
+
+    def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call], values: dict[int, np.ndarray], float64: bool = False):
+        super().__init__(adapter, trace, calls)
+        self.computed = dict(values)
+        self.float64 = float64
+
+    def fetch(self, tid: int) -> Any:
+        dtype = self.trace.tensors[tid].dtype
+        return self.adapter.from_numpy(self.computed[tid], float64_dtype(dtype) if self.float64 else dtype, self.trace.device)
+
+    def store(self, index: int, produced: list[Any]) -> None:
+        self.computed.update((tid, self.adapter.to_numpy(t)) for tid, t in zip(self.trace.ops[index].outputs, produced))
+
+
+class VJPInterpreter(Interpreter):
+    """Ops run with gradients on, each reading what the ones before computed, else `values` (the
+    block's external inputs), made into leaves (one per tensor: ops reading it twice sum both
+    gradients). With `float64` the floating inputs are upcast and casts below float64 inside the
+    block stay at float64 (`Adapter.float64_call`): the fp64 oracle of the block's backward."""
+
+    def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call], values: dict[int, np.ndarray], float64: bool = False):
+        super().__init__(adapter, trace, calls)
+        self.values = values
+        self.float64 = float64
+        self.leaves: dict[int, Any] = {}
+
+    def fetch(self, tid: int) -> Any:
+        if tid in self.env:
+            return self.env[tid]
+        dtype = self.trace.tensors[tid].dtype
+        if not is_floating(dtype):
+            return self.adapter.from_numpy(self.values[tid], dtype, self.trace.device)
+        if tid not in self.leaves:
+            tensor = self.adapter.from_numpy(self.values[tid], float64_dtype(dtype) if self.float64 else dtype, self.trace.device)
+            self.leaves[tid] = self.adapter.gradient_leaf(tensor)
+        return self.leaves[tid]
+
+    def run_node(self, index: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Any]:
+        if self.float64:
+            fn, args, kwargs = self.adapter.float64_call(self.trace.ops[index].framework_op, fn, args, kwargs)
+        return super().run_node(index, fn, args, kwargs)
+
+    def gradients(self, upstream: dict[int, np.ndarray | None]) -> dict[int, np.ndarray | None]:
+        """The gradients of the leaves (tid -> values; None where none reaches one) from the outputs
+        in `upstream` (tid -> the gradient reaching it; None: none does)."""
+        adapter, env = self.adapter, self.env
+        seeded = [(env[tid], gradient) for tid, gradient in upstream.items()
+                  if gradient is not None and tid in env and adapter.requires_grad(env[tid])]
+        if not seeded or not self.leaves:
+            return dict.fromkeys(self.leaves)
+        upstream_tensors = [adapter.from_numpy(g, adapter.dtype_name(t), self.trace.device) for t, g in seeded]
+        grads = adapter.gradients([t for t, _ in seeded], upstream_tensors, list(self.leaves.values()))
+        return {tid: None if g is None else adapter.to_numpy(g) for tid, g in zip(self.leaves, grads)}
+
+
+class Patches:
+    """What patches (tid -> values, or a `Shift`) do to a run following a recording: leaves are
+    replaced where read, op outputs as they are made (written in place for in-place ops);
+    `capture` names tids whose run values to keep. Values no patch can have reached must be the
+    recorded ones (`check`); `tainted` are the tids a patch may have changed. With `keep_graph`
+    an op output keeps its autograd graph (the patch is added to it as a difference)."""
+
+    def __init__(self, adapter: Adapter, trace: Trace, patches: dict[int, Any], capture: Iterable[int] = (),
+                 keep_graph: bool = False, gradients: bool = False):
+        self.adapter = adapter
+        self.trace = trace
+        self.patches = patches
+        self.capture = set(capture)
+        self.captured: dict[int, np.ndarray] = {}
+        self.tainted: set[int] = set(patches)
+        self.keep_graph = keep_graph
+        self.gradients = gradients  # the run has gradients on (said where it departs)
+        self._leaves: dict[int, Any] = {}
+
+    def leaf(self, tid: int, tensor: Any) -> Any:
+        """Leaf `tid` as the run reads it: its patch where it has one (made once, a new tensor)."""
+        if tid not in self.patches:
+            return tensor
+        if tid not in self._leaves:
+            self._leaves[tid] = self.patched(tid, tensor, in_place=False, keep_graph=False)
+        return self._leaves[tid]
+
+    def output(self, op: OpNode, tid: int, tensor: Any, reached: bool, check: bool, in_place: bool) -> Any:
+        """Op output `tid` as the run goes on with it: tainted where a patch reached the op's inputs,
+        else checked (where `check`) against the recording; patched; captured."""
+        if reached:
+            self.tainted.add(tid)
+        elif check:
+            self.check(op, tid, tensor)
+        if tid in self.patches:
+            tensor = self.patched(tid, tensor, in_place, self.keep_graph)
+        if tid in self.capture:
+            self.captured[tid] = self.adapter.to_numpy(tensor)
+        return tensor
+
+    def values(self, tid: int, tensor: Any) -> np.ndarray:
+        patch = self.patches[tid]
+        if tuple(patch.shape) != tuple(tensor.shape):
+            raise TraceMismatchError(f"the patch for tensor {tid} has shape {tuple(patch.shape)}, the tensor {tuple(tensor.shape)}")
+        return patch.applied_to(self.adapter.to_numpy(tensor)) if isinstance(patch, Shift) else patch
+
+    def patched(self, tid: int, tensor: Any, in_place: bool, keep_graph: bool) -> Any:
+        """`tensor` with the patch for `tid` in it: written into it where an op wrote it in place
+        (its aliases see the write), added as a difference where the graph is kept, else a new
+        tensor of its dtype and device."""
+        adapter = self.adapter
+        values = self.values(tid, tensor)
+        if in_place:
+            adapter.assign(tensor, values)
+            return tensor
+        if keep_graph and adapter.requires_grad(tensor):
+            change = values - adapter.to_numpy(tensor)
+            return tensor + adapter.from_numpy(change, adapter.dtype_name(tensor), adapter.device_name(tensor))
+        return adapter.from_numpy(values, adapter.dtype_name(tensor), adapter.device_name(tensor))
+
+    def check(self, op: OpNode, tid: int, tensor: Any) -> None:
+        """An op no patch can have influenced must compute what it computed when recorded."""
+        recorded = self.trace.tensors[tid]
+        now = fingerprint(self.adapter.to_numpy(tensor))
+        if len(now) != len(recorded.fingerprint):
+            raise self.departure(op.index, op, "produces a tensor of another size")
+        allowed = VALUE_DRIFT * max(recorded.stats["absmax"], 1e-30)
+        # Sixteen numbers: plain Python beats numpy's per-call cost. NaN == NaN counts as reproduced.
+        if not all(a == b or abs(a - b) <= allowed or (a != a and b != b) for a, b in zip(now, recorded.fingerprint)):
+            raise self.departure(op.index, op, "computes other values from the same inputs")
+
+    def departure(self, index: int, op: OpNode | None, what: str) -> TraceMismatchError:
+        where = "" if op is None else \
+            f" ({op.framework_op} in {op.module or '(top level)'}" + (f" at {op.source})" if op.source else ")")
+        cause = "The forward is not deterministic (dropout or randomness in training mode? data-dependent control flow?)"
+        if self.gradients:
+            cause = ("The forward is not deterministic, or takes another path with gradients on than without (a reentrant "
+                     "gradient checkpoint that applies only with gradients on: use use_reentrant=False)")
+        return TraceMismatchError(f"the {self.trace.side} re-run departed from its recording at op {index}{where}: it {what}. {cause}")
+
+
+class PatchedInterpreter(Interpreter):
+    """The recorded forward again with `patches`, what `recording.PatchedRerun` computes by running
+    the model's code. Only the ops whose values are needed run (`plan`): not an op whose outputs are
+    all patched (the patches stand in), nor one whose outputs nothing reads; tensors are released
+    after their last use. What no patch can reach is checked where it meets patched values and at
+    the outputs (`check_every_op`: after every op, to name the first op that departs). Raises
+    `UnfaithfulReplay` where a call makes another shape or dtype than recorded."""
+
+    def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call], leaves: dict[int, Any],
+                 patches: dict[int, Any], capture: Iterable[int], check_every_op: bool):
+        super().__init__(adapter, trace, calls)
+        self.leaves = leaves  # tid -> the leaf tensor read when recording
+        self.patching = Patches(adapter, trace, patches, capture)
+        self.check_every_op = check_every_op
+        self.wanted = set(trace.outputs.values())
+        self.checked: set[int] = set()
+
+    def result(self) -> RerunResult:
+        plan, releases = self.plan()
+        with self.adapter.no_grad():
+            for index in plan:
+                self.run([index])
+                for tid in releases[index]:
+                    self.env.pop(tid, None)
+            outputs = {key: self.adapter.to_numpy(self.fetch(tid)) for key, tid in self.trace.outputs.items()}
+        return RerunResult(outputs, self.patching.captured)
+
+    def plan(self) -> tuple[list[int], dict[int, set[int]]]:
+        """The ops to run, in order, and for each the tids no later one reads. An op runs if it
+        writes in place (an alias may see the write), if one of its outputs is to be captured, or if
+        a tid that is needed and not patched comes out of it; its inputs are then needed."""
+        trace, capture = self.trace, self.patching.capture
+        replaced = {tid for tid, patch in self.patching.patches.items() if not isinstance(patch, Shift)}
+        needed = self.wanted.difference(replaced)  # to compute: read later, and not replaced by a patch
+        read_later = set(self.wanted)
+        plan, releases = [], {}
+        for op in reversed(trace.ops):
+            if op.inplace or not needed.isdisjoint(op.outputs) or not capture.isdisjoint(op.outputs):
+                plan.append(op.index)
+                inputs = set(op.inputs)
+                releases[op.index] = inputs - read_later
+                read_later |= inputs
+                needed |= inputs.difference(replaced)
+        plan.reverse()
+        return plan, releases
+
+    def fetch(self, tid: int) -> Any:
+        tensor = self.env.get(tid)
+        if tensor is None:
+            info = self.trace.tensors[tid]
+            if info.producer is None:
+                tensor = self.patching.leaf(tid, self.leaves[tid])
+            else:  # produced by an op that was not run: all its outputs are patched
+                patch = self.patching.patches[tid]
+                if tuple(patch.shape) != tuple(info.shape):
+                    raise TraceMismatchError(f"the patch for tensor {tid} has shape {tuple(patch.shape)}, the tensor {tuple(info.shape)}")
+                tensor = self.adapter.from_numpy(patch, info.dtype, self.calls[info.producer].device)
+            self.env[tid] = tensor
+        return tensor
+
+    def run_node(self, index: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Any]:
+        op, adapter = self.trace.ops[index], self.adapter
+        self._reached = not self.patching.tainted.isdisjoint(op.inputs)
+        if self._reached and not self.check_every_op:  # values no patch reached meet patched ones here
+            for tid in op.inputs:
+                if tid not in self.patching.tainted and tid not in self.checked and self.trace.tensors[tid].producer is not None:
+                    self._check(tid, self.env[tid])
+        inputs = call_tensors(args, kwargs, adapter.is_tensor) if op.inplace else []
+        _, produced, self._mutated = run_op(adapter, fn, args, kwargs, inputs)
+        if len(produced) != len(op.outputs):
+            raise UnfaithfulReplay(f"op {index} ({op.framework_op}) made {len(produced)} outputs, recorded {len(op.outputs)}")
+        for tensor, tid in zip(produced, op.outputs):
+            info = self.trace.tensors[tid]
+            if tuple(tensor.shape) != tuple(info.shape) or adapter.dtype_name(tensor) != info.dtype:
+                raise UnfaithfulReplay(f"op {index} ({op.framework_op}) made a {adapter.dtype_name(tensor)} tensor of "
+                                       f"shape {tuple(tensor.shape)}, recorded {info.dtype} {tuple(info.shape)}")
+        return produced
+
+    def store(self, index: int, produced: list[Any]) -> None:
+        op = self.trace.ops[index]
+        for tensor, tid in zip(produced, op.outputs):
+            check = not self._reached and (self.check_every_op or tid in self.wanted or tid in self.patching.capture)
+            if check:
+                self.checked.add(tid)
+            self.env[tid] = self.patching.output(op, tid, tensor, self._reached, check, id(tensor) in self._mutated)
+
+    def _check(self, tid: int, tensor: Any) -> None:
+        self.checked.add(tid)
+        self.patching.check(self.trace.ops[self.trace.tensors[tid].producer], tid, tensor)
+
+
+def rerun_recorded(adapter: Adapter, trace: Trace, calls: list[Call], leaves: dict[int, Any], patches: dict[int, Any],
+                   capture: Iterable[int] = ()) -> RerunResult:
+    """What `recording.PatchedRerun` computes for the same patches, by executing the recorded calls
+    (`PatchedInterpreter`); where a value no patch reached departs from the recording, run again checking
+    every op, to name the first op that departs."""
+    try:
+        return PatchedInterpreter(adapter, trace, calls, leaves, patches, capture, check_every_op=False).result()
+    except TraceMismatchError as departed:
+        PatchedInterpreter(adapter, trace, calls, leaves, patches, capture, check_every_op=True).result()
+        raise departed
