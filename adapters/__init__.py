@@ -1,22 +1,44 @@
-"""Framework adapters, installed as `bisectr.adapters` (one module per framework)."""
+"""Framework adapters, installed as `bisectr.adapters`: one module per framework, each defining
+one `Adapter` subclass. Every module of this package but `base` is an adapter: importing it
+registers its adapter (`Adapter.__init_subclass__`), and importing one never imports its framework.
+"""
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import warnings
 from functools import lru_cache
 from typing import Any
 
-from .base import Adapter, CannotUpcast, OpListener
+from .base import REGISTERED, Adapter, CannotUpcast, OpListener
 
 
 @lru_cache(maxsize=1)
-def _registered() -> tuple[Adapter, ...]:
-    from .paddle import PaddleAdapter
-    from .torch import TorchAdapter
+def registered() -> tuple[Adapter, ...]:
+    for module in pkgutil.iter_modules(__path__):
+        if module.name != "base":
+            importlib.import_module(f"{__name__}.{module.name}")
+    return tuple(adapter_class() for adapter_class in REGISTERED)
 
-    return (TorchAdapter(), PaddleAdapter())
+
+def silence_import_warnings() -> None:
+    """Ignore the warnings each framework prints as it is imported (`Adapter.import_warnings`)."""
+    for adapter in registered():
+        for message in adapter.import_warnings:
+            warnings.filterwarnings("ignore", message=message)
+
+
+@lru_cache(maxsize=1)
+def op_synonyms() -> dict[str, str]:
+    """Every adapter's `op_synonyms` in one table (a name one framework uses may be another's)."""
+    merged: dict[str, str] = {}
+    for adapter in registered():
+        merged.update(adapter.op_synonyms)
+    return merged
 
 
 def adapter_named(name: str) -> Adapter:
-    return next(adapter for adapter in _registered() if adapter.name == name)
+    return next(adapter for adapter in registered() if adapter.name == name)
 
 
 def input_layout(framework: str, op: str, position: int) -> tuple[int, ...] | None:
@@ -26,7 +48,7 @@ def input_layout(framework: str, op: str, position: int) -> tuple[int, ...] | No
 
 def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
     """The adapter whose framework the model (or, for a plain function, its inputs) belongs to."""
-    adapters = _registered()
+    adapters = registered()
     for candidate in [model, *inputs]:
         for adapter in adapters:
             if adapter.owns(candidate):
@@ -34,4 +56,5 @@ def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
     return None
 
 
-__all__ = ["Adapter", "CannotUpcast", "OpListener", "adapter_for", "adapter_named", "input_layout"]
+__all__ = ["Adapter", "CannotUpcast", "OpListener", "adapter_for", "adapter_named", "input_layout", "op_synonyms", "registered",
+           "silence_import_warnings"]

@@ -1,9 +1,10 @@
 """The narrow interface every framework adapter implements.
 
 An adapter knows how to talk to one framework and nothing about traces. The
-core (`bisectr.recording`) records, re-runs with patches and replays ops using
-only these methods, the way einops' backends hide each framework behind a few
-primitives.
+core records, re-runs with patches and replays ops using only these methods, the
+way einops' backends hide each framework behind a few primitives. A new framework
+is one module of this package with one `Adapter` subclass; tests/test_adapters.py
+is the conformance test every adapter passes.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
@@ -91,10 +93,29 @@ class CannotUpcast(Exception):
     """The model cannot be run in float64 as a whole; the message says why."""
 
 
-class Adapter(ABC):
-    name: str = ""
+@dataclass(frozen=True)
+class ReproSnippets:
+    """The framework's side of a standalone repro script (`bisectr.repro`), as Python source."""
+
+    imports: str  # "import torch"
+    to_tensor: str  # an expression: a tensor of dtype name `dtype` from numpy array `a`
+    to_numpy: str  # an expression: tensor `t` as a float64 numpy array
+    requiring_grad: str  # a statement: tensor `t` requires a gradient
+    gradients: str  # an expression: the gradients of `inputs` from `outputs` seeded with `upstream`
+
+
+# Layouts of a linear layer's weight matrix.
+OUT_IN = "(out, in)"
+IN_OUT = "(in, out)"
+
+# Every concrete `Adapter` subclass, in the order defined (see `bisectr.adapters`).
+REGISTERED: list[type["Adapter"]] = []
+
+
+class Tensors(ABC):
+    """Tensors: telling them apart, their values and where they live."""
+
     tensor_class: tuple[str, str] = ("", "")  # (module, class name) of the framework's tensors
-    value_reads: frozenset[str] = TENSOR_VALUE_READS  # names of the calls that read values into Python
     _tensor_types: tuple[type, ...] = ()
 
     @abstractmethod
@@ -139,6 +160,30 @@ class Adapter(ABC):
     def named_leaves(self, model: Any) -> Iterator[tuple[str, Any]]:
         """('param:NAME' | 'buffer:NAME', tensor) for the model's parameters and buffers."""
 
+    def describe(self, model: Any, inputs: list[Any]) -> tuple[str, str]:
+        """(device, dtype) of the model: its first floating parameter, else its first input."""
+        tensors = itertools.chain((tensor for _, tensor in self.named_leaves(model)), (x for x in inputs if self.is_tensor(x)))
+        chosen = None
+        for tensor in tensors:  # stops at the first floating one: a large model's parameters are not all walked
+            if self.dtype_name(tensor).startswith(("float", "bfloat", "complex")):
+                chosen = tensor
+                break
+            chosen = tensor if chosen is None else chosen
+        if chosen is None:
+            return "unknown", "unknown"
+        return self.device_name(chosen), self.dtype_name(chosen)
+
+
+class Interception(ABC):
+    """Running a model with every op call and module entry handed to a listener, and naming what ran."""
+
+    # The framework's op names (the last dotted part, in-place and dunder spellings folded) that the
+    # shared op vocabulary spells otherwise: "elementwise_add" -> "add" (see `bisectr.ops`).
+    op_synonyms: dict[str, str] = {}
+    value_reads: frozenset[str] = TENSOR_VALUE_READS  # names of the calls that read values into Python
+    # Messages of warnings the framework prints as it is imported, which say nothing about the model.
+    import_warnings: tuple[str, ...] = ()
+
     @abstractmethod
     def intercept(self, model: Any, listener: OpListener, gradients: bool = False) -> AbstractContextManager:
         """While active, route every outermost op call and module entry/exit to `listener`, with
@@ -150,7 +195,32 @@ class Adapter(ABC):
     def no_grad(self) -> AbstractContextManager:
         """Gradients off, nothing intercepted: for re-executing recorded calls."""
 
-    # -- gradients: what the backward pass needs (see `bisectr.backward`) -------------------
+    @abstractmethod
+    def internal_paths(self) -> tuple[str, ...]:
+        """Directories of the framework's own Python code (not user source)."""
+
+    def frame_role(self, filename: str, function: str) -> int:
+        """`CALLER`, `API` or `PLUMBING`: what a frame running `function` of `filename` (a file
+        under `internal_paths()`) is to the source line of an op no user code called. Asked once
+        per code object."""
+        return CALLER
+
+    def _relative(self, filename: str) -> str:
+        """`filename` relative to the directory of the framework's internal path holding it, '/'-separated."""
+        for directory in self.internal_paths():
+            if filename.startswith(directory):
+                return filename[len(directory):].replace(os.sep, "/")
+        return filename
+
+    def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
+        """The permutation that brings input `position` of canonical op `op` from this
+        framework's storage layout to the shared one (None: already shared)."""
+        return None
+
+
+class Autograd(ABC):
+    """Gradients (what the backward pass needs, see `bisectr.backward`) and float64 runs."""
+
     @abstractmethod
     def enable_grad(self) -> AbstractContextManager:
         """Gradients on, nothing intercepted: for replaying one op's backward."""
@@ -173,24 +243,28 @@ class Adapter(ABC):
         """The gradients of `inputs` (None where none reaches one) from `outputs` seeded with
         `upstream`, without touching any tensor's `.grad`."""
 
-    @abstractmethod
-    def internal_paths(self) -> tuple[str, ...]:
-        """Directories of the framework's own Python code (not user source)."""
+    def float64_model(self, model: Any) -> Any:
+        """A copy of the model with every floating parameter and buffer in float64 (the model
+        itself is left as it is: its recording refers to its tensors). Raises `CannotUpcast`."""
+        raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
 
-    def frame_role(self, filename: str, function: str) -> int:
-        """`CALLER`, `API` or `PLUMBING`: what a frame running `function` of `filename` (a file
-        under `internal_paths()`) is to the source line of an op no user code called. Asked once
-        per code object."""
-        return CALLER
+    def float64_tensor(self, tensor: Any) -> Any:
+        """A float64 copy of a floating tensor."""
+        raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
 
-    def _relative(self, filename: str) -> str:
-        """`filename` relative to the directory of the framework's internal path holding it, '/'-separated."""
-        for directory in self.internal_paths():
-            if filename.startswith(directory):
-                return filename[len(directory):].replace(os.sep, "/")
-        return filename
+    def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
+        """Op `name` as a float64 run makes it: a cast down to float32, bfloat16 or float16 (a cast
+        op, a dtype argument) kept at float64."""
+        return fn, args, kwargs
 
-    # -- training steps (see `bisectr.training`) ----------------------------------------------
+    def float64_defaults(self) -> AbstractContextManager:
+        """While active, tensors created without a dtype are float64."""
+        return nullcontext()
+
+
+class Training:
+    """Training steps (see `bisectr.training`)."""
+
     def copy_model(self, model: Any) -> Any:
         """A copy of the model to train (the model itself stays as recorded). Raises `CannotUpcast`."""
         raise CannotUpcast(f"the {self.name} adapter cannot copy models")
@@ -232,38 +306,66 @@ class Adapter(ABC):
         tensor), read from its parameter groups and exemption rules (0 for an exempt one)."""
         raise NotImplementedError
 
-    def float64_model(self, model: Any) -> Any:
-        """A copy of the model with every floating parameter and buffer in float64 (the model
-        itself is left as it is: its recording refers to its tensors). Raises `CannotUpcast`."""
-        raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
 
-    def float64_tensor(self, tensor: Any) -> Any:
-        """A float64 copy of a floating tensor."""
-        raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
+class Layers:
+    """Models' layers and their weights (see `bisectr.weights`, `bisectr.leaves`), and repro scripts."""
 
-    def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
-        """Op `name` as a float64 run makes it: a cast down to float32, bfloat16 or float16 (a cast
-        op, a dtype argument) kept at float64."""
-        return fn, args, kwargs
+    repro: ReproSnippets | None = None  # None: no standalone repro scripts for this framework
+    module_kind: str = ""  # what its models are called: "torch.nn.Module"
+    linear_layout: str = OUT_IN  # how its nn.Linear stores `weight`
+    # Model libraries' layers that are linear layers but not nn.Linear: (top-level package, class name) -> layout.
+    library_linears: dict[tuple[str, str], str] = {}
+    # Its BatchNorm layers' names for their running statistics -> what they hold ("mean", "variance", "count").
+    norm_statistics: dict[str, str] = {}
 
-    def float64_defaults(self) -> AbstractContextManager:
-        """While active, tensors created without a dtype are float64."""
-        return nullcontext()
+    def is_module(self, obj: Any) -> bool:
+        """Is `obj` a model (module, layer) of this framework? Must not import the framework."""
+        return False
 
-    def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
-        """The permutation that brings input `position` of canonical op `op` from this
-        framework's storage layout to the shared one (None: already shared)."""
-        return None
+    def named_modules(self, root: Any) -> Iterator[tuple[str, Any]]:
+        """Every module under `root` (itself as ""), shared ones under each of their names."""
+        return iter(())
 
-    def describe(self, model: Any, inputs: list[Any]) -> tuple[str, str]:
-        """(device, dtype) of the model: its first floating parameter, else its first input."""
-        tensors = itertools.chain((tensor for _, tensor in self.named_leaves(model)), (x for x in inputs if self.is_tensor(x)))
-        chosen = None
-        for tensor in tensors:  # stops at the first floating one: a large model's parameters are not all walked
-            if self.dtype_name(tensor).startswith(("float", "bfloat", "complex")):
-                chosen = tensor
-                break
-            chosen = tensor if chosen is None else chosen
-        if chosen is None:
-            return "unknown", "unknown"
-        return self.device_name(chosen), self.dtype_name(chosen)
+    def linear_class(self) -> type:
+        """Its nn.Linear."""
+        raise NotImplementedError
+
+    def batch_norm_classes(self) -> tuple[type, ...]:
+        """Its BatchNorm layers."""
+        return ()
+
+    def named_tensors(self, root: Any, persistent_only: bool = False) -> list[tuple[str, Any]]:
+        """Every parameter and buffer under `root` by name, tied ones under each of their names;
+        `persistent_only` leaves out the buffers its state dict does not hold (torch and paddle spell it alike)."""
+        tensors = [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]
+        if persistent_only:
+            persistent = set(root.state_dict())
+            tensors = [(name, tensor) for name, tensor in tensors if name in persistent]
+        return tensors
+
+    def weight_layout(self, owner: Any, local: str) -> str | None:
+        """`OUT_IN` / `IN_OUT` for the weight matrix `local` of a linear layer `owner` (its own
+        nn.Linear, or a model library's layer that is one), decided by the owner's type; None else."""
+        if local != "weight":
+            return None
+        if isinstance(owner, self.linear_class()):
+            return self.linear_layout
+        kind = type(owner)
+        return self.library_linears.get((kind.__module__.partition(".")[0], kind.__name__))
+
+    def norm_statistic(self, owner: Any, local: str) -> str | None:
+        """What the running statistic `local` of a BatchNorm layer `owner` holds; None for anything else."""
+        statistic = self.norm_statistics.get(local)
+        return statistic if statistic is not None and isinstance(owner, self.batch_norm_classes()) else None
+
+
+class Adapter(Tensors, Interception, Autograd, Training, Layers):
+    """One framework behind the interface the core uses, in facets: `Tensors`, `Interception`,
+    `Autograd`, `Training`, `Layers`. A subclass with a `name` registers itself."""
+
+    name: str = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            REGISTERED.append(cls)

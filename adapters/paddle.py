@@ -23,7 +23,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .base import API, CALLER, PLUMBING, VALUE_READ_METHODS, Adapter, CannotUpcast, ModulePaths, OpListener
+from .base import (API, CALLER, IN_OUT, OUT_IN, PLUMBING, VALUE_READ_METHODS, Adapter, CannotUpcast, ModulePaths, OpListener,
+                   ReproSnippets)
 
 
 def _paddle():
@@ -267,8 +268,53 @@ def _zero_unwritten_stats(batch_norm: Callable[..., Any]) -> Callable[..., Any]:
 _patches: _Patches | None = None
 
 
+# This framework's op names (or their last dotted part) -> the shared vocabulary (`bisectr.ops`).
+_OP_SYNONYMS = {
+    "linear_v2": "linear", "fused_linear": "linear", "multiply": "mul", "subtract": "sub", "divide": "div",
+    "truediv": "div", "floordiv": "floor_divide", "elementwise_add": "add", "elementwise_sub": "sub",
+    "elementwise_mul": "mul", "elementwise_div": "div", "elementwise_pow": "pow", "negative": "neg",
+    "slice": "getitem", "strided_slice": "getitem", "set_value": "setitem", "set_value_with_tensor": "setitem",
+    "t": "transpose", "reshape_": "reshape", "flatten": "reshape", "squeeze": "reshape", "unsqueeze": "reshape",
+    "astype": "cast", "bfloat16": "cast", "assign": "copy", "tensor_use_gpudnn": "copy", "new_shared_tensor": "copy",
+    "masked_fill": "where", "lookup_table_v2": "embedding", "softmax_": "softmax", "chunk": "split",
+    "split_with_num": "split", "unbind": "split", "concat": "cat", "concatenate": "cat", "greater_than": "gt",
+    "less_than": "lt", "greater_equal": "ge", "less_equal": "le", "not_equal": "ne", "expand_as": "expand",
+    "broadcast_to": "expand", "full_like": "full", "fill_constant": "full", "reduce_mean": "mean",
+    "reduce_sum": "sum", "mod": "remainder", "floor_mod": "remainder", "tile": "repeat", "clip": "clamp",
+    "p_norm": "norm", "swish": "silu", "scale": "mul", "flash_attn": "attention", "flash_attn_unpadded": "attention",
+    "flashmask_attention": "attention", "memory_efficient_attention": "attention", "take_along_axis": "gather",
+    "put_along_axis": "scatter", "unstack": "split", "view_shape": "reshape", "tensor_unfold": "unfold",
+    "nearest_interp": "interpolate", "bilinear_interp": "interpolate", "linear_interp": "interpolate",
+    "trilinear_interp": "interpolate", "bicubic_interp": "interpolate", "pad3d": "pad",
+    "conv2d_transpose": "conv_transpose2d", "conv3d_transpose": "conv_transpose3d", "depthwise_conv2d": "conv2d",
+    "cross_entropy_with_softmax": "cross_entropy", "softmax_with_cross_entropy": "cross_entropy",
+    "sigmoid_cross_entropy_with_logits": "binary_cross_entropy_with_logits", "bce_loss": "binary_cross_entropy",
+    "kldiv_loss": "kl_div", "range_v2": "arange", "reverse": "flip", "rint": "round",
+    "as_complex": "view_as_complex", "as_real": "view_as_real", "zeros": "full", "ones": "full",
+    "zeros_like": "full", "ones_like": "full", "full_with_tensor": "full", "full_batch_size_like": "full",
+    "assign_out": "copy", "increment": "add", "add_n": "add", "fc": "linear", "mean_all": "mean",
+    "max_with_index": "max", "min_with_index": "min", "copy_to": "cast", "invert": "bitwise_not",
+    "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor", "matmul_v2": "matmul", "reshape2": "reshape",
+    "transpose2": "transpose", "unsqueeze2": "reshape", "squeeze2": "reshape", "flatten_contiguous_range": "reshape",
+    "expand_v2": "expand", "top_k_v2": "topk", "max_pool2d": "max_pool", "avg_pool2d": "pool2d",
+    "adaptive_avg_pool2d": "pool2d",
+}
+
+
+_BATCH_NORM_LAYERS = ("BatchNorm", "BatchNorm1D", "BatchNorm2D", "BatchNorm3D", "SyncBatchNorm")
+
+
 class PaddleAdapter(Adapter):
     name = "paddle"
+    module_kind = "paddle.nn.Layer"
+    repro = ReproSnippets("import paddle", "paddle.to_tensor(a.astype('float32') if dtype == 'bfloat16' else a, dtype=dtype)",
+                          "t.astype('float64').numpy()", "setattr(t, 'stop_gradient', False)",
+                          "paddle.grad(outputs, inputs, upstream, allow_unused=True)")
+    linear_layout = IN_OUT
+    library_linears = {("paddleformers", "LMHead"): OUT_IN}  # (vocab, hidden), as Hugging Face's lm_head
+    norm_statistics = {"_mean": "mean", "_variance": "variance"}
+    import_warnings = ("No ccache found",)
+    op_synonyms = _OP_SYNONYMS
     tensor_class = ("paddle", "Tensor")
 
     def owns(self, obj: Any) -> bool:
@@ -315,6 +361,19 @@ class PaddleAdapter(Adapter):
             for name, tensor in model.named_buffers():
                 if tensor is not None:
                     yield f"buffer:{name}", tensor
+
+    def is_module(self, obj: Any) -> bool:
+        paddle = sys.modules.get("paddle")
+        return paddle is not None and isinstance(obj, paddle.nn.Layer)
+
+    def named_modules(self, root: Any) -> Iterator[tuple[str, Any]]:
+        return root.named_sublayers(include_self=True, remove_duplicate=False)
+
+    def linear_class(self) -> type:
+        return _paddle().nn.Linear
+
+    def batch_norm_classes(self) -> tuple[type, ...]:
+        return tuple(getattr(_paddle().nn, name) for name in _BATCH_NORM_LAYERS)
 
     def float64_model(self, model: Any) -> Any:
         paddle = _paddle()
@@ -410,7 +469,8 @@ class PaddleAdapter(Adapter):
         return leaf
 
     def add_gradient_hook(self, tensor: Any, hook: Callable[[Any], Any]) -> None:
-        tensor.register_hook(hook)
+        # paddle also calls the hooks of outputs no gradient reaches (batch norm's statistics), with None
+        tensor.register_hook(lambda gradient: None if gradient is None else hook(gradient))
 
     def gradients(self, outputs: list[Any], upstream: list[Any], inputs: list[Any]) -> list[Any | None]:
         with _quiet():

@@ -9,7 +9,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .base import API, CALLER, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast, ModulePaths, OpListener
+from .base import (API, CALLER, IN_OUT, OUT_IN, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast, ModulePaths, OpListener,
+                   ReproSnippets)
 
 
 # Tensor methods that cast to a floating dtype below float64.
@@ -32,8 +33,36 @@ _PLUMBING_FUNCTIONS = {"nn/modules/module.py": frozenset({"__call__", "_call_imp
 _API_FILES = frozenset({"nn/functional.py", "functional.py", "_tensor.py"})
 
 
+# This framework's op names (or their last dotted part) -> the shared vocabulary (`bisectr.ops`).
+# Average pools go by paddle's name, `pool2d`: paddle runs them all as one op.
+_OP_SYNONYMS = {
+    "mm": "matmul", "bmm": "matmul", "multiply": "mul", "subtract": "sub", "divide": "div", "truediv": "div",
+    "true_divide": "div", "floordiv": "floor_divide", "negative": "neg", "permute": "transpose",
+    "swapaxes": "transpose", "T": "transpose", "mT": "transpose", "t": "transpose", "view": "reshape",
+    "flatten": "reshape", "squeeze": "reshape", "unsqueeze": "reshape", "to": "cast", "type": "cast",
+    "float": "cast", "half": "cast", "bfloat16": "cast", "double": "cast", "long": "cast", "int": "cast",
+    "bool": "cast", "clone": "copy", "contiguous": "copy", "detach": "copy", "masked_fill": "where",
+    "scaled_dot_product_attention": "attention", "multi_head_attention_forward": "attention", "chunk": "split",
+    "unbind": "split", "concatenate": "cat", "greater_equal": "ge", "less_equal": "le", "not_equal": "ne",
+    "expand_as": "expand", "broadcast_to": "expand", "full_like": "full", "mod": "remainder", "tile": "repeat",
+    "clip": "clamp", "vector_norm": "norm", "zeros": "full", "ones": "full", "zeros_like": "full",
+    "ones_like": "full", "invert": "bitwise_not", "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
+    "max_pool2d": "max_pool", "avg_pool2d": "pool2d", "adaptive_avg_pool2d": "pool2d",
+}
+
+
+_BATCH_NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
+
+
 class TorchAdapter(Adapter):
     name = "torch"
+    op_synonyms = _OP_SYNONYMS
+    module_kind = "torch.nn.Module"
+    repro = ReproSnippets("import torch", "torch.from_numpy(a).to(getattr(torch, dtype))", "t.detach().to(torch.float64).cpu().numpy()",
+                          "t.requires_grad_(True)", "torch.autograd.grad(outputs, inputs, upstream, allow_unused=True)")
+    linear_layout = OUT_IN
+    library_linears = {("transformers", "Conv1D"): IN_OUT}  # Hugging Face GPT-2's
+    norm_statistics = {"running_mean": "mean", "running_var": "variance", "num_batches_tracked": "count"}
     tensor_class = ("torch", "Tensor")
     value_reads = TENSOR_VALUE_READS | {"equal", "allclose"}
 
@@ -79,6 +108,19 @@ class TorchAdapter(Adapter):
                 yield f"param:{name}", tensor
             for name, tensor in model.named_buffers(remove_duplicate=True):
                 yield f"buffer:{name}", tensor
+
+    def is_module(self, obj: Any) -> bool:
+        torch = sys.modules.get("torch")
+        return torch is not None and isinstance(obj, torch.nn.Module)
+
+    def named_modules(self, root: Any) -> Iterator[tuple[str, Any]]:
+        return root.named_modules(remove_duplicate=False)
+
+    def linear_class(self) -> type:
+        return _torch().nn.Linear
+
+    def batch_norm_classes(self) -> tuple[type, ...]:
+        return tuple(getattr(_torch().nn, name) for name in _BATCH_NORMS)
 
     def float64_model(self, model: Any) -> Any:
         torch = _torch()

@@ -545,7 +545,7 @@ def _form_blocks(sides: _Sides, alignment: Alignment) -> None:
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     paired_ref_of = {p.candidate: p.reference for p in alignment.pairs}
     paired_refs = set(paired_ref_of.values())
-    runs = _consecutive_runs([op.index for op in candidate.ops if op.index not in paired_ref_of])
+    runs = consecutive_runs([op.index for op in candidate.ops if op.index not in paired_ref_of])
     unpaired_ref = [op.index for op in reference.ops if op.index not in paired_refs]
     paired_cands = sorted(paired_ref_of)
     blocks: list[Block] = []
@@ -565,7 +565,8 @@ def _form_blocks(sides: _Sides, alignment: Alignment) -> None:
     alignment.blocks = blocks
 
 
-def _consecutive_runs(indices: list[int]) -> list[list[int]]:
+def consecutive_runs(indices: list[int]) -> list[list[int]]:
+    """Maximal runs of consecutive indices, in order."""
     runs: list[list[int]] = []
     for index in indices:
         if runs and index == runs[-1][-1] + 1:

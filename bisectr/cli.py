@@ -10,7 +10,6 @@ import sys
 import tempfile
 import threading
 import traceback
-import warnings
 from contextlib import contextmanager
 from importlib.metadata import version
 from pathlib import Path
@@ -19,9 +18,10 @@ from typing import Callable, Iterator, NoReturn, Sequence
 from rich.console import Console
 
 from . import report
+from .adapters import silence_import_warnings
+from .errors import BisectrError, UserModelError
 from .report import json_safe
 from .result import Result
-from .errors import BisectrError, UserModelError
 
 EXIT_OK, EXIT_DIVERGENT, EXIT_ERROR, EXIT_BUG = 0, 1, 2, 3
 # Off a terminal (a pipe, a file) tables are printed at their natural width: no cell cut or wrapped.
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> 
         parser.error("--format tsv prints one table: give either --ops or --alignment (and no --stats-only)")
     if args.command == "trace" and args.backward and args.stats_only:
         parser.error("--backward searches with stored values: leave out --stats-only")
-    warnings.filterwarnings("ignore", message="No ccache found")  # printed by paddle on import
+    silence_import_warnings()
     console = Console(soft_wrap=True)
     if not console.is_terminal:
         console.width = UNBOUNDED_WIDTH

@@ -37,7 +37,7 @@ from .search import (MAX_REACH_TESTS, SearchPass, bracket, culprit_without_evide
                      site)
 from .sides import Rerun, Sides
 from .store import SIDES
-from .trace import is_floating
+from .trace import host_dtype, is_floating
 
 
 class ForwardPass(SearchPass):
@@ -131,7 +131,7 @@ class ForwardPass(SearchPass):
         for evidence in group:
             local = self.analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
             for cand_tid, ref_tid in self.analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
-                dtype = _numpy_dtype(self.run.reference.tensors[ref_tid].dtype)
+                dtype = host_dtype(self.run.reference.tensors[ref_tid].dtype)
                 values = self.analysis.in_reference_layout(cand_tid, ref_tid, local[cand_tid]).astype(dtype, copy=False)
                 with np.errstate(invalid="ignore", over="ignore"):  # as own_difference_patches: shifted for many
                     patches[ref_tid] = Shift(values - self.run.reference.value(ref_tid)) if len(group) > 1 else values
@@ -139,10 +139,6 @@ class ForwardPass(SearchPass):
 
     def error_without(self, group: list[OpEvidence]) -> float:
         return self.candidate_error(own_difference_patches(self.analysis, self.run, group))
-
-
-def _numpy_dtype(dtype: str) -> str:
-    return "float32" if dtype == "bfloat16" else dtype
 
 
 def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive: bool = False,
@@ -263,7 +259,7 @@ def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[O
             reference = analysis.reference_values_for(cand_tid)
             if reference is None:
                 continue
-            dtype = _numpy_dtype(run.candidate.tensors[cand_tid].dtype)
+            dtype = host_dtype(run.candidate.tensors[cand_tid].dtype)
             with np.errstate(invalid="ignore", over="ignore"):
                 shift = Shift((reference - local[cand_tid].reshape(reference.shape)).astype(dtype, copy=False),
                               reference.astype(dtype, copy=False))

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import threading
 import traceback
-import warnings
 import weakref
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -28,7 +27,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from . import errors
-from .adapters import CannotUpcast
+from .adapters import CannotUpcast, silence_import_warnings
 from .errors import BisectrError, UserModelError
 from .modelfile import build_side, load_module
 from .interpreter import Call, Slot
@@ -175,7 +174,7 @@ def _error_reply(exc: BaseException) -> tuple:
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
     """The worker's loop: one reply per request, until the parent closes `requests`."""
-    warnings.filterwarnings("ignore", message="No ccache found")  # printed by paddle on import, as the CLI does
+    silence_import_warnings()  # as the CLI does
     worker = _Worker()
     while True:
         try:

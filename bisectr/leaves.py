@@ -23,11 +23,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterator
 
 import numpy as np
 
-from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf
+from .adapters import registered
+from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf, consecutive_runs
 from .trace import Trace, is_floating
 
 LEAF_KINDS = ("param:", "buffer:")
@@ -153,7 +155,7 @@ def _fused_part(reference: Trace, candidate: Trace, cand_tid: int, ref_tid: int,
 
 
 def _ranges(positions: list[int]) -> str:
-    return ", ".join(f"{run[0]}:{run[-1] + 1}" for run in _runs(positions))
+    return ", ".join(f"{run[0]}:{run[-1] + 1}" for run in consecutive_runs(positions))
 
 
 def layout_name(pair: TensorPair, reference_shape: tuple[int, ...]) -> str:
@@ -237,7 +239,7 @@ def _permutation(reference: np.ndarray, candidate: np.ndarray) -> str | None:
         order = [where.get(row.tobytes()) for row in cand_rows]
         if None in order or sorted(order) != list(range(len(order))):
             continue
-        runs = _runs(order)
+        runs = consecutive_runs(order)
         size = math.gcd(*(len(run) for run in runs))
         if size > 1 and all(run[0] % size == 0 for run in runs):
             blocks = [order[k] // size for k in range(0, len(order), size)]
@@ -254,17 +256,6 @@ def _rotary_base(values: np.ndarray) -> float | None:
     if not np.allclose(ratios, ratios[0], rtol=1e-4) or ratios[0] >= 1:
         return None
     return float(ratios[0] ** -values.size)
-
-
-def _runs(order: list[int]) -> list[list[int]]:
-    """Maximal runs of consecutive indices."""
-    runs: list[list[int]] = []
-    for index in order:
-        if runs and index == runs[-1][-1] + 1:
-            runs[-1].append(index)
-        else:
-            runs.append([index])
-    return runs
 
 
 def _holder_of(reference: Trace, values: np.ndarray, exclude: int) -> str | None:
@@ -644,14 +635,18 @@ def _leaves(trace: Trace) -> list[int]:
     return sorted(leaves, key=lambda tid: first.get(tid, 1 << 62))
 
 
-# BatchNorm statistics under each framework's name.
-_SYNONYMS = {"running_mean": "_mean", "running_var": "_variance"}
+@lru_cache(maxsize=1)
+def _norm_statistics() -> dict[str, str]:
+    """Every framework's names of BatchNorm statistics -> what they hold (`Adapter.norm_statistics`)."""
+    return {name: held for adapter in registered() for name, held in adapter.norm_statistics.items()}
 
 
 def _plain_name(leaf: str) -> str:
+    """The leaf's name, a BatchNorm statistic named by what it holds (`bn1.mean` for torch's `bn1.running_mean`
+    and paddle's `bn1._mean`)."""
     name = leaf.split(":", 1)[1]
     owner, _, local = name.rpartition(".")
-    local = _SYNONYMS.get(local, local)
+    local = _norm_statistics().get(local, local)
     return f"{owner}.{local}" if owner else local
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from .adapters import Adapter, adapter_for
+from .adapters import Adapter, adapter_for, registered
 from .errors import BisectrError, ModelFileError, UserModelError
 
 _BISECTR_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -141,7 +141,8 @@ def side_of(role: str, built: Any, model_file: Path, function: str, given: str) 
     if adapter is None:
         raise ModelFileError(f"{model_file}: cannot tell the framework of the {role} side: {given} "
                              f"a {_describe(model)} and inputs {[_describe(v) for v in values]}; "
-                             "expected a torch.nn.Module / paddle.nn.Layer, or torch / paddle tensors as inputs")
+                             f"expected a {' / '.join(a.module_kind for a in registered())}, or "
+                             f"{' / '.join(a.name for a in registered())} tensors as inputs")
     return BuiltSide(role, function, model_file, model, inputs, adapter)
 
 

@@ -15,17 +15,20 @@ from typing import Any
 
 import numpy as np
 
+from .adapters import adapter_named, registered
+from .adapters.base import ReproSnippets
 from .interpreter import Call, Slot
 from .report import short_source, source_text
 from .runrecord import RunRecord, output_seeds
 from .sides import Backward, RecordedCall, Sides
 from .trace import is_floating
 
-_TENSOR = {
-    "torch": ("import torch", "torch.from_numpy(a).to(getattr(torch, dtype))", "t.detach().to(torch.float64).cpu().numpy()"),
-    "paddle": ("import paddle", "paddle.to_tensor(a.astype('float32') if dtype == 'bfloat16' else a, dtype=dtype)",
-               "t.astype('float64').numpy()"),
-}
+
+def _snippets(framework: str) -> ReproSnippets:
+    snippets = adapter_named(framework).repro
+    if snippets is None:
+        raise ValueError(f"the {framework} adapter writes no repro scripts")
+    return snippets
 
 
 def repro_upstream(run: RunRecord, sides: Sides, cand_index: int, ref_index: int) -> dict[str, list[np.ndarray | None]]:
@@ -60,7 +63,7 @@ def python_literal(value: Any) -> str | None:
             return None
         return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
     text = repr(value)
-    if text.startswith(("torch.", "paddle.")) and re.fullmatch(r"[\w.]+", text):  # dtypes, e.g. torch.float32
+    if text.startswith(tuple(f"{adapter.name}." for adapter in registered())) and re.fullmatch(r"[\w.]+", text):  # torch.float32
         return text
     return None
 
@@ -157,18 +160,12 @@ def write_repro(run: RunRecord, cand_index: int, directory: str | Path, sides: S
     return directory
 
 
-_GRADIENT = {
-    "torch": ("t.requires_grad_(True)", "torch.autograd.grad(outputs, inputs, upstream, allow_unused=True)"),
-    "paddle": ("setattr(t, 'stop_gradient', False)", "paddle.grad(outputs, inputs, upstream, allow_unused=True)"),
-}
-
-
 def _script(header: str, sides: dict[str, tuple[str, list[str], str]], compared: list[tuple[int, int]] | None = None) -> str:
     frameworks = sorted({framework for framework, _, _ in sides.values()})
-    imports = "\n".join(_TENSOR[f][0] for f in frameworks)
+    imports = "\n".join(_snippets(f).imports for f in frameworks)
     converters = "\n".join(
-        f"    if framework == {f!r}:\n        return {_TENSOR[f][1]}" for f in frameworks)
-    to_numpy = "\n".join(f"    if framework == {f!r}:\n        return {_TENSOR[f][2]}" for f in frameworks)
+        f"    if framework == {f!r}:\n        return {_snippets(f).to_tensor}" for f in frameworks)
+    to_numpy = "\n".join(f"    if framework == {f!r}:\n        return {_snippets(f).to_numpy}" for f in frameworks)
     functions = "\n\n\n".join(
         f"def run_{role}(x):\n    return {expression}" for role, (_, _, expression) in sides.items())
     meta = {role: (framework, dtypes) for role, (framework, dtypes, _) in sides.items()}
@@ -244,8 +241,8 @@ def main():
 
 def _backward_main(frameworks: list[str], compared: list[tuple[int, int]]) -> str:
     """`run(role, data, float64)` returning the op's input gradients (one array per compared input)."""
-    requires = "\n".join(f"    if framework == {f!r}:\n        {_GRADIENT[f][0]}\n        return t" for f in frameworks)
-    grads = "\n".join(f"    if framework == {f!r}:\n        return {_GRADIENT[f][1]}" for f in frameworks)
+    requires = "\n".join(f"    if framework == {f!r}:\n        {_snippets(f).requiring_grad}\n        return t" for f in frameworks)
+    grads = "\n".join(f"    if framework == {f!r}:\n        return {_snippets(f).gradients}" for f in frameworks)
     return f'''COMPARED = {compared!r}  # (candidate input, reference input) whose gradients are compared
 
 

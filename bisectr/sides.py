@@ -307,7 +307,7 @@ def _backward(side: BuiltSide, outputs: Any, seeds: dict[str, np.ndarray], param
         roots = [t for _, t in seeded]
         upstream = [adapter.from_numpy(seeds[key], adapter.dtype_name(t), adapter.device_name(t)) for key, t in seeded]
     for tensor in patched:
-        if not any(tensor is root for root in roots):  # paddle refuses a root given twice
+        if not any(tensor is root for root in roots):  # its zero gradient adds nothing, and paddle refuses a root given twice
             roots.append(tensor)
             upstream.append(adapter.from_numpy(np.zeros(tensor.shape), adapter.dtype_name(tensor), adapter.device_name(tensor)))
     reached = [key for key, tensor in parameters.items() if adapter.requires_grad(tensor)]

@@ -223,6 +223,12 @@ def is_floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat", "complex"))
 
 
+def host_dtype(dtype: str) -> str:
+    """The numpy dtype a tensor of `dtype` is held in on the host: numpy has no bfloat16, so an
+    adapter's `to_numpy` widens it to float32."""
+    return "float32" if dtype == "bfloat16" else dtype
+
+
 def float64_dtype(dtype: str) -> str:
     """The dtype a float64 run gives a tensor of `dtype`: float64 for real floats, complex128 for complex."""
     if dtype.startswith("complex"):

@@ -35,11 +35,12 @@ listed in the returned `WeightReport`; call `report.check()` to turn them into a
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from .adapters import Adapter, adapter_named, registered
 
 __all__ = ["WeightReport", "torch_to_paddle", "paddle_to_torch", "copy_weights"]
 
@@ -47,21 +48,7 @@ NameMap = Sequence[tuple[str, str]]
 # A torch module, a paddle layer, or a state dict: name -> torch tensor, paddle tensor or numpy array.
 Source = Any
 
-# Layouts of a linear layer's weight matrix.
-OUT_IN = "(out, in)"
-IN_OUT = "(in, out)"
-
-# The layout of each framework's own nn.Linear weight.
-_LINEAR_LAYOUT = {"torch": OUT_IN, "paddle": IN_OUT}
-# Linear layers of model libraries that are not nn.Linear: (top-level package, class name) -> layout.
-_LIBRARY_LINEARS = {("transformers", "Conv1D"): IN_OUT, ("paddleformers", "LMHead"): OUT_IN}
-
-# Each framework's BatchNorm classes, and its names for their running statistics -> what they hold.
-_BATCH_NORMS = {"torch": ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm"),
-                "paddle": ("BatchNorm", "BatchNorm1D", "BatchNorm2D", "BatchNorm3D", "SyncBatchNorm")}
-_NORM_STATISTICS = {"torch": {"running_mean": "mean", "running_var": "variance", "num_batches_tracked": "count"},
-                    "paddle": {"_mean": "mean", "_variance": "variance"}}
-# Torch's batch counter: paddle has none, so it may go without a partner.
+# A BatchNorm's batch counter (torch's `num_batches_tracked`): not every framework has one, so it may go without a partner.
 _BATCH_COUNT = "count"
 
 
@@ -141,7 +128,8 @@ def copy_weights(source: Source, destination: Any, name_map: NameMap | None = No
     from_state_dict = _is_state_dict(source)
     dst_entries = _entries(destination, persistent_only=from_state_dict)
     if from_state_dict:
-        src_entries = _state_dict_entries(source, source_framework or _framework(destination), dst_entries, rules)
+        framework = adapter_named(source_framework) if source_framework else _adapter(destination)
+        src_entries = _state_dict_entries(source, framework, dst_entries, rules)
     else:
         src_entries = _entries(source)
 
@@ -165,7 +153,7 @@ def copy_weights(source: Source, destination: Any, name_map: NameMap | None = No
             transpose = override
         elif (src.layout is None) != (dst.layout is None):
             report.layout_unknown.append(name)
-        value = _to_numpy(src.tensor)
+        value = src.tensor if isinstance(src.tensor, np.ndarray) else _tensor_adapter(src.tensor).to_numpy(src.tensor)
         if transpose:
             if value.ndim != 2:
                 report.mis_shaped.append((name, tuple(value.shape), tuple(_shape(dst.tensor))))
@@ -174,7 +162,7 @@ def copy_weights(source: Source, destination: Any, name_map: NameMap | None = No
         if tuple(value.shape) != tuple(_shape(dst.tensor)):
             report.mis_shaped.append((name, tuple(value.shape), tuple(_shape(dst.tensor))))
             continue
-        _assign(dst.tensor, value)
+        _tensor_adapter(dst.tensor).assign(dst.tensor, np.ascontiguousarray(value))
         report.copied.append(name)
         if transpose:
             report.transposed.append(name)
@@ -216,7 +204,7 @@ def _pair(src_entries: dict[str, _Entry], dst_entries: dict[str, _Entry], rules:
     return pairs
 
 
-def _state_dict_entries(state: Mapping[str, Any], framework: str, dst_entries: dict[str, _Entry],
+def _state_dict_entries(state: Mapping[str, Any], framework: Adapter, dst_entries: dict[str, _Entry],
                         rules: list[tuple[re.Pattern, str]]) -> dict[str, _Entry]:
     """A state dict's entries, each in `framework`'s nn.Linear layout where its destination is a linear
     weight, and named as `framework` names BatchNorm statistics where its destination's owner is a BatchNorm."""
@@ -227,8 +215,8 @@ def _state_dict_entries(state: Mapping[str, Any], framework: str, dst_entries: d
         dst = dst_entries.get(target)
         linear = dst is not None and dst.layout is not None
         owner, _, local = target.rpartition(".")
-        statistic = _NORM_STATISTICS[framework].get(local) if owner in norms else None
-        entries[name] = _Entry(name, value, _LINEAR_LAYOUT[framework] if linear else None, statistic)
+        statistic = framework.norm_statistics.get(local) if owner in norms else None
+        entries[name] = _Entry(name, value, framework.linear_layout if linear else None, statistic)
     return entries
 
 
@@ -236,108 +224,42 @@ def _owner_path(name: str) -> str:
     return name.rpartition(".")[0]
 
 
-def _framework(obj: Any) -> str | None:
-    for framework in ("torch", "paddle"):
-        base = _layer_class(framework)
-        if base is not None and isinstance(obj, base):
-            return framework
-    return None
+def _adapter(obj: Any) -> Adapter | None:
+    """The adapter of the framework whose model `obj` is."""
+    return next((adapter for adapter in registered() if adapter.is_module(obj)), None)
 
 
-def _layer_class(framework: str, name: str | None = None) -> type | None:
-    """`torch.nn.Module` / `paddle.nn.Layer` (or another `nn` class), if the framework is imported."""
-    module = sys.modules.get(framework)
-    if module is None:
-        return None
-    return getattr(module.nn, name or ("Module" if framework == "torch" else "Layer"))
+def _tensor_adapter(tensor: Any) -> Adapter:
+    return next(adapter for adapter in registered() if adapter.is_tensor(tensor))
 
 
 def _is_state_dict(obj: Any) -> bool:
-    return isinstance(obj, Mapping) and _framework(obj) is None
+    return isinstance(obj, Mapping) and _adapter(obj) is None
 
 
 def _require(obj: Any, framework: str, state_dict_ok: bool = False) -> None:
-    """`obj` must be a module of `framework` (or, if `state_dict_ok`, a state dict)."""
-    if _framework(obj) == framework or (state_dict_ok and _is_state_dict(obj)):
+    """`obj` must be a model of `framework` (or, if `state_dict_ok`, a state dict)."""
+    adapter = _adapter(obj)
+    if (adapter is not None and adapter.name == framework) or (state_dict_ok and _is_state_dict(obj)):
         return
-    kind = "torch.nn.Module" if framework == "torch" else "paddle.nn.Layer"
-    raise TypeError(f"expected a {kind}, got {type(obj).__module__}.{type(obj).__qualname__}")
+    raise TypeError(f"expected a {adapter_named(framework).module_kind}, got {type(obj).__module__}.{type(obj).__qualname__}")
 
 
 def _entries(root: Any, persistent_only: bool = False) -> dict[str, _Entry]:
     """Every parameter and buffer under `root`, with the weight layout its owner implies.
     `persistent_only` leaves out the buffers a state dict would not hold."""
-    framework = _framework(root)
-    if framework == "torch":
-        owners = dict(root.named_modules(remove_duplicate=False))
-    elif framework == "paddle":
-        owners = dict(root.named_sublayers(include_self=True, remove_duplicate=False))
-    else:
-        raise TypeError(f"expected a torch.nn.Module or a paddle.nn.Layer, got {type(root).__qualname__}")
-    tensors: Iterable[tuple[str, Any]] = [*root.named_parameters(remove_duplicate=False),
-                                          *root.named_buffers(remove_duplicate=False)]
-    if persistent_only:
-        persistent = set(root.state_dict())
-        tensors = [(name, tensor) for name, tensor in tensors if name in persistent]
+    adapter = _adapter(root)
+    if adapter is None:
+        kinds = " or a ".join(a.module_kind for a in registered())
+        raise TypeError(f"expected a {kinds}, got {type(root).__qualname__}")
+    owners = dict(adapter.named_modules(root))
     entries = {}
-    for name, tensor in tensors:
+    for name, tensor in adapter.named_tensors(root, persistent_only):
         owner_name, _, local = name.rpartition(".")
         owner = owners[owner_name]
-        entries[name] = _Entry(name, tensor, _layout(owner, local, framework), _statistic(owner, local, framework))
+        entries[name] = _Entry(name, tensor, adapter.weight_layout(owner, local), adapter.norm_statistic(owner, local))
     return entries
-
-
-def _layout(owner: Any, local: str, framework: str) -> str | None:
-    """The layout of a linear layer's weight, decided by the owner's type; None for anything else."""
-    if local != "weight":
-        return None
-    if isinstance(owner, _layer_class(framework, "Linear")):
-        return _LINEAR_LAYOUT[framework]
-    kind = type(owner)
-    return _LIBRARY_LINEARS.get((kind.__module__.partition(".")[0], kind.__name__))
-
-
-def _statistic(owner: Any, local: str, framework: str) -> str | None:
-    """What a BatchNorm's running statistic holds, decided by the owner's type; None for anything else."""
-    statistic = _NORM_STATISTICS[framework].get(local)
-    if statistic is None:
-        return None
-    norms = tuple(_layer_class(framework, name) for name in _BATCH_NORMS[framework])
-    return statistic if isinstance(owner, norms) else None
 
 
 def _shape(tensor: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in tensor.shape)
-
-
-def _to_numpy(tensor: Any) -> np.ndarray:
-    if isinstance(tensor, np.ndarray):
-        return tensor
-    if _is_torch(tensor):
-        import torch
-
-        t = tensor.detach().cpu()
-        if t.dtype == torch.bfloat16:
-            t = t.float()
-        return t.numpy()
-    import paddle
-
-    if tensor.dtype == paddle.bfloat16:
-        tensor = tensor.astype("float32")
-    return tensor.numpy()
-
-
-def _assign(tensor: Any, value: np.ndarray) -> None:
-    if _is_torch(tensor):
-        import torch
-
-        with torch.no_grad():
-            tensor.copy_(torch.from_numpy(np.ascontiguousarray(value)))
-        return
-    import paddle
-
-    tensor.set_value(paddle.to_tensor(np.ascontiguousarray(value), place=tensor.place).astype(tensor.dtype))
-
-
-def _is_torch(tensor: Any) -> bool:
-    return type(tensor).__module__.startswith("torch")
