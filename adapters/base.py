@@ -236,7 +236,8 @@ class Autograd(ABC):
     @abstractmethod
     def add_gradient_hook(self, tensor: Any, hook: Callable[[Any], Any]) -> None:
         """Call `hook(gradient)` when the whole gradient of `tensor` is known; what it returns
-        (unless None) is handed on instead."""
+        (unless None) is handed on instead. The gradient may be None where none reaches the tensor
+        (paddle: batch norm's statistics; torch: an output whose readers detach it)."""
 
     @abstractmethod
     def gradients(self, outputs: list[Any], upstream: list[Any], inputs: list[Any]) -> list[Any | None]:

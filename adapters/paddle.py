@@ -469,8 +469,7 @@ class PaddleAdapter(Adapter):
         return leaf
 
     def add_gradient_hook(self, tensor: Any, hook: Callable[[Any], Any]) -> None:
-        # paddle also calls the hooks of outputs no gradient reaches (batch norm's statistics), with None
-        tensor.register_hook(lambda gradient: None if gradient is None else hook(gradient))
+        tensor.register_hook(hook)
 
     def gradients(self, outputs: list[Any], upstream: list[Any], inputs: list[Any]) -> list[Any | None]:
         with _quiet():

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .align import LAYOUT_OPS, Block, TensorPair
-from .metrics import error_metrics
+from .metrics import UNKNOWN, ErrorMetrics, Float64Evidence, error_metrics
 from .numerics import coarsest_dtype, judge, noise_floor
 from .runrecord import RunRecord
 from .sides import Sides
@@ -34,11 +34,11 @@ class OpEvidence:
     reference: int
     op: str
     dtype: str
-    output_error: dict[str, float]  # propagated: max_abs, mean_abs, max_rel, cosine
+    output_error: ErrorMetrics  # propagated
     input_error: float  # worst absolute error among paired inputs
     input_error_rel: float
     local_error: float | None  # relative
-    fp64: dict[str, float] | None  # candidate_error, reference_error (relative to the oracle)
+    fp64: Float64Evidence | None
     amplification: float
     verdict: str  # exact / noise / different / unknown
     block: Block | None = None  # set when the evidence is for a matched N:M block
@@ -64,7 +64,7 @@ class Analysis:
         self.ops: dict[int, OpEvidence] = {}
         self.leaves: dict[int, LeafEvidence] = {}
         self.blocks: dict[int, Block] = {}  # candidate op completing a matched N:M block -> the block
-        self._tensor_errors: dict[int, dict[str, float] | None] = {}
+        self._tensor_errors: dict[int, ErrorMetrics | None] = {}
 
     @property
     def reference(self) -> Trace:
@@ -129,7 +129,7 @@ class Analysis:
             return pair.candidate_in_reference_layout(values, shape)
         return values.reshape(shape)
 
-    def tensor_error(self, cand_tid: int) -> dict[str, float] | None:
+    def tensor_error(self, cand_tid: int) -> ErrorMetrics | None:
         """Propagated error of a candidate tensor against its reference partner (None if unpaired)."""
         if cand_tid not in self._tensor_errors:
             reference = self.reference_values_for(cand_tid)
@@ -139,8 +139,8 @@ class Analysis:
 
     def _leaf_evidence(self, pair: TensorPair) -> LeafEvidence:
         info = self.candidate.tensors[pair.candidate]
-        error = self.tensor_error(pair.candidate) or {"max_abs": float("nan"), "max_rel": float("nan")}
-        verdict = "exact" if error["max_abs"] == 0 else ("noise" if error["max_rel"] <= noise_floor(info.dtype) else "different")
+        error = self.tensor_error(pair.candidate) or UNKNOWN
+        verdict = "exact" if error.max_abs == 0 else ("noise" if error.max_rel <= noise_floor(info.dtype) else "different")
         return LeafEvidence(info.leaf, self.reference.tensors[pair.reference].leaf or "", pair.candidate, error, verdict)
 
     def evidence(self, cand_index: int, ref_index: int, block: Block | None = None) -> OpEvidence:
@@ -151,13 +151,13 @@ class Analysis:
         cand_ops, ref_ops = self.covered_ops(cand_index, ref_index, block)
         inputs = external_inputs(self.candidate, cand_ops)
         dtype = coarsest_dtype([self.candidate.tensors[t].dtype for i in cand_ops for t in self.candidate.ops[i].inputs + self.candidate.ops[i].outputs])
-        output_error = self.tensor_error(out_tid) or {"max_abs": float("nan"), "mean_abs": float("nan"), "max_rel": float("nan"), "cosine": float("nan")}
+        output_error = self.tensor_error(out_tid) or UNKNOWN
         input_errors = [e for e in (self.tensor_error(t) for t in inputs) if e is not None]
-        input_abs = max((e["max_abs"] for e in input_errors), default=0.0)
-        input_rel = max((e["max_rel"] for e in input_errors), default=0.0)
+        input_abs = max((e.max_abs for e in input_errors), default=0.0)
+        input_rel = max((e.max_rel for e in input_errors), default=0.0)
         local, fp64 = self._replayed_errors(cand_index, ref_index, block)
-        verdict = "unknown" if local is None else judge(local, fp64 and fp64["candidate_error"], fp64 and fp64["reference_error"], dtype)
-        amplification = _ratio(output_error["max_abs"], input_abs)
+        verdict = "unknown" if local is None else judge(local, fp64 and fp64.candidate_error, fp64 and fp64.reference_error, dtype)
+        amplification = _ratio(output_error.max_abs, input_abs)
         name = block_name([self.reference.ops[i].op for i in ref_ops]) if block else cand_op.op
         return OpEvidence(cand_index, ref_index, name, dtype, output_error, input_abs, input_rel, local, fp64, amplification,
                           verdict, block)
@@ -194,7 +194,7 @@ class Analysis:
             if self.candidate.tensors[tid].producer is None or self.reference_values_for(tid) is None:
                 continue  # the replay reads the candidate's own values
             error = self.tensor_error(tid)  # None: the candidate's own values were not stored
-            if error is None or error["max_abs"] != 0:
+            if error is None or error.max_abs != 0:
                 return False
         return True
 
@@ -217,7 +217,7 @@ class Analysis:
         local_out = {r: self.in_reference_layout(c, r, local_out[c]) for c, r in compared}
 
         def worst(values: dict[int, np.ndarray], truth: dict[int, np.ndarray]) -> float:
-            return max(error_metrics(values[r], truth[r])["max_rel"] for _, r in compared)
+            return max(error_metrics(values[r], truth[r]).max_rel for _, r in compared)
 
         local = worst(local_out, reference_out)
         if local == 0.0:
@@ -227,7 +227,7 @@ class Analysis:
         except Exception:  # no float64 kernel for this op
             return local, None
         oracle = {r: oracle[r].reshape(reference_out[r].shape) for _, r in compared}
-        return local, {"candidate_error": worst(local_out, oracle), "reference_error": worst(reference_out, oracle)}
+        return local, Float64Evidence(worst(local_out, oracle), worst(reference_out, oracle))
 
 
 def computes(op: str) -> bool:

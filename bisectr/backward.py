@@ -35,7 +35,7 @@ import numpy as np
 
 from .align import TensorPair, handed_on
 from .errors import ModelFileError, OutputMismatchError
-from .metrics import error_metrics
+from .metrics import EXACT, ErrorMetrics, Float64Evidence, OutputError, error_metrics
 from .precision import float64_gradient_check
 from .numerics import GRADIENT_FLOOR, coarsest_dtype, confirms, judge, magnitude, relative_to
 from .runrecord import RunRecord, output_seeds
@@ -59,7 +59,7 @@ class OpGradientEvidence:
     dtype: str
     gradient_error: dict[str, float]  # of the gradient reaching its first output (propagated)
     local_error: float | None  # its backward replayed on the reference's inputs and upstream gradient
-    fp64: dict[str, float] | None
+    fp64: Float64Evidence | None
     verdict: str  # exact / noise / different / unknown
     # Candidate input tid -> what this op's own backward adds to its gradient (candidate minus
     # reference), in the candidate's layout: what a confirmation takes out.
@@ -116,7 +116,7 @@ class BackwardRun:
         values = None if pair is None else self._gradient(self.reference, pair.reference, cand_tid in self.tensor_pairs)
         return None if values is None else pair.reference_in_candidate_layout(values, self.run.candidate.tensors[cand_tid].shape)
 
-    def tensor_error(self, cand_tid: int, grads: Gradients | None = None) -> dict[str, float] | None:
+    def tensor_error(self, cand_tid: int, grads: Gradients | None = None) -> ErrorMetrics | None:
         """The error of the candidate's gradient of `cand_tid` (a paired op output or parameter; the
         candidate's own, or from `grads`); None unless it is paired and both sides' gradients reach it."""
         pair = self.pair(cand_tid)
@@ -129,7 +129,7 @@ class BackwardRun:
             return None
         return error_metrics(candidate, pair.reference_in_candidate_layout(reference, candidate.shape))
 
-    def leaf_error(self, grads: Gradients | None = None) -> dict[str, float]:
+    def leaf_error(self, grads: Gradients | None = None) -> OutputError:
         """Worst max_abs and max_rel over the parameters whose gradients both sides have. A
         parameter's max_rel is taken against its own gradient's largest magnitude, but never
         against less than `GRADIENT_FLOOR` of the largest of any parameter's: a gradient that is
@@ -137,14 +137,14 @@ class BackwardRun:
         grads = grads or self.candidate
         return self.worst_leaf_error(lambda tid, pair: self.tensor_error(tid, grads))
 
-    def worst_leaf_error(self, error_of: Callable[[int, TensorPair], dict[str, float] | None]) -> dict[str, float]:
-        worst = {"max_abs": 0.0, "max_rel": 0.0}
+    def worst_leaf_error(self, error_of: Callable[[int, TensorPair], ErrorMetrics | None]) -> OutputError:
+        max_abs = max_rel = 0.0
         for tid, pair in self.leaf_pairs.items():
             error = error_of(tid, pair)
             if error is not None:
-                worst["max_abs"] = max(worst["max_abs"], error["max_abs"])
-                worst["max_rel"] = max(worst["max_rel"], self.relative(tid, error["max_abs"]))
-        return worst
+                max_abs = max(max_abs, error.max_abs)
+                max_rel = max(max_rel, self.relative(tid, error.max_abs))
+        return OutputError(max_abs, max_rel)
 
     def relative(self, cand_tid: int, max_abs: float) -> float:
         """An absolute error of parameter `cand_tid`'s gradient, relative to its scale (see `leaf_error`)."""
@@ -212,7 +212,7 @@ def op_evidence(backward: BackwardRun, cand_index: int) -> OpGradientEvidence:
     name = block_name([run.reference.ops[i].op for i in ref_ops]) if len(ref_ops) > 1 or len(cand_ops) > 1 else cand_op.op
     cand_outputs = block_outputs(run.candidate, cand_ops, backward.readers["candidate"])
     ref_outputs = block_outputs(run.reference, ref_ops, backward.readers["reference"])
-    propagated = backward.tensor_error(cand_op.outputs[0]) or {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0, "cosine": 1.0}
+    propagated = backward.tensor_error(cand_op.outputs[0]) or EXACT
     evidence = OpGradientEvidence(cand_index, ref_index, name, dtype, propagated, None, None, "unknown")
     if not cand_outputs or not ref_outputs:
         return evidence
@@ -254,19 +254,19 @@ def op_evidence(backward: BackwardRun, cand_index: int) -> OpGradientEvidence:
             continue
         pair = pairs[cand_tid]
         candidate_grad = pair.candidate_in_reference_layout(candidate_grad, run.reference.tensors[ref_tid].shape)
-        worst["local"] = max(worst["local"], error_metrics(candidate_grad, reference_grad)["max_rel"])
+        worst["local"] = max(worst["local"], error_metrics(candidate_grad, reference_grad).max_rel)
         difference = candidate_grad.astype(np.float64) - reference_grad
         own_difference[cand_tid] = pair.reference_in_candidate_layout(difference, run.candidate.tensors[cand_tid].shape)
         if oracle is not None and oracle.get(ref_tid) is not None:
             exact = oracle[ref_tid]
-            worst["candidate_error"] = max(worst["candidate_error"], error_metrics(candidate_grad.astype(np.float64), exact)["max_rel"])
-            worst["reference_error"] = max(worst["reference_error"], error_metrics(reference_grad.astype(np.float64), exact)["max_rel"])
+            worst["candidate_error"] = max(worst["candidate_error"], error_metrics(candidate_grad.astype(np.float64), exact).max_rel)
+            worst["reference_error"] = max(worst["reference_error"], error_metrics(reference_grad.astype(np.float64), exact).max_rel)
     evidence.local_error = worst["local"]
     evidence.own_difference = own_difference
     if oracle is not None and worst["local"] not in (0.0, math.inf):
-        evidence.fp64 = {"candidate_error": worst["candidate_error"], "reference_error": worst["reference_error"]}
+        evidence.fp64 = Float64Evidence(worst["candidate_error"], worst["reference_error"])
     evidence.verdict = "different" if math.isinf(worst["local"]) else \
-        judge(worst["local"], evidence.fp64 and evidence.fp64["candidate_error"], evidence.fp64 and evidence.fp64["reference_error"], dtype)
+        judge(worst["local"], evidence.fp64 and evidence.fp64.candidate_error, evidence.fp64 and evidence.fp64.reference_error, dtype)
     return evidence
 
 
@@ -304,7 +304,7 @@ class BackwardPass(SearchPass):
             tid = cand_tid if side == "candidate" else pair.reference
             new, own = grads.leaves.get(tid), own_grads.leaves.get(tid)
             return None if new is None or own is None else error_metrics(new, own)
-        return backward.worst_leaf_error(moved)["max_rel"]
+        return backward.worst_leaf_error(moved).max_rel
 
     # -- what the search asks --------------------------------------------------
     def cuts(self) -> list[int]:
@@ -320,7 +320,7 @@ class BackwardPass(SearchPass):
             if values is not None and tid in self.backward.candidate.tensors:
                 patches[tid] = values.astype(self.backward.candidate.tensors[tid].dtype)
         grads = self.rerun("candidate", patches)
-        return self.backward.leaf_error(grads)["max_rel"], self._moved(grads, "candidate")
+        return self.backward.leaf_error(grads).max_rel, self._moved(grads, "candidate")
 
     def evidence_of(self, index: int) -> OpGradientEvidence | None:
         if index not in self.backward.op_pairs:
@@ -347,7 +347,7 @@ class BackwardPass(SearchPass):
     def error_without(self, group: list[OpGradientEvidence]) -> float:
         """A candidate re-run with these ops' own backward differences taken out of the gradients they hand on."""
         patches, shift = self._own_differences(group, "candidate")
-        return self.backward.leaf_error(self.rerun("candidate", patches, shift))["max_rel"]
+        return self.backward.leaf_error(self.rerun("candidate", patches, shift)).max_rel
 
     def _own_differences(self, group: list[OpGradientEvidence], side: str) -> tuple[dict[int, Shift], dict[int, np.ndarray]]:
         """The group's own differences as shifts of the gradients it hands on and of parameters'
@@ -381,7 +381,7 @@ class BackwardPass(SearchPass):
             values = self.backward.reference_gradient(tid)
             if values is not None and tid in self.backward.tensor_pairs:
                 patches[tid] = values
-        return self.backward.leaf_error(self.rerun("candidate", patches))["max_rel"], bool(patches)
+        return self.backward.leaf_error(self.rerun("candidate", patches)).max_rel, bool(patches)
 
 
 def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
@@ -399,7 +399,7 @@ def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
         raise ModelFileError(f"{run.model_file}: defines {defined}_loss() but not {missing}_loss(): both sides' backward "
                              "passes start from their losses, or neither's does")
     output_error = backward.leaf_error()
-    full_error = output_error["max_rel"]
+    full_error = output_error.max_rel
     ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops), "aligned": len(run.alignment.aligned_ops("candidate"))}
     losses = None
     if backward.reference.loss is not None or backward.candidate.loss is not None:
@@ -457,7 +457,7 @@ def _name_missing_gradient(result: Result, search: BackwardPass, tid: int, lacki
     result.missing_gradient = (f"the gradient of {cutting.framework_op}'s output in {cutting.module or '(top level)'} reaches "
                                f"the {has} but not the {lacking}: {cutting.framework_op} cuts the {lacking}'s gradient there")
     if lacking == "candidate":
-        before = backward.leaf_error()["max_rel"]
+        before = backward.leaf_error().max_rel
         after, given = search.error_with_cut_gradient(cand_op)
         result.confirmation = Confirmation([cand_op.index], after, before, given and confirms(after, before, 0.0), cut=True)
 
@@ -473,14 +473,14 @@ def _bracket(run: RunRecord, pairs: dict[int, int], entry: int | None, low: int 
 
 def _culprit(run: RunRecord, evidence: OpGradientEvidence) -> Culprit:
     return Culprit("op", evidence.op, site(run.candidate.ops[evidence.candidate]), site(run.reference.ops[evidence.reference]),
-                   None, input_error=None, output_error=evidence.gradient_error["max_abs"],
-                   output_error_rel=evidence.gradient_error["max_rel"], input_error_rel=None,
+                   None, input_error=None, output_error=evidence.gradient_error.max_abs,
+                   output_error_rel=evidence.gradient_error.max_rel, input_error_rel=None,
                    local_error=evidence.local_error, amplification=None, verdict=evidence.verdict, fp64=evidence.fp64)
 
 
 def _profile_row(run: RunRecord, backward: BackwardRun, cand_index: int, ref_index: int,
                  evidence: OpGradientEvidence | None = None) -> ProfileRow:
     op = run.candidate.ops[cand_index]
-    error = backward.tensor_error(op.outputs[0]) or {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0}
-    return ProfileRow(cand_index, ref_index, op.op, op.module, error["max_rel"], error["max_abs"], error["mean_abs"],
+    error = backward.tensor_error(op.outputs[0]) or EXACT
+    return ProfileRow(cand_index, ref_index, op.op, op.module, error.max_rel, error.max_abs, error.mean_abs,
                       evidence.local_error if evidence else None, evidence.verdict if evidence else "unknown", 0.0)

@@ -150,7 +150,7 @@ def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive:
     say("replaying ops")
     analysis = Analysis(run, sides).compute()
     output_error = run.output_error()
-    full_error = output_error["max_rel"]
+    full_error = output_error.max_rel
     ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops),
            "aligned": len(run.alignment.aligned_ops("candidate"))}
     profile = [_profile_row(run, e) for e in analysis.in_order()]
@@ -282,7 +282,7 @@ def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float,
 
     candidates = sorted((e for e in analysis.ops.values()
                          if (e.verdict == "noise" or (e.verdict == "exact" and makes_output(e)))
-                         and e.output_error["max_rel"] >= REACH_FRACTION * full_error
+                         and e.output_error.max_rel >= REACH_FRACTION * full_error
                          and math.isfinite(e.amplification) and e.amplification > 0),
                         key=lambda e: (-e.amplification, e.candidate))
     for evidence in candidates[:MAX_REACH_TESTS]:
@@ -315,13 +315,13 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culpri
         ref_index = computing_op(run.reference, evidence.block.reference)
     return Culprit("leaf" if leaf else "op", evidence.op, site(run.candidate.ops[cand_index]),
                    site(run.reference.ops[ref_index]), leaf,
-                   input_error=evidence.input_error, output_error=evidence.output_error["max_abs"],
-                   output_error_rel=evidence.output_error["max_rel"], input_error_rel=evidence.input_error_rel,
+                   input_error=evidence.input_error, output_error=evidence.output_error.max_abs,
+                   output_error_rel=evidence.output_error.max_rel, input_error_rel=evidence.input_error_rel,
                    local_error=evidence.local_error, amplification=evidence.amplification, verdict=evidence.verdict,
                    fp64=evidence.fp64, block=BlockOps(evidence.block.candidate, evidence.block.reference) if evidence.block else None)
 
 
 def _profile_row(run: RunRecord, evidence: OpEvidence) -> ProfileRow:
     return ProfileRow(evidence.candidate, evidence.reference, evidence.op, run.candidate.ops[evidence.candidate].module,
-                      evidence.output_error["max_rel"], evidence.output_error["max_abs"], evidence.output_error["mean_abs"],
+                      evidence.output_error.max_rel, evidence.output_error.max_abs, evidence.output_error.mean_abs,
                       evidence.local_error, evidence.verdict, evidence.amplification)

@@ -1,12 +1,43 @@
 """Error measures between a candidate tensor and its reference."""
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
-_NO_DIFFERENCE = {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0, "cosine": 1.0}
+
+@dataclass(frozen=True)
+class ErrorMetrics:
+    """How far a candidate tensor is from its reference (see `error_metrics`)."""
+
+    max_abs: float
+    mean_abs: float
+    max_rel: float  # max_abs relative to the reference's largest magnitude
+    cosine: float
 
 
-def error_metrics(candidate: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+EXACT = ErrorMetrics(0.0, 0.0, 0.0, 1.0)
+UNKNOWN = ErrorMetrics(math.nan, math.nan, math.nan, math.nan)  # values not at hand
+
+
+@dataclass(frozen=True)
+class Float64Evidence:
+    """An op's (or a block's) output on both sides against the float64 oracle, relative errors."""
+
+    candidate_error: float
+    reference_error: float
+
+
+@dataclass(frozen=True)
+class OutputError:
+    """The worst error over a model's outputs."""
+
+    max_abs: float
+    max_rel: float
+
+
+def error_metrics(candidate: np.ndarray, reference: np.ndarray) -> ErrorMetrics:
     """max_abs, mean_abs, max_rel (max_abs relative to the reference's largest magnitude) and cosine.
 
     NaN or Inf where the reference is finite (or the other way round) counts as an infinite error.
@@ -16,12 +47,12 @@ def error_metrics(candidate: np.ndarray, reference: np.ndarray) -> dict[str, flo
     cand = _flat(candidate)
     ref = _flat(reference)
     if cand.size == 0:
-        return dict(_NO_DIFFERENCE)
+        return EXACT
     if cand.dtype != ref.dtype:
         cand, ref = cand.astype(np.float64), ref.astype(np.float64)
     diff, max_abs = _abs_difference(cand, ref)
     if max_abs == 0.0:  # bit-identical: common upstream of a difference, and cheap to say
-        return dict(_NO_DIFFERENCE)
+        return EXACT
     if not np.isfinite(max_abs) and cand.dtype != np.float64 and np.isfinite(cand).all() and np.isfinite(ref).all():
         cand, ref = cand.astype(np.float64), ref.astype(np.float64)  # finite values whose difference overflows float32
         diff, max_abs = _abs_difference(cand, ref)
@@ -37,12 +68,8 @@ def error_metrics(candidate: np.ndarray, reference: np.ndarray) -> dict[str, flo
         ok_cand, ok_ref = cand[ok], ref[ok]
         finite_ref = ref[np.isfinite(ref)]
         scale = float(np.abs(finite_ref).max()) if finite_ref.size else 0.0
-    return {
-        "max_abs": max_abs,
-        "mean_abs": float(diff.mean(dtype=np.float64)),
-        "max_rel": max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf")),
-        "cosine": _cosine(ok_cand, ok_ref),
-    }
+    max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
+    return ErrorMetrics(max_abs, float(diff.mean(dtype=np.float64)), max_rel, _cosine(ok_cand, ok_ref))
 
 
 def _abs_difference(cand: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:

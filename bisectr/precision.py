@@ -26,7 +26,7 @@ from .sides import Float64Gradients, Float64Outputs, Float64Run, Sides
 
 def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
     """Run both sides of a live run in float64 and compare their outputs (see the module docstring)."""
-    error = run.output_error()["max_rel"]
+    error = run.output_error().max_rel
     if not math.isfinite(error):
         return Float64Check("skipped", "the candidate's outputs hold NaN/Inf", error)
     if all(trace.dtype == "float64" for trace in run.traces.values()):
@@ -42,10 +42,10 @@ def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
     for pair in run.output_pairs:
         reference64 = outputs["reference"][pair.key]
         candidate64 = pair.in_reference_layout(outputs["candidate"][pair.candidate_key], reference64.shape)
-        float64_error = max(float64_error, error_metrics(candidate64, reference64)["max_rel"])
-        reference_rounding = max(reference_rounding, error_metrics(run.reference.value(pair.reference), reference64)["max_rel"])
+        float64_error = max(float64_error, error_metrics(candidate64, reference64).max_rel)
+        reference_rounding = max(reference_rounding, error_metrics(run.reference.value(pair.reference), reference64).max_rel)
         candidate32 = pair.in_reference_layout(run.candidate.value(pair.candidate), reference64.shape)
-        candidate_rounding = max(candidate_rounding, error_metrics(candidate32, candidate64)["max_rel"])
+        candidate_rounding = max(candidate_rounding, error_metrics(candidate32, candidate64).max_rel)
     check = judge_float64(error, float64_error, reference_rounding, candidate_rounding, [t.dtype for t in run.traces.values()])
     return _noted(check, run, runs)
 
@@ -94,9 +94,9 @@ def float64_gradient_check(backward: Any, error: float) -> Float64Check:
         reference64 = pair.reference_in_candidate_layout(reference64, shape)
         reference32 = pair.reference_in_candidate_layout(reference32, shape)
         relative = partial(backward.relative, cand_tid)
-        float64_error = max(float64_error, relative(error_metrics(candidate64, reference64)["max_abs"]))
-        reference_rounding = max(reference_rounding, relative(error_metrics(reference32.astype(np.float64), reference64)["max_abs"]))
-        candidate_rounding = max(candidate_rounding, relative(error_metrics(candidate32.astype(np.float64), candidate64)["max_abs"]))
+        float64_error = max(float64_error, relative(error_metrics(candidate64, reference64).max_abs))
+        reference_rounding = max(reference_rounding, relative(error_metrics(reference32.astype(np.float64), reference64).max_abs))
+        candidate_rounding = max(candidate_rounding, relative(error_metrics(candidate32.astype(np.float64), candidate64).max_abs))
     check = judge_float64(error, float64_error, reference_rounding, candidate_rounding,
                           [trace.dtype for trace in run.traces.values()], "gradients")
     return _noted(check, run, runs)

@@ -360,6 +360,8 @@ class GradientRerun(PatchedRerun):
         dtype, device = adapter.dtype_name(tensor), adapter.device_name(tensor)
 
         def hook(gradient: Any) -> Any:
+            if gradient is None:  # none reaches it (see `Adapter.add_gradient_hook`)
+                return None
             self.gradients[tid] = adapter.to_numpy(gradient)
             if tid in self.gradient_patches.patches:
                 return adapter.from_numpy(self.gradient_patches.values(tid, gradient), dtype, device)

@@ -83,7 +83,7 @@ def print_trace_summary(console: Console, run: RunRecord) -> None:
     for pair in run.output_pairs:
         info = run.reference.tensors[pair.reference]
         metrics = pair.metrics
-        outputs.add_row(pair.key, str(list(info.shape)), fmt(metrics.get("max_abs")), fmt(metrics.get("max_rel")), fmt(metrics.get("cosine")))
+        outputs.add_row(pair.key, str(list(info.shape)), fmt(metrics.max_abs), fmt(metrics.max_rel), fmt(metrics.cosine))
     console.print(outputs)
 
 
@@ -113,7 +113,7 @@ def measured(result: Result) -> str:
 def verdict_lines(result: Result) -> list[Line]:
     """The verdict, the outputs' difference, where NaN/Inf start and the float64 check."""
     error = result.output_error
-    difference = "NaN/Inf" if result.nonfinite else f"{fmt(error.get('max_abs'))} (relative {fmt(error.get('max_rel'))})"
+    difference = "NaN/Inf" if result.nonfinite else f"{fmt(error.max_abs)} (relative {fmt(error.max_rel)})"
     unconfirmed = " (unconfirmed)" if result.unconfirmed else ""
     label = "backward verdict" if result.pass_ == "backward" else "verdict"
     lines: list[Line] = [[(f"{label}: {result.verdict}", result.verdict), (unconfirmed, "warning"),
@@ -164,8 +164,8 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
             lines.append([(f"  input error {fmt(culprit.input_error)} -> output error {fmt(culprit.output_error)} "
                            f"({fmt_amplification(culprit.amplification, culprit.output_error)}); local error {fmt(culprit.local_error)}", "")])
         if culprit.fp64:
-            lines.append([(f"  vs fp64: candidate {fmt(culprit.fp64.get('candidate_error'))}, reference "
-                           f"{fmt(culprit.fp64.get('reference_error'))}  -> ", ""), (culprit.verdict, culprit.verdict)])
+            lines.append([(f"  vs fp64: candidate {fmt(culprit.fp64.candidate_error)}, reference "
+                           f"{fmt(culprit.fp64.reference_error)}  -> ", ""), (culprit.verdict, culprit.verdict)])
     lines += recurrence_lines(result, listed)
     if result.confirmation:
         lines.append([(f"  {confirmation_text(result.confirmation, measured(result))}", "" if result.confirmation.confirmed else "warning")])

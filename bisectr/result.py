@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from .align import LeafPairing
 from .serial import PlainError, from_plain, to_plain
+from .metrics import Float64Evidence, OutputError
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Culprit:
     local_error: float | None
     amplification: float | None
     verdict: str  # the op's own: exact / noise / different
-    fp64: dict[str, float] | None  # candidate_error, reference_error
+    fp64: Float64Evidence | None
     block: BlockOps | None = None
     # For kind "leaf": the reference leaf it pairs with, how the reference's values lie in it
     # ("as stored", "transposed", a slice of a fused parameter) and how it differs ("all zeros").
@@ -165,7 +166,7 @@ class Float64Check:
 @dataclass
 class Result:
     verdict: str  # "match" | "noise" | "divergent"
-    output_error: dict[str, float]  # max_abs, max_rel
+    output_error: OutputError
     culprit: Culprit | None
     reruns: int  # candidate re-runs
     ops: dict[str, int]  # reference, candidate, aligned

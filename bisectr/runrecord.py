@@ -15,7 +15,7 @@ import numpy as np
 
 from .align import Alignment, Permutation
 from .errors import ModelFileError, OutputMismatchError
-from .metrics import error_metrics
+from .metrics import UNKNOWN, ErrorMetrics, OutputError, error_metrics
 from .numerics import magnitude, relative_to
 from .result import Result
 from .serial import PlainError
@@ -45,7 +45,7 @@ class OutputPair:
     candidate_key: str
     reference: int  # tid
     candidate: int
-    metrics: dict[str, float]
+    metrics: ErrorMetrics
     # The permutation turning the candidate's values into the reference's layout (None: the same
     # data order, reshaped), when their shapes differ and the values confirmed it.
     layout: Permutation = None
@@ -87,7 +87,7 @@ class RunRecord:
         worst = 0.0
         for pair in self.output_pairs:
             reference = self.reference.value(pair.reference)
-            worst = max(worst, error_metrics(outputs[pair.key].reshape(reference.shape), reference)["max_rel"])
+            worst = max(worst, error_metrics(outputs[pair.key].reshape(reference.shape), reference).max_rel)
         return worst
 
     def candidate_output_error(self, outputs: dict[str, np.ndarray]) -> float:
@@ -104,16 +104,14 @@ class RunRecord:
         worst = 0.0
         for pair in self.output_pairs:
             own = self.candidate.value(pair.candidate)
-            moved = error_metrics(outputs[pair.candidate_key].reshape(own.shape), own)["max_abs"]
+            moved = error_metrics(outputs[pair.candidate_key].reshape(own.shape), own).max_abs
             worst = max(worst, relative_to(moved, magnitude(self.reference.value(pair.reference))))
         return worst
 
-    def output_error(self) -> dict[str, float]:
+    def output_error(self) -> OutputError:
         """Worst max_abs and max_rel over all paired outputs."""
-        return {
-            "max_abs": max((p.metrics["max_abs"] for p in self.output_pairs), default=0.0),
-            "max_rel": max((p.metrics["max_rel"] for p in self.output_pairs), default=0.0),
-        }
+        return OutputError(max((p.metrics.max_abs for p in self.output_pairs), default=0.0),
+                           max((p.metrics.max_rel for p in self.output_pairs), default=0.0))
 
     def check(self) -> None:
         """Raise `PlainError` when the output pairs, the alignment or the result name ops or
@@ -203,7 +201,7 @@ def pair_outputs(reference: Trace, candidate: Trace, model_file: Path) -> list[O
                 pair.layout = _confirmed_layout(cand_values, ref_values, f"{model_file}: {shapes}")
             pair.metrics = error_metrics(pair.in_reference_layout(cand_values, ref_values.shape), ref_values)
         else:
-            pair.metrics = {"max_abs": float("nan"), "mean_abs": float("nan"), "max_rel": float("nan"), "cosine": float("nan")}
+            pair.metrics = UNKNOWN
         pairs.append(pair)
     return pairs
 
@@ -222,7 +220,7 @@ def _confirmed_layout(candidate: np.ndarray, reference: np.ndarray, shapes: str)
         for layout in itertools.permutations(range(len(cand_shape))):
             if tuple(cand_shape[i] for i in layout) == ref_shape:
                 values = np.transpose(candidate.reshape(cand_shape), layout).reshape(reference.shape)
-                tried.append((error_metrics(values, reference)["max_rel"], layout))
+                tried.append((error_metrics(values, reference).max_rel, layout))
     tried.sort()
     if tried and tried[0][0] <= LAYOUT_CONFIRMED and (len(tried) == 1 or tried[1][0] > tried[0][0]):
         return tried[0][1]

@@ -304,7 +304,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
 
 
 def _error_text(result: Any) -> str:
-    return f"relative difference {result.output_error.get('max_rel', 0.0):.3g}"
+    return f"relative difference {result.output_error.max_rel:.3g}"
 
 
 def _decay_differences(pairs: list[tuple[str, str, TensorPair]], decays: dict[str, dict[str, float]]) -> tuple[str, Any, Any] | None:

@@ -7,6 +7,7 @@ from typing import Any
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.reactive import var
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Footer, Header, Input, TabbedContent, TabPane, Tree
 
@@ -41,10 +42,13 @@ class BisectrApp(App[int]):
         Binding("q", "quit", "Quit"),
     ]
 
+    # The op shown everywhere: the table's cursor, the module tree, the preview, an open detail screen.
+    current: var[int | None] = var(None, init=False)
+
     def __init__(self, data: RunData, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.data = data
-        self.current: int | None = data.culprit_index if data.culprit_index is not None else (0 if data.rows else None)
+        self.set_reactive(BisectrApp.current, data.culprit_index if data.culprit_index is not None else (0 if data.rows else None))
         self._busy: str | None = None
         self._busy_lock = threading.Lock()
 
@@ -88,9 +92,19 @@ class BisectrApp(App[int]):
         self.query_one(RunSummary).show(data)
         self.query_one(ModuleTree).show(data)
         self.query_one(OpTable).show(data, keep=self.current)
-        self.query_one(OpPreview).show(data, self.current)
-        if self.current is not None:
-            self.query_one(ModuleTree).reveal(data.by_index[self.current].module)
+        self._show_current()
+
+    def watch_current(self) -> None:
+        self._show_current()
+
+    def _show_current(self) -> None:
+        index = self.current
+        self.query_one(OpPreview).show(self.data, index)
+        if index is None:
+            return
+        self.query_one(ModuleTree).reveal(self.data.by_index[index].module)
+        if isinstance(self.screen, DetailScreen):
+            self.screen.show(index)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Hide the keys that do nothing on the op detail screen."""
@@ -121,11 +135,8 @@ class BisectrApp(App[int]):
     @on(DataTable.RowHighlighted, "#table")
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         index = self.query_one(OpTable).current()
-        if index is None:
-            return
-        self.current = index
-        self.query_one(OpPreview).show(self.data, index)
-        self.query_one(ModuleTree).reveal(self.data.by_index[index].module)
+        if index is not None:
+            self.current = index
 
     @on(DataTable.RowSelected, "#table")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
@@ -138,9 +149,7 @@ class BisectrApp(App[int]):
             return
         table = self.query_one(OpTable)
         under = set(module.ops)
-        first = next((i for i in table.shown if i in under), module.ops[0])
-        if table.select_op(first):
-            self.current = first
+        table.select_op(next((i for i in table.shown if i in under), module.ops[0]))  # its highlight sets `current`
 
     @on(OpTable.Filtered)
     def _filtered(self, event: OpTable.Filtered) -> None:
@@ -165,15 +174,11 @@ class BisectrApp(App[int]):
 
     # -- navigation --------------------------------------------------------------------------
     def select(self, index: int, show_ops: bool = True) -> None:
-        """Make op `index` the current op everywhere: table cursor, tree, preview, open detail."""
+        """Make op `index` the current op (and the table's cursor); show the ops tab unless a detail is open."""
         self.current = index
         table = self.query_one(OpTable)
         table.select_op(index)
-        self.query_one(OpPreview).show(self.data, index)
-        self.query_one(ModuleTree).reveal(self.data.by_index[index].module)
-        if isinstance(self.screen, DetailScreen):
-            self.screen.show(index)
-        elif show_ops:
+        if not isinstance(self.screen, DetailScreen) and show_ops:
             self.query_one(TabbedContent).active = "ops"
             table.focus()
 
@@ -226,7 +231,7 @@ class BisectrApp(App[int]):
         """Show the backward pass's result (gradients), or the forward's again."""
         self.data.backward = not self.data.backward
         self.data.refresh()
-        self.current = self.data.culprit_index if self.data.culprit_index is not None else self.current
+        self.set_reactive(BisectrApp.current, self.data.culprit_index if self.data.culprit_index is not None else self.current)
         self.refresh_views()
         self.notify(f"showing the {'backward' if self.data.backward else 'forward'} pass")
 
@@ -275,8 +280,9 @@ class BisectrApp(App[int]):
 
     def _bisect_done(self, result: Result) -> None:
         self.query_one(SearchProgress).finish()
+        self.data.refresh()  # here, not in the worker: the rows are what the UI reads
         if self.data.culprit_index is not None:
-            self.current = self.data.culprit_index
+            self.set_reactive(BisectrApp.current, self.data.culprit_index)
         self.refresh_views()
         culprit = result.culprit
         where = f", culprit op {culprit.candidate.index} {culprit.op}" if culprit else ""

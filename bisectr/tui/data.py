@@ -19,8 +19,9 @@ import numpy as np
 from ..align import Alignment
 from ..analysis import Analysis
 from ..errors import BisectrError
+from ..metrics import Float64Evidence
 from ..repro import write_repro
-from ..report import json_safe, short_source
+from ..report import short_source
 from ..result import Result
 from ..run import Run
 
@@ -35,6 +36,25 @@ CONTEXT_LINES = 2
 
 def fmt_shape(shape: tuple[int, ...] | list[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+@dataclass
+class ShownEvidence:
+    """What the op detail shows of one op's evidence: the culprit's from the result, any op's
+    replayed on a live run. Numbers that are not finite show as n/a (None)."""
+
+    local_error: float | None
+    fp64: Float64Evidence | None
+    verdict: str
+    input_error: float | None
+    output_error: float | None  # absolute
+    amplification: float | None
+
+    def __post_init__(self) -> None:
+        for name in ("local_error", "input_error", "output_error", "amplification"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                setattr(self, name, None)
 
 
 @dataclass
@@ -256,8 +276,8 @@ class RunData:
 
     def output_lines(self) -> list[tuple[str, str, float, float]]:
         """(output key, shape, max abs, max rel) per paired output."""
-        return [(p.key, fmt_shape(self.run.reference.tensors[p.reference].shape), p.metrics.get("max_abs"),
-                 p.metrics.get("max_rel")) for p in self.run.output_pairs]
+        return [(p.key, fmt_shape(self.run.reference.tensors[p.reference].shape), p.metrics.max_abs,
+                 p.metrics.max_rel) for p in self.run.output_pairs]
 
     # -- one op ---------------------------------------------------------------------
     def reference_values(self, cand_tid: int) -> np.ndarray | None:
@@ -274,7 +294,7 @@ class RunData:
                     metrics = self.analysis.tensor_error(tid)
                 except BisectrError:  # a damaged tensor file: no error shown (the heat map says why)
                     metrics = None
-                error = metrics["max_rel"] if metrics is not None else None
+                error = metrics.max_rel if metrics is not None else None
                 rows.append(self._tensor_row("candidate", f"{role} {position}", cand, tid, error))
         ref_index = self.by_index[index].reference
         if ref_index is not None:
@@ -317,24 +337,22 @@ class RunData:
         return HeatMap(cells, max_abs, shape, (len(row_groups[0]), len(col_groups[0])), argmax,
                        float(candidate.reshape(-1)[flat]), float(reference.reshape(-1)[flat]))
 
-    def evidence(self, index: int) -> dict | None:
-        """The culprit's evidence (`replay_evidence`'s keys) from the result when `index` is the culprit, else None."""
+    def evidence(self, index: int) -> ShownEvidence | None:
+        """The culprit's evidence from the result when `index` is the culprit, else None."""
         if not self.result or self.culprit_index != index:
             return None
         culprit = self.result.culprit
-        return json_safe({"local_error": culprit.local_error, "fp64": culprit.fp64, "verdict": culprit.verdict,
-                          "input_error": culprit.input_error, "output_error": culprit.output_error,
-                          "amplification": culprit.amplification})
+        return ShownEvidence(culprit.local_error, culprit.fp64, culprit.verdict, culprit.input_error, culprit.output_error,
+                             culprit.amplification)
 
-    def replay_evidence(self, index: int) -> dict | None:
+    def replay_evidence(self, index: int) -> ShownEvidence | None:
         """Replay one op (live runs): local error and the fp64 oracle. Slow-ish: call from a worker."""
         row = self.by_index[index]
         if not self.run.is_live or row.reference is None:
             return None
         evidence = self.analysis.evidence(index, row.reference)
-        return json_safe({"local_error": evidence.local_error, "fp64": evidence.fp64, "verdict": evidence.verdict,
-                          "input_error": evidence.input_error, "output_error": evidence.output_error["max_abs"],
-                          "amplification": evidence.amplification})
+        return ShownEvidence(evidence.local_error, evidence.fp64, evidence.verdict, evidence.input_error,
+                             evidence.output_error.max_abs, evidence.amplification)
 
     # -- actions ----------------------------------------------------------------------
     def patch_effect(self, index: int) -> dict[str, float]:
@@ -346,18 +364,17 @@ class RunData:
             raise RuntimeError("patching needs a live run")
         analysis = self.analysis
         search = ForwardPass(self.run, self.run.sides, analysis)
-        before = self.run.output_error()["max_rel"]
+        before = self.run.output_error().max_rel
         return {"before": before,
                 "only_this": search.candidate_error(_op_patches(analysis, self.run, index)),
                 "up_to_here": search.candidate_error(search.patches_up_to(index))}
 
     def bisect(self, progress: Callable[[str], None] | None = None, model_file: str | None = None) -> Result:
-        """Run the whole search again and save the run with its result. A saved run re-runs
-        nothing by itself: `model_file` names the file to trace again (see `Run.bisect`)."""
+        """Run the whole search again and save the run with its result (`refresh` then shows it).
+        A saved run re-runs nothing by itself: `model_file` names the file to trace again (see `Run.bisect`)."""
         result = self.run.bisect(progress=progress, model_file=model_file, backward=self.has_backward)
         if self.run.run_dir is not None or self.run.writer is not None:
             self.run.save()
-        self.refresh()
         return result
 
     def export_repro(self, index: int, directory: str | os.PathLike | None = None) -> Path:

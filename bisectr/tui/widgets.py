@@ -13,7 +13,7 @@ from textual.widgets.tree import TreeNode
 
 from ..report import (HEADLINE, Line, culprit_lines, error_chart, fmt, fmt_amplification, short_source, source_text,
                       verdict_lines)
-from .data import HEAT_LEVELS, VERDICT_VARIABLE, HeatMap, ModuleNode, OpRow, RunData, fmt_shape, source_context
+from .data import HEAT_LEVELS, VERDICT_VARIABLE, HeatMap, ModuleNode, OpRow, RunData, ShownEvidence, fmt_shape, source_context
 
 def verdict_style(verdict: str) -> str:
     """A Textual style (theme variables) for a verdict's text."""
@@ -355,24 +355,24 @@ class SourcePanel(Static):
 class EvidencePanel(Static):
     """Errors, amplification and the fp64 oracle for one op."""
 
-    def show(self, data: RunData, index: int, evidence: dict | None, pending: bool) -> None:
+    def show(self, data: RunData, index: int, evidence: ShownEvidence | None, pending: bool) -> None:
         row = data.by_index[index]
         lines = [Content.assemble(("verdict        ", "$text-muted"), (row.verdict or "-", f"bold {verdict_style(row.verdict)}"),
                                   "  (culprit)" if index == data.culprit_index else ""),
                  Content.assemble(("propagated     ", "$text-muted"), f"{fmt(row.output_error)} rel"
-                                  + (f" · {fmt(evidence['output_error'])} abs" if evidence else "")),
+                                  + (f" · {fmt(evidence.output_error)} abs" if evidence else "")),
                  Content.assemble(("local          ", "$text-muted"), f"{fmt(row.local_error)} (on the reference's inputs)")]
         if evidence:
-            lines.append(Content.assemble(("amplification  ", "$text-muted"), f"{fmt_amplification(evidence['amplification'], evidence['output_error'])}"
-                                          f" (in {fmt(evidence['input_error'])} → out {fmt(evidence['output_error'])})"))
+            lines.append(Content.assemble(("amplification  ", "$text-muted"), f"{fmt_amplification(evidence.amplification, evidence.output_error)}"
+                                          f" (in {fmt(evidence.input_error)} → out {fmt(evidence.output_error)})"))
         else:
             lines.append(Content.assemble(("amplification  ", "$text-muted"), fmt_amplification(row.amplification, row.output_error)))
-        fp64 = (evidence or {}).get("fp64")
+        fp64 = evidence.fp64 if evidence else None
         if fp64:
-            cand, ref = fp64.get("candidate_error"), fp64.get("reference_error")
+            cand, ref = fp64.candidate_error, fp64.reference_error
             ratio = f" ({cand / ref:.3g}x)" if cand is not None and ref else ""
             lines.append(Content.assemble(("vs fp64        ", "$text-muted"), f"cand {fmt(cand)} · ref {fmt(ref)}{ratio}"))
-            verdict = evidence.get("verdict", row.verdict)
+            verdict = evidence.verdict
             meaning = {"different": "computes something else", "noise": "as close to float64: rounding",
                        "exact": "bit-identical"}.get(verdict, "")
             lines.append(Content.assemble(" " * 15, (f"→ {verdict}", f"bold {verdict_style(verdict)}"), f": {meaning}" if meaning else ""))
