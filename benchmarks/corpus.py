@@ -67,7 +67,7 @@ def measure(pair: Pair) -> dict:
     if pair.planted is None:
         analysis = Analysis(run)
         errors = (analysis.tensor_error(run.candidate.ops[p.candidate].outputs[0]) for p in run.alignment.pairs)
-        contradicted = sum(1 for e in errors if e is not None and e["max_rel"] > CONTRADICTION)
+        contradicted = sum(1 for e in errors if e is not None and e.max_rel > CONTRADICTION)
     expected = "noise/match" if pair.planted is None else f"divergent at {pair.planted}"
     right = (result.verdict in ("noise", "match") if pair.planted is None else
              result.verdict == "divergent" and (module == pair.planted or module.startswith(pair.planted + ".")))

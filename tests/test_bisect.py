@@ -23,8 +23,8 @@ def test_tanh_gelu_block_is_named_on_both_sides(gelu_run):
         assert getattr(culprit, side).module == "blocks.7"
         assert getattr(culprit, side).source == f"{GELU_FILE}:{line_of(GELU_FILE, 'GELU_LINE')}"
     # tanh vs exact GELU: ~1e-4..1e-3 apart, while the reference is fp32-close to fp64
-    assert 1e-5 < culprit.fp64["candidate_error"] < 1e-2
-    assert culprit.fp64["reference_error"] < 1e-6
+    assert 1e-5 < culprit.fp64.candidate_error < 1e-2
+    assert culprit.fp64.reference_error < 1e-6
     assert result.confirmation.output_error == 0.0 < result.confirmation.before
 
 
@@ -63,7 +63,7 @@ def test_a_wrong_epsilon_inside_a_decomposed_layer_norm_is_found(tmp_path):
     eps_source = f"{path}:{line_of(path, '# @eps')}"
     assert eps_source in {run.candidate.ops[i].source for i in culprit.block.candidate}
     assert "layer_norm" in {run.reference.ops[i].op for i in culprit.block.reference}
-    assert culprit.fp64["candidate_error"] > 1e-4 and culprit.fp64["reference_error"] < 1e-6
+    assert culprit.fp64.candidate_error > 1e-4 and culprit.fp64.reference_error < 1e-6
     assert result.confirmation.output_error < 1e-6 < 1e-5 < result.confirmation.before
 
 

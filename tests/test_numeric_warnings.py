@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from bisectr.metrics import error_metrics
+from bisectr.metrics import ErrorMetrics, error_metrics
 from bisectr.trace import StatsBatch, TensorInfo
 from conftest import MODELS
 
@@ -47,11 +47,11 @@ def test_statistics_whose_float32_squares_sum_past_the_largest_float32():
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_inf_minus_inf_is_no_error_and_an_overflowing_difference_is_finite():
     both_inf = error_metrics(np.array([np.inf, 1.0], np.float32), np.array([np.inf, 2.0], np.float32))
-    assert both_inf == {"max_abs": 1.0, "mean_abs": 0.5, "max_rel": 0.5, "cosine": 1.0}
+    assert both_inf == ErrorMetrics(max_abs=1.0, mean_abs=0.5, max_rel=0.5, cosine=1.0)
     opposite = error_metrics(np.array([3e38, 1.0], np.float32), np.array([-3e38, 1.0], np.float32))
-    assert opposite["max_abs"] == pytest.approx(6e38, rel=1e-7) and opposite["max_rel"] == pytest.approx(2.0)
+    assert opposite.max_abs == pytest.approx(6e38, rel=1e-7) and opposite.max_rel == pytest.approx(2.0)
     unequal_inf = error_metrics(np.array([np.inf, 1.0], np.float32), np.array([-np.inf, 1.0], np.float32))
-    assert unequal_inf["max_abs"] == np.inf
+    assert unequal_inf.max_abs == np.inf
 
 
 def test_bisecting_a_hugging_face_llama_prints_no_numpy_warning():

@@ -312,9 +312,9 @@ def test_torch_reference_and_paddle_candidate_agree(tmp_path):
     for trace in (run.reference, run.candidate):
         ops = [o.op for o in trace.ops]
         assert (ops.count("matmul"), ops.count("linear"), ops.count("layer_norm"), ops.count("softmax")) == (6, 13, 4, 3)
-    assert run.output_error()["max_rel"] < 1e-5
+    assert run.output_error().max_rel < 1e-5
     for pair in run.output_pairs:
-        assert pair.metrics["max_rel"] < 1e-5
+        assert pair.metrics.max_rel < 1e-5
 
 
 def test_plain_function_with_copy_into_a_tensor():

@@ -335,7 +335,7 @@ async def test_e_exports_a_repro_that_reproduces_the_op(live, tmp_path):
     assert out.returncode == 0, out.stderr
     _, result = live
     assert f"candidate vs reference:         {result.culprit.local_error:.3g}" in out.stdout
-    assert f"candidate op vs float64 oracle: {result.culprit.fp64['candidate_error']:.3g}" in out.stdout
+    assert f"candidate op vs float64 oracle: {result.culprit.fp64.candidate_error:.3g}" in out.stdout
     assert "=> different: the candidate computes something else" in out.stdout
 
 
