@@ -20,8 +20,8 @@ from rich.console import Console
 from . import report
 from .adapters import silence_import_warnings
 from .errors import BisectrError, UserModelError
-from .report import json_safe
 from .result import Result
+from .serial import to_plain
 
 EXIT_OK, EXIT_DIVERGENT, EXIT_ERROR, EXIT_BUG = 0, 1, 2, 3
 # Off a terminal (a pipe, a file) tables are printed at their natural width: no cell cut or wrapped.
@@ -321,7 +321,7 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
     with _recording_status(status_console, args.model_file, quiet=args.json) as watch:
         run = trace(args.model_file, args.reference, args.candidate, watch=watch, **_isolation(args))
     searched = _search(run, status_console, args.exhaustive, quiet=args.json, backward=args.backward)
-    result = json_safe(searched.to_dict())
+    result = searched.to_dict()
     if args.repro:
         from .repro import write_repro
     if args.repro and searched.culprit is not None:
@@ -340,9 +340,9 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
         from .substitution import substitute
 
         substitution = substitute(run, run.sides, _substituted_ops(args.substitute, searched))
-        result["substitution"] = json_safe(substitution.to_dict())
+        result["substitution"] = to_plain(substitution)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result, allow_nan=False))
     else:
         report.print_result(console, run, searched)
         if "repro" in result:
@@ -390,7 +390,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
     status_console = Console(stderr=True)
     if args.json:
         result = train(args.model_file, args.reference, args.candidate, args.steps)
-        print(json.dumps(json_safe(result.to_dict())))
+        print(json.dumps(result.to_dict(), allow_nan=False))
     else:
         with status_console.status("training") as status:
             def progress(message: str) -> None:

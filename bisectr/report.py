@@ -23,17 +23,6 @@ CHART_WIDTH = 64
 NARROW_OPS_SHOWN = 4  # ops still below float64, named in the float64 check's line
 
 
-def json_safe(value: Any) -> Any:
-    """JSON has no Infinity or NaN: such numbers become None (`bisect --json`, result.json, the TUI)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
-
-
 def fmt(value: float | None) -> str:
     if value is None or value != value:
         return "n/a"
@@ -41,8 +30,7 @@ def fmt(value: float | None) -> str:
 
 
 def fmt_amplification(amplification: float | None, output_error: float | None) -> str:
-    """Amplification, with `inf` for an error that appears from exact inputs (JSON stores it as null,
-    a run's result.json as Infinity)."""
+    """Amplification, with `inf` for an error that appears from exact inputs."""
     if amplification is None:
         return "inf" if output_error else "n/a"
     if math.isinf(amplification):

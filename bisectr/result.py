@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .align import LeafPairing
 from .serial import PlainError, from_plain, to_plain
@@ -151,21 +152,17 @@ class Float64Check:
     # values on both sides (said here in one sentence); `narrow_ops` still ran below float64.
     rounded_leaves: str = ""
     narrow_ops: dict[str, list[str]] = field(default_factory=dict)
+    # What rounding alone predicts for the measured difference (None when skipped).
+    predicted: float | None = field(init=False)
 
-    @property
-    def predicted(self) -> float | None:
-        """What rounding alone predicts for the measured difference (None when skipped)."""
-        if self.reference_rounding is None or self.candidate_rounding is None:
-            return None
-        return self.reference_rounding + self.candidate_rounding
-
-    def to_dict(self) -> dict:
-        return {**to_plain(self), "predicted": self.predicted}
+    def __post_init__(self) -> None:
+        skipped = self.reference_rounding is None or self.candidate_rounding is None
+        self.predicted = None if skipped else self.reference_rounding + self.candidate_rounding
 
 
 @dataclass
 class Result:
-    verdict: str  # "match" | "noise" | "divergent"
+    verdict: Literal["match", "noise", "divergent"]
     output_error: OutputError
     culprit: Culprit | None
     reruns: int  # candidate re-runs
@@ -180,7 +177,7 @@ class Result:
     fp64_check: Float64Check | None = None
     bracket: Bracket | None = None  # for a divergent result no patch confirmed
     profile: list[ProfileRow] = field(default_factory=list)
-    pass_: str = "forward"  # "forward" | "backward"; "pass" in JSON
+    pass_: Literal["forward", "backward"] = field(default="forward", metadata={"key": "pass"})
     # Backward only: a gradient one side has and the other lacks, said plainly (a frozen parameter,
     # a detached path); the losses, where the model file defines them.
     missing_gradient: str | None = None
@@ -199,27 +196,11 @@ class Result:
         return self.verdict == "divergent" and not confirmed and self.missing_gradient is None
 
     def to_dict(self) -> dict:
-        plain = to_plain(self)
-        plain["pass"] = plain.pop("pass_")
-        if self.fp64_check is not None:
-            plain["fp64_check"] = self.fp64_check.to_dict()
-        if self.backward is not None:
-            plain["backward"] = self.backward.to_dict()
-        return plain
+        return to_plain(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "Result":
-        if not isinstance(data, dict):
-            return from_plain(cls, data)  # refused, with what it is
-        data = {("pass_" if key == "pass" else key): value for key, value in data.items()}
-        backward = data.pop("backward", None)
         result = from_plain(cls, data)
-        if backward is not None:
-            result.backward = cls.from_dict(backward)
-            if result.backward.pass_ != "backward":
-                raise PlainError("backward.pass", "the backward result is not a backward pass")
-        if result.verdict not in ("match", "noise", "divergent"):
-            raise PlainError("verdict", f"unknown verdict {result.verdict!r}")
-        if result.pass_ not in ("forward", "backward"):
-            raise PlainError("pass", f"unknown pass {result.pass_!r}")
+        if result.backward is not None and result.backward.pass_ != "backward":
+            raise PlainError("backward.pass", "the backward result is not a backward pass")
         return result

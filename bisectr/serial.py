@@ -1,19 +1,25 @@
-"""Dataclasses to JSON and back, checked against their type hints.
+"""Dataclasses to JSON and back, checked against their type hints: the one codec of every
+document bisectr writes (run files and `--json` alike).
 
 `to_plain` turns a dataclass (nested dataclasses, lists, tuples, dicts) into what
 `json.dumps` writes. `from_plain(cls, data)` builds the dataclass again and checks every
 field against its annotation, so a crafted or damaged file is refused with the path of
 the offending field (`PlainError`) instead of failing later, somewhere in a view.
 Unknown keys are ignored (a newer bisectr may add some); missing keys take the field's
-default, or are refused when it has none.
+default, or are refused when it has none. A field's JSON key is its name, or its metadata's
+"key" (`pass`, a Python keyword); a field with `init=False` is derived: written, not read.
+
+The dialect is standard JSON: a number that is not finite is the string "Infinity",
+"-Infinity" or "NaN" (`plain_number`), read back as that float.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from functools import cache
-from typing import Any, TypeVar, Union
+from typing import Any, Literal, TypeVar, Union
 
 T = TypeVar("T")
 
@@ -26,13 +32,31 @@ class PlainError(ValueError):
         self.where = where
 
 
+NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def plain_number(value: float) -> float | str:
+    """A float as the dialect writes it: itself, or "Infinity", "-Infinity", "NaN"."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+
+
+def number(value: Any) -> Any:
+    """What `plain_number` wrote, as the float it was (anything else as it is)."""
+    return NONFINITE.get(value, value) if type(value) is str else value
+
+
 def to_plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.metadata.get("plain", True)}
+        return {f.metadata.get("key", f.name): to_plain(getattr(value, f.name))
+                for f in dataclasses.fields(value) if f.metadata.get("plain", True)}
     if isinstance(value, dict):
         return {str(k): to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [to_plain(v) for v in value]
+    if isinstance(value, float):
+        return plain_number(value)
     return value
 
 
@@ -60,6 +84,10 @@ def _convert(hint: Any, data: Any, where: str) -> Any:
         raise PlainError(where, f"{_describe(data)} fits none of {hint}")
     if dataclasses.is_dataclass(hint):
         return _record(hint, data, where)
+    if origin is Literal:
+        if data not in args:
+            raise PlainError(where, f"expected one of {', '.join(map(repr, args))}, got {_describe(data)}")
+        return data
     if origin is list:
         _expect(data, list, where)
         return [_convert(args[0], item, f"{where}[{i}]") for i, item in enumerate(data)]
@@ -75,6 +103,7 @@ def _convert(hint: Any, data: Any, where: str) -> Any:
         key_type, value_type = args
         return {_key(key_type, k, where): _convert(value_type, v, f"{where}.{k}") for k, v in data.items()}
     if hint is float:
+        data = number(data)
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             raise PlainError(where, f"expected a number, got {_describe(data)}")
         return float(data)
@@ -95,9 +124,10 @@ def _record(cls: type, data: Any, where: str) -> Any:
     for f in dataclasses.fields(cls):
         if not f.init or not f.metadata.get("plain", True):
             continue
-        path = f"{where}.{f.name}" if where else f.name
-        if f.name in data:
-            values[f.name] = _convert(hints[f.name], data[f.name], path)
+        key = f.metadata.get("key", f.name)
+        path = f"{where}.{key}" if where else key
+        if key in data:
+            values[f.name] = _convert(hints[f.name], data[key], path)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise PlainError(path, "missing")
     return cls(**values)

@@ -286,7 +286,7 @@ def save_result(run_dir: Path, run_id: str, result: dict) -> None:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    text = json.dumps(data, allow_nan=True)
+    text = json.dumps(data, allow_nan=False)
     try:
         path.write_text(text)
     except OSError as exc:  # a failed write() names no file: name it

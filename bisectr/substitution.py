@@ -8,7 +8,7 @@ replaying the reference's ops on the candidate's current values.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,13 +27,9 @@ class Unit:
 @dataclass
 class SubstitutionResult:
     ops: list[str]
-    units: list[Unit]
+    units: list[Unit] = field(metadata={"key": "replaced"})
     before: float  # outputs' error of the candidate replayed as it is
-    after: float  # with the reference's implementation of `ops`
-
-    def to_dict(self) -> dict:
-        return {"ops": self.ops, "replaced": [{"candidate": u.candidate, "reference": u.reference} for u in self.units],
-                "before": self.before, "output_error": self.after}
+    after: float = field(metadata={"key": "output_error"})  # with the reference's implementation of `ops`
 
 
 def substitute(run: RunRecord, sides: Sides, ops: list[str]) -> SubstitutionResult:

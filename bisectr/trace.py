@@ -15,6 +15,8 @@ from typing import Any, Callable, Iterable
 import networkx as nx
 import numpy as np
 
+from .serial import number, plain_number
+
 FINGERPRINT_SIZE = 16
 
 
@@ -39,11 +41,21 @@ class TensorInfo:
         return int(self.stats.get("nan", 0) + self.stats.get("inf", 0))
 
     def to_json(self) -> dict:
-        return _shallow_dict(self)
+        data = _shallow_dict(self)
+        if not all(map(math.isfinite, self.fingerprint)):  # a NaN or Inf among its values
+            data["fingerprint"] = [plain_number(x) for x in self.fingerprint]
+        if not all(map(math.isfinite, self.stats.values())):
+            data["stats"] = {key: plain_number(x) for key, x in self.stats.items()}
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> "TensorInfo":
-        return cls(**{**data, "shape": tuple(data["shape"])})
+        info = cls(**{**data, "shape": tuple(data["shape"])})
+        if type(info.fingerprint) is list and str in set(map(type, info.fingerprint)):
+            info.fingerprint = [number(x) for x in info.fingerprint]
+        if type(info.stats) is dict and str in set(map(type, info.stats.values())):
+            info.stats = {key: number(x) for key, x in info.stats.items()}
+        return info
 
 
 @dataclass(slots=True)

@@ -72,7 +72,7 @@ def test_cli_exits_1_and_says_where_the_nan_starts(capsys, monkeypatch):
             f"(top level) (tests/models/nonfinite.py:{line_of(MODEL, '# @log')})") in out
     assert main(["bisect", str(MODEL), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert data["output_error"] == {"max_abs": None, "max_rel": None}  # JSON has no Infinity
+    assert data["output_error"] == {"max_abs": "Infinity", "max_rel": "Infinity"}  # standard JSON: no Infinity token
     assert data["nonfinite"]["first"]["index"] == data["culprit"]["candidate"]["index"] == 3
 
 
@@ -91,3 +91,20 @@ async def test_tui_banner_says_where_the_nan_starts(tmp_path, monkeypatch):
         banner = app.query_one(VerdictBanner).content.plain
     assert banner.startswith("verdict: divergent   outputs differ by NaN/Inf\nthe candidate's outputs hold 12 NaN and 0 Inf")
     assert f"they start at op 3 log (top level) (tests/models/nonfinite.py:{line_of(MODEL, '# @log')})" in banner
+
+
+def test_a_run_with_nan_and_inf_is_saved_as_standard_json_and_reads_back_the_same(tmp_path):
+    run = bisectr.trace(MODEL, out=tmp_path / "run")
+    result = run.bisect()
+    run.save()
+
+    def refuse(token):
+        raise AssertionError(f"{token} is not standard JSON")
+
+    for document in sorted((tmp_path / "run").rglob("*.json")):
+        json.loads(document.read_text(), parse_constant=refuse)
+    reopened = bisectr.load(tmp_path / "run")
+    assert reopened.result.to_dict() == result.to_dict() and reopened.result.output_error.max_rel == float("inf")
+    nan_tensors = [t for t in reopened.candidate.tensors.values() if t.stats["nan"]]
+    assert nan_tensors and all(any(x != x for x in t.fingerprint) for t in nan_tensors)
+    assert [t.to_json() for t in nan_tensors] == [run.candidate.tensors[t.tid].to_json() for t in nan_tensors]
