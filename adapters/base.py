@@ -195,6 +195,11 @@ class Interception(ABC):
     def no_grad(self) -> AbstractContextManager:
         """Gradients off, nothing intercepted: for re-executing recorded calls."""
 
+    def compiled_parts(self, model: Any) -> list[str]:
+        """The parts of `model` a compiler runs as one graph, whose ops cannot be intercepted one by
+        one: module paths ("" for the model itself), or "the function" for a compiled function."""
+        return []
+
     @abstractmethod
     def internal_paths(self) -> tuple[str, ...]:
         """Directories of the framework's own Python code (not user source)."""
