@@ -1,4 +1,5 @@
 import contextlib
+import math
 import os
 import shutil
 import subprocess
@@ -67,15 +68,17 @@ def assert_verdict_contract(result: dict) -> None:
     only where the numbers fell below half (and under a tenth, or to rounding); `divergent` either
     confirmed, bracketed or (backward) a gradient one side lacks, said plainly; `noise` never against
     a float64 check that disagrees. A backward pass's result is held to the same."""
+    from bisectr.serial import number  # JSON writes a number that is not finite as "Infinity" / "NaN"
+
     confirmation, check = result["confirmation"], result["fp64_check"]
-    if confirmation and confirmation["confirmed"] and confirmation["before"] is not None:
-        assert confirmation["output_error"] < 0.5 * confirmation["before"], confirmation
+    if confirmation and confirmation["confirmed"] and math.isfinite(number(confirmation["before"])):
+        assert number(confirmation["output_error"]) < 0.5 * number(confirmation["before"]), confirmation
     if result["verdict"] == "divergent":
         assert (confirmation and confirmation["confirmed"]) or result["bracket"] or result.get("missing_gradient"), result
     if result["verdict"] == "noise" and check:
         assert check["status"] != "disagree", check
         if check["status"] == "agree":  # the triangle inequality: measured <= predicted + what float64 leaves
-            assert check["error"] <= 1.01 * (check["predicted"] + check["float64_error"]), check
+            assert number(check["error"]) <= 1.01 * (number(check["predicted"]) + number(check["float64_error"])), check
     if result.get("backward") is not None:
         assert result["backward"]["pass"] == "backward"
         assert_verdict_contract(result["backward"])
