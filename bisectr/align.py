@@ -201,7 +201,7 @@ def fingerprint_distance(a: list[float], b: list[float], scale: float) -> float:
     return min(worst / scale, 2.0)
 
 
-class _Sides:
+class _TracePair:
     """Both traces with the per-op facts the passes keep asking for."""
 
     def __init__(self, reference: Trace, candidate: Trace):
@@ -226,7 +226,7 @@ class _Sides:
 def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None = None,
                  input_layout: InputLayout | None = None) -> Alignment:
     """Align `candidate` to `reference`; `pins` maps candidate module paths to reference ones."""
-    sides = _Sides(reference, candidate)
+    sides = _TracePair(reference, candidate)
     pairs: dict[int, tuple[int, str, float]] = {}  # cand op -> (ref op, how, distance)
     pinned_cand: set[int] = set()
     pinned_ref: set[int] = set()
@@ -260,7 +260,7 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
 LAYOUT_OPS = frozenset({"transpose", "reshape", "expand", "copy", "contiguous"})
 
 
-def _follow_data_flow(sides: _Sides, pairs: dict[int, tuple[int, str, float]]) -> None:
+def _follow_data_flow(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
     """Re-pair layout ops by the data they move: a candidate layout op reading output k of a paired
     op pairs with the reference's layout op of the same kind reading output k of its partner, its
     pair swapped with the candidate op that held it. Paired by order alone, q, k and v, viewed in
@@ -294,7 +294,7 @@ def _follow_data_flow(sides: _Sides, pairs: dict[int, tuple[int, str, float]]) -
         cand_of[moved.index], cand_of[current.index] = c, other
 
 
-def _drop_layout_pairs_that_cannot_correspond(sides: _Sides, pairs: dict[int, tuple[int, str, float]]) -> None:
+def _drop_layout_pairs_that_cannot_correspond(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
     """Unpair layout ops that cannot be the same step: the shapes they take and make differ, or
     their inputs come from ops paired elsewhere. `k.transpose(-1, -2)` of a hand-written attention
     is not `nn.MultiheadAttention`'s batch-first transpose of the layer's input, whatever their
@@ -317,7 +317,7 @@ def _drop_layout_pairs_that_cannot_correspond(sides: _Sides, pairs: dict[int, tu
             del cand_of[r]
 
 
-def _drop_pairs_whose_parameter_is_read_later(sides: _Sides, pairs: dict[int, tuple[int, str, float]]) -> None:
+def _drop_pairs_whose_parameter_is_read_later(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
     """Unpair ops where one side reads a parameter that the other side's op does not, but a later
     op of that side does: paddle's `conv2d` adds its bias in ops of its own (reshape, add), torch's
     takes it in the call. The step is one op against several, a block for `_form_blocks`."""
@@ -349,13 +349,13 @@ def _under(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
-def _confidence(sides: _Sides, cand_op: OpNode, ref_op: OpNode, distance: float) -> float:
+def _confidence(sides: _TracePair, cand_op: OpNode, ref_op: OpNode, distance: float) -> float:
     same_layers = layer_numbers(cand_op.module) == layer_numbers(ref_op.module)
     closeness = 1.0 / (1.0 + 1e3 * distance)  # 1 for equal values, ~0.5 at 1e-3 apart
     return round(0.5 + 0.3 * closeness + 0.2 * same_layers, 3)
 
 
-def _align_sequences(sides: _Sides, cand_ops: list[OpNode], ref_ops: list[OpNode],
+def _align_sequences(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode],
                      use_layers: bool) -> dict[int, tuple[int, str, float]]:
     anchors = _anchors(sides, cand_ops, ref_ops, use_layers)
     backbone, extra = _backbone(anchors)
@@ -381,7 +381,7 @@ def _between(sorted_positions: list[int], low: int, high: int) -> list[int]:
     return sorted_positions[start:stop]
 
 
-def _anchors(sides: _Sides, cand_ops: list[OpNode], ref_ops: list[OpNode], use_layers: bool) -> list[tuple[int, int]]:
+def _anchors(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode], use_layers: bool) -> list[tuple[int, int]]:
     groups: dict[tuple, tuple[list[OpNode], list[OpNode]]] = {}
     for side, ops in (("candidate", cand_ops), ("reference", ref_ops)):
         for op in ops:
@@ -397,7 +397,7 @@ def _anchors(sides: _Sides, cand_ops: list[OpNode], ref_ops: list[OpNode], use_l
     return anchors
 
 
-def _pair_group(sides: _Sides, cand_group: list[OpNode], ref_group: list[OpNode]) -> list[tuple[int, int]]:
+def _pair_group(sides: _TracePair, cand_group: list[OpNode], ref_group: list[OpNode]) -> list[tuple[int, int]]:
     """Pair the k-th occurrence with the k-th, unless an unused occurrence near k is clearly
     closer in value (q/k/v projections computed in another order). Values decide only
     clearly: downstream of a real bug every occurrence is far from every other."""
@@ -453,7 +453,7 @@ def _backbone(anchors: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], li
     return backbone, extra
 
 
-def _match_gap(sides: _Sides, gap_cand: list[int], gap_ref: list[int]) -> list[tuple[int, int, float]]:
+def _match_gap(sides: _TracePair, gap_cand: list[int], gap_ref: list[int]) -> list[tuple[int, int, float]]:
     """Best order-preserving matching of two short op runs (same canonical op and output size)."""
     cand_ops = [sides.traces["candidate"].ops[i] for i in gap_cand]
     ref_ops = [sides.traces["reference"].ops[i] for i in gap_ref]
@@ -501,7 +501,7 @@ def _match_gap_greedy(cand_ops: list[OpNode], ref_ops: list[OpNode], similarity)
     return matches
 
 
-def _pair_op_tensors(sides: _Sides, alignment: Alignment, input_layout: InputLayout | None) -> None:
+def _pair_op_tensors(sides: _TracePair, alignment: Alignment, input_layout: InputLayout | None) -> None:
     """Outputs of paired ops pair by position; leaf inputs pair by position among same-sized inputs."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     for pair in alignment.pairs:
@@ -538,7 +538,7 @@ def _leaf_transform(candidate: Trace, reference: Trace, cand_op: OpNode, ref_op:
     return tuple(ref_perm[i] for i in inverse_cand)
 
 
-def _form_blocks(sides: _Sides, alignment: Alignment) -> None:
+def _form_blocks(sides: _TracePair, alignment: Alignment) -> None:
     """Group unpaired ops into blocks between paired ones and pair the tensors they hand on.
     A block whose floating hand-ons find no partner (an attention kernel's internals, say) is
     merged with the next run of unpaired ops when that run reads them, until they do."""
@@ -576,7 +576,7 @@ def consecutive_runs(indices: list[int]) -> list[list[int]]:
     return runs
 
 
-def _block_for(sides: _Sides, alignment: Alignment, cand_ops: list[int], paired_cands: list[int],
+def _block_for(sides: _TracePair, alignment: Alignment, cand_ops: list[int], paired_cands: list[int],
                paired_ref_of: dict[int, int], unpaired_ref: list[int]) -> tuple[Block, set[int]]:
     """The block of `cand_ops`, and its floating hand-ons that found no partner."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
@@ -614,7 +614,7 @@ def _block_for(sides: _Sides, alignment: Alignment, cand_ops: list[int], paired_
 COMMUTATIVE_OPS = frozenset({"add", "mul", "maximum", "minimum"})
 
 
-def _partner_by_consumer(sides: _Sides, alignment: Alignment, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
+def _partner_by_consumer(sides: _TracePair, alignment: Alignment, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
     """The reference tensor in the same argument position of a paired op that reads `c_tid` (any
     position of a commutative op: `x + attn` against `attn + x`, the closest in values), not one
     that another argument of that op is paired with already."""
@@ -637,7 +637,7 @@ def _partner_by_consumer(sides: _Sides, alignment: Alignment, c_tid: int, paired
     return None
 
 
-def _constant_argument(sides: _Sides, c_tid: int, paired_ref_of: dict[int, int]) -> bool:
+def _constant_argument(sides: _TracePair, c_tid: int, paired_ref_of: dict[int, int]) -> bool:
     """Every reader of `c_tid` is paired with a reference op that takes no tensor in its
     place (`paddle.arange` reads three `full` scalars, `torch.arange(0, n)` none)."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
@@ -648,7 +648,7 @@ def _constant_argument(sides: _Sides, c_tid: int, paired_ref_of: dict[int, int])
         for reader in readers)
 
 
-def _partner_by_value(sides: _Sides, c_tid: int, options: list[int]) -> int | None:
+def _partner_by_value(sides: _TracePair, c_tid: int, options: list[int]) -> int | None:
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     info = candidate.tensors[c_tid]
     fits = [r for r in options if reference.tensors[r].size == info.size and reference.tensors[r].dtype == info.dtype]
@@ -657,7 +657,7 @@ def _partner_by_value(sides: _Sides, c_tid: int, options: list[int]) -> int | No
     return best[1] if best is not None and best[0] <= VALUE_MATCH else None
 
 
-def _layout(sides: _Sides, c_tid: int, r_tid: int) -> tuple[Permutation, float]:
+def _layout(sides: _TracePair, c_tid: int, r_tid: int) -> tuple[Permutation, float]:
     """How the reference tensor's data is laid out in the candidate tensor (same data in
     another order: `k.transpose(-1, -2)` on one side, `matmul(..., transpose_y=True)` on
     the other), and the value distance in that layout. Decided on stored values."""

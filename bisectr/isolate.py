@@ -32,8 +32,8 @@ from .errors import BisectrError, UserModelError
 from .modelfile import build_side, load_module
 from .interpreter import Call, Slot
 from .recording import RecordOptions
-from .sides import (Backward, Float64Gradients, Float64Outputs, LocalSide, RecordedCall, Replay, ReplayVJP, Request, Rerun,
-                    Watch)
+from .sides import (Backward, Float64Gradients, Float64Outputs, LeafValue, LocalSide, RecordedCall, Replay, ReplayVJP,
+                    Request, Rerun, Watch)
 from .store import TensorWriter
 from .trace import Trace
 
@@ -312,6 +312,8 @@ def _doing(request: Request) -> str:
             return "running the backward pass in float64"
         case RecordedCall(index):
             return f"describing op {index}"
+        case LeafValue(tid):
+            return f"reading tensor {tid} from the model"
     return type(request).__name__
 
 

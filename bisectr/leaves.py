@@ -30,9 +30,8 @@ import numpy as np
 
 from .adapters import registered
 from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf, consecutive_runs
-from .trace import Trace, is_floating
+from .trace import Trace, is_floating, is_model_leaf
 
-LEAF_KINDS = ("param:", "buffer:")
 # Mantissa bits of the dtypes a cast may round to.
 _MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
 AS_STORED, TRANSPOSED = "as stored", "transposed"
@@ -261,7 +260,7 @@ def _rotary_base(values: np.ndarray) -> float | None:
 def _holder_of(reference: Trace, values: np.ndarray, exclude: int) -> str | None:
     """The reference leaf (other than `exclude`) holding exactly these values, if one does."""
     for tid, info in reference.tensors.items():
-        if tid != exclude and info.producer is None and (info.leaf or "").startswith(LEAF_KINDS) \
+        if tid != exclude and info.producer is None and is_model_leaf(info.leaf) \
                 and info.size == values.size and reference.has_value(tid):
             if np.array_equal(reference.value(tid).reshape(values.shape), values):
                 return info.leaf
@@ -631,7 +630,7 @@ def _leaves(trace: Trace) -> list[int]:
     """The floating parameters and buffers a trace read, in the order first read."""
     first = trace.first_reads()
     leaves = [tid for tid, info in trace.tensors.items()
-              if info.producer is None and (info.leaf or "").startswith(LEAF_KINDS) and is_floating(info.dtype)]
+              if info.producer is None and is_model_leaf(info.leaf) and is_floating(info.dtype)]
     return sorted(leaves, key=lambda tid: first.get(tid, 1 << 62))
 
 

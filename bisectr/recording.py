@@ -23,7 +23,7 @@ from .interpreter import Call, Patches, RerunResult, Slot, run_op
 from .ops import canonical_op
 from .store import TensorWriter
 from .structure import call_tensors, flatten_outputs, map_tensors
-from .trace import OpNode, StatsBatch, TensorInfo, Trace, is_floating
+from .trace import OpNode, StatsBatch, TensorInfo, Trace, is_floating, is_model_leaf
 
 _BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
@@ -159,7 +159,9 @@ class Recorder(_Session):
 
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         self.recording.leaves[tid] = (tensor, self.adapter.version(tensor))
-        self._describe(tid, tensor, producer=None, leaf=self.leaf_name(tensor), store=self.options.store_values)
+        leaf = self.leaf_name(tensor)
+        # Parameters and buffers stay in the model (read live, see `Trace.leaf_reader`): a run keeps their statistics.
+        self._describe(tid, tensor, producer=None, leaf=leaf, store=self.options.store_values and not is_model_leaf(leaf))
 
     def adopt_root(self, module: Any, prefix: str) -> None:
         for name, tensor in self.adapter.named_leaves(module):

@@ -136,10 +136,10 @@ def record_run(traced: HowTraced, runners: dict[str, SideRunner], pins: dict[str
             traces[role] = runner.record(writer.tensor_writer(role), options, watch and partial(watch, role))
             writer.recorded(role, traces[role])
         reference_trace, candidate_trace = traces["reference"], traces["candidate"]
+        sides = Sides(label, runners, traces)  # the traces read parameters from the live models from here on
         output_pairs = pair_outputs(reference_trace, candidate_trace, label)
         alignment = _align(label, pins, reference_trace, candidate_trace)
-        run = Run(uuid.uuid4().hex, traced, reference_trace, candidate_trace, output_pairs, alignment,
-                  sides=Sides(label, runners, traces), writer=writer)
+        run = Run(uuid.uuid4().hex, traced, reference_trace, candidate_trace, output_pairs, alignment, sides=sides, writer=writer)
         if commit:
             run.save()
     except BaseException:

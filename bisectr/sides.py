@@ -10,6 +10,7 @@ where a model lives. `Sides` holds both runners with the traces they recorded; a
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -87,6 +88,14 @@ class Float64Gradients:
 
 
 @dataclass
+class LeafValue:
+    """The values of parameter or buffer `tid` as the model holds them (a run does not copy them).
+    -> array"""
+
+    tid: int
+
+
+@dataclass
 class RecordedCall:
     """The recorded call of op `index` (function and arguments). -> `Call`, or None where op `index`
     has none (the model's code was re-run)"""
@@ -94,7 +103,7 @@ class RecordedCall:
     index: int
 
 
-Request = Rerun | Replay | ReplayVJP | Backward | Float64Outputs | Float64Gradients | RecordedCall
+Request = Rerun | Replay | ReplayVJP | Backward | Float64Outputs | Float64Gradients | LeafValue | RecordedCall
 
 
 class SideRunner(Protocol):
@@ -166,6 +175,8 @@ class LocalSide:
                 return self.float64_outputs(leaf_values)
             case Float64Gradients(seeds, leaf_values):
                 return self.float64_gradients(seeds, leaf_values)
+            case LeafValue(tid):
+                return adapter.to_numpy(self.recording.leaves[tid][0])
             case RecordedCall(index):
                 return calls[index] if index < len(calls) else None
         raise TypeError(f"not a side request: {request!r}")
@@ -339,6 +350,10 @@ class Sides:
     runners: dict[str, SideRunner]
     traces: dict[str, Trace]
 
+    def __post_init__(self) -> None:
+        for role, trace in self.traces.items():
+            trace.leaf_reader = partial(_leaf_value, self.runners[role])
+
     def run(self, role: str, request: Request) -> Any:
         """Ask one side's runner (see the requests above)."""
         return self.runners[role].run(request)
@@ -355,3 +370,7 @@ class Sides:
                     computed[tid] = trace.value(tid)
         computed.update(self.run(role, Replay(indices, computed, float64)))
         return computed
+
+
+def _leaf_value(runner: SideRunner, tid: int) -> np.ndarray:
+    return runner.run(LeafValue(tid))

@@ -99,6 +99,9 @@ class Trace:
     unread_leaves: list[str] = field(default_factory=list)  # floating parameters and buffers no op read
     # Reads a stored tensor's values; set by the store. None in a trace without values.
     value_reader: Callable[[int], np.ndarray] | None = field(default=None, repr=False)
+    # Reads a parameter's or buffer's values from the live model (`sides.LeafValues`): a run does not
+    # copy them. None once the model is gone (a run reopened from disk).
+    leaf_reader: Callable[[int], np.ndarray] | None = field(default=None, repr=False)
     _graph: nx.DiGraph | None = field(default=None, repr=False)
 
     @property
@@ -107,12 +110,18 @@ class Trace:
 
     def value(self, tid: int) -> np.ndarray:
         info = self.tensors[tid]
-        if not info.stored or self.value_reader is None:
-            raise KeyError(f"values of tensor {tid} ({info.leaf or 'op output'}) were not stored")
-        return self.value_reader(tid)
+        if info.stored and self.value_reader is not None:
+            return self.value_reader(tid)
+        if self.leaf_reader is not None and is_model_leaf(info.leaf):
+            return self.leaf_reader(tid)
+        if is_model_leaf(info.leaf):
+            raise KeyError(f"values of {info.leaf} are in the model, which this run no longer has (a run keeps a "
+                           "parameter's statistics, not its values)")
+        raise KeyError(f"values of tensor {tid} ({info.leaf or 'op output'}) were not stored")
 
     def has_value(self, tid: int) -> bool:
-        return self.value_reader is not None and self.tensors[tid].stored
+        info = self.tensors[tid]
+        return (self.value_reader is not None and info.stored) or (self.leaf_reader is not None and is_model_leaf(info.leaf))
 
     def first_reads(self) -> dict[int, int]:
         """tid -> the index of the first op reading it."""
@@ -233,6 +242,11 @@ def _are_indices(values: Iterable[Any]) -> bool:
 
 def is_floating(dtype: str) -> bool:
     return dtype.startswith(("float", "bfloat", "complex"))
+
+
+def is_model_leaf(leaf: str | None) -> bool:
+    """A parameter or a buffer (of the model: not an input or a constant the forward made)."""
+    return leaf is not None and leaf.startswith(("param:", "buffer:"))
 
 
 def host_dtype(dtype: str) -> str:

@@ -6,6 +6,7 @@ import pytest
 
 import bisectr
 from bisectr.errors import RunDirError
+from bisectr.trace import host_dtype
 from conftest import MODELS
 
 OPS_FILE = MODELS / "torch_ops.py"
@@ -28,6 +29,27 @@ def _memory_mapped(values: np.ndarray) -> bool:
     while values is not None and not isinstance(values, np.memmap):
         values = values.base
     return values is not None
+
+
+def test_a_run_holds_no_parameter_values_and_reads_them_from_the_live_model(tmp_path):
+    """Parameters and buffers are not copied into tensors.bin (their statistics and fingerprints are in
+    trace.json); a live run reads them from the model, a reopened one says where they are."""
+    run = bisectr.trace(MODELS / "hf_gpt2.py", candidate="candidate_untransposed", out=tmp_path / "run")
+    for trace in (run.reference, run.candidate):
+        leaves = [info for info in trace.tensors.values() if (info.leaf or "").startswith(("param:", "buffer:"))]
+        assert len(leaves) >= 40 and not any(info.stored for info in leaves)
+        assert all(trace.has_value(info.tid) and info.stats["absmax"] > 0 for info in leaves if info.leaf.endswith(".weight"))
+        stored = sum(info.size * np.dtype(host_dtype(info.dtype)).itemsize for info in trace.tensors.values() if info.stored)
+        assert stored <= (tmp_path / "run" / trace.side / "tensors.bin").stat().st_size <= stored + 64 * len(trace.tensors)
+    result = run.bisect()
+    assert result.culprit.kind == "leaf" and result.culprit.leaf.endswith("h.2.attn.c_proj.weight") and result.confirmation.confirmed
+    run.save()
+    reopened = bisectr.load(tmp_path / "run")
+    weight = reopened.candidate.leaves[f"param:{result.culprit.leaf}"]
+    assert not reopened.candidate.has_value(weight) and reopened.result.culprit == result.culprit
+    with pytest.raises(KeyError, match="are in the model, which this run no longer has"):
+        reopened.candidate.value(weight)
+    assert {p.status for p in reopened.alignment.leaves.pairs} == {"equal", "different"}
 
 
 def test_stats_only_keeps_statistics_and_the_outputs(tmp_path):

@@ -27,7 +27,7 @@ def _model():
     import torch
 
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)]).eval(), (torch.randn(16, 512),)
+    return torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)]).eval(), (torch.randn(1024, 512),)
 
 
 def reference():
