@@ -201,13 +201,11 @@ class LocalSide:
 
     def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> Float64Run:
         side, adapter = self.side, self.side.adapter
-        model = _float64_model(adapter, side.model, leaf_values)
-        inputs = map_tensors(side.inputs, adapter.is_tensor,
-                             lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
-        listener = Float64Listener(adapter)
+        listener = Float64Listener(adapter, side.model, leaf_values)
+        upcast = replace(side, inputs=_float64_inputs(side))
         try:
-            with adapter.intercept(model, listener), adapter.float64_defaults():
-                outputs = replace(side, model=model, inputs=inputs).forward()
+            with adapter.intercept(side.model, listener), adapter.float64_defaults():
+                outputs = upcast.forward()
         except UserModelError as exc:
             raise CannotUpcast(f"its float64 forward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
         values = {key: adapter.to_numpy(tensor) for key, tensor in output_pairs(adapter, outputs)}
@@ -231,30 +229,28 @@ class LocalSide:
 
     def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
         side, adapter = self.side, self.side.adapter
-        model = _float64_model(adapter, side.model, leaf_values)
-        inputs = map_tensors(side.inputs, adapter.is_tensor,
-                             lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
-        upcast = _with_gradient_inputs(replace(side, model=model), inputs)
-        leaves = {name: tensor for name, tensor in adapter.named_leaves(model) if name.startswith("param:")}
-        leaves.update((f"input:{key}", t) for key, t in upcast.input_items() if adapter.is_tensor(t) and adapter.requires_grad(t))
-        listener = Float64Listener(adapter)
+        upcast = _with_gradient_inputs(side, _float64_inputs(side))
+        listener = Float64Listener(adapter, side.model, leaf_values, gradients=True)
         try:
-            with adapter.intercept(model, listener, gradients=True), adapter.float64_defaults():
+            with adapter.intercept(side.model, listener, gradients=True), adapter.float64_defaults():
                 outputs = upcast.forward()
+            leaves = {name: copy for name, copy in listener.upcast.items() if name.startswith("param:")}
+            leaves.update((f"input:{key}", t) for key, t in upcast.input_items() if adapter.is_tensor(t) and adapter.requires_grad(t))
             with adapter.enable_grad():
                 grads, _ = _backward(upcast, outputs, seeds, leaves)
         except UserModelError as exc:
             raise CannotUpcast(f"its float64 backward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
+        grads.update((name, None) for name in listener.parameter_names() if name not in grads)  # no op read it
         return Float64Run(grads, listener.narrow_ops())
 
 
-def _float64_model(adapter: Adapter, model: Any, leaf_values: dict[str, np.ndarray]) -> Any:
-    """A float64 copy of the model, with `leaf_values` (leaf name -> values) in place of its own."""
-    upcast = adapter.float64_model(model)
-    for name, tensor in adapter.named_leaves(upcast):
-        if name in leaf_values:
-            adapter.assign(tensor, leaf_values[name].astype(np.float64))
-    return upcast
+def _float64_inputs(side: BuiltSide) -> tuple | dict:
+    """The side's inputs with each floating tensor upcast to float64; refused for a plain function,
+    whose parameters bisectr cannot reach."""
+    adapter = side.adapter
+    if not adapter.is_module(side.model):
+        raise CannotUpcast("it is a plain function, whose tensors bisectr cannot reach")
+    return map_tensors(side.inputs, adapter.is_tensor, lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
 
 
 @dataclass
@@ -267,16 +263,29 @@ class Float64Run:
 
 
 class Float64Listener:
-    """Runs each op of a float64 run with its casts below float64 kept at float64
-    (`Adapter.float64_call`), and counts the ops whose floating outputs still come out lower."""
+    """Runs the model's own code in float64 with no float64 copy of the model: an op reading a
+    floating parameter or buffer reads a float64 copy made for it (of `leaf_values[name]` where
+    given, leaf name -> values), and freed after it; its casts below float64 stay at float64
+    (`Adapter.float64_call`). Counts the ops whose floating outputs still come out lower. With
+    `gradients` each leaf's copy is made once and kept in `upcast` (a parameter's a leaf
+    requiring a gradient, the parameter's own float64 gradient)."""
 
-    def __init__(self, adapter: Adapter):
+    def __init__(self, adapter: Adapter, model: Any, leaf_values: dict[str, np.ndarray], gradients: bool = False):
         self.adapter = adapter
+        self.leaves = {id(t): (name, t) for name, t in adapter.named_leaves(model) if is_floating(adapter.dtype_name(t))}
+        self.leaf_values = leaf_values
+        self.gradients = gradients
+        self.upcast: dict[str, Any] = {}  # leaf name -> its float64 copy, with `gradients`
         self.modules: list[str] = []
         self.narrow: dict[str, int] = {}
+        self._upcasting = False  # the ops that make a copy are bisectr's, not the model's
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if self._upcasting:
+            return fn(*args, **kwargs)
         fn, args, kwargs = self.adapter.float64_call(name, fn, args, kwargs)
+        args = map_tensors(args, self._is_model_leaf, self._float64)
+        kwargs = map_tensors(kwargs, self._is_model_leaf, self._float64)
         result = fn(*args, **kwargs)
         dtypes = {self.adapter.dtype_name(t) for t in iter_tensors(result, self.adapter.is_tensor)}
         if any(is_floating(d) and d != "float64" for d in dtypes):
@@ -292,6 +301,31 @@ class Float64Listener:
 
     def narrow_ops(self) -> list[str]:
         return [f"{where} (x{count})" if count > 1 else where for where, count in self.narrow.items()]
+
+    def parameter_names(self) -> list[str]:
+        return [name for name, _ in self.leaves.values() if name.startswith("param:")]
+
+    def _is_model_leaf(self, obj: Any) -> bool:
+        entry = self.leaves.get(id(obj))
+        return entry is not None and entry[1] is obj
+
+    def _float64(self, tensor: Any) -> Any:
+        adapter = self.adapter
+        name = self.leaves[id(tensor)][0]
+        if name in self.upcast:
+            return self.upcast[name]
+        values = self.leaf_values.get(name)
+        self._upcasting = True
+        try:
+            copy = adapter.float64_tensor(tensor) if values is None else \
+                adapter.from_numpy(values.astype(np.float64), "float64", adapter.device_name(tensor))
+            if self.gradients and name.startswith("param:") and adapter.requires_grad(tensor):
+                copy = adapter.gradient_leaf(copy)
+        finally:
+            self._upcasting = False
+        if self.gradients:
+            self.upcast[name] = copy
+        return copy
 
 
 def _with_gradient_inputs(side: BuiltSide, inputs: tuple | dict) -> BuiltSide:
