@@ -305,6 +305,10 @@ class PatchedInterpreter(Interpreter):
         self.check_every_op = check_every_op
         self.wanted = set(trace.outputs.values())
         self.checked: set[int] = set()
+        # What `run_node` learnt of the op it ran, for `store`: did a patch reach its inputs, and
+        # which output it wrote in place.
+        self._reached = False
+        self._mutated: set[int] = set()
 
     def result(self) -> RerunResult:
         plan, releases = self.plan()
