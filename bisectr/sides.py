@@ -10,7 +10,7 @@ where a model lives. `Sides` holds both runners with the traces they recorded; a
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import lru_cache, partial
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -386,9 +386,7 @@ class Sides:
 
     def __post_init__(self) -> None:
         for role, trace in self.traces.items():
-            # The leaves' pairing reads the same few parameters over and over (a copy each time from
-            # paddle, a request each time from a worker): the last ones read are kept.
-            trace.leaf_reader = lru_cache(maxsize=16)(partial(_leaf_value, self.runners[role]))
+            trace.leaf_reader = partial(_leaf_value, self.runners[role])
 
     def run(self, role: str, request: Request) -> Any:
         """Ask one side's runner (see the requests above)."""
