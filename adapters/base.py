@@ -118,9 +118,9 @@ class Tensors(ABC):
     tensor_class: tuple[str, str] = ("", "")  # (module, class name) of the framework's tensors
     _tensor_types: tuple[type, ...] = ()
 
-    @abstractmethod
     def owns(self, obj: Any) -> bool:
         """Is `obj` a model, layer or tensor of this framework? Must not import the framework."""
+        return self.is_module(obj) or self.is_tensor(obj)
 
     def is_tensor(self, obj: Any) -> bool:
         """Is `obj` a tensor of this framework? Called on every argument of every op, so the
@@ -258,10 +258,20 @@ class Autograd(ABC):
         """A float64 copy of a floating tensor."""
         raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
 
+    def narrowing_dtypes(self) -> tuple[tuple[Any, ...], Any]:
+        """(its dtype objects below float64: float32, float16, bfloat16; its float64), for `float64_call`."""
+        return (), None
+
     def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
         """Op `name` as a float64 run makes it: a cast down to float32, bfloat16 or float16 (a cast
         op, a dtype argument) kept at float64."""
-        return fn, args, kwargs
+        narrow, float64 = self.narrowing_dtypes()
+        if not narrow:
+            return fn, args, kwargs
+
+        def widened(value: Any) -> Any:
+            return float64 if isinstance(value, type(float64)) and value in narrow else value
+        return fn, tuple(widened(a) for a in args), {key: widened(value) for key, value in kwargs.items()}
 
     def float64_defaults(self) -> AbstractContextManager:
         """While active, tensors created without a dtype are float64."""

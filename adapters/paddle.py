@@ -317,10 +317,6 @@ class PaddleAdapter(Adapter):
     op_synonyms = _OP_SYNONYMS
     tensor_class = ("paddle", "Tensor")
 
-    def owns(self, obj: Any) -> bool:
-        paddle = sys.modules.get("paddle")
-        return paddle is not None and isinstance(obj, (paddle.nn.Layer, paddle.Tensor))
-
     def to_numpy(self, tensor: Any) -> np.ndarray:
         paddle = _paddle()
         _state.depth += 1
@@ -386,14 +382,10 @@ class PaddleAdapter(Adapter):
     def float64_tensor(self, tensor: Any) -> Any:
         return tensor.detach().astype("float64")
 
-    def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
+    def narrowing_dtypes(self) -> tuple[tuple[Any, ...], Any]:
         # Every cast and dtype argument reaches `_C_ops` as a DataType (`astype("float32")` included).
         paddle = _paddle()
-        narrow = (paddle.float32, paddle.float16, paddle.bfloat16)
-
-        def widened(value: Any) -> Any:
-            return paddle.float64 if isinstance(value, paddle.dtype) and value in narrow else value
-        return fn, tuple(widened(a) for a in args), {key: widened(value) for key, value in kwargs.items()}
+        return (paddle.float32, paddle.float16, paddle.bfloat16), paddle.float64
 
     @contextmanager
     def float64_defaults(self) -> Iterator[None]:

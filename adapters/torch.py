@@ -66,10 +66,6 @@ class TorchAdapter(Adapter):
     tensor_class = ("torch", "Tensor")
     value_reads = TENSOR_VALUE_READS | {"equal", "allclose"}
 
-    def owns(self, obj: Any) -> bool:
-        torch = sys.modules.get("torch")
-        return torch is not None and isinstance(obj, (torch.nn.Module, torch.Tensor))
-
     def to_numpy(self, tensor: Any) -> np.ndarray:
         try:  # the usual op output: on the CPU, no grad, a dtype numpy has (runs on every recorded tensor)
             return tensor.numpy()
@@ -138,15 +134,14 @@ class TorchAdapter(Adapter):
     def float64_tensor(self, tensor: Any) -> Any:
         return tensor.detach().double()
 
-    def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
+    def narrowing_dtypes(self) -> tuple[tuple[Any, ...], Any]:
         torch = _torch()
-        if name in _NARROWING_METHODS:
-            return torch.Tensor.double, args[:1], {}
-        narrow = (torch.float32, torch.float16, torch.bfloat16)
+        return (torch.float32, torch.float16, torch.bfloat16), torch.float64
 
-        def widened(value: Any) -> Any:
-            return torch.float64 if isinstance(value, torch.dtype) and value in narrow else value
-        return fn, tuple(widened(a) for a in args), {key: widened(value) for key, value in kwargs.items()}
+    def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
+        if name in _NARROWING_METHODS:
+            return _torch().Tensor.double, args[:1], {}
+        return super().float64_call(name, fn, args, kwargs)
 
     @contextmanager
     def float64_defaults(self) -> Iterator[None]:

@@ -1,7 +1,7 @@
 """The one interpreter over a recorded graph, as `torch.fx.Interpreter` runs a graph module.
 
-A recording keeps each op's call (`Call`: the function, its arguments with a `Slot` for each
-tensor). `Interpreter.run(indices)` executes calls in order: every slot is filled by
+A recording (`Recording`) keeps each op's call (`Call`: the function, its arguments with a
+`Slot` for each tensor) and the leaf tensors it read. `Interpreter.run(indices)` executes calls in order: every slot is filled by
 `fetch(tid)`, `run_node` calls the op, `store` keeps what it made. The ways bisectr runs ops
 again are overrides of these three:
 
@@ -47,6 +47,26 @@ class Call:
     args: tuple
     kwargs: dict
     device: str = ""  # where its outputs live
+
+
+@dataclass
+class Recording:
+    """What a side keeps in memory from its recording: each op's call, and each leaf tensor
+    read (tid -> (tensor, its version when first read)); `value_reads` counts the calls that
+    brought tensor values into Python (`.item()`, `if t:`), whose results later calls have baked in."""
+
+    calls: list[Call] = field(default_factory=list)
+    leaves: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    value_reads: int = 0
+    # False once executing the calls made tensors of other shapes or dtypes than recorded:
+    # state around the calls (autocast) or data-dependent shapes shaped the forward.
+    faithful: bool = True
+
+    def replayable(self, adapter: Adapter) -> bool:
+        """Can the recorded calls stand in for the model's code? Not after a value read (a patch
+        could change what was read), once a leaf has been changed in place, or once they have
+        been found unfaithful."""
+        return self.faithful and not self.value_reads and all(adapter.version(t) == v for t, v in self.leaves.values())
 
 
 @dataclass
@@ -212,19 +232,18 @@ class Patches:
     """What patches (tid -> values, or a `Shift`) do to a run following a recording: leaves are
     replaced where read, op outputs as they are made (written in place for in-place ops);
     `capture` names tids whose run values to keep. Values no patch can have reached must be the
-    recorded ones (`check`); `tainted` are the tids a patch may have changed. With `keep_graph`
-    an op output keeps its autograd graph (the patch is added to it as a difference)."""
+    recorded ones (`check`); `tainted` are the tids a patch may have changed. In a run with
+    `gradients` on, an op output keeps its autograd graph (the patch is added to it as a difference)."""
 
     def __init__(self, adapter: Adapter, trace: Trace, patches: dict[int, Any], capture: Iterable[int] = (),
-                 keep_graph: bool = False, gradients: bool = False):
+                 gradients: bool = False):
         self.adapter = adapter
         self.trace = trace
         self.patches = patches
         self.capture = set(capture)
         self.captured: dict[int, np.ndarray] = {}
         self.tainted: set[int] = set(patches)
-        self.keep_graph = keep_graph
-        self.gradients = gradients  # the run has gradients on (said where it departs)
+        self.gradients = gradients
         self._leaves: dict[int, Any] = {}
 
     def leaf(self, tid: int, tensor: Any) -> Any:
@@ -243,15 +262,20 @@ class Patches:
         elif check:
             self.check(op, tid, tensor)
         if tid in self.patches:
-            tensor = self.patched(tid, tensor, in_place, self.keep_graph)
+            tensor = self.patched(tid, tensor, in_place, keep_graph=self.gradients)
         if tid in self.capture:
             self.captured[tid] = self.adapter.to_numpy(tensor)
         return tensor
 
-    def values(self, tid: int, tensor: Any) -> np.ndarray:
+    def patch(self, tid: int, shape: Iterable[int]) -> Any:
+        """The patch for `tid`, which must have the tensor's `shape`."""
         patch = self.patches[tid]
-        if tuple(patch.shape) != tuple(tensor.shape):
-            raise TraceMismatchError(f"the patch for tensor {tid} has shape {tuple(patch.shape)}, the tensor {tuple(tensor.shape)}")
+        if tuple(patch.shape) != tuple(shape):
+            raise TraceMismatchError(f"the patch for tensor {tid} has shape {tuple(patch.shape)}, the tensor {tuple(shape)}")
+        return patch
+
+    def values(self, tid: int, tensor: Any) -> np.ndarray:
+        patch = self.patch(tid, tensor.shape)
         return patch.applied_to(self.adapter.to_numpy(tensor)) if isinstance(patch, Shift) else patch
 
     def patched(self, tid: int, tensor: Any, in_place: bool, keep_graph: bool) -> Any:
@@ -297,10 +321,10 @@ class PatchedInterpreter(Interpreter):
     the outputs (`check_every_op`: after every op, to name the first op that departs). Raises
     `UnfaithfulReplay` where a call makes another shape or dtype than recorded."""
 
-    def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call], leaves: dict[int, Any],
-                 patches: dict[int, Any], capture: Iterable[int], check_every_op: bool):
-        super().__init__(adapter, trace, calls)
-        self.leaves = leaves  # tid -> the leaf tensor read when recording
+    def __init__(self, adapter: Adapter, trace: Trace, recording: Recording, patches: dict[int, Any],
+                 capture: Iterable[int], check_every_op: bool):
+        super().__init__(adapter, trace, recording.calls)
+        self.leaves = recording.leaves  # tid -> (the leaf tensor read when recording, its version)
         self.patching = Patches(adapter, trace, patches, capture)
         self.check_every_op = check_every_op
         self.wanted = set(trace.outputs.values())
@@ -344,12 +368,9 @@ class PatchedInterpreter(Interpreter):
         if tensor is None:
             info = self.trace.tensors[tid]
             if info.producer is None:
-                tensor = self.patching.leaf(tid, self.leaves[tid])
+                tensor = self.patching.leaf(tid, self.leaves[tid][0])
             else:  # produced by an op that was not run: all its outputs are patched
-                patch = self.patching.patches[tid]
-                if tuple(patch.shape) != tuple(info.shape):
-                    raise TraceMismatchError(f"the patch for tensor {tid} has shape {tuple(patch.shape)}, the tensor {tuple(info.shape)}")
-                tensor = self.adapter.from_numpy(patch, info.dtype, self.calls[info.producer].device)
+                tensor = self.adapter.from_numpy(self.patching.patch(tid, info.shape), info.dtype, self.calls[info.producer].device)
             self.env[tid] = tensor
         return tensor
 
@@ -384,13 +405,13 @@ class PatchedInterpreter(Interpreter):
         self.patching.check(self.trace.ops[self.trace.tensors[tid].producer], tid, tensor)
 
 
-def rerun_recorded(adapter: Adapter, trace: Trace, calls: list[Call], leaves: dict[int, Any], patches: dict[int, Any],
+def rerun_recorded(adapter: Adapter, trace: Trace, recording: Recording, patches: dict[int, Any],
                    capture: Iterable[int] = ()) -> RerunResult:
     """What `recording.PatchedRerun` computes for the same patches, by executing the recorded calls
     (`PatchedInterpreter`); where a value no patch reached departs from the recording, run again checking
     every op, to name the first op that departs."""
     try:
-        return PatchedInterpreter(adapter, trace, calls, leaves, patches, capture, check_every_op=False).result()
+        return PatchedInterpreter(adapter, trace, recording, patches, capture, check_every_op=False).result()
     except TraceMismatchError as departed:
-        PatchedInterpreter(adapter, trace, calls, leaves, patches, capture, check_every_op=True).result()
+        PatchedInterpreter(adapter, trace, recording, patches, capture, check_every_op=True).result()
         raise departed

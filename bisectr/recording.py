@@ -11,7 +11,7 @@ import os
 import sys
 import sysconfig
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -19,7 +19,7 @@ import numpy as np
 from .adapters import Adapter
 from .adapters.base import API, CALLER
 from .errors import TraceMismatchError
-from .interpreter import Call, Patches, RerunResult, Slot, run_op
+from .interpreter import Call, Patches, Recording, RerunResult, Slot, run_op
 from .ops import canonical_op
 from .store import TensorWriter
 from .structure import call_tensors, flatten_outputs, map_tensors
@@ -30,26 +30,6 @@ _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
 
 # What a frame is to an op's source line (`Recorder._source`), decided once per code object.
 _USER, _STOP, _SKIP, _LIBRARY_CALLER, _LIBRARY_API = range(5)
-
-
-@dataclass
-class Recording:
-    """What a side keeps in memory from its recording: each op's call, and each leaf tensor
-    read (tid -> (tensor, its version when first read)); `value_reads` counts the calls that
-    brought tensor values into Python (`.item()`, `if t:`), whose results later calls have baked in."""
-
-    calls: list[Call] = field(default_factory=list)
-    leaves: dict[int, tuple[Any, int]] = field(default_factory=dict)
-    value_reads: int = 0
-    # False once executing the calls made tensors of other shapes or dtypes than recorded:
-    # state around the calls (autocast) or data-dependent shapes shaped the forward.
-    faithful: bool = True
-
-    def replayable(self, adapter: Adapter) -> bool:
-        """Can the recorded calls stand in for the model's code? Not after a value read (a patch
-        could change what was read), once a leaf has been changed in place, or once they have
-        been found unfaithful."""
-        return self.faithful and not self.value_reads and all(adapter.version(t) == v for t, v in self.leaves.values())
 
 
 @dataclass
@@ -266,7 +246,7 @@ class PatchedRerun(_Session):
     def __init__(self, adapter: Adapter, trace: Trace, patches: dict[int, Any], capture: Iterable[int] = ()):
         super().__init__(adapter)
         self.trace = trace
-        self.patching = Patches(adapter, trace, patches, capture, keep_graph=self.with_gradients, gradients=self.with_gradients)
+        self.patching = Patches(adapter, trace, patches, capture, gradients=self.with_gradients)
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         inputs = call_tensors(args, kwargs, self.adapter.is_tensor)

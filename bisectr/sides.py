@@ -18,9 +18,9 @@ import numpy as np
 
 from .adapters import Adapter, CannotUpcast
 from .errors import ModelFileError, UserModelError
-from .interpreter import Gradients, RerunResult, UnfaithfulReplay, ValuesInterpreter, VJPInterpreter, rerun_recorded
+from .interpreter import Gradients, Recording, RerunResult, UnfaithfulReplay, ValuesInterpreter, VJPInterpreter, rerun_recorded
 from .modelfile import BuiltSide, run_user_code
-from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, Recording, output_pairs
+from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, output_pairs
 from .store import TensorWriter
 from .structure import iter_tensors, map_tensors
 from .trace import Trace, is_floating
@@ -185,8 +185,7 @@ class LocalSide:
         adapter, recording = self.side.adapter, self.recording
         if recording.replayable(adapter):
             try:
-                leaves = {tid: tensor for tid, (tensor, _) in recording.leaves.items()}
-                return rerun_recorded(adapter, self.trace, recording.calls, leaves, patches, capture)
+                return rerun_recorded(adapter, self.trace, recording, patches, capture)
             except UnfaithfulReplay:
                 recording.faithful = False
         return self.rerun_model(patches, capture)

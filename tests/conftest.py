@@ -52,8 +52,7 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
             patches[parameter] = trace.value(parameter) * 0.5
         capture = {tid for op in trace.ops[n // 2:n // 2 + 3] for tid in op.outputs}
         by_model = side.rerun_model(patches, capture)
-        leaves = {tid: tensor for tid, (tensor, _) in side.recording.leaves.items()}
-        by_calls = rerun_recorded(side.side.adapter, trace, side.recording.calls, leaves, patches, capture)
+        by_calls = rerun_recorded(side.side.adapter, trace, side.recording, patches, capture)
         for key, values in by_model.outputs.items():
             assert np.array_equal(by_calls.outputs[key], values, equal_nan=True), (cut, key)
         assert by_calls.captured.keys() == by_model.captured.keys() == capture
