@@ -376,10 +376,7 @@ class _Pairer:
                 rows = _column_map(copy.columns, part_out.columns_of(ref_values), len(held[ref_tid]))
                 if rows is not None:
                     read[ref_tid] = rows
-        missing = [t for t in held if t not in read]
-        free = sorted(set(range(candidate.tensors[cand_tid].shape[axis])) - {p for rows in read.values() for p in rows})
-        if len(missing) == 1 and len(held[missing[0]]) == len(free):
-            read[missing[0]] = free
+        read = _with_the_rest(read, {t: len(rows) for t, rows in held.items() if t not in read}, candidate.tensors[cand_tid].shape[axis])
         positions = [p for rows in read.values() for p in rows]
         if len(read) != len(held) or len(set(positions)) != len(positions):
             return held
@@ -578,12 +575,18 @@ def _rows_of(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int, b
                     missing.append(tid)
             if not slots:
                 continue
-            free = sorted(set(range(values.shape[axis])) - {p for positions in slots.values() for p in positions})
-            sizes = [(options[t].T if transposed else options[t]).shape[axis] for t in missing]
-            if len(missing) == 1 and sizes[0] == len(free):
-                slots[missing[0]] = free
-            return axis, transposed, slots
+            sizes = {t: (options[t].T if transposed else options[t]).shape[axis] for t in missing}
+            return axis, transposed, _with_the_rest(slots, sizes, values.shape[axis])
     return None
+
+
+def _with_the_rest(slots: dict[int, list[int]], missing: dict[int, int], positions: int) -> dict[int, list[int]]:
+    """`slots` (reference tid -> positions in a fused leaf of `positions` rows), and the one leaf of
+    `missing` (tid -> its row count) given the positions no other holds, where it is one and fits."""
+    free = sorted(set(range(positions)) - {p for rows in slots.values() for p in rows})
+    if len(missing) == 1 and next(iter(missing.values())) == len(free):
+        return {**slots, next(iter(missing)): free}
+    return slots
 
 
 def _layouts(ref_shape: tuple[int, ...], cand_shape: tuple[int, ...], ref_values: np.ndarray,
