@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .adapters import Adapter, adapter_named, registered
+from .adapters import Adapter, adapter_for, adapter_named, registered
 
 __all__ = ["WeightReport", "torch_to_paddle", "paddle_to_torch", "copy_weights"]
 
@@ -127,8 +127,9 @@ def copy_weights(source: Source, destination: Any, name_map: NameMap | None = No
     rules = [(re.compile(pattern), repl) for pattern, repl in (name_map or ())]
     from_state_dict = _is_state_dict(source)
     dst_entries = _entries(destination, persistent_only=from_state_dict)
+    dst_adapter = _adapter(destination)
     if from_state_dict:
-        framework = adapter_named(source_framework) if source_framework else _adapter(destination)
+        framework = adapter_named(source_framework) if source_framework else dst_adapter
         src_entries = _state_dict_entries(source, framework, dst_entries, rules)
     else:
         src_entries = _entries(source)
@@ -153,7 +154,7 @@ def copy_weights(source: Source, destination: Any, name_map: NameMap | None = No
             transpose = override
         elif (src.layout is None) != (dst.layout is None):
             report.layout_unknown.append(name)
-        value = src.tensor if isinstance(src.tensor, np.ndarray) else _tensor_adapter(src.tensor).to_numpy(src.tensor)
+        value = src.tensor if isinstance(src.tensor, np.ndarray) else adapter_for(src.tensor, []).to_numpy(src.tensor)
         if transpose:
             if value.ndim != 2:
                 report.mis_shaped.append((name, tuple(value.shape), tuple(_shape(dst.tensor))))
@@ -162,7 +163,7 @@ def copy_weights(source: Source, destination: Any, name_map: NameMap | None = No
         if tuple(value.shape) != tuple(_shape(dst.tensor)):
             report.mis_shaped.append((name, tuple(value.shape), tuple(_shape(dst.tensor))))
             continue
-        _tensor_adapter(dst.tensor).assign(dst.tensor, np.ascontiguousarray(value))
+        dst_adapter.assign(dst.tensor, np.ascontiguousarray(value))
         report.copied.append(name)
         if transpose:
             report.transposed.append(name)
@@ -227,10 +228,6 @@ def _owner_path(name: str) -> str:
 def _adapter(obj: Any) -> Adapter | None:
     """The adapter of the framework whose model `obj` is."""
     return next((adapter for adapter in registered() if adapter.is_module(obj)), None)
-
-
-def _tensor_adapter(tensor: Any) -> Adapter:
-    return next(adapter for adapter in registered() if adapter.is_tensor(tensor))
 
 
 def _is_state_dict(obj: Any) -> bool:
