@@ -39,6 +39,7 @@ from .metrics import EXACT, ErrorMetrics, Float64Evidence, OutputError, error_me
 from .precision import float64_gradient_check
 from .numerics import GRADIENT_FLOOR, coarsest_dtype, confirms, judge, magnitude, relative_to
 from .runrecord import RunRecord, output_seeds
+from .window import fetch_all, needs_window
 from .interpreter import Gradients, Shift
 from .result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Result
 from .search import SearchPass, bracket, culprit_without_evidence, cut_before, recurrences, search_pass, site
@@ -389,6 +390,9 @@ def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
     """Run both sides' backward passes and search them (see the module docstring); with
     `reference_activations`, the candidate's on the reference's forward values (see `BackwardRun`)."""
     say = progress or (lambda message: None)
+    if needs_window(run):  # the backward's evidence replays ops on their forward values: every op's
+        say("keeping the values of every op")
+        fetch_all(run, sides)
     say("running each side's backward pass" + (" (the candidate's on the reference's activations)" if reference_activations else ""))
     backward = BackwardRun(run, sides, reference_activations)
     if not backward.leaf_pairs:

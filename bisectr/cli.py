@@ -21,6 +21,7 @@ from . import report
 from .adapters import silence_import_warnings
 from .errors import BisectrError, UserModelError
 from .result import Result
+from .runrecord import DEFAULT_VALUE_BUDGET
 from .serial import to_plain
 
 EXIT_OK, EXIT_DIVERGENT, EXIT_ERROR, EXIT_BUG = 0, 1, 2, 3
@@ -57,6 +58,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_file", metavar="MODEL.py", help="file defining reference() and candidate()")
     parser.add_argument("--reference", default="reference", metavar="NAME", help="function building the reference side")
     parser.add_argument("--candidate", default="candidate", metavar="NAME", help="function building the candidate side")
+    parser.add_argument("--value-budget", type=float, default=DEFAULT_VALUE_BUDGET / 2**20, metavar="MB",
+                        help="op values stored per side (default %(default)g); beyond, only statistics, and the search "
+                             "fetches layer outputs, then the ops of the layers where the difference enters")
     parser.add_argument("--isolate", action="store_true", help="run each side's model in its own worker process")
     parser.add_argument("--backward", action="store_true",
                         help="search the backward pass too: both sides' gradients from one fixed random output gradient "
@@ -243,8 +247,9 @@ def _recording_status(console: Console, model_file: str, quiet: bool) -> Iterato
         status.update(text)  # a last frame with the final count, however short the recording was
 
 
-def _isolation(args: argparse.Namespace) -> dict:
-    return {"isolate": args.isolate, "reference_python": args.reference_python, "candidate_python": args.candidate_python}
+def _trace_options(args: argparse.Namespace) -> dict:
+    return {"isolate": args.isolate, "reference_python": args.reference_python, "candidate_python": args.candidate_python,
+            "value_budget": round(args.value_budget * 2**20)}
 
 
 def run_trace(args: argparse.Namespace, console: Console) -> int:
@@ -255,7 +260,7 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
     try:
         with _recording_status(console, args.model_file, quiet=not console.is_terminal) as watch:
             run = trace(args.model_file, args.reference, args.candidate, out=out, store_values=not args.stats_only,
-                        keep_modules=tuple(args.keep_module), watch=watch, commit=False, **_isolation(args))
+                        keep_modules=tuple(args.keep_module), watch=watch, commit=False, **_trace_options(args))
         _interruption_point()
         if not args.stats_only:
             _search(run, console, exhaustive=False, quiet=not console.is_terminal, backward=args.backward)
@@ -319,7 +324,7 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
 
     status_console = Console(stderr=True)
     with _recording_status(status_console, args.model_file, quiet=args.json) as watch:
-        run = trace(args.model_file, args.reference, args.candidate, watch=watch, **_isolation(args))
+        run = trace(args.model_file, args.reference, args.candidate, watch=watch, **_trace_options(args))
     searched = _search(run, status_console, args.exhaustive, quiet=args.json, backward=args.backward)
     result = searched.to_dict()
     if args.repro:

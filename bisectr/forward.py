@@ -6,6 +6,8 @@ for the search itself).
 1. **Cuts.** A cut at candidate op k patches in the reference's tensors for every paired op up to k
    (and every paired parameter first read by then). When the candidate's outputs hold NaN or Inf,
    the entry point is the first cut after which they are finite.
+   A run that did not store every op's values (a big model) is searched layer window first
+   (`bisectr.window`): cuts at layer outputs, then at the ops between the two that bracket it.
 2. **Float64 check** (`precision`): both sides run in float64. If they agree there, the
    difference is rounding and the run is `noise`.
 3. **Evidence** of an op is its local replay (`analysis`); its own difference is the reference's
@@ -32,20 +34,22 @@ from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from .runrecord import RunRecord
 from .interpreter import Shift
-from .result import BlockOps, Bracket, Confirmation, Culprit, ProfileRow, Recurrence, Result
-from .search import (MAX_REACH_TESTS, SearchPass, bracket, culprit_without_evidence, cut_before, recurrences, search_pass,
-                     site)
+from .result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Recurrence, Result
+from .search import (MAX_REACH_TESTS, SearchPass, bracket, culprit_without_evidence, cut_before, entry_point, recurrences,
+                     search_pass, site)
 from .sides import Rerun, Sides
 from .store import SIDES
 from .trace import host_dtype, is_floating
+from .window import boundaries, fetch_all, fetch_recurrences, fetch_window, missing, needs_window, window_between
 
 
 class ForwardPass(SearchPass):
     """Re-runs of either side with activations patched, and the evidence of each paired op."""
 
-    def __init__(self, run: RunRecord, sides: Sides, analysis: Analysis):
+    def __init__(self, run: RunRecord, sides: Sides, analysis: Analysis, bounds: tuple[int | None, int | None] = (None, None)):
         super().__init__(run)
         self.sides = sides
+        self.bounds = bounds  # the first and last cut searched (None: the first, the last)
         self.alignment = run.alignment
         self.analysis = analysis
         self.patchable = self._patchable_tensors()
@@ -95,8 +99,9 @@ class ForwardPass(SearchPass):
 
     # -- what the search asks --------------------------------------------------
     def cuts(self) -> list[int]:
-        reference = self.run.reference
-        return [e.candidate for e in self.analysis.in_order() if reference.has_value(reference.ops[e.reference].outputs[0])]
+        reference, (first, last) = self.run.reference, self.bounds
+        return [e.candidate for e in self.analysis.in_order() if reference.has_value(reference.ops[e.reference].outputs[0])
+                and (first is None or e.candidate >= first) and (last is None or e.candidate <= last)]
 
     def error_at_cut(self, cut: int) -> tuple[float, float]:
         outputs = self.candidate_outputs(self.patches_up_to(cut))
@@ -143,10 +148,35 @@ class ForwardPass(SearchPass):
 
 def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive: bool = False,
                progress: Callable[[str], None] | None = None) -> Result:
-    """Check, analyse and search a run's forward pass through its live sides (see the module docstring)."""
+    """Check, analyse and search a run's forward pass through its live sides (see the module docstring;
+    a run that did not store every op's values is searched layer window first, see `bisectr.window`)."""
     say = progress or (lambda message: None)
-    say("re-running each side unpatched")
-    check_reproducible(run, sides)
+    windowed = needs_window(run)
+    say("re-running each side unpatched" + (" (and keeping its layer outputs)" if windowed else ""))
+    check_reproducible(run, sides, {role: boundaries(run.traces[role]) for role in SIDES} if windowed else {})
+    if not windowed:
+        return _search(run, sides, tolerance, exhaustive, say)
+    reruns = {"candidate": 0, "reference": 0}
+    float64 = None
+    if run.output_error().max_rel > tolerance:
+        say("running both sides in float64")
+        float64 = float64_check(run, sides)
+    if float64 is None or float64.status != "agree":  # rounding is judged over every op: no window for it
+        result = _search(run, sides, tolerance, exhaustive, say, narrow=True, float64=float64, reruns=reruns)
+        if result.verdict == "match" or (result.confirmation is not None and result.confirmation.confirmed):
+            return result
+    say("keeping the values of every op")
+    fetch_all(run, sides)
+    return _search(run, sides, tolerance, exhaustive, say, float64=float64, reruns=reruns)
+
+
+def _search(run: RunRecord, sides: Sides, tolerance: float, exhaustive: bool, say: Callable[[str], None],
+            narrow: bool = False, float64: Float64Check | None = None, reruns: dict[str, int] | None = None) -> Result:
+    """The forward search on the values the run has (with the `float64` check, where made). With `narrow`,
+    a run holding its layer outputs only: the search fetches the values of the ops of the layers where
+    the difference enters first (see `bisectr.window`). `reruns` (role -> count)
+    holds the re-runs of earlier searches of the run; this one's are added, and the result counts all."""
+    reruns = reruns if reruns is not None else {"candidate": 0, "reference": 0}
     say("replaying ops")
     analysis = Analysis(run, sides).compute()
     output_error = run.output_error()
@@ -157,8 +187,9 @@ def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive:
     if full_error <= tolerance:
         return Result("match", output_error, None, 0, ops, profile=profile)
     nonfinite = nonfinite_start(run, run.alignment)
-    say("running both sides in float64")
-    float64 = float64_check(run, sides)
+    if float64 is None:
+        say("running both sides in float64")
+        float64 = float64_check(run, sides)
 
     search = ForwardPass(run, sides, analysis)
     leaves = run.alignment.leaves
@@ -167,9 +198,15 @@ def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive:
         found = _differing_leaves(search, full_error, NOISE_FACTOR * (float64.predicted or 0.0))
         if found is not None:
             culprit, confirmation, occurrences = found
-            return Result("divergent", output_error, culprit, search.candidate_reruns, ops, recurrences=occurrences,
+            _count(search, reruns)
+            return Result("divergent", output_error, culprit, reruns["candidate"], ops, recurrences=occurrences,
                           confirmation=confirmation, fp64_check=float64, profile=profile, leaves=leaves,
                           nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None)
+    if narrow:
+        say("searching between layers")
+        search = _window_search(search, full_error, float64, reruns)
+        analysis = search.analysis
+        profile = [_profile_row(run, e) for e in analysis.in_order()]
     say("searching")
     outcome = search_pass(search, full_error, float64, nonfinite is not None, say, exhaustive)
     finding = outcome.finding
@@ -179,12 +216,36 @@ def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive:
     culprit = _culprit(run, analysis, culprit_evidence) if culprit_evidence else None
     if nonfinite is not None and culprit is None:  # NaN/Inf that the reference lacks are not rounding
         culprit = nonfinite_culprit(run, nonfinite)
-    return Result(outcome.verdict, output_error, culprit, search.candidate_reruns, ops, outcome.entry,
+    _count(search, reruns)
+    return Result(outcome.verdict, output_error, culprit, reruns["candidate"], ops, outcome.entry,
                   recurrences=recurrences(run, finding, full_error), confirmation=finding.confirmation,
-                  not_blamed=finding.not_blamed, cuts=outcome.trail, reference_reruns=search.reference_reruns,
+                  not_blamed=finding.not_blamed, cuts=outcome.trail, reference_reruns=reruns["reference"],
                   nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None, fp64_check=float64,
                   bracket=_bracket(run, analysis, outcome.cuts, outcome.entry) if outcome.bracketed else None, profile=profile,
                   leaves=leaves)
+
+
+def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check, reruns: dict[str, int]) -> ForwardPass:
+    """The search of the window (see `bisectr.window`): the cut search over the layer outputs `coarse`
+    holds brackets the difference (its re-runs are counted in `reruns`), the values of the ops between
+    are fetched, and the pass returned searches between those two cuts."""
+    run, sides = coarse.run, coarse.sides
+    cuts = coarse.cuts()
+    entry, _ = entry_point(coarse, cuts, full_error, NOISE_FACTOR * (float64.predicted or 0.0), False)
+    low = cut_before(cuts, entry)
+    partner = {index: evidence.reference for index, evidence in coarse.analysis.ops.items()}
+    window = window_between(run, partner, low, entry)
+    fetch_window(run, sides, window)
+    _count(coarse, reruns)
+    analysis = Analysis(run, sides).compute()
+    if fetch_recurrences(run, sides, analysis, window):
+        analysis = Analysis(run, sides).compute()
+    return ForwardPass(run, sides, analysis, bounds=(low, entry))
+
+
+def _count(search: ForwardPass, reruns: dict[str, int]) -> None:
+    reruns["candidate"] += search.candidate_reruns
+    reruns["reference"] += search.reference_reruns
 
 
 def _differing_leaves(search: ForwardPass, full_error: float, rounding: float) -> tuple[Culprit, Confirmation, list[Recurrence]] | None:
@@ -210,12 +271,15 @@ def _differing_leaves(search: ForwardPass, full_error: float, rounding: float) -
     return None
 
 
-def check_reproducible(run: RunRecord, sides: Sides) -> None:
+def check_reproducible(run: RunRecord, sides: Sides, keep: dict[str, set[int]] | None = None) -> None:
     """Refuse a model whose unpatched re-run does not reproduce its recording: a random
-    difference (dropout in training mode, random ops) is neither a bug nor rounding."""
+    difference (dropout in training mode, random ops) is neither a bug nor rounding. The values of
+    the op outputs `keep` (role -> tids) names that the run lacks are kept (`Trace.fetched`)."""
     for role in SIDES:
+        trace = run.traces[role]
+        wanted = missing(trace, (keep or {}).get(role, ()))
         try:
-            sides.run(role, Rerun({}))
+            trace.fetched.update(sides.run(role, Rerun({}, wanted)).captured)
         except TraceMismatchError as exc:
             raise TraceMismatchError(f"{run.model_file}: the {role} side does not reproduce its own outputs when run "
                                      f"twice, so no verdict can be given: {exc} If the model has dropout, put it in "

@@ -263,8 +263,8 @@ class Patches:
             self.check(op, tid, tensor)
         if tid in self.patches:
             tensor = self.patched(tid, tensor, in_place, keep_graph=self.gradients)
-        if tid in self.capture:
-            self.captured[tid] = self.adapter.to_numpy(tensor)
+        if tid in self.capture:  # a copy: a later in-place op may write into the tensor
+            self.captured[tid] = np.array(self.adapter.to_numpy(tensor))
         return tensor
 
     def patch(self, tid: int, shape: Iterable[int]) -> Any:

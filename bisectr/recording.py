@@ -37,6 +37,9 @@ class RecordOptions:
     store_values: bool = True
     # With store_values, keep only op outputs under these module path prefixes ("" = all).
     keep_modules: tuple[str, ...] = ()
+    # With store_values, op outputs are stored until they would pass this many bytes, then none
+    # (None: no limit); the search fetches what it needs of the rest (`bisectr.window`).
+    value_budget: int | None = None
 
 
 class TensorIds:
@@ -114,6 +117,7 @@ class Recorder(_Session):
         self._internal = self._framework + (_BISECTR_DIR, self._adapter_dir, _STDLIB_DIR)
         self._frame_kinds: dict[Any, int] = {}  # code object -> _USER, _STOP, ...
         self._stats = StatsBatch()
+        self._budget_left = options.value_budget
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
@@ -155,10 +159,18 @@ class Recorder(_Session):
         return f"const:{self.op_count}"
 
     def _keeps(self, module: str) -> bool:
-        if not self.options.store_values:
+        if not self.options.store_values or self._budget_left is not None and self._budget_left < 0:
             return False
         prefixes = self.options.keep_modules
         return not prefixes or any(module == p or module.startswith(p + ".") for p in prefixes)
+
+    def _within_budget(self, nbytes: int) -> bool:
+        """Is there room for an op output of `nbytes`? Once there is not, no later op output is stored
+        either: the values kept are those of the forward's first ops."""
+        if self._budget_left is None:
+            return True
+        self._budget_left -= nbytes
+        return self._budget_left >= 0
 
     def _record_tensor(self, tensor: Any, producer: int, leaf: str | None, store: bool) -> int:
         tid = self.ids.assign(tensor)
@@ -167,7 +179,7 @@ class Recorder(_Session):
 
     def _describe(self, tid: int, tensor: Any, producer: int | None, leaf: str | None, store: bool) -> None:
         values = self.adapter.to_numpy(tensor)
-        stored = store and self.writer is not None
+        stored = store and self.writer is not None and (producer is None or self._within_budget(values.nbytes))
         if stored:
             self.writer.write(tid, values)
         info = TensorInfo(tid, tuple(values.shape), self.adapter.dtype_name(tensor), {}, [], producer, leaf, stored)

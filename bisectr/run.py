@@ -23,7 +23,7 @@ from .backward import bisect_backward
 from .forward import bisect_run
 from .errors import ModelFileError, RunDirError
 from .modelfile import build_side, load_module
-from .runrecord import HowTraced, OutputPair, RunRecord, pair_outputs
+from .runrecord import DEFAULT_VALUE_BUDGET, HowTraced, OutputPair, RunRecord, pair_outputs
 from .recording import RecordOptions
 from .result import Result
 from .serial import PlainError, from_plain, to_plain
@@ -61,7 +61,7 @@ class Run(RunRecord):
                                   f"file it was traced from ({self.traced.model_file}): run.bisect(model_file=...)")
             fresh = trace(model_file, self.traced.reference_fn, self.traced.candidate_fn, out=self.run_dir,
                           store_values=self.traced.store_values, keep_modules=tuple(self.traced.keep_modules),
-                          commit=False, **isolation)
+                          value_budget=self.traced.value_budget, commit=False, **isolation)
             for f in fields(fresh):
                 setattr(self, f.name, getattr(fresh, f.name))
         result = bisect_run(self, self.sides, tolerance, exhaustive, progress)
@@ -102,7 +102,7 @@ def bisect(model_file: str | os.PathLike, reference: str = "reference", candidat
 
 def trace(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
           out: str | os.PathLike | None = None, store_values: bool = True, keep_modules: tuple[str, ...] = (),
-          isolate: bool = False, reference_python: str | None = None, candidate_python: str | None = None,
+          value_budget: int | None = DEFAULT_VALUE_BUDGET, isolate: bool = False, reference_python: str | None = None, candidate_python: str | None = None,
           watch: Callable[[str, Callable[[], int]], None] | None = None, commit: bool = True) -> Run:
     """Record both sides of `model_file`, pair their outputs and align them, into the run
     directory `out` (a temporary one if None). With `commit=False` nothing is moved into
@@ -111,12 +111,16 @@ def trace(model_file: str | os.PathLike, reference: str = "reference", candidate
     `watch(role, ops)`, for a progress display, is called as each side's recording starts with a
     function returning the number of ops recorded so far (not for an isolated side).
 
+    Op outputs are stored until a side's pass `value_budget` bytes (None: no limit), then only their
+    statistics: the search of such a run fetches the values it needs from the live models, layer
+    outputs first, then the ops of the layers where the difference enters (`bisectr.window`).
+
     With `isolate`, each side's model runs in its own worker process (`bisectr.isolate`), started
     with `reference_python` / `candidate_python` (default: this interpreter); naming one implies it.
     """
     model_file = Path(model_file)
     traced = HowTraced(str(model_file.resolve()), reference, candidate, bool(isolate or reference_python or candidate_python),
-                       reference_python, candidate_python, store_values, list(keep_modules))
+                       reference_python, candidate_python, store_values, list(keep_modules), value_budget)
     run_dir = Path(out) if out is not None else temporary_run_dir(model_file.stem)
     with RunLock(run_dir):  # a run directory another process writes is refused before any model is built
         runners, pins = _start_sides(model_file, traced)
@@ -129,7 +133,7 @@ def record_run(traced: HowTraced, runners: dict[str, SideRunner], pins: dict[str
     traces (with `pins`: candidate module -> reference module); see `trace`. `label` names the
     sides' origin in messages (the model file)."""
     writer = RunWriter(run_dir)
-    options = RecordOptions(store_values=traced.store_values, keep_modules=tuple(traced.keep_modules))
+    options = RecordOptions(traced.store_values, tuple(traced.keep_modules), traced.value_budget)
     try:
         traces = {}
         for role, runner in runners.items():

@@ -25,6 +25,9 @@ LAYOUT_CONFIRMED = 0.5  # outputs of different shapes pair through a layout that
 MAX_OUTPUT_DIMS = 6  # outputs with more dimensions are never permuted to find a layout
 
 
+DEFAULT_VALUE_BUDGET = 256 * 2**20  # bytes of op outputs stored per side: beyond, the search goes by layer windows
+
+
 @dataclass
 class HowTraced:
     """The `trace` arguments that recorded a run (shown to the user, never run from a saved run)."""
@@ -37,6 +40,7 @@ class HowTraced:
     candidate_python: str | None = None
     store_values: bool = True
     keep_modules: list[str] = field(default_factory=list)
+    value_budget: int | None = None  # bytes of op outputs stored per side (see `trace`)
 
 
 @dataclass

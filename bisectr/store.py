@@ -75,6 +75,14 @@ class TensorWriter:
         except OSError as exc:
             raise _write_error(self.path, exc, _run_of_partial(directory.parent)) from None
 
+    def reopen(self) -> None:
+        """Open the closed file again to append to it."""
+        self._raise_failure()
+        try:
+            self._file = open(self.path, "ab", buffering=_WRITE_BUFFER)
+        except OSError as exc:
+            raise self._failed(exc) from None
+
     def write(self, tid: int, values: np.ndarray) -> None:
         self._raise_failure()
         values = np.ascontiguousarray(values)
@@ -218,6 +226,7 @@ class RunWriter:
         self._finish()
         for side, trace in traces.items():
             trace.value_reader = StoredValues(self.final_dir / side / "tensors.bin", indexes[side])
+            trace.fetched.clear()  # stored now
         return self.final_dir
 
     def _write_and_move(self, traces: dict[str, Trace], manifest: dict[str, Any],
@@ -225,6 +234,11 @@ class RunWriter:
         indexes = {}
         for side, trace in traces.items():
             writer = self.writers.get(side)
+            if writer is not None and trace.fetched:
+                writer.reopen()
+                for tid in sorted(trace.fetched):
+                    writer.write(tid, trace.fetched[tid])
+                    trace.tensors[tid].stored = True
             if writer is not None:
                 writer.close()
             side_dir = self.work_dir / side

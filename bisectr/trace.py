@@ -102,6 +102,9 @@ class Trace:
     # Reads a parameter's or buffer's values from the live model (`sides.LeafValues`): a run does not
     # copy them. None once the model is gone (a run reopened from disk).
     leaf_reader: Callable[[int], np.ndarray] | None = field(default=None, repr=False)
+    # Op outputs the recording did not store, fetched since by a re-run of the live model (`bisectr.window`);
+    # saving the run stores them.
+    fetched: dict[int, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     _graph: nx.DiGraph | None = field(default=None, repr=False)
 
     @property
@@ -112,6 +115,8 @@ class Trace:
         info = self.tensors[tid]
         if info.stored and self.value_reader is not None:
             return self.value_reader(tid)
+        if tid in self.fetched:
+            return self.fetched[tid]
         if self.leaf_reader is not None and is_model_leaf(info.leaf):
             return self.leaf_reader(tid)
         if is_model_leaf(info.leaf):
@@ -121,7 +126,8 @@ class Trace:
 
     def has_value(self, tid: int) -> bool:
         info = self.tensors[tid]
-        return (self.value_reader is not None and info.stored) or (self.leaf_reader is not None and is_model_leaf(info.leaf))
+        return (self.value_reader is not None and info.stored) or tid in self.fetched or \
+            (self.leaf_reader is not None and is_model_leaf(info.leaf))
 
     def first_reads(self) -> dict[int, int]:
         """tid -> the index of the first op reading it."""

@@ -2,6 +2,7 @@
 
 No timing assertions: the figures of a quick run on a shared machine mean little.
 """
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +36,22 @@ def test_quick_benchmark_runs_and_prints_the_table(tmp_path):
     for column in ("torch", "paddle", "target", "holds"):
         assert column in done.stdout
     assert raw.is_file() and raw.stat().st_size > 0
+
+
+def test_scale_benchmark_finds_the_planted_gelu_in_a_one_layer_ctrl_sized_pair(tmp_path):
+    """benchmarks/scale.py at one layer (d_model 1280, d_ff 8192: 27M parameters per side), no op values
+    stored: both pairs name the planted exact GELU's layer and print the ratios."""
+    raw = tmp_path / "scale.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--layers", "1", "--value-budget", "0",
+                           "--json", str(raw)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(raw.read_text())
+    assert [row["pair"] for row in rows] == ["torch vs torch", "torch vs paddle"]
+    for row in rows:
+        assert row["bisect_verdict"] == "divergent" and row["bisect_confirmed"], row
+        assert row["bisect_culprit"].startswith("h.0.mlp"), row
+        assert row["peak_ratio"] > 0 and row["time_ratio"] > 0 and 0 < row["run_dir_ratio"] < 1
+    assert "peak" in done.stdout and "run dir" in done.stdout
 
 
 def test_profile_names_the_recorders_own_functions():

@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""bisectr at seed 000's size: the CTRL-sized pair (benchmarks/models/ctrl.py), plain against bisect.
+
+    python benchmarks/scale.py [--layers N] [--pairs torch,paddle] [--value-budget MB] [--json PATH]
+
+For each pair (torch vs torch: `candidate`; torch vs paddle: `candidate_paddle`), two subprocesses,
+one after the other on the same machine:
+
+- **plain**: build both models and run one forward of each (no gradients);
+- **bisect**: `bisectr.trace` into a run directory, then `Run.bisect()`, as `bisectr bisect` does
+  (op values stored up to `--value-budget` MB per side, bisectr's default unless given).
+
+Each row: the verdict and culprit (expected: `divergent` in the planted layer's MLP), peak resident
+memory (the child's maximum RSS) over plain's, wall time over plain's, the run directory's size over
+the bytes of both sides' weights, and the time of each stage of the bisect. Targets (issue 29):
+peak <= 1.5x plain, time <= 5x plain.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MODEL_FILE = HERE / "models" / "ctrl.py"
+PAIRS = {"torch": "candidate", "paddle": "candidate_paddle"}
+TARGET_PEAK = 1.5
+TARGET_TIME = 5.0
+
+PLAIN = """
+import json, sys, time
+start = time.perf_counter()
+from bisectr.modelfile import build_side, load_module
+from bisectr.adapters import adapter_for
+module = load_module(sys.argv[1])
+weights = 0
+for role, function in (("reference", "reference"), ("candidate", sys.argv[2])):
+    side = build_side(module, sys.argv[1], role, function)
+    adapter = side.adapter
+    weights += sum(adapter.to_numpy(t).nbytes for name, t in adapter.named_leaves(side.model) if name.startswith("param:"))
+    with adapter.no_grad():
+        side.forward()
+print(json.dumps({"seconds": time.perf_counter() - start, "weights": weights}))
+"""
+
+BISECT = """
+import json, os, sys, time
+start = time.perf_counter()
+import bisectr
+stages, last = {}, [time.perf_counter(), "trace"]
+def progress(message):
+    now = time.perf_counter()
+    stages[last[1]] = stages.get(last[1], 0.0) + now - last[0]
+    last[:] = [now, message]
+budget = {} if sys.argv[4] == "default" else {"value_budget": round(float(sys.argv[4]) * 2**20)}
+run = bisectr.trace(sys.argv[1], "reference", sys.argv[2], out=sys.argv[3], commit=False, **budget)
+progress("bisect: start")
+result = run.bisect(progress=lambda m: progress("bisect: " + m))
+run.save()  # with the values the search fetched, as `bisectr trace` saves a run
+progress("end")
+size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(sys.argv[3]) for f in fs)
+culprit = result.culprit
+print(json.dumps({"seconds": time.perf_counter() - start, "verdict": result.verdict, "run_dir": size,
+                  "culprit": None if culprit is None else f"{culprit.candidate.module} {culprit.op}",
+                  "confirmed": bool(result.confirmation and result.confirmation.confirmed), "reruns": result.reruns,
+                  "ops": len(run.candidate.ops), "stages": stages}))
+"""
+
+
+def measured(script: str, *args: str) -> tuple[dict, float]:
+    """Run `script` in a child interpreter: its JSON answer and its peak resident memory (bytes)."""
+    child = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
+    output = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    if status != 0:
+        raise SystemExit(f"{script.split(chr(10))[5]!r}... exited with {status}")
+    return json.loads(output.strip().splitlines()[-1]), usage.ru_maxrss * 1024
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=48)
+    parser.add_argument("--pairs", default="torch,paddle")
+    parser.add_argument("--value-budget", default="default", metavar="MB")
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+    os.environ["BISECTR_CTRL_LAYERS"] = str(args.layers)
+    rows = []
+    for pair in args.pairs.split(","):
+        function = PAIRS[pair]
+        plain, plain_peak = measured(PLAIN, str(MODEL_FILE), function)
+        with tempfile.TemporaryDirectory() as scratch:
+            bisect, bisect_peak = measured(BISECT, str(MODEL_FILE), function, str(Path(scratch) / "run"), args.value_budget)
+        rows.append({"pair": f"torch vs {pair}", "layers": args.layers, "plain_seconds": plain["seconds"],
+                     "plain_peak": plain_peak, "weights": plain["weights"], **{f"bisect_{k}": v for k, v in bisect.items()},
+                     "bisect_peak": bisect_peak, "peak_ratio": bisect_peak / plain_peak,
+                     "time_ratio": bisect["seconds"] / plain["seconds"], "run_dir_ratio": bisect["run_dir"] / plain["weights"]})
+        row = rows[-1]
+        print(f"{row['pair']}, {args.layers} layers: {bisect['verdict']} at {bisect['culprit']}"
+              f"{'' if bisect['confirmed'] else ' (unconfirmed)'} ({bisect['reruns']} candidate re-runs, {bisect['ops']} ops); peak {bisect_peak / 1e9:.1f} GB / plain "
+              f"{plain_peak / 1e9:.1f} GB = {row['peak_ratio']:.2f}x (target {TARGET_PEAK}x); time {bisect['seconds']:.0f} s "
+              f"/ plain {plain['seconds']:.0f} s = {row['time_ratio']:.1f}x (target {TARGET_TIME}x); run dir "
+              f"{bisect['run_dir'] / 1e6:.0f} MB / weights {plain['weights'] / 1e9:.1f} GB = {row['run_dir_ratio']:.3f}", flush=True)
+        print("  stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in bisect["stages"].items()), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

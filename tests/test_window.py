@@ -1,0 +1,96 @@
+"""The hierarchical search (`bisectr.window`): a run that stored no op values (`value_budget=0`, what a
+big model gets past the budget) is searched on layer outputs first, then on the ops of the layers where
+the difference enters, and names what a fully stored run names."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import bisectr
+from bisectr.window import boundaries, layer_of, tensors_of
+from conftest import EXAMPLES, MODELS
+
+# (model file, candidate function, --backward): examples and third-party pairs of every kind of
+# finding: one op, a leaf, a block, a difference in every layer, rounding, a backward culprit.
+PAIRS = [
+    (EXAMPLES / "tanh_gelu.py", "candidate", False),
+    (EXAMPLES / "wrong_eps.py", "candidate", False),
+    (EXAMPLES / "untransposed_weight.py", "candidate", False),
+    (EXAMPLES / "correct_port.py", "candidate", False),
+    (EXAMPLES / "span_head.py", "candidate", False),
+    (EXAMPLES / "paddle_vs_torch.py", "candidate", False),
+    (EXAMPLES / "cube_root_fp64.py", "candidate", False),
+    (MODELS / "hf_llama_activation.py", "candidate_gelu_layer", False),
+    (MODELS / "hf_llama_shared.py", "candidate_mlp_act", False),
+    (MODELS / "hf_llama_weights.py", "candidate_rope_theta", False),
+    (MODELS / "torch_mha.py", "candidate_wrong_scale", False),
+    (MODELS / "paddle_resnet.py", "candidate_bn_eps", False),
+    (MODELS / "transformer_encoder.py", "candidate_gelu_layer", False),
+    (MODELS / "paddle_shared_block.py", "candidate_block_bug", False),
+    (MODELS / "hf_gpt2.py", "candidate_untransposed", False),
+    (MODELS / "backward_ports.py", "candidate_pylayer", True),
+]
+
+
+def finding(result):
+    culprit = result.culprit
+    confirmation = result.confirmation
+    return (result.verdict, culprit and (culprit.kind, culprit.candidate.index, culprit.reference.index, culprit.leaf),
+            confirmation and confirmation.confirmed, [r.index for r in result.recurrences])
+
+
+@pytest.mark.parametrize("model_file, candidate, backward", PAIRS, ids=[f"{p[0].stem}:{p[1]}" for p in PAIRS])
+def test_a_run_without_op_values_names_what_a_stored_run_names(model_file, candidate, backward):
+    stored = bisectr.trace(model_file, candidate=candidate).bisect(backward=backward)
+    windowed = bisectr.trace(model_file, candidate=candidate, value_budget=0).bisect(backward=backward)
+    assert finding(windowed) == finding(stored)
+    if backward:
+        assert finding(windowed.backward) == finding(stored.backward)
+
+
+def test_the_run_keeps_the_layer_outputs_and_the_window_only(tmp_path):
+    """tanh_gelu: the GELU of layers.7 differs. The saved run holds each side's layer boundaries, the
+    ops of layers.7 and the other GELUs (which might carry the same difference), fetched from the live
+    models, and nothing else of the other layers."""
+    run = bisectr.trace(EXAMPLES / "tanh_gelu.py", out=tmp_path / "run", value_budget=0, commit=False)
+    assert not any(info.stored for info in run.candidate.tensors.values() if info.producer is not None
+                   and info.tid not in run.candidate.outputs.values())
+    result = run.bisect()
+    assert result.verdict == "divergent" and result.confirmation.confirmed
+    culprit = result.culprit.candidate
+    assert culprit.module == "layers.7.ffn" and result.culprit.op == "gelu"
+    run.save()
+    loaded = bisectr.load(tmp_path / "run")
+    trace = loaded.candidate
+    kept = {info.tid for info in trace.tensors.values() if info.stored and info.producer is not None}
+    gelus = [op.index for op in trace.ops if op.op == "gelu"]
+    assert len(gelus) == 12
+    allowed = boundaries(trace) | tensors_of(trace, gelus) | \
+        tensors_of(trace, [op.index for op in trace.ops if layer_of(op.module) == "layers.7"])
+    assert tensors_of(trace, gelus) <= kept and kept <= allowed
+    for role in ("reference", "candidate"):
+        op_outputs = [info for info in loaded.traces[role].tensors.values() if info.producer is not None]
+        assert sum(info.stored for info in op_outputs) < 0.3 * len(op_outputs)
+    values = trace.value(trace.ops[culprit.index].outputs[0])
+    np.testing.assert_array_equal(values, run.candidate.value(run.candidate.ops[culprit.index].outputs[0]))
+
+
+def test_a_budget_stores_the_first_ops_and_the_search_fetches_the_rest():
+    """A budget of a few op outputs: the first ops' values are stored, the rest fetched, the same culprit."""
+    run = bisectr.trace(EXAMPLES / "tanh_gelu.py", value_budget=20_000)
+    stored = [info.producer for info in run.candidate.tensors.values() if info.stored and info.producer is not None
+              and info.tid not in run.candidate.outputs.values()]
+    assert stored and max(stored) < len(run.candidate.ops) // 4
+    assert stored == list(range(len(stored)))  # a prefix of the forward
+    result = run.bisect()
+    assert (result.culprit.candidate.module, result.culprit.op) == ("layers.7.ffn", "gelu")
+
+
+def test_the_command_line_takes_a_value_budget():
+    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / "tanh_gelu.py"), "--json",
+                           "--value-budget", "0"], capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    result = json.loads(done.stdout)
+    assert result["culprit"]["candidate"]["module"] == "layers.7.ffn" and result["confirmation"]["confirmed"]
