@@ -442,22 +442,19 @@ def run_probe(args: list[str], threads: int, timeout: float = 600, env: dict[str
 @contextlib.contextmanager
 def phase_timer():
     """Times the phases of `bisectr.trace` and `Run.bisect` by wrapping (in this process only, restored
-    on exit) the functions they call: `align_traces` wherever a bisectr module bound it (the alignment is
+    on exit) the functions they call: `align_traces` where `bisectr.run` binds it (the alignment is
     made as the run is traced), `pair_leaves` (the leaves' pairing and comparison, also made as it is
-    traced), the search's leaf phase, `Analysis.compute`, `Sides.rerun`."""
+    traced), the search's leaf phase, `Analysis.compute`, `LocalSide.rerun`."""
     import bisectr.analysis as analysis
     import bisectr.forward as forward
     import bisectr.run as run_module
     import bisectr.sides as sides_module
 
-    spent = {"align": 0.0, "analysis": 0.0, "reruns": 0.0, "candidate_reruns": 0, "reference_reruns": 0, "float64": 0.0,
-             "reproduce": 0.0, "leaves": 0.0, "leaf_search": 0.0}
+    spent = {"align": 0.0, "analysis": 0.0, "reruns": 0.0, "float64": 0.0, "reproduce": 0.0, "leaves": 0.0, "leaf_search": 0.0}
     patches: list[tuple[Any, str, Any]] = []
 
-    def wrap(owner: Any, name: str, phase: str, counter: bool = False) -> None:
-        original = getattr(owner, name, None)
-        if original is None:
-            return
+    def wrap(owner: Any, name: str, phase: str) -> None:
+        original = getattr(owner, name)
 
         def timed(*args, **kwargs):
             start = time.perf_counter()
@@ -465,21 +462,17 @@ def phase_timer():
                 return original(*args, **kwargs)
             finally:
                 spent[phase] += time.perf_counter() - start
-                if counter:
-                    role = args[1] if len(args) > 1 else kwargs.get("role")
-                    spent[f"{role}_reruns"] = spent.get(f"{role}_reruns", 0) + 1
 
         patches.append((owner, name, original))
         setattr(owner, name, timed)
 
-    for module in (forward, run_module):
-        wrap(module, "align_traces", "align")
+    wrap(run_module, "align_traces", "align")
     wrap(run_module, "pair_leaves", "leaves")
     wrap(forward, "_differing_leaves", "leaf_search")
     wrap(analysis.Analysis, "compute", "analysis")
     wrap(forward, "float64_check", "float64")
     wrap(forward, "check_reproducible", "reproduce")
-    wrap(sides_module.Sides, "rerun", "reruns", counter=True)
+    wrap(sides_module.LocalSide, "rerun", "reruns")
     try:
         yield spent
     finally:
@@ -895,7 +888,7 @@ def main(argv: list[str] | None = None) -> int:
         "stack: median of 3); whole command = bisectr.trace() (building both models, recording both sides, aligning "
         "them, writing the run) + the search; x forward = wall time / plain forward of the same candidate model, the median of 5 "
         "measured beside each search; phases timed by wrapping "
-        "align_traces (in the trace), Analysis.compute and Sides.rerun; interception alone = the adapter's intercept() around a "
+        "align_traces (in the trace), Analysis.compute and LocalSide.rerun; interception alone = the adapter's intercept() around a "
         "listener that only calls each op."
     )
     report.render("bisectr benchmarks", caption)

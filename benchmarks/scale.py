@@ -6,14 +6,15 @@
 For each pair (torch vs torch: `candidate`; torch vs paddle: `candidate_paddle`), two subprocesses,
 one after the other on the same machine:
 
-- **plain**: build both models and run one forward of each (no gradients);
+- **plain**: build both models and run one forward of each (no gradients), the forwards also timed alone;
 - **bisect**: `bisectr.trace` into a run directory, then `Run.bisect()`, as `bisectr bisect` does
   (op values stored up to `--value-budget` MB per side, bisectr's default unless given).
 
 Each row: the verdict and culprit (expected: `divergent` in the planted layer's MLP), peak resident
 memory (the child's maximum RSS) over plain's, wall time over plain's, the run directory's size over
-the bytes of both sides' weights, and the time of each stage of the bisect. Targets (issue 29):
-peak <= 1.5x plain, time <= 5x plain.
+the bytes of both sides' weights, the search (`Run.bisect()`) in forwards of both sides, and the time of
+each stage of the bisect. Targets (issue 29): peak <= 1.5x plain, time <= 5x plain, the search <= 10x
+one forward of both sides.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ MODEL_FILE = HERE / "models" / "ctrl.py"
 PAIRS = {"torch": "candidate", "paddle": "candidate_paddle"}
 TARGET_PEAK = 1.5
 TARGET_TIME = 5.0
+TARGET_SEARCH_FORWARDS = 10.0
 
 PLAIN = """
 import json, sys, time
@@ -37,14 +39,16 @@ start = time.perf_counter()
 from bisectr.modelfile import build_side, load_module
 from bisectr.adapters import adapter_for
 module = load_module(sys.argv[1])
-weights = 0
+weights, forwards = 0, 0.0
 for role, function in (("reference", "reference"), ("candidate", sys.argv[2])):
     side = build_side(module, sys.argv[1], role, function)
     adapter = side.adapter
     weights += sum(adapter.to_numpy(t).nbytes for name, t in adapter.named_leaves(side.model) if name.startswith("param:"))
+    started = time.perf_counter()
     with adapter.no_grad():
         side.forward()
-print(json.dumps({"seconds": time.perf_counter() - start, "weights": weights}))
+    forwards += time.perf_counter() - started
+print(json.dumps({"seconds": time.perf_counter() - start, "weights": weights, "forwards": forwards}))
 """
 
 BISECT = """
@@ -59,12 +63,14 @@ def progress(message):
 budget = {} if sys.argv[4] == "default" else {"value_budget": round(float(sys.argv[4]) * 2**20)}
 run = bisectr.trace(sys.argv[1], "reference", sys.argv[2], out=sys.argv[3], commit=False, **budget)
 progress("bisect: start")
+searching = time.perf_counter()
 result = run.bisect(progress=lambda m: progress("bisect: " + m))
+search = time.perf_counter() - searching
 run.save()  # with the values the search fetched, as `bisectr trace` saves a run
 progress("end")
 size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(sys.argv[3]) for f in fs)
 culprit = result.culprit
-print(json.dumps({"seconds": time.perf_counter() - start, "verdict": result.verdict, "run_dir": size,
+print(json.dumps({"seconds": time.perf_counter() - start, "search": search, "verdict": result.verdict, "run_dir": size,
                   "culprit": None if culprit is None else f"{culprit.candidate.module} {culprit.op}",
                   "confirmed": bool(result.confirmation and result.confirmation.confirmed), "reruns": result.reruns,
                   "ops": len(run.candidate.ops), "stages": stages}))
@@ -99,13 +105,16 @@ def main() -> int:
         rows.append({"pair": f"torch vs {pair}", "layers": args.layers, "plain_seconds": plain["seconds"],
                      "plain_peak": plain_peak, "weights": plain["weights"], **{f"bisect_{k}": v for k, v in bisect.items()},
                      "bisect_peak": bisect_peak, "peak_ratio": bisect_peak / plain_peak,
-                     "time_ratio": bisect["seconds"] / plain["seconds"], "run_dir_ratio": bisect["run_dir"] / plain["weights"]})
+                     "time_ratio": bisect["seconds"] / plain["seconds"], "run_dir_ratio": bisect["run_dir"] / plain["weights"],
+                     "plain_forwards": plain["forwards"], "search_forwards": bisect["search"] / plain["forwards"]})
         row = rows[-1]
         print(f"{row['pair']}, {args.layers} layers: {bisect['verdict']} at {bisect['culprit']}"
               f"{'' if bisect['confirmed'] else ' (unconfirmed)'} ({bisect['reruns']} candidate re-runs, {bisect['ops']} ops); peak {bisect_peak / 1e9:.1f} GB / plain "
               f"{plain_peak / 1e9:.1f} GB = {row['peak_ratio']:.2f}x (target {TARGET_PEAK}x); time {bisect['seconds']:.0f} s "
               f"/ plain {plain['seconds']:.0f} s = {row['time_ratio']:.1f}x (target {TARGET_TIME}x); run dir "
-              f"{bisect['run_dir'] / 1e6:.0f} MB / weights {plain['weights'] / 1e9:.1f} GB = {row['run_dir_ratio']:.3f}", flush=True)
+              f"{bisect['run_dir'] / 1e6:.0f} MB / weights {plain['weights'] / 1e9:.1f} GB = {row['run_dir_ratio']:.3f}; "
+              f"search {bisect['search']:.0f} s / one forward of both sides {plain['forwards']:.1f} s = "
+              f"{row['search_forwards']:.1f}x (target {TARGET_SEARCH_FORWARDS:.0f}x)", flush=True)
         print("  stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in bisect["stages"].items()), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -46,10 +46,12 @@ from .window import boundaries, fetch_all, fetch_recurrences, fetch_window, miss
 class ForwardPass(SearchPass):
     """Re-runs of either side with activations patched, and the evidence of each paired op."""
 
-    def __init__(self, run: RunRecord, sides: Sides, analysis: Analysis, bounds: tuple[int | None, int | None] = (None, None)):
+    def __init__(self, run: RunRecord, sides: Sides, analysis: Analysis, bounds: tuple[int | None, int | None] = (None, None),
+                 known_cuts: dict[int, tuple[float, float]] | None = None):
         super().__init__(run)
         self.sides = sides
         self.bounds = bounds  # the first and last cut searched (None: the first, the last)
+        self.known_cuts = known_cuts or {}  # cut -> `error_at_cut`, evaluated by an earlier search of the run
         self.alignment = run.alignment
         self.analysis = analysis
         self.patchable = self._patchable_tensors()
@@ -104,6 +106,8 @@ class ForwardPass(SearchPass):
                 and (first is None or e.candidate >= first) and (last is None or e.candidate <= last)]
 
     def error_at_cut(self, cut: int) -> tuple[float, float]:
+        if cut in self.known_cuts:
+            return self.known_cuts[cut]
         outputs = self.candidate_outputs(self.patches_up_to(cut))
         return self.run.candidate_output_error(outputs), self.run.candidate_output_change(outputs)
 
@@ -228,10 +232,11 @@ def _search(run: RunRecord, sides: Sides, tolerance: float, exhaustive: bool, sa
 def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check, reruns: dict[str, int]) -> ForwardPass:
     """The search of the window (see `bisectr.window`): the cut search over the layer outputs `coarse`
     holds brackets the difference (its re-runs are counted in `reruns`), the values of the ops between
-    are fetched, and the pass returned searches between those two cuts."""
+    are fetched, and the pass returned searches between those two cuts, knowing what they gave (patching
+    the ops between changes neither: the layer outputs at a cut stand in for what came before)."""
     run, sides = coarse.run, coarse.sides
     cuts = coarse.cuts()
-    entry, _ = entry_point(coarse, cuts, full_error, NOISE_FACTOR * (float64.predicted or 0.0), False)
+    entry, trail = entry_point(coarse, cuts, full_error, NOISE_FACTOR * (float64.predicted or 0.0), False)
     low = cut_before(cuts, entry)
     partner = {index: evidence.reference for index, evidence in coarse.analysis.ops.items()}
     window = window_between(run, partner, low, entry)
@@ -240,7 +245,8 @@ def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check
     analysis = Analysis(run, sides).compute()
     if fetch_recurrences(run, sides, analysis, window):
         analysis = Analysis(run, sides).compute()
-    return ForwardPass(run, sides, analysis, bounds=(low, entry))
+    known = {cut.op: (cut.output_error, cut.moved) for cut in trail if cut.op in (low, entry)}
+    return ForwardPass(run, sides, analysis, bounds=(low, entry), known_cuts=known)
 
 
 def _count(search: ForwardPass, reruns: dict[str, int]) -> None:
@@ -253,15 +259,16 @@ def _differing_leaves(search: ForwardPass, full_error: float, rounding: float) -
     reference values, given to the candidate, take the outputs' error down to rounding: the culprit
     (its first leaf), the confirmation, and every layer holding it where there are several."""
     run = search.run
+    leaves, first_reads = run.candidate.leaves, run.candidate.first_reads()
     for cause in leaf_causes(run.alignment.leaves, run.candidate)[:MAX_REACH_TESTS]:
-        tids = [run.candidate.leaves[pair.candidate] for pair in cause]
+        tids = [leaves[pair.candidate] for pair in cause]
         patches = reference_values(run.reference, run.candidate, run.alignment, cause)
-        readers = sorted({run.candidate.first_reads()[tid] for tid in tids})
+        readers = sorted({first_reads[tid] for tid in tids})
         after = search.candidate_error(patches)
         if not confirms(after, full_error, rounding):
             continue
         first = cause[0]
-        cand_op = run.candidate.ops[readers[0] if len(readers) == 1 else run.candidate.first_reads()[tids[0]]]
+        cand_op = run.candidate.ops[readers[0] if len(readers) == 1 else first_reads[tids[0]]]
         ref_op = run.reference.ops[run.reference.first_reads()[run.reference.leaves[first.reference]]]
         culprit = culprit_without_evidence("leaf", cand_op, ref_op, first.candidate.split(":", 1)[1])
         culprit.reference_leaf, culprit.layout, culprit.description = first.reference.split(":", 1)[1], first.layout, first.description

@@ -31,6 +31,9 @@ from .trace import OpNode, Trace, fingerprint, float64_dtype, is_floating
 # magnitude) between recording and re-run is not deterministic: dropout or other randomness.
 VALUE_DRIFT = 1e-3
 
+# The leaves a float64 run upcasts: the model's parameters and buffers, and its inputs.
+UPCAST_LEAVES = ("param:", "buffer:", "input:")
+
 
 @dataclass(frozen=True, slots=True)
 class Slot:
@@ -133,6 +136,26 @@ def run_op(adapter: Adapter, fn: Callable[..., Any], args: tuple, kwargs: dict,
     return result, produced, {id(written)}
 
 
+def execution_plan(trace: Trace, wanted: set[int], replaced: set[int] = frozenset(),
+                   capture: set[int] = frozenset()) -> tuple[list[int], dict[int, set[int]]]:
+    """The ops to run to make the tids `wanted`, in order, and for each the tids no later one reads.
+    An op runs if it writes in place (an alias may see the write), if one of its outputs is to be
+    captured, or if a tid that is needed and not `replaced` (a patch stands in) comes out of it; its
+    inputs are then needed."""
+    needed = set(wanted).difference(replaced)
+    read_later = set(wanted)
+    plan, releases = [], {}
+    for op in reversed(trace.ops):
+        if op.inplace or not needed.isdisjoint(op.outputs) or not capture.isdisjoint(op.outputs):
+            plan.append(op.index)
+            inputs = set(op.inputs)
+            releases[op.index] = inputs - read_later
+            read_later |= inputs
+            needed |= inputs.difference(replaced)
+    plan.reverse()
+    return plan, releases
+
+
 def fill_slots(arguments: tuple | dict, fetch: Callable[[int], Any]) -> tuple | dict:
     """A recorded call's arguments with each `Slot` replaced by `fetch(tid)`."""
     return map_tensors(arguments, _is_slot, lambda slot: fetch(slot.tid))
@@ -156,6 +179,13 @@ class Interpreter:
             call = self.calls[index]
             args, kwargs = fill_slots(call.args, self.fetch), fill_slots(call.kwargs, self.fetch)
             self.store(index, self.run_node(index, call.fn, args, kwargs))
+
+    def run_releasing(self, plan: list[int], releases: dict[int, set[int]]) -> None:
+        """Run the ops of `plan`, dropping each tensor after the last op that reads it (`execution_plan`)."""
+        for index in plan:
+            self.run([index])
+            for tid in releases[index]:
+                self.env.pop(tid, None)
 
     def fetch(self, tid: int) -> Any:
         return self.env[tid]
@@ -226,6 +256,52 @@ class VJPInterpreter(Interpreter):
         upstream_tensors = [adapter.from_numpy(g, adapter.dtype_name(t), self.trace.device) for t, g in seeded]
         grads = adapter.gradients([t for t, _ in seeded], upstream_tensors, list(self.leaves.values()))
         return {tid: None if g is None else adapter.to_numpy(g) for tid, g in zip(self.leaves, grads)}
+
+
+class Float64Interpreter(Interpreter):
+    """The recorded forward again in float64, what `sides.Float64Listener` computes by running the
+    model's code: a floating parameter, buffer or input is read as a float64 copy (of
+    `leaf_values[leaf name]` where given) made where first read, and released after its last read
+    like every tensor; casts below float64 stay at float64 (`Adapter.float64_call`). `narrow`
+    counts the ops (by op and module) whose floating outputs still come out below float64. Raises
+    `UnfaithfulReplay` where a call makes another shape than recorded."""
+
+    def __init__(self, adapter: Adapter, trace: Trace, recording: Recording, leaf_values: dict[str, np.ndarray]):
+        super().__init__(adapter, trace, recording.calls)
+        self.leaves = recording.leaves
+        self.leaf_values = leaf_values
+        self.narrow: dict[str, int] = {}
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        adapter = self.adapter
+        with adapter.no_grad(), adapter.float64_defaults():
+            self.run_releasing(*execution_plan(self.trace, set(self.trace.outputs.values())))
+            return {key: adapter.to_numpy(self.fetch(tid)) for key, tid in self.trace.outputs.items()}
+
+    def fetch(self, tid: int) -> Any:
+        tensor = self.env.get(tid)
+        if tensor is None:  # a leaf: every op output read later is in `env`
+            info, adapter = self.trace.tensors[tid], self.adapter
+            tensor = self.leaves[tid][0]
+            if is_floating(info.dtype) and info.leaf.startswith(UPCAST_LEAVES):
+                values = self.leaf_values.get(info.leaf)
+                tensor = adapter.float64_tensor(tensor) if values is None else \
+                    adapter.from_numpy(values.astype(np.float64), "float64", adapter.device_name(tensor))
+            self.env[tid] = tensor
+        return tensor
+
+    def run_node(self, index: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Any]:
+        op, adapter = self.trace.ops[index], self.adapter
+        fn, args, kwargs = adapter.float64_call(op.framework_op, fn, args, kwargs)
+        inputs = call_tensors(args, kwargs, adapter.is_tensor) if op.inplace else []
+        _, produced, _ = run_op(adapter, fn, args, kwargs, inputs)
+        if len(produced) != len(op.outputs) or \
+                any(tuple(t.shape) != tuple(self.trace.tensors[tid].shape) for t, tid in zip(produced, op.outputs)):
+            raise UnfaithfulReplay(f"op {index} ({op.framework_op}) made other tensors in float64 than recorded")
+        if any(is_floating(d) and d != "float64" for d in map(adapter.dtype_name, produced)):
+            where = f"{op.framework_op} in {op.module}" if op.module else op.framework_op
+            self.narrow[where] = self.narrow.get(where, 0) + 1
+        return produced
 
 
 class Patches:
@@ -335,33 +411,14 @@ class PatchedInterpreter(Interpreter):
         self._mutated: set[int] = set()
 
     def result(self) -> RerunResult:
-        plan, releases = self.plan()
         with self.adapter.no_grad():
-            for index in plan:
-                self.run([index])
-                for tid in releases[index]:
-                    self.env.pop(tid, None)
+            self.run_releasing(*self.plan())
             outputs = {key: self.adapter.to_numpy(self.fetch(tid)) for key, tid in self.trace.outputs.items()}
         return RerunResult(outputs, self.patching.captured)
 
     def plan(self) -> tuple[list[int], dict[int, set[int]]]:
-        """The ops to run, in order, and for each the tids no later one reads. An op runs if it
-        writes in place (an alias may see the write), if one of its outputs is to be captured, or if
-        a tid that is needed and not patched comes out of it; its inputs are then needed."""
-        trace, capture = self.trace, self.patching.capture
         replaced = {tid for tid, patch in self.patching.patches.items() if not isinstance(patch, Shift)}
-        needed = self.wanted.difference(replaced)  # to compute: read later, and not replaced by a patch
-        read_later = set(self.wanted)
-        plan, releases = [], {}
-        for op in reversed(trace.ops):
-            if op.inplace or not needed.isdisjoint(op.outputs) or not capture.isdisjoint(op.outputs):
-                plan.append(op.index)
-                inputs = set(op.inputs)
-                releases[op.index] = inputs - read_later
-                read_later |= inputs
-                needed |= inputs.difference(replaced)
-        plan.reverse()
-        return plan, releases
+        return execution_plan(self.trace, self.wanted, replaced, self.patching.capture)
 
     def fetch(self, tid: int) -> Any:
         tensor = self.env.get(tid)

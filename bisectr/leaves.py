@@ -58,7 +58,8 @@ def pair_leaves(reference: Trace, candidate: Trace, alignment: Alignment) -> Ali
         pairs.append(describe_pair(reference, candidate, tensors[cand_tid], match.how))
     fused = pairer.fused_parts(matches)
     pairs += [part for parts in fused.values() for part in parts]
-    paired_refs = {m.reference for m in matches.values()} | {reference.leaves[p.reference] for p in pairs}
+    reference_leaves = reference.leaves
+    paired_refs = {m.reference for m in matches.values()} | {reference_leaves[p.reference] for p in pairs}
     unpaired = [UnpairedLeaf("candidate", candidate.tensors[t].leaf, pairer.reason_unpaired(t))
                 for t in pairer.candidate_leaves if t not in matches and t not in fused]
     unpaired += [UnpairedLeaf("reference", reference.tensors[t].leaf, "no candidate leaf holds its values or is read where it is")
@@ -82,7 +83,8 @@ def _summary(candidate: Trace, pairs: list[LeafPair], unpaired: list[UnpairedLea
         first = different[0]
         return f"{text}; first different: {first.candidate.split(':', 1)[1]} ({first.description})"
     if rounded:
-        dtypes = sorted({candidate.tensors[candidate.leaves[p.candidate]].dtype for p in rounded})
+        leaves = candidate.leaves
+        dtypes = sorted({candidate.tensors[leaves[p.candidate]].dtype for p in rounded})
         worst = max(p.max_rel or 0.0 for p in rounded)
         return f"{text}; the candidate's weights are the reference's rounded to {', '.join(dtypes)}, max rel {worst:.2g}"
     return text
@@ -92,8 +94,8 @@ def leaf_causes(pairing: LeafPairing, candidate: Trace) -> list[list[LeafPair]]:
     """The different leaves as causes, in the order the candidate first reads them: leaves that differ
     the same way (the same local name up to numbers and the same kind of description) are one cause,
     and so are causes held by the same layers (every BatchNorm's mean zeroed and variance set to one)."""
-    first = candidate.first_reads()
-    order = {p.candidate: first.get(candidate.leaves[p.candidate], 1 << 62) for p in pairing.pairs}
+    first, leaves = candidate.first_reads(), candidate.leaves
+    order = {p.candidate: first.get(leaves[p.candidate], 1 << 62) for p in pairing.pairs}
     by_key: dict[tuple[str, str], list[LeafPair]] = {}
     for pair in sorted((p for p in pairing.pairs if p.status == "different"), key=lambda p: order[p.candidate]):
         by_key.setdefault(cause_key(pair), []).append(pair)
@@ -123,9 +125,10 @@ def reference_values(reference: Trace, candidate: Trace, alignment: Alignment, p
     """Candidate leaf tid -> its values with the reference's in place of `pairs` (a part of a fused
     leaf fills its rows, the rest keeping the candidate's own)."""
     values: dict[int, np.ndarray] = {}
+    candidate_leaves, reference_leaves = candidate.leaves, reference.leaves
     for pair in pairs:
-        tid = candidate.leaves[pair.candidate]
-        ref_values = reference.value(reference.leaves[pair.reference])
+        tid = candidate_leaves[pair.candidate]
+        ref_values = reference.value(reference_leaves[pair.reference])
         if pair.slots is None:
             tensor_pair = alignment.tensors[tid]
             values[tid] = tensor_pair.reference_in_candidate_layout(ref_values, candidate.tensors[tid].shape)

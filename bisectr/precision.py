@@ -62,7 +62,8 @@ def _noted(check: Float64Check, run: RunRecord, runs: dict[str, Float64Run]) -> 
     """The check with the rounded leaves it gave the reference's values, and the ops that still ran below float64."""
     rounded = [pair for pair in run.alignment.leaves.pairs if pair.status == "rounded"]
     if rounded:
-        dtypes = sorted({run.candidate.tensors[run.candidate.leaves[p.candidate]].dtype for p in rounded})
+        leaves = run.candidate.leaves
+        dtypes = sorted({run.candidate.tensors[leaves[p.candidate]].dtype for p in rounded})
         worst = max(p.max_rel or 0.0 for p in rounded)
         check.rounded_leaves = (f"the candidate's weights are the reference's rounded to {', '.join(dtypes)} ({len(rounded)} "
                                 f"leaves, max rel {worst:.2g}): both sides ran with the reference's values")

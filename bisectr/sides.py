@@ -18,7 +18,8 @@ import numpy as np
 
 from .adapters import Adapter, CannotUpcast
 from .errors import ModelFileError, UserModelError
-from .interpreter import Gradients, Recording, RerunResult, UnfaithfulReplay, ValuesInterpreter, VJPInterpreter, rerun_recorded
+from .interpreter import (Float64Interpreter, Gradients, Recording, RerunResult, UnfaithfulReplay, ValuesInterpreter,
+                          VJPInterpreter, rerun_recorded)
 from .modelfile import BuiltSide, run_user_code
 from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, output_pairs
 from .store import TensorWriter
@@ -199,6 +200,31 @@ class LocalSide:
         return listener.finish(output_pairs(side.adapter, outputs))
 
     def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> Float64Run:
+        """The side's outputs in float64: the recorded calls executed in float64 where they can stand in
+        for the model's code and run (`Float64Interpreter`), else the model's code under `Float64Listener`,
+        which also says why a forward cannot run in float64."""
+        _refuse_plain_function(self.side)
+        values, narrow = self.float64_replay(leaf_values) or self.float64_forward(leaf_values)
+        narrowed = next((key for key, v in values.items() if v.dtype.kind == "f" and v.dtype != np.float64), None)
+        if narrowed is not None:
+            raise CannotUpcast(f"its output {narrowed!r} stays {values[narrowed].dtype} (a dtype fixed inside the forward)")
+        return Float64Run(values, narrow_ops(narrow))
+
+    def float64_replay(self, leaf_values: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, int]] | None:
+        adapter = self.side.adapter
+        if not self.recording.replayable(adapter):
+            return None
+        replay = Float64Interpreter(adapter, self.trace, self.recording, leaf_values)
+        try:
+            return replay.outputs(), replay.narrow
+        except UnfaithfulReplay:
+            return None
+        except Exception as exc:
+            if getattr(exc, "raised_by_op", False):  # the model's own code, run next, says what fails
+                return None
+            raise
+
+    def float64_forward(self, leaf_values: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         side, adapter = self.side, self.side.adapter
         listener = Float64Listener(adapter, side.model, leaf_values)
         upcast = replace(side, inputs=_float64_inputs(side))
@@ -207,11 +233,7 @@ class LocalSide:
                 outputs = upcast.forward()
         except UserModelError as exc:
             raise CannotUpcast(f"its float64 forward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
-        values = {key: adapter.to_numpy(tensor) for key, tensor in output_pairs(adapter, outputs)}
-        narrow = next((key for key, v in values.items() if v.dtype.kind == "f" and v.dtype != np.float64), None)
-        if narrow is not None:
-            raise CannotUpcast(f"its output {narrow!r} stays {values[narrow].dtype} (a dtype fixed inside the forward)")
-        return Float64Run(values, listener.narrow_ops())
+        return {key: adapter.to_numpy(tensor) for key, tensor in output_pairs(adapter, outputs)}, listener.narrow
 
     def backward(self, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
                  activations: dict[int, np.ndarray]) -> Gradients:
@@ -240,16 +262,25 @@ class LocalSide:
         except UserModelError as exc:
             raise CannotUpcast(f"its float64 backward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
         grads.update((name, None) for name in listener.parameter_names() if name not in grads)  # no op read it
-        return Float64Run(grads, listener.narrow_ops())
+        return Float64Run(grads, narrow_ops(listener.narrow))
+
+
+def _refuse_plain_function(side: BuiltSide) -> None:
+    """A float64 run of a plain function is refused: bisectr cannot reach its parameters."""
+    if not side.adapter.is_module(side.model):
+        raise CannotUpcast("it is a plain function, whose tensors bisectr cannot reach")
 
 
 def _float64_inputs(side: BuiltSide) -> tuple | dict:
-    """The side's inputs with each floating tensor upcast to float64; refused for a plain function,
-    whose parameters bisectr cannot reach."""
+    """The side's inputs with each floating tensor upcast to float64 (see `_refuse_plain_function`)."""
     adapter = side.adapter
-    if not adapter.is_module(side.model):
-        raise CannotUpcast("it is a plain function, whose tensors bisectr cannot reach")
+    _refuse_plain_function(side)
     return map_tensors(side.inputs, adapter.is_tensor, lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
+
+
+def narrow_ops(counts: dict[str, int]) -> list[str]:
+    """The ops that ran below float64 in a float64 run, from their counts by op and module."""
+    return [f"{where} (x{count})" if count > 1 else where for where, count in counts.items()]
 
 
 @dataclass
@@ -297,9 +328,6 @@ class Float64Listener:
 
     def exit_module(self) -> None:
         self.modules.pop()
-
-    def narrow_ops(self) -> list[str]:
-        return [f"{where} (x{count})" if count > 1 else where for where, count in self.narrow.items()]
 
     def parameter_names(self) -> list[str]:
         return [name for name, _ in self.leaves.values() if name.startswith("param:")]

@@ -50,8 +50,8 @@ def test_scale_benchmark_finds_the_planted_gelu_in_a_one_layer_ctrl_sized_pair(t
     for row in rows:
         assert row["bisect_verdict"] == "divergent" and row["bisect_confirmed"], row
         assert row["bisect_culprit"].startswith("h.0.mlp"), row
-        assert row["peak_ratio"] > 0 and row["time_ratio"] > 0 and 0 < row["run_dir_ratio"] < 1
-    assert "peak" in done.stdout and "run dir" in done.stdout
+        assert row["peak_ratio"] > 0 and row["time_ratio"] > 0 and 0 < row["run_dir_ratio"] < 1 and row["search_forwards"] > 0
+    assert "peak" in done.stdout and "run dir" in done.stdout and "one forward of both sides" in done.stdout
 
 
 def test_profile_names_the_recorders_own_functions():
