@@ -284,9 +284,7 @@ class Float64Interpreter(Interpreter):
             info, adapter = self.trace.tensors[tid], self.adapter
             tensor = self.leaves[tid][0]
             if is_floating(info.dtype) and info.leaf.startswith(UPCAST_LEAVES):
-                values = self.leaf_values.get(info.leaf)
-                tensor = adapter.float64_tensor(tensor) if values is None else \
-                    adapter.from_numpy(values.astype(np.float64), "float64", adapter.device_name(tensor))
+                tensor = float64_copy(adapter, tensor, self.leaf_values.get(info.leaf))
             self.env[tid] = tensor
         return tensor
 
@@ -298,10 +296,23 @@ class Float64Interpreter(Interpreter):
         if len(produced) != len(op.outputs) or \
                 any(tuple(t.shape) != tuple(self.trace.tensors[tid].shape) for t, tid in zip(produced, op.outputs)):
             raise UnfaithfulReplay(f"op {index} ({op.framework_op}) made other tensors in float64 than recorded")
-        if any(is_floating(d) and d != "float64" for d in map(adapter.dtype_name, produced)):
-            where = f"{op.framework_op} in {op.module}" if op.module else op.framework_op
-            self.narrow[where] = self.narrow.get(where, 0) + 1
+        count_narrow(self.narrow, adapter, op.framework_op, op.module, produced)
         return produced
+
+
+def float64_copy(adapter: Adapter, tensor: Any, values: np.ndarray | None) -> Any:
+    """A float64 copy of the leaf `tensor` for a float64 run, of `values` in its place where given."""
+    if values is None:
+        return adapter.float64_tensor(tensor)
+    return adapter.from_numpy(values.astype(np.float64), "float64", adapter.device_name(tensor))
+
+
+def count_narrow(counts: dict[str, int], adapter: Adapter, op: str, module: str, outputs: list[Any]) -> None:
+    """Count op `op` of `module` (in `counts`, by op and module) where its floating `outputs` came out
+    below float64 in a float64 run."""
+    if any(is_floating(d) and d != "float64" for d in map(adapter.dtype_name, outputs)):
+        where = f"{op} in {module}" if module else op
+        counts[where] = counts.get(where, 0) + 1
 
 
 class Patches:

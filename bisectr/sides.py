@@ -19,7 +19,7 @@ import numpy as np
 from .adapters import Adapter, CannotUpcast
 from .errors import ModelFileError, UserModelError
 from .interpreter import (Float64Interpreter, Gradients, Recording, RerunResult, UnfaithfulReplay, ValuesInterpreter,
-                          VJPInterpreter, rerun_recorded)
+                          VJPInterpreter, count_narrow, float64_copy, rerun_recorded)
 from .modelfile import BuiltSide, run_user_code
 from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, output_pairs
 from .store import TensorWriter
@@ -317,10 +317,8 @@ class Float64Listener:
         args = map_tensors(args, self._is_model_leaf, self._float64)
         kwargs = map_tensors(kwargs, self._is_model_leaf, self._float64)
         result = fn(*args, **kwargs)
-        dtypes = {self.adapter.dtype_name(t) for t in iter_tensors(result, self.adapter.is_tensor)}
-        if any(is_floating(d) and d != "float64" for d in dtypes):
-            where = f"{name} in {self.modules[-1]}" if self.modules and self.modules[-1] else name
-            self.narrow[where] = self.narrow.get(where, 0) + 1
+        count_narrow(self.narrow, self.adapter, name, self.modules[-1] if self.modules else "",
+                     iter_tensors(result, self.adapter.is_tensor))
         return result
 
     def enter_module(self, path: str) -> None:
@@ -344,8 +342,7 @@ class Float64Listener:
         values = self.leaf_values.get(name)
         self._upcasting = True
         try:
-            copy = adapter.float64_tensor(tensor) if values is None else \
-                adapter.from_numpy(values.astype(np.float64), "float64", adapter.device_name(tensor))
+            copy = float64_copy(adapter, tensor, values)
             if self.gradients and name.startswith("param:") and adapter.requires_grad(tensor):
                 copy = adapter.gradient_leaf(copy)
         finally:

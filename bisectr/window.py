@@ -75,11 +75,12 @@ def missing(trace: Trace, tids: Iterable[int]) -> frozenset[int]:
     return frozenset(tid for tid in tids if not trace.has_value(tid))
 
 
-def fetch(trace: Trace, sides: Sides, role: str, tids: Iterable[int]) -> None:
-    """Values of the op outputs `tids` the trace lacks, by a re-run of the side."""
+def fetch(trace: Trace, sides: Sides, role: str, tids: Iterable[int]) -> bool:
+    """Values of the op outputs `tids` the trace lacks, by a re-run of the side. Did it lack any?"""
     wanted = missing(trace, tids)
     if wanted:
         trace.fetched.update(sides.run(role, Rerun({}, wanted)).captured)
+    return bool(wanted)
 
 
 def window_between(run: RunRecord, partner: dict[int, int], low: int | None, entry: int | None) -> dict[str, list[int]]:
@@ -113,11 +114,8 @@ def fetch_recurrences(run: RunRecord, sides: Sides, analysis: Analysis, window: 
             candidate_ops, reference_ops = analysis.covered_ops(evidence.candidate, evidence.reference)
             wanted["candidate"] |= tensors_of(run.candidate, candidate_ops)
             wanted["reference"] |= tensors_of(run.reference, reference_ops)
-    fetched = False
-    for role in SIDES:
-        fetched |= bool(missing(run.traces[role], wanted[role]))
-        fetch(run.traces[role], sides, role, wanted[role])
-    return fetched
+    fetched = [fetch(run.traces[role], sides, role, wanted[role]) for role in SIDES]
+    return any(fetched)
 
 
 def fetch_all(run: RunRecord, sides: Sides) -> None:
