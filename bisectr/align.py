@@ -29,7 +29,7 @@ import bisect as _bisect
 import itertools
 import re
 from functools import lru_cache
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -605,7 +605,7 @@ def _block_for(sides: _TracePair, alignment: Alignment, cand_ops: list[int], pai
             if is_floating(candidate.tensors[c_tid].dtype) and not _constant_argument(sides, c_tid, paired_ref_of):
                 unpartnered.add(c_tid)
         elif c_tid not in alignment.tensors:
-            transform, distance = _layout(sides, c_tid, partner)
+            transform, distance = _layout(reference, candidate, c_tid, partner)
             expanded = broadcasts(reference.tensors[partner].shape, candidate.tensors[c_tid].shape)
             alignment.tensors[c_tid] = TensorPair(c_tid, partner, transform, round(1.0 - distance / 2, 3), "block", expanded)
     return Block(list(cand_ops), ref_ops, not unpartnered), unpartnered
@@ -652,16 +652,25 @@ def _partner_by_value(sides: _TracePair, c_tid: int, options: list[int]) -> int 
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     info = candidate.tensors[c_tid]
     fits = [r for r in options if reference.tensors[r].size == info.size and reference.tensors[r].dtype == info.dtype]
-    scored = [(_layout(sides, c_tid, r)[1], r) for r in fits]
+    scored = [(_layout(reference, candidate, c_tid, r)[1], r) for r in fits]
     best = min(scored, default=None)
     return best[1] if best is not None and best[0] <= VALUE_MATCH else None
 
 
-def _layout(sides: _TracePair, c_tid: int, r_tid: int) -> tuple[Permutation, float]:
+def settle_layouts(reference: Trace, candidate: Trace, alignment: Alignment) -> None:
+    """Decide the layout of the tensors paired inside blocks whose reference values were not at
+    hand when the traces were aligned (a run with a value budget), now that they are."""
+    for c_tid, pair in alignment.tensors.items():
+        if pair.how == "block" and pair.transform is None and reference.has_value(pair.reference):
+            transform, distance = _layout(reference, candidate, c_tid, pair.reference)
+            if transform is not None:
+                alignment.tensors[c_tid] = replace(pair, transform=transform, confidence=round(1.0 - distance / 2, 3))
+
+
+def _layout(reference: Trace, candidate: Trace, c_tid: int, r_tid: int) -> tuple[Permutation, float]:
     """How the reference tensor's data is laid out in the candidate tensor (same data in
     another order: `k.transpose(-1, -2)` on one side, `matmul(..., transpose_y=True)` on
-    the other), and the value distance in that layout. Decided on stored values."""
-    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    the other), and the value distance in that layout. Decided on the reference's values."""
     c_info, r_info = candidate.tensors[c_tid], reference.tensors[r_tid]
     plain = value_distance(c_info, r_info)
     rank = len(r_info.shape)

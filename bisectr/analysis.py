@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .align import LAYOUT_OPS, Block, TensorPair
-from .metrics import UNKNOWN, ErrorMetrics, Float64Evidence, error_metrics
+from .metrics import EXACT, UNKNOWN, ErrorMetrics, Float64Evidence, error_metrics
 from .numerics import coarsest_dtype, judge, noise_floor
 from .runrecord import RunRecord
 from .sides import Sides
@@ -75,9 +75,12 @@ class Analysis:
         return self.run.candidate
 
     def compute(self) -> "Analysis":
+        equal = {(p.candidate, p.reference) for p in self.alignment.leaves.pairs if p.status == "equal" and p.slots is None}
         for tid, pair in self.alignment.tensors.items():
             info = self.candidate.tensors[tid]
             if info.producer is None and info.leaf and not info.leaf.startswith("input:"):
+                if (info.leaf, self.reference.tensors[pair.reference].leaf) in equal:  # compared when paired: not read again
+                    self._tensor_errors[tid] = EXACT
                 self.leaves[tid] = self._leaf_evidence(pair)
         for pair in self.alignment.pairs:
             self.ops[pair.candidate] = self.evidence(pair.candidate, pair.reference)

@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .align import Block
+from .align import Block, settle_layouts
 from .analysis import Analysis, OpEvidence, computing_op
 from .errors import TraceMismatchError
 from .leaves import leaf_causes, reference_values
@@ -56,6 +56,7 @@ class ForwardPass(SearchPass):
         self.analysis = analysis
         self.patchable = self._patchable_tensors()
         self._reference_values: dict[int, np.ndarray | None] = {}
+        self._first_change = self._first_changing_patch()
 
     # -- re-runs ---------------------------------------------------------------
     def candidate_outputs(self, patches: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
@@ -84,6 +85,17 @@ class ForwardPass(SearchPass):
                 patches[tid] = values
         return patches
 
+    def _first_changing_patch(self) -> float:
+        """The op position of the first patch that would change the candidate's values (inf: none would):
+        up to it, every reference value a cut patches in equals the candidate's own bit for bit."""
+        for position, tid in self.patchable:
+            if self.analysis.reference_values_for(tid) is None:
+                continue  # nothing to patch in
+            error = self.analysis.tensor_error(tid) if self.run.candidate.has_value(tid) else None
+            if error is None or error.max_abs != 0:
+                return position
+        return math.inf
+
     def _patchable_tensors(self) -> list[tuple[int, int]]:
         """(op position, tid) of the paired candidate tensors a cut patches, in op order: the op
         that produced or first read each. Only floating tensors are patched (indices, masks and
@@ -108,8 +120,14 @@ class ForwardPass(SearchPass):
     def error_at_cut(self, cut: int) -> tuple[float, float]:
         if cut in self.known_cuts:
             return self.known_cuts[cut]
+        if cut < self._first_change:  # the patches change nothing: the re-run would reproduce the candidate's own outputs
+            return self.run.output_error().max_rel, 0.0
         outputs = self.candidate_outputs(self.patches_up_to(cut))
         return self.run.candidate_output_error(outputs), self.run.candidate_output_change(outputs)
+
+    def likely_entry(self, cuts: list[int]) -> int | None:
+        """The first cut at an op whose own difference the evidence judges semantic."""
+        return next((position for position, cut in enumerate(cuts) if self.analysis.ops[cut].verdict == "different"), None)
 
     def evidence_of(self, index: int) -> OpEvidence | None:
         return self.analysis.ops.get(index)
@@ -236,7 +254,8 @@ def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check
     the ops between changes neither: the layer outputs at a cut stand in for what came before)."""
     run, sides = coarse.run, coarse.sides
     cuts = coarse.cuts()
-    entry, trail = entry_point(coarse, cuts, full_error, NOISE_FACTOR * (float64.predicted or 0.0), False)
+    entry, trail = entry_point(coarse, cuts, full_error, NOISE_FACTOR * (float64.predicted or 0.0), False,
+                               guess=coarse.likely_entry(cuts))
     low = cut_before(cuts, entry)
     partner = {index: evidence.reference for index, evidence in coarse.analysis.ops.items()}
     window = window_between(run, partner, low, entry)
@@ -291,6 +310,8 @@ def check_reproducible(run: RunRecord, sides: Sides, keep: dict[str, set[int]] |
             raise TraceMismatchError(f"{run.model_file}: the {role} side does not reproduce its own outputs when run "
                                      f"twice, so no verdict can be given: {exc} If the model has dropout, put it in "
                                      "eval mode (model.eval()) in the model file.") from None
+    if keep:
+        settle_layouts(run.reference, run.candidate, run.alignment)
 
 
 def entry_region(analysis: Analysis, entry: int | None) -> Block | None:

@@ -50,6 +50,22 @@ class Call:
     args: tuple
     kwargs: dict
     device: str = ""  # where its outputs live
+    # (position, tid) of each slot in the usual call, whose slots are all plain positional
+    # arguments (None otherwise): filling them needs no walk through the arguments.
+    flat_slots: list[tuple[int, int]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not any(isinstance(a, (tuple, list, dict)) for a in self.args) and not iter_tensors(self.kwargs, _is_slot):
+            self.flat_slots = [(i, a.tid) for i, a in enumerate(self.args) if isinstance(a, Slot)]
+
+    def filled(self, fetch: Callable[[int], Any]) -> tuple[tuple, dict]:
+        """The call's arguments and keyword arguments with each `Slot` replaced by `fetch(tid)`."""
+        if self.flat_slots is None:
+            return fill_slots(self.args, fetch), fill_slots(self.kwargs, fetch)
+        args = list(self.args)
+        for position, tid in self.flat_slots:
+            args[position] = fetch(tid)
+        return tuple(args), self.kwargs
 
 
 @dataclass
@@ -177,7 +193,7 @@ class Interpreter:
     def run(self, indices: Iterable[int]) -> None:
         for index in indices:
             call = self.calls[index]
-            args, kwargs = fill_slots(call.args, self.fetch), fill_slots(call.kwargs, self.fetch)
+            args, kwargs = call.filled(self.fetch)
             self.store(index, self.run_node(index, call.fn, args, kwargs))
 
     def run_releasing(self, plan: list[int], releases: dict[int, set[int]]) -> None:

@@ -83,6 +83,11 @@ class SearchPass(ABC):
     def error_without(self, group: list[Evidence]) -> float:
         """The error of a candidate re-run with only these ops' own differences taken out."""
 
+    def likely_entry(self, cuts: list[int]) -> int | None:
+        """The position in `cuts` the cut search tries first, where the evidence says the difference
+        most likely enters (None: no guess)."""
+        return None
+
     def differing_leaf_kinds(self, evidence: Evidence) -> tuple[str, ...]:
         """The kinds (last name part) of the differing leaves the op reads; () for none or unknown."""
         return ()
@@ -124,7 +129,9 @@ def search_pass(search: SearchPass, full_error: float, float64: Float64Check, no
     says rounding, no suspect is tested: the verdict is `noise`."""
     cuts = search.cuts()
     rounding = NOISE_FACTOR * float64.predicted if float64.predicted is not None else 0.0
-    entry, trail = entry_point(search, cuts, full_error, rounding, float64.status == "agree", exhaustive)
+    is_rounding = float64.status == "agree"
+    guess = None if is_rounding else search.likely_entry(cuts)
+    entry, trail = entry_point(search, cuts, full_error, rounding, is_rounding, exhaustive, guess)
     finding = Finding()
     if float64.status != "agree":
         finding = first_difference(search, cuts, entry, full_error, rounding, say)
@@ -137,14 +144,22 @@ def search_pass(search: SearchPass, full_error: float, float64: Float64Check, no
     return Outcome(cuts, entry, trail, finding, verdict, bracketed)
 
 
-def first_past(count: int, past: Callable[[int], bool], exhaustive: bool) -> int | None:
+def first_past(count: int, past: Callable[[int], bool], exhaustive: bool, guess: int | None = None) -> int | None:
     """The first of positions 0..count-1 for which `past` holds, assuming that once it holds it keeps
-    holding: by binary search, or asking every position in turn when `exhaustive`. None if none does."""
+    holding: by binary search, or asking every position in turn when `exhaustive`. None if none does.
+    A `guess` is asked first, with the position before it: where it is right, two questions settle it."""
     if exhaustive:
         return next((i for i in range(count) if past(i)), None)
     if count == 0 or not past(count - 1):
         return None
     low, high = -1, count - 1  # not past(low), past(high)
+    if guess is not None and 0 <= guess < high:
+        if not past(guess):
+            low = guess
+        elif guess == 0 or not past(guess - 1):
+            return guess
+        else:
+            high = guess - 1
     while high - low > 1:
         middle = (low + high) // 2
         if past(middle):
@@ -155,8 +170,9 @@ def first_past(count: int, past: Callable[[int], bool], exhaustive: bool) -> int
 
 
 def entry_point(search: SearchPass, cuts: list[int], full_error: float, rounding: float, is_rounding: bool,
-                exhaustive: bool = False) -> tuple[int | None, list[Cut]]:
-    """The entry point (a cut) and every cut evaluated on the way (see the module docstring)."""
+                exhaustive: bool = False, guess: int | None = None) -> tuple[int | None, list[Cut]]:
+    """The entry point (a cut) and every cut evaluated on the way (see the module docstring), the
+    position `guess` in `cuts` tried first."""
     evaluated: dict[int, tuple[float, float]] = {}
 
     def past(position: int) -> bool:
@@ -164,7 +180,7 @@ def entry_point(search: SearchPass, cuts: list[int], full_error: float, rounding
             evaluated[position] = search.error_at_cut(cuts[position])
         return past_entry(*evaluated[position], full_error, rounding, is_rounding)
 
-    entry = first_past(len(cuts), past, exhaustive)
+    entry = first_past(len(cuts), past, exhaustive, guess)
     return (cuts[entry] if entry is not None else None), [Cut(cuts[i], *evaluated[i]) for i in sorted(evaluated)]
 
 

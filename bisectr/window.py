@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .align import settle_layouts
 from .analysis import Analysis
 from .runrecord import RunRecord
 from .search import same_place
@@ -94,9 +95,17 @@ def window_between(run: RunRecord, partner: dict[int, int], low: int | None, ent
     return {role: window_ops(run.traces[role], *bounds[role]) for role in SIDES}
 
 
+def fetch_values(run: RunRecord, sides: Sides, wanted: dict[str, Iterable[int]]) -> bool:
+    """Values of the op outputs `wanted` (role -> tids) that the run lacks, by a re-run of each side that
+    lacks any; the layouts of the tensors paired inside blocks are then decided on them. Were any fetched?"""
+    fetched = [fetch(run.traces[role], sides, role, wanted[role]) for role in SIDES]
+    if any(fetched):
+        settle_layouts(run.reference, run.candidate, run.alignment)
+    return any(fetched)
+
+
 def fetch_window(run: RunRecord, sides: Sides, window: dict[str, list[int]]) -> None:
-    for role in SIDES:
-        fetch(run.traces[role], sides, role, tensors_of(run.traces[role], window[role]))
+    fetch_values(run, sides, {role: tensors_of(run.traces[role], window[role]) for role in SIDES})
 
 
 def fetch_recurrences(run: RunRecord, sides: Sides, analysis: Analysis, window: dict[str, list[int]]) -> bool:
@@ -114,14 +123,11 @@ def fetch_recurrences(run: RunRecord, sides: Sides, analysis: Analysis, window: 
             candidate_ops, reference_ops = analysis.covered_ops(evidence.candidate, evidence.reference)
             wanted["candidate"] |= tensors_of(run.candidate, candidate_ops)
             wanted["reference"] |= tensors_of(run.reference, reference_ops)
-    fetched = [fetch(run.traces[role], sides, role, wanted[role]) for role in SIDES]
-    return any(fetched)
+    return fetch_values(run, sides, wanted)
 
 
 def fetch_all(run: RunRecord, sides: Sides) -> None:
-    for role in SIDES:
-        trace = run.traces[role]
-        fetch(trace, sides, role, tensors_of(trace, range(len(trace.ops))))
+    fetch_values(run, sides, {role: tensors_of(run.traces[role], range(len(run.traces[role].ops))) for role in SIDES})
 
 
 def _paired_outputs(run: RunRecord, role: str) -> Iterable[int]:

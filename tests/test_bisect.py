@@ -33,9 +33,21 @@ def test_search_stays_within_its_rerun_budget_and_agrees_with_exhaustive(gelu_ru
     exhaustive = gelu_run.bisect(exhaustive=True)
     ops = searched.ops["candidate"]
     assert searched.reruns <= math.ceil(math.log2(ops)) + 3
-    assert exhaustive.reruns > 2 * searched.reruns
+    assert len(exhaustive.cuts) > 2 * len(searched.cuts)  # every cut up to the entry point
     assert exhaustive.entry == searched.entry
     assert exhaustive.culprit == searched.culprit
+
+
+def test_the_cut_search_asks_the_first_op_judged_different_first(gelu_run):
+    """Both sides run the same code up to blocks.7's GELU: a cut before it patches in values equal to
+    the candidate's own, which needs no re-run, and the evidence judges the GELU different, so the
+    cut search asks its cut first. The candidate re-runs: the last cut, the GELU's, the confirmation."""
+    result = gelu_run.bisect()
+    gelu = result.culprit.candidate.index
+    assert result.entry == gelu and result.reruns == 3
+    before = [cut for cut in result.cuts if cut.op < gelu]
+    assert len(before) == 1 and before[0].moved == 0.0 and before[0].output_error == result.output_error.max_rel
+    assert all(cut.moved > 0 for cut in result.cuts if cut.op >= gelu)
 
 
 def test_python_api_and_json_shape():

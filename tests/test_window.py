@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import bisectr
-from bisectr.window import boundaries, layer_of, tensors_of
+from bisectr.window import boundaries, fetch_all, layer_of, tensors_of
 from conftest import EXAMPLES, MODELS
 
 # (model file, candidate function, --backward): examples and third-party pairs of every kind of
@@ -30,6 +30,7 @@ PAIRS = [
     (MODELS / "transformer_encoder.py", "candidate_gelu_layer", False),
     (MODELS / "paddle_shared_block.py", "candidate_block_bug", False),
     (MODELS / "hf_gpt2.py", "candidate_untransposed", False),
+    (MODELS / "transpose_y_stack.py", "candidate_tanh_gelu", False),
     (MODELS / "backward_ports.py", "candidate_pylayer", True),
 ]
 
@@ -48,6 +49,19 @@ def test_a_run_without_op_values_names_what_a_stored_run_names(model_file, candi
     assert finding(windowed) == finding(stored)
     if backward:
         assert finding(windowed.backward) == finding(stored.backward)
+
+
+def test_fetched_values_decide_the_layouts_a_stored_run_decides():
+    """transpose_y_stack: the candidate hands k on untransposed (for `matmul(transpose_y=True)`), the
+    reference transposed; that layout is decided on the reference's values, which a run without op
+    values lacks until the search fetches them."""
+    stored = bisectr.trace(MODELS / "transpose_y_stack.py", candidate="candidate_tanh_gelu")
+    windowed = bisectr.trace(MODELS / "transpose_y_stack.py", candidate="candidate_tanh_gelu", value_budget=0)
+    transposed = [tid for tid, pair in stored.alignment.tensors.items() if pair.transform is not None and pair.how == "block"]
+    assert len(transposed) == 48  # k, in each layer
+    assert all(windowed.alignment.tensors[tid].transform is None for tid in transposed)
+    fetch_all(windowed, windowed.sides)
+    assert windowed.alignment.tensors == stored.alignment.tensors
 
 
 def test_the_run_keeps_the_layer_outputs_and_the_window_only(tmp_path):
