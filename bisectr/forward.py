@@ -4,7 +4,8 @@ for the search itself).
 0. **Reproducibility.** Each side is re-run once, unpatched: a model whose outputs move
    (dropout in training mode, random ops) is refused before any verdict.
 1. **Cuts.** A cut at candidate op k patches in the reference's tensors for every paired op up to k
-   (and every paired parameter first read by then). When the candidate's outputs hold NaN or Inf,
+   (and every paired parameter first read by then). Where those equal the candidate's own values bit
+   for bit (the same code up to a difference), the re-run would reproduce the candidate: no re-run. When the candidate's outputs hold NaN or Inf,
    the entry point is the first cut after which they are finite.
    A run that did not store every op's values (a big model) is searched layer window first
    (`bisectr.window`): cuts at layer outputs, then at the ops between the two that bracket it.

@@ -72,7 +72,8 @@ class Call:
 class Recording:
     """What a side keeps in memory from its recording: each op's call, and each leaf tensor
     read (tid -> (tensor, its version when first read)); `value_reads` counts the calls that
-    brought tensor values into Python (`.item()`, `if t:`), whose results later calls have baked in."""
+    brought values a patch could change into Python (`.item()`, `if t:` of a floating tensor or one
+    made from one), whose results later calls have baked in."""
 
     calls: list[Call] = field(default_factory=list)
     leaves: dict[int, tuple[Any, int]] = field(default_factory=dict)

@@ -96,6 +96,21 @@ class _Session:
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         """A tensor no recorded op produced (parameter, input, constant) is first read."""
 
+def depends_on_floating(trace: Trace, tid: int) -> bool:
+    """Is tensor `tid` floating, or made from a floating tensor? A value read from one that is not (a
+    mask made from integer positions) reads the same in every re-run: patches and float64 runs
+    change floating values only."""
+    pending, seen = [tid], set()
+    while pending:
+        info = trace.tensors[pending.pop()]
+        if is_floating(info.dtype):
+            return True
+        if info.producer is not None:
+            pending.extend(t for t in trace.ops[info.producer].inputs if t not in seen)
+            seen.update(trace.ops[info.producer].inputs)
+    return False
+
+
 class Recorder(_Session):
     """Listener that turns a forward pass into a `Trace` (and `Call`s for replay)."""
 
@@ -124,7 +139,7 @@ class Recorder(_Session):
         input_tids = self.input_tids(inputs)
         result, produced, mutated = run_op(self.adapter, fn, args, kwargs, inputs)
         if not produced:
-            if name in self.adapter.value_reads:
+            if name in self.adapter.value_reads and any(depends_on_floating(self.trace, tid) for tid in input_tids):
                 self.recording.value_reads += 1
             return result
         index = self.op_count

@@ -85,7 +85,7 @@ class TensorWriter:
 
     def write(self, tid: int, values: np.ndarray) -> None:
         self._raise_failure()
-        values = np.ascontiguousarray(values)
+        values = np.ascontiguousarray(values).reshape(np.shape(values))  # ascontiguousarray makes a 0-d array 1-d
         data = values.reshape(-1).view(np.uint8)  # its bytes (a memoryview cannot cast an empty array)
         padding = -self._offset % _ALIGNMENT
         try:

@@ -34,7 +34,7 @@ def line_of(path: Path, marker: str) -> int:
 def assert_replay_matches_model_rerun(run, role: str) -> None:
     """Executing the recorded calls (`rerun_recorded`) gives what re-running the model's code
     gives, bit for bit, for patches cut after several ops (op outputs moved off their recorded
-    values, a parameter replaced) and captured tensors; the patches do move the outputs."""
+    values, a parameter replaced) and captured tensors; every cut that patches something moves the outputs."""
     import numpy as np
 
     from bisectr.interpreter import rerun_recorded
@@ -45,7 +45,7 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
     floating = [tid for op in trace.ops for tid in op.outputs if is_floating(trace.tensors[tid].dtype)]
     parameter = next(tid for name, tid in trace.leaves.items() if name.startswith("param:"))
     n = len(trace.ops)
-    moved = 0
+    moved = patched = 0
     for cut in (-1, 0, n // 3, 2 * n // 3, n - 1):
         patches = {tid: trace.value(tid) * 1.5 + 0.25 for tid in floating if trace.tensors[tid].producer <= cut}
         if cut == n // 3:
@@ -58,8 +58,9 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
         assert by_calls.captured.keys() == by_model.captured.keys() == capture
         for tid, values in by_model.captured.items():
             assert np.array_equal(by_calls.captured[tid], values, equal_nan=True), (cut, tid)
+        patched += bool(patches)
         moved += any(not np.array_equal(values, trace.value(trace.outputs[key])) for key, values in by_model.outputs.items())
-    assert moved == 4  # every cut but the one before the first op
+    assert moved == patched >= 3
 
 
 def assert_verdict_contract(result: dict) -> None:

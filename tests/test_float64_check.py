@@ -39,19 +39,16 @@ def test_the_float64_forward_holds_the_float64_parameters_of_one_op_at_a_time(mo
 @pytest.mark.parametrize("model_file, candidate", [
     ("torch_stack.py", "candidate"),
     ("transformer_encoder.py", "candidate"),  # nn.TransformerEncoder against its paddle port
-    ("hf_gpt2_paddle.py", "candidate"),  # the paddle port; HF's GPT-2 reads a value, so only its own code can run
+    ("hf_gpt2_paddle.py", "candidate"),  # HF's GPT-2 (reading a mask made from integer positions) vs a paddle port
     ("paddle_resnet.py", "candidate_bn_eps"),  # BatchNorm buffers
     ("torch_mha.py", "candidate"),
 ])
 def test_the_recorded_calls_in_float64_compute_what_the_model_code_does_in_float64(model_file, candidate, tmp_path):
     run = bisectr.trace(MODELS / model_file, "reference", candidate, out=tmp_path / "run")
-    compared = 0
     for role, side in run.sides.runners.items():
         first_parameter = next(name for name in run.traces[role].leaves if name.startswith("param:"))
         values = {first_parameter: 2 * run.traces[role].value(run.traces[role].leaves[first_parameter])}
-        if not side.recording.replayable(side.side.adapter):
-            assert side.float64_replay(values) is None
-            continue
+        assert side.recording.replayable(side.side.adapter)
         replayed, replayed_narrow = side.float64_replay(values)
         own, own_narrow = side.float64_forward(values)
         assert replayed.keys() == own.keys() and replayed_narrow == own_narrow
@@ -59,5 +56,3 @@ def test_the_recorded_calls_in_float64_compute_what_the_model_code_does_in_float
             assert replayed[key].dtype == expected.dtype == np.float64
             scale = max(float(np.abs(expected).max()), 1e-30)
             assert float(np.abs(replayed[key] - expected).max()) <= 1e-12 * scale, (role, key)
-        compared += 1
-    assert compared >= 1

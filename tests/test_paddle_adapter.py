@@ -272,6 +272,7 @@ def test_values_read_into_python_are_counted_and_the_model_is_rerun(tmp_path):
     run = bisectr.trace(path, out=tmp_path / "run")
     side = run.sides.runners["candidate"]
     assert side.recording.value_reads == 2 and not side.recording.replayable(side.side.adapter)
+    assert side.float64_replay({}) is None  # the float64 check runs the model's code too
     maximum = next(op for op in run.candidate.ops if op.op == "max").outputs[0]
     np.testing.assert_allclose(run.sides.run("candidate", Rerun({maximum: np.array(2.0, np.float32)})).outputs["output"], [3.5, 7.0])
     with pytest.raises(TraceMismatchError, match=r"at op 2 \(Tensor.__mul__ .*computes other values"):

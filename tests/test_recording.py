@@ -163,6 +163,15 @@ def test_data_dependent_control_flow_is_detected(models, tmp_path):
         run.sides.run("candidate", Rerun({doubled: -np.ones(4, np.float32)}))
 
 
+def test_a_value_read_made_from_integers_only_keeps_the_recorded_calls(tmp_path):
+    """Hugging Face's GPT-2 reads `bool((mask == 0).all())` of a mask made from the integer positions
+    to build its causal mask: no patch and no float64 run can change it, so the recorded calls still
+    stand in for the model's code, and give what its code gives."""
+    run = bisectr.trace(MODELS / "hf_gpt2.py", out=tmp_path / "run")
+    assert run.sides.runners["reference"].recording.value_reads == 0
+    assert_replay_matches_model_rerun(run, "reference")
+
+
 def test_autocast_around_the_calls_makes_the_model_rerun(tmp_path):
     """Under autocast the recorded calls make float32 where the forward made bfloat16: the
     replay notices and the model's code is re-run instead, with the same results."""

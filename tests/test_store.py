@@ -52,6 +52,15 @@ def test_a_run_holds_no_parameter_values_and_reads_them_from_the_live_model(tmp_
     assert {p.status for p in reopened.alignment.leaves.pairs} == {"equal", "different"}
 
 
+def test_a_zero_dimensional_tensor_is_stored_with_its_shape(tmp_path):
+    """HF's causal mask reads `torch.zeros(())`: stored and read back (live and reopened) as a 0-d array."""
+    run = bisectr.trace(MODELS / "hf_gpt2.py", out=tmp_path / "run")
+    scalars = [info.tid for info in run.reference.tensors.values() if info.shape == () and info.stored]
+    assert scalars
+    for trace in (run.reference, bisectr.load(tmp_path / "run").reference):
+        assert all(trace.value(tid).shape == () for tid in scalars)
+
+
 def test_stats_only_keeps_statistics_and_the_outputs(tmp_path):
     run = bisectr.trace(OPS_FILE, out=tmp_path / "run", store_values=False)
     stored = [t for t in run.candidate.tensors.values() if t.stored]
