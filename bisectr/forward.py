@@ -5,8 +5,9 @@ for the search itself).
    (dropout in training mode, random ops) is refused before any verdict.
 1. **Cuts.** A cut at candidate op k patches in the reference's tensors for every paired op up to k
    (and every paired parameter first read by then). Where those equal the candidate's own values bit
-   for bit (the same code up to a difference), the re-run would reproduce the candidate: no re-run. When the candidate's outputs hold NaN or Inf,
-   the entry point is the first cut after which they are finite.
+   for bit (the same code up to a difference), the re-run would reproduce the candidate: no re-run.
+   When the candidate's outputs hold NaN or Inf, the entry point is the first cut after which they
+   are finite.
    A run that did not store every op's values (a big model) is searched layer window first
    (`bisectr.window`): cuts at layer outputs, then at the ops between the two that bracket it.
 2. **Float64 check** (`precision`): both sides run in float64. If they agree there, the
@@ -90,11 +91,11 @@ class ForwardPass(SearchPass):
         """The op position of the first patch that would change the candidate's values (inf: none would):
         up to it, every reference value a cut patches in equals the candidate's own bit for bit."""
         for position, tid in self.patchable:
-            if self.analysis.reference_values_for(tid) is None:
-                continue  # nothing to patch in
-            error = self.analysis.tensor_error(tid) if self.run.candidate.has_value(tid) else None
-            if error is None or error.max_abs != 0:
-                return position
+            error = self.analysis.tensor_error(tid)  # None: a value missing on one side
+            if error is not None and error.max_abs == 0:
+                continue
+            if error is not None or self.analysis.reference_values_for(tid) is not None:
+                return position  # a patch with other values, or the candidate's own unknown
         return math.inf
 
     def _patchable_tensors(self) -> list[tuple[int, int]]:

@@ -96,6 +96,7 @@ class _Session:
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         """A tensor no recorded op produced (parameter, input, constant) is first read."""
 
+
 def depends_on_floating(trace: Trace, tid: int) -> bool:
     """Is tensor `tid` floating, or made from a floating tensor? A value read from one that is not (a
     mask made from integer positions) reads the same in every re-run: patches and float64 runs

@@ -102,7 +102,8 @@ def bisect(model_file: str | os.PathLike, reference: str = "reference", candidat
 
 def trace(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
           out: str | os.PathLike | None = None, store_values: bool = True, keep_modules: tuple[str, ...] = (),
-          value_budget: int | None = DEFAULT_VALUE_BUDGET, isolate: bool = False, reference_python: str | None = None, candidate_python: str | None = None,
+          value_budget: int | None = DEFAULT_VALUE_BUDGET, isolate: bool = False, reference_python: str | None = None,
+          candidate_python: str | None = None,
           watch: Callable[[str, Callable[[], int]], None] | None = None, commit: bool = True) -> Run:
     """Record both sides of `model_file`, pair their outputs and align them, into the run
     directory `out` (a temporary one if None). With `commit=False` nothing is moved into

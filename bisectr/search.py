@@ -7,9 +7,9 @@ and an op's evidence are for its tensors; everything else is here.
    outputs moved from the candidate's own is what the ops up to k took out. A binary search finds
    the entry point, the first cut that moves them by a real share of the error, beyond rounding
    (`numerics.past_entry`), asking first the cut at the first op whose own difference the evidence
-   judges semantic, and the cut before it: where the evidence is right, two re-runs find it. A difference made in every layer (a bug in the layer class) is so
-   bracketed at its first layer, not where half of the error is gone. The ops between the cut
-   before it and it are the bracket.
+   judges semantic, and the cut before it: where the evidence is right, two re-runs find it. A
+   difference made in every layer (a bug in the layer class) is so bracketed at its first layer,
+   not where half of the error is gone. The ops between the cut before it and it are the bracket.
 2. **Suspects**, in the pass's order (nearest the entry point first), whose own difference the
    evidence judges semantic. A suspect stands for every op carrying **the same difference**: the
    same op from the same line of code, or from the same module up to layer numbers (instances of
