@@ -10,7 +10,7 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
-from .base import REGISTERED, Adapter, CannotUpcast, OpListener
+from .base import REGISTERED, Adapter, CannotUpcast, OpListener, Reductions
 
 
 @lru_cache(maxsize=1)
@@ -56,5 +56,5 @@ def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
     return None
 
 
-__all__ = ["Adapter", "CannotUpcast", "OpListener", "adapter_for", "adapter_named", "input_layout", "op_synonyms", "registered",
+__all__ = ["Adapter", "CannotUpcast", "OpListener", "Reductions", "adapter_for", "adapter_named", "input_layout", "op_synonyms", "registered",
            "silence_import_warnings"]

@@ -104,6 +104,21 @@ class ReproSnippets:
     gradients: str  # an expression: the gradients of `inputs` from `outputs` seeded with `upstream`
 
 
+@dataclass(frozen=True)
+class Reductions:
+    """What a tensor's statistics are made of, reduced by the framework where the tensor lives
+    (`Tensors.reductions`): over its finite values (complex: their magnitudes), in float64."""
+
+    low: float
+    high: float
+    total: float
+    squares: float  # the sum of the squares
+    finite: int
+    nan: int
+    inf: int
+    picked: list[float]  # the values at the fingerprint's positions (complex: real parts)
+
+
 # Layouts of a linear layer's weight matrix.
 OUT_IN = "(out, in)"
 IN_OUT = "(in, out)"
@@ -136,6 +151,16 @@ class Tensors(ABC):
     @abstractmethod
     def to_numpy(self, tensor: Any) -> np.ndarray:
         """A host copy of the values (bfloat16 widened to float32)."""
+
+    def on_host(self, tensor: Any) -> bool:
+        """Does the tensor live in host memory, where `to_numpy` reads it without a copy? If not, a
+        recording describes it with `reductions`, computed where it lives."""
+        return True
+
+    def reductions(self, tensor: Any, positions: np.ndarray) -> Reductions:
+        """The reductions of the tensor's statistics and its values at the flat `positions`, computed by
+        the framework where the tensor lives: only these numbers are copied to the host."""
+        raise NotImplementedError
 
     @abstractmethod
     def from_numpy(self, values: np.ndarray, dtype: str, device: str) -> Any:
@@ -266,11 +291,12 @@ class Autograd(ABC):
         """Op `name` as a float64 run makes it: a cast down to float32, bfloat16 or float16 (a cast
         op, a dtype argument) kept at float64."""
         narrow, float64 = self.narrowing_dtypes()
-        if not narrow:
-            return fn, args, kwargs
+        dtype_type = type(float64)
+        if not narrow or not any(isinstance(value, dtype_type) for value in (*args, *kwargs.values())):
+            return fn, args, kwargs  # the usual op: no dtype argument
 
         def widened(value: Any) -> Any:
-            return float64 if isinstance(value, type(float64)) and value in narrow else value
+            return float64 if isinstance(value, dtype_type) and value in narrow else value
         return fn, tuple(widened(a) for a in args), {key: widened(value) for key, value in kwargs.items()}
 
     def float64_defaults(self) -> AbstractContextManager:

@@ -13,6 +13,7 @@ wrapper hands the outermost call to the listener and lets every nested call
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 import sys
@@ -24,7 +25,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .base import (API, CALLER, IN_OUT, OUT_IN, PLUMBING, VALUE_READ_METHODS, Adapter, CannotUpcast, ModulePaths, OpListener,
-                   ReproSnippets)
+                   Reductions, ReproSnippets)
 
 
 def _paddle():
@@ -326,6 +327,28 @@ class PaddleAdapter(Adapter):
             return tensor.numpy()  # a host copy (measured faster in a trace than a DLPack copy)
         finally:
             _state.depth -= 1
+
+    def on_host(self, tensor: Any) -> bool:
+        return tensor.place.is_cpu_place()
+
+    def reductions(self, tensor: Any, positions: np.ndarray) -> Reductions:
+        paddle = _paddle()
+        with _quiet():
+            flat = tensor.detach().reshape([-1])
+            complex_values = flat.is_complex()
+            wide = (paddle.abs(flat) if complex_values else flat).astype("float64")
+            picked = paddle.gather(paddle.real(flat).astype("float64") if complex_values else wide,
+                                   paddle.to_tensor(positions, place=flat.place))
+            finite = paddle.isfinite(wide)
+            clean = paddle.where(finite, wide, paddle.zeros_like(wide))
+            sums = paddle.stack([paddle.where(finite, wide, paddle.full_like(wide, math.inf)).min(),
+                                 paddle.where(finite, wide, paddle.full_like(wide, -math.inf)).max(),
+                                 clean.sum(), paddle.dot(clean, clean), finite.astype("float64").sum(),
+                                 paddle.isnan(wide).astype("float64").sum()])
+            numbers = paddle.concat([sums, picked]).tolist()
+        low, high, total, squares, finite_count, nan_count = numbers[:6]
+        return Reductions(low, high, total, squares, int(finite_count), int(nan_count),
+                          flat.size - int(finite_count) - int(nan_count), numbers[6:])
 
     def from_numpy(self, values: np.ndarray, dtype: str, device: str) -> Any:
         paddle = _paddle()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -10,7 +11,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from .base import (API, CALLER, IN_OUT, OUT_IN, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast, ModulePaths, OpListener,
-                   ReproSnippets)
+                   Reductions, ReproSnippets)
 
 
 # Tensor methods that cast to a floating dtype below float64.
@@ -78,6 +79,23 @@ class TorchAdapter(Adapter):
         if tensor.is_conj():
             tensor = tensor.resolve_conj()
         return tensor.cpu().numpy()
+
+    def on_host(self, tensor: Any) -> bool:
+        return tensor.device.type == "cpu"
+
+    def reductions(self, tensor: Any, positions: np.ndarray) -> Reductions:
+        torch = _torch()
+        flat = tensor.detach().reshape(-1)
+        wide = (flat.abs() if flat.is_complex() else flat).double()
+        picked = (flat.real.double() if flat.is_complex() else wide)[torch.as_tensor(positions, device=flat.device)]
+        finite = torch.isfinite(wide)
+        clean = torch.where(finite, wide, 0.0)
+        sums = torch.stack([torch.where(finite, wide, math.inf).amin(), torch.where(finite, wide, -math.inf).amax(),
+                            clean.sum(), clean.dot(clean), finite.sum().double(), torch.isnan(wide).sum().double()])
+        numbers = torch.cat([sums, picked]).tolist()
+        low, high, total, squares, finite_count, nan_count = numbers[:6]
+        return Reductions(low, high, total, squares, int(finite_count), int(nan_count),
+                          flat.numel() - int(finite_count) - int(nan_count), numbers[6:])
 
     def from_numpy(self, values: np.ndarray, dtype: str, device: str) -> Any:
         torch = _torch()

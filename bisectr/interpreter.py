@@ -17,6 +17,7 @@ outputs replaced, and every value no patch can have reached checked against the 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -25,7 +26,7 @@ import numpy as np
 from .adapters import Adapter
 from .errors import TraceMismatchError
 from .structure import call_tensors, iter_tensors, map_tensors
-from .trace import OpNode, Trace, fingerprint, float64_dtype, is_floating
+from .trace import OpNode, Trace, fingerprint, fingerprint_positions, float64_dtype, is_floating
 
 # An unpatched op whose values move by more than this (relative to the tensor's largest
 # magnitude) between recording and re-run is not deterministic: dropout or other randomness.
@@ -145,6 +146,8 @@ def run_op(adapter: Adapter, fn: Callable[..., Any], args: tuple, kwargs: dict,
         produced = [result]
     else:
         produced = list({id(t): t for t in iter_tensors(result, adapter.is_tensor)}.values())
+    if not inputs:
+        return result, produced, set()
     written = next((t for t, v in zip(inputs, versions) if adapter.version(t) != v), None)
     if written is None:
         return result, produced, set()
@@ -193,16 +196,21 @@ class Interpreter:
 
     def run(self, indices: Iterable[int]) -> None:
         for index in indices:
-            call = self.calls[index]
-            args, kwargs = call.filled(self.fetch)
-            self.store(index, self.run_node(index, call.fn, args, kwargs))
+            self.step(index)
 
     def run_releasing(self, plan: list[int], releases: dict[int, set[int]]) -> None:
         """Run the ops of `plan`, dropping each tensor after the last op that reads it (`execution_plan`)."""
+        env = self.env
         for index in plan:
-            self.run([index])
+            self.step(index)
             for tid in releases[index]:
-                self.env.pop(tid, None)
+                env.pop(tid, None)
+
+    def step(self, index: int) -> None:
+        """Run op `index` on what `fetch` gives for its inputs, and `store` what it made."""
+        call = self.calls[index]
+        args, kwargs = call.filled(self.fetch)
+        self.store(index, self.run_node(index, call.fn, args, kwargs))
 
     def fetch(self, tid: int) -> Any:
         return self.env[tid]
@@ -399,7 +407,7 @@ class Patches:
     def check(self, op: OpNode, tid: int, tensor: Any) -> None:
         """An op no patch can have influenced must compute what it computed when recorded."""
         recorded = self.trace.tensors[tid]
-        now = fingerprint(self.adapter.to_numpy(tensor))
+        now = live_fingerprint(self.adapter, tensor)
         if len(now) != len(recorded.fingerprint):
             raise self.departure(op.index, op, "produces a tensor of another size")
         allowed = VALUE_DRIFT * max(recorded.stats["absmax"], 1e-30)
@@ -488,6 +496,14 @@ class PatchedInterpreter(Interpreter):
     def _check(self, tid: int, tensor: Any) -> None:
         self.checked.add(tid)
         self.patching.check(self.trace.ops[self.trace.tensors[tid].producer], tid, tensor)
+
+
+def live_fingerprint(adapter: Adapter, tensor: Any) -> list[float]:
+    """`fingerprint` of a live tensor, read where it lives (an accelerator's copies only those values)."""
+    if adapter.on_host(tensor):
+        return fingerprint(adapter.to_numpy(tensor))
+    size = math.prod(tuple(tensor.shape))
+    return adapter.reductions(tensor, fingerprint_positions(size)).picked if size else []
 
 
 def rerun_recorded(adapter: Adapter, trace: Trace, recording: Recording, patches: dict[int, Any],

@@ -7,6 +7,7 @@ each op's outputs to the interpreter's `Patches`; `GradientRerun` does so with g
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import sysconfig
@@ -23,7 +24,7 @@ from .interpreter import Call, Patches, Recording, RerunResult, Slot, run_op
 from .ops import canonical_op
 from .store import TensorWriter
 from .structure import call_tensors, flatten_outputs, map_tensors
-from .trace import OpNode, StatsBatch, TensorInfo, Trace, is_floating, is_model_leaf
+from .trace import OpNode, StatsBatch, TensorInfo, Trace, fingerprint_positions, is_floating, is_model_leaf, reduced_stats
 
 _BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
@@ -194,13 +195,22 @@ class Recorder(_Session):
         return tid
 
     def _describe(self, tid: int, tensor: Any, producer: int | None, leaf: str | None, store: bool) -> None:
-        values = self.adapter.to_numpy(tensor)
-        stored = store and self.writer is not None and (producer is None or self._within_budget(values.nbytes))
+        """Describe a tensor (shape, dtype, statistics, fingerprint) and store its values where asked.
+        A tensor on an accelerator is described there: only what is stored is copied to the host."""
+        shape = tuple(tensor.shape)
+        size = math.prod(shape)
+        reductions = None if not size or self.adapter.on_host(tensor) else self.adapter.reductions(tensor, fingerprint_positions(size))
+        store = store and self.writer is not None
+        values = self.adapter.to_numpy(tensor) if store or reductions is None else None
+        stored = store and (producer is None or self._within_budget(values.nbytes))
         if stored:
             self.writer.write(tid, values)
-        info = TensorInfo(tid, tuple(values.shape), self.adapter.dtype_name(tensor), {}, [], producer, leaf, stored)
+        info = TensorInfo(tid, shape, self.adapter.dtype_name(tensor), {}, [], producer, leaf, stored)
         self.trace.tensors[tid] = info
-        self._stats.add(info, values)
+        if reductions is None:
+            self._stats.add(info, values)
+        else:
+            info.stats, info.fingerprint = reduced_stats(reductions), reductions.picked
 
     def finish(self, outputs: list[tuple[str, Any]]) -> None:
         """Mark the model's outputs, name the floating parameters and buffers no op read, and

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 import networkx as nx
 import numpy as np
 
+from .adapters import Reductions
 from .serial import number, plain_number
 
 FINGERPRINT_SIZE = 16
@@ -307,6 +308,15 @@ def _fits_float32_sums(absmax: float | np.ndarray, size: int | np.ndarray) -> bo
     return absmax * absmax * size < _FLOAT32_SUM_LIMIT
 
 
+def reduced_stats(reductions: Reductions) -> dict[str, float]:
+    """`tensor_stats` from the reductions a framework computed where the tensor lives."""
+    r = reductions
+    if not r.finite:
+        return _statistics(0.0, 0.0, 0.0, 0.0, r.nan, r.inf)
+    mean = r.total / r.finite
+    return _statistics(r.low, r.high, mean, math.sqrt(max(r.squares / r.finite - mean * mean, 0.0)), r.nan, r.inf)
+
+
 def _statistics(low: float, high: float, mean: float, std: float, nan: int = 0, inf: int = 0) -> dict[str, float]:
     return {"min": low, "max": high, "mean": mean, "absmax": max(abs(low), abs(high)), "std": std, "nan": nan, "inf": inf}
 
@@ -339,11 +349,11 @@ def fingerprint(values: np.ndarray) -> list[float]:
 
 @lru_cache(maxsize=4096)
 def _fingerprint_index(shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
-    return np.unravel_index(_fingerprint_positions(math.prod(shape)), shape)
+    return np.unravel_index(fingerprint_positions(math.prod(shape)), shape)
 
 
 @lru_cache(maxsize=4096)
-def _fingerprint_positions(size: int) -> np.ndarray:
+def fingerprint_positions(size: int) -> np.ndarray:
     return np.linspace(0, size - 1, num=min(FINGERPRINT_SIZE, size)).astype(np.int64)
 
 
@@ -385,7 +395,7 @@ class StatsBatch:
         data = self._buffer[: self._used]
         starts = np.array(self._starts)
         sizes = np.diff(starts, append=self._used)
-        positions = [_fingerprint_positions(int(size)) for size in sizes]
+        positions = [fingerprint_positions(int(size)) for size in sizes]
         picked = data[np.concatenate(positions) + np.repeat(starts, [len(p) for p in positions])].tolist()
         lows = np.minimum.reduceat(data, starts)
         highs = np.maximum.reduceat(data, starts)

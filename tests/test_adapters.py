@@ -13,6 +13,7 @@ from bisectr.adapters import OpListener, registered
 from bisectr.adapters.base import IN_OUT, OUT_IN
 from bisectr.ops import canonical_op
 from bisectr.sides import Rerun
+from bisectr.trace import fingerprint, fingerprint_positions, reduced_stats, tensor_stats
 
 ADAPTERS = [adapter for adapter in registered() if importlib.util.find_spec(adapter.name) is not None]
 
@@ -50,6 +51,23 @@ def test_assign_writes_in_place_and_moves_the_version(adapter):
     before = adapter.version(tensor)
     adapter.assign(tensor, values(2, 3, seed=1))
     assert np.array_equal(adapter.to_numpy(tensor), values(2, 3, seed=1)) and adapter.version(tensor) != before
+
+
+def test_reductions_describe_a_tensor_as_its_host_values_do(adapter):
+    """What a recording computes where an accelerator's tensor lives (here on the host, since the
+    path is the same code) gives the statistics and fingerprint the host's values give."""
+    special = values(40)
+    special[[3, 7, 11]] = [np.nan, np.inf, -np.inf]
+    cases = [(values(7, 33), "float32"), (values(300), "bfloat16"), (special, "float32"), (np.full(5, np.nan), "float32"),
+             (np.arange(-5, 40).reshape(5, 9), "int64"), (values(30) > 0, "bool"), (np.array(2.5), "float32"),
+             (values(20000) * 1e30, "float32"), (values(64), "float64")]
+    for data, dtype in cases:
+        tensor = adapter.from_numpy(data, dtype, "cpu")
+        host = adapter.to_numpy(tensor)
+        reductions = adapter.reductions(tensor, fingerprint_positions(host.size))
+        assert adapter.on_host(tensor)
+        assert reduced_stats(reductions) == pytest.approx(tensor_stats(host), rel=1e-6, nan_ok=True), dtype
+        assert np.array_equal(reductions.picked, fingerprint(host), equal_nan=True), dtype
 
 
 class Listener(OpListener):

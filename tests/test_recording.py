@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import bisectr
+from bisectr.adapters import registered
 from bisectr.errors import TraceMismatchError, UserModelError
 from bisectr.sides import Rerun
 from bisectr.trace import StatsBatch, TensorInfo, fingerprint, tensor_stats
@@ -89,6 +90,40 @@ def test_statistics_and_fingerprints_describe_each_tensor_as_it_was_produced(ops
         expected = tensor_stats(values)
         assert info.stats == pytest.approx(expected, rel=1e-5, abs=1e-6), (info.tid, info.leaf)
         assert info.fingerprint == fingerprint(values), (info.tid, info.leaf)
+
+
+def test_tensors_off_the_host_are_described_where_they_live_and_only_stored_ones_are_copied(tmp_path, monkeypatch):
+    """A side on an accelerator is described there (`Adapter.reductions`): no GPU here, so both
+    adapters are told their host tensors live elsewhere, which runs the same code. The run holds the
+    statistics and fingerprints the host path gives, copies to the host only the tensors it stores
+    (a run keeping no op output: one copy fewer per tensor it does not store) and finds the same culprit."""
+    copies = {"count": 0}
+    for adapter in registered():
+        original = type(adapter).to_numpy
+
+        def counted(self, tensor, original=original):
+            copies["count"] += 1
+            return original(self, tensor)
+        monkeypatch.setattr(type(adapter), "to_numpy", counted)
+    runs, counts = {}, {}
+    for where in ("host", "device"):
+        if where == "device":
+            for adapter in registered():
+                monkeypatch.setattr(type(adapter), "on_host", lambda self, tensor: False)
+        copies["count"] = 0
+        runs[where] = bisectr.trace(EXAMPLES / "tanh_gelu.py", out=tmp_path / where, value_budget=0)
+        counts[where] = copies["count"]
+    host, device = runs["host"], runs["device"]
+    unstored = 0
+    for role in ("reference", "candidate"):
+        for tid, info in device.traces[role].tensors.items():
+            expected = host.traces[role].tensors[tid]
+            assert info.fingerprint == pytest.approx(expected.fingerprint, nan_ok=True)
+            assert info.stats == pytest.approx(expected.stats, rel=1e-5, abs=1e-6)
+            unstored += not info.stored
+    assert unstored > 100 and counts["host"] - counts["device"] == unstored
+    culprits = [run.bisect().culprit for run in (host, device)]
+    assert culprits[0].op == culprits[1].op == "gelu" and culprits[0].candidate.source == culprits[1].candidate.source
 
 
 @pytest.mark.parametrize("size", [8, StatsBatch.SMALL + 8], ids=["batched", "one by one"])
