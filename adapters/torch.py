@@ -81,7 +81,7 @@ class TorchAdapter(Adapter):
         return tensor.cpu().numpy()
 
     def on_host(self, tensor: Any) -> bool:
-        return tensor.device.type == "cpu"
+        return tensor.is_cpu
 
     def reductions(self, tensor: Any, positions: np.ndarray) -> Reductions:
         torch = _torch()

@@ -308,13 +308,13 @@ def _fits_float32_sums(absmax: float | np.ndarray, size: int | np.ndarray) -> bo
     return absmax * absmax * size < _FLOAT32_SUM_LIMIT
 
 
-def reduced_stats(reductions: Reductions) -> dict[str, float]:
+def reduced_stats(reduced: Reductions) -> dict[str, float]:
     """`tensor_stats` from the reductions a framework computed where the tensor lives."""
-    r = reductions
-    if not r.finite:
-        return _statistics(0.0, 0.0, 0.0, 0.0, r.nan, r.inf)
-    mean = r.total / r.finite
-    return _statistics(r.low, r.high, mean, math.sqrt(max(r.squares / r.finite - mean * mean, 0.0)), r.nan, r.inf)
+    if not reduced.finite:
+        return _statistics(0.0, 0.0, 0.0, 0.0, reduced.nan, reduced.inf)
+    mean = reduced.total / reduced.finite
+    std = math.sqrt(max(reduced.squares / reduced.finite - mean * mean, 0.0))
+    return _statistics(reduced.low, reduced.high, mean, std, reduced.nan, reduced.inf)
 
 
 def _statistics(low: float, high: float, mean: float, std: float, nan: int = 0, inf: int = 0) -> dict[str, float]:
