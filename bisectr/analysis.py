@@ -26,7 +26,7 @@ from .metrics import EXACT, UNKNOWN, ErrorMetrics, Float64Evidence, error_metric
 from .numerics import coarsest_dtype, judge, noise_floor
 from .runrecord import RunRecord
 from .sides import Sides
-from .trace import OpNode, Trace
+from .trace import OpNode, Trace, read_live
 
 @dataclass
 class OpEvidence:
@@ -182,10 +182,12 @@ class Analysis:
         ops = self.covered_ops(cand_index, ref_index, block)[0]
         if block is None and self._reads_its_own_inputs(self.candidate.ops[cand_index]):  # the replay would compute what was recorded
             return {tid: self.candidate.value(tid) for tid in compared}
-        values = {}
+        values = {}  # the model's parameters are read by the side, where the model holds them
         for tid in external_inputs(self.candidate, ops):
-            from_reference = None if self.candidate.tensors[tid].producer is None else self.reference_values_for(tid)
-            values[tid] = from_reference if from_reference is not None else self.candidate.value(tid)
+            info = self.candidate.tensors[tid]
+            from_reference = None if info.producer is None else self.reference_values_for(tid)
+            if from_reference is not None or not read_live(info.leaf):
+                values[tid] = from_reference if from_reference is not None else self.candidate.value(tid)
         computed = self.sides.replay("candidate", ops, values)
         return {tid: computed[tid] for tid in compared}
 
@@ -228,7 +230,8 @@ class Analysis:
         if local == 0.0:
             return local, None
         try:
-            oracle = self.sides.replay("reference", ref_ops, {t: self.reference.value(t) for t in ref_inputs}, float64=True)
+            oracle = self.sides.replay("reference", ref_ops, {t: self.reference.value(t) for t in ref_inputs
+                                                              if not read_live(self.reference.tensors[t].leaf)}, float64=True)
         except Exception:  # no float64 kernel for this op
             return local, None
         oracle = {r: oracle[r].reshape(reference_out[r].shape) for _, r in compared}

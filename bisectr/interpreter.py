@@ -226,17 +226,40 @@ class Interpreter:
 class ValuesInterpreter(Interpreter):
     """Ops run on `values` (tid -> array) for the inputs they do not compute, each input made
     afresh from its values in its recorded dtype, or in float64 with `float64` (the fp64 oracle:
-    every op of a block reads float64 inputs). `computed` holds the values of every tensor the
-    ops made."""
+    every op of a block reads float64 inputs). A parameter missing from `values` is read where the
+    model holds it (`leaves`: tid -> (tensor, version), as `Recording.leaves`), upcast with
+    `float64`: a layer's weights are not copied through the host for each op replayed.
+    `computed` holds the values of every tensor the ops made."""
 
-    def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call], values: dict[int, np.ndarray], float64: bool = False):
+    def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call], values: dict[int, np.ndarray], float64: bool = False,
+                 leaves: dict[int, tuple[Any, int]] | None = None):
         super().__init__(adapter, trace, calls)
         self.computed = dict(values)
         self.float64 = float64
+        self.leaves = leaves or {}
+
+    def run(self, indices: Iterable[int]) -> None:
+        indices = list(indices)
+        for index in indices:  # an op writing in place into a model's tensor writes into a copy
+            op = self.trace.ops[index]
+            if op.inplace:
+                self.computed.update((tid, self.adapter.to_numpy(self.leaves[tid][0]))
+                                     for tid in op.inputs if tid not in self.computed and tid in self.leaves)
+        super().run(indices)
 
     def fetch(self, tid: int) -> Any:
         dtype = self.trace.tensors[tid].dtype
-        return self.adapter.from_numpy(self.computed[tid], float64_dtype(dtype) if self.float64 else dtype, self.trace.device)
+        values = self.computed.get(tid)
+        if values is None:
+            return self.env.get(tid) if tid in self.env else self._live_leaf(tid, dtype)
+        return self.adapter.from_numpy(values, float64_dtype(dtype) if self.float64 else dtype, self.trace.device)
+
+    def _live_leaf(self, tid: int, dtype: str) -> Any:
+        tensor = self.leaves[tid][0]
+        if self.float64 and is_floating(dtype):
+            tensor = self.adapter.float64_tensor(tensor)
+        self.env[tid] = tensor
+        return tensor
 
     def store(self, index: int, produced: list[Any]) -> None:
         self.computed.update((tid, self.adapter.to_numpy(t)) for tid, t in zip(self.trace.ops[index].outputs, produced))

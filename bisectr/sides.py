@@ -24,7 +24,7 @@ from .modelfile import BuiltSide, run_user_code
 from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, output_pairs
 from .store import TensorWriter
 from .structure import iter_tensors, map_tensors
-from .trace import Trace, is_floating
+from .trace import Trace, is_floating, read_live
 
 
 # -- what a side is asked ------------------------------------------------------------------
@@ -162,7 +162,7 @@ class LocalSide:
             case Rerun(patches, capture):
                 return self.rerun(patches, capture)
             case Replay(indices, values, float64):
-                replay = ValuesInterpreter(adapter, trace, calls, values, float64)
+                replay = ValuesInterpreter(adapter, trace, calls, values, float64, self.recording.leaves)
                 replay.run(indices)
                 return {tid: replay.computed[tid] for index in indices for tid in trace.ops[index].outputs}
             case ReplayVJP(indices, values, upstream, float64):
@@ -418,13 +418,14 @@ class Sides:
 
     def replay(self, role: str, indices: list[int], values: dict[int, np.ndarray], float64: bool = False) -> dict[int, np.ndarray]:
         """`Replay` of ops `indices`, each input that is neither in `values` nor computed by an op
-        before it read from the trace; returns `values` with every tensor the ops computed (a new dict)."""
+        before it read from the trace (the model's parameters: by the side, where the model holds
+        them); returns `values` with every tensor the ops computed (a new dict)."""
         trace = self.traces[role]
         computed = dict(values)
         made = {tid for index in indices for tid in trace.ops[index].outputs}
         for index in indices:
             for tid in trace.ops[index].inputs:
-                if tid not in computed and tid not in made:
+                if tid not in computed and tid not in made and not read_live(trace.tensors[tid].leaf):
                     computed[tid] = trace.value(tid)
         computed.update(self.run(role, Replay(indices, computed, float64)))
         return computed

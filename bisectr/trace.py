@@ -256,6 +256,13 @@ def is_model_leaf(leaf: str | None) -> bool:
     return leaf is not None and leaf.startswith(("param:", "buffer:"))
 
 
+def read_live(leaf: str | None) -> bool:
+    """Does a replay read this leaf where the model holds it, rather than as values? The model's
+    parameters: a kernel may update a buffer in place unseen (batch norm's running statistics in
+    training mode move no version counter), so buffers are handed to it as copies."""
+    return leaf is not None and leaf.startswith("param:")
+
+
 def host_dtype(dtype: str) -> str:
     """The numpy dtype a tensor of `dtype` is held in on the host: numpy has no bfloat16, so an
     adapter's `to_numpy` widens it to float32."""

@@ -96,3 +96,39 @@ async def test_tui_culprit_panel_lists_the_block(tmp_path, monkeypatch):
     eps_line = line_of(path, "# @eps")
     assert f"block candidate ops 0..11 at tests/models/torch_decomposed.py:{eps_line - 2}-{eps_line + 1}" in panel
     assert "against reference ops 0..7" in panel and "compared as one op" in panel
+
+
+BATCH_NORM_IN_TRAINING = """
+import torch
+
+def reference():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh())
+    return model.train(), (torch.randn(4, 8),)
+
+candidate = reference
+"""
+
+
+def test_replays_read_parameters_where_the_model_holds_them_and_never_write_them(tmp_path, monkeypatch):
+    """An op replayed for its evidence reads the model's own weights (no copy through the host), and
+    buffers as copies: batch norm in training mode updates its running mean in place without moving
+    its version counter, and the model must keep what it holds."""
+    model_file = tmp_path / "bn.py"
+    model_file.write_text(BATCH_NORM_IN_TRAINING)
+    run = bisectr.trace(model_file, out=tmp_path / "run")
+    trace, model = run.candidate, run.sides.runners["candidate"].side.model
+    linear, norm = (next(op for op in trace.ops if op.op == name) for name in ("linear", "batch_norm"))
+    held = model[1].running_mean.clone()
+    adapter = run.sides.runners["candidate"].side.adapter
+    copied = []
+    monkeypatch.setattr(type(adapter), "to_numpy", lambda self, tensor, original=type(adapter).to_numpy:
+                        copied.append(tuple(tensor.shape)) or original(self, tensor))
+    inputs = {tid: trace.value(tid) for tid in linear.inputs if trace.tensors[tid].leaf == "input:0"}
+    replayed = run.sides.replay("candidate", [linear.index, norm.index], inputs)
+    assert (16, 8) not in copied  # the linear weight stayed in the model
+    assert bool((model[1].running_mean == held).all())
+    for index in (linear.index, norm.index):
+        out = trace.ops[index].outputs[0]
+        assert abs(replayed[out] - trace.value(out)).max() == 0
+
