@@ -248,17 +248,20 @@ class ValuesInterpreter(Interpreter):
         super().run(indices)
 
     def fetch(self, tid: int) -> Any:
-        dtype = self.trace.tensors[tid].dtype
         values = self.computed.get(tid)
         if values is None:
-            return self.env.get(tid) if tid in self.env else self._live_leaf(tid, dtype)
+            return self._live_parameter(tid)
+        dtype = self.trace.tensors[tid].dtype
         return self.adapter.from_numpy(values, float64_dtype(dtype) if self.float64 else dtype, self.trace.device)
 
-    def _live_leaf(self, tid: int, dtype: str) -> Any:
-        tensor = self.leaves[tid][0]
-        if self.float64 and is_floating(dtype):
-            tensor = self.adapter.float64_tensor(tensor)
-        self.env[tid] = tensor
+    def _live_parameter(self, tid: int) -> Any:
+        """The parameter as the model holds it (with `float64`, upcast once per replay)."""
+        tensor = self.env.get(tid)
+        if tensor is None:
+            tensor = self.leaves[tid][0]
+            if self.float64 and is_floating(self.trace.tensors[tid].dtype):
+                tensor = self.adapter.float64_tensor(tensor)
+            self.env[tid] = tensor
         return tensor
 
     def store(self, index: int, produced: list[Any]) -> None:
