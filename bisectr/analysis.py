@@ -26,7 +26,7 @@ from .metrics import EXACT, UNKNOWN, ErrorMetrics, Float64Evidence, error_metric
 from .numerics import coarsest_dtype, judge, noise_floor
 from .runrecord import RunRecord
 from .sides import Sides
-from .trace import OpNode, Trace, read_live
+from .trace import OpNode, Trace
 
 @dataclass
 class OpEvidence:
@@ -182,12 +182,11 @@ class Analysis:
         ops = self.covered_ops(cand_index, ref_index, block)[0]
         if block is None and self._reads_its_own_inputs(self.candidate.ops[cand_index]):  # the replay would compute what was recorded
             return {tid: self.candidate.value(tid) for tid in compared}
-        values = {}  # the model's parameters are read by the side, where the model holds them
+        values = {}  # the reference's values where it has them: `Sides.replay` reads the candidate's own for the rest
         for tid in external_inputs(self.candidate, ops):
-            info = self.candidate.tensors[tid]
-            from_reference = None if info.producer is None else self.reference_values_for(tid)
-            if from_reference is not None or not read_live(info.leaf):
-                values[tid] = from_reference if from_reference is not None else self.candidate.value(tid)
+            from_reference = None if self.candidate.tensors[tid].producer is None else self.reference_values_for(tid)
+            if from_reference is not None:
+                values[tid] = from_reference
         computed = self.sides.replay("candidate", ops, values)
         return {tid: computed[tid] for tid in compared}
 
@@ -230,8 +229,7 @@ class Analysis:
         if local == 0.0:
             return local, None
         try:
-            oracle = self.sides.replay("reference", ref_ops, {t: self.reference.value(t) for t in ref_inputs
-                                                              if not read_live(self.reference.tensors[t].leaf)}, float64=True)
+            oracle = self.sides.replay("reference", ref_ops, {}, float64=True)  # on the reference's own inputs
         except Exception:  # no float64 kernel for this op
             return local, None
         oracle = {r: oracle[r].reshape(reference_out[r].shape) for _, r in compared}

@@ -17,7 +17,6 @@ outputs replaced, and every value no patch can have reached checked against the 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -26,7 +25,7 @@ import numpy as np
 from .adapters import Adapter
 from .errors import TraceMismatchError
 from .structure import call_tensors, iter_tensors, map_tensors
-from .trace import OpNode, Trace, fingerprint, fingerprint_positions, float64_dtype, is_floating
+from .trace import OpNode, Trace, device_reductions, fingerprint, float64_dtype, is_floating
 
 # An unpatched op whose values move by more than this (relative to the tensor's largest
 # magnitude) between recording and re-run is not deterministic: dropout or other randomness.
@@ -526,10 +525,8 @@ class PatchedInterpreter(Interpreter):
 
 def live_fingerprint(adapter: Adapter, tensor: Any) -> list[float]:
     """`fingerprint` of a live tensor, read where it lives (an accelerator's copies only those values)."""
-    if adapter.on_host(tensor):
-        return fingerprint(adapter.to_numpy(tensor))
-    size = math.prod(tuple(tensor.shape))
-    return adapter.reductions(tensor, fingerprint_positions(size)).picked if size else []
+    reductions = device_reductions(adapter, tensor)
+    return fingerprint(adapter.to_numpy(tensor)) if reductions is None else reductions.picked
 
 
 def rerun_recorded(adapter: Adapter, trace: Trace, recording: Recording, patches: dict[int, Any],

@@ -7,7 +7,6 @@ each op's outputs to the interpreter's `Patches`; `GradientRerun` does so with g
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 import sysconfig
@@ -24,7 +23,7 @@ from .interpreter import Call, Patches, Recording, RerunResult, Slot, run_op
 from .ops import canonical_op
 from .store import TensorWriter
 from .structure import call_tensors, flatten_outputs, map_tensors
-from .trace import OpNode, StatsBatch, TensorInfo, Trace, fingerprint_positions, is_floating, is_model_leaf, reduced_stats
+from .trace import OpNode, StatsBatch, TensorInfo, Trace, device_reductions, is_floating, is_model_leaf, reduced_stats
 
 _BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
@@ -197,15 +196,13 @@ class Recorder(_Session):
     def _describe(self, tid: int, tensor: Any, producer: int | None, leaf: str | None, store: bool) -> None:
         """Describe a tensor (shape, dtype, statistics, fingerprint) and store its values where asked.
         A tensor on an accelerator is described there: only what is stored is copied to the host."""
-        shape = tuple(tensor.shape)
-        size = math.prod(shape)
-        reductions = None if not size or self.adapter.on_host(tensor) else self.adapter.reductions(tensor, fingerprint_positions(size))
+        reductions = device_reductions(self.adapter, tensor)
         store = store and self.writer is not None
         values = self.adapter.to_numpy(tensor) if store or reductions is None else None
         stored = store and (producer is None or self._within_budget(values.nbytes))
         if stored:
             self.writer.write(tid, values)
-        info = TensorInfo(tid, shape, self.adapter.dtype_name(tensor), {}, [], producer, leaf, stored)
+        info = TensorInfo(tid, tuple(tensor.shape), self.adapter.dtype_name(tensor), {}, [], producer, leaf, stored)
         self.trace.tensors[tid] = info
         if reductions is None:
             self._stats.add(info, values)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 import networkx as nx
 import numpy as np
 
-from .adapters import Reductions
+from .adapters import Adapter, Reductions
 from .serial import number, plain_number
 
 FINGERPRINT_SIZE = 16
@@ -313,6 +313,15 @@ def _fits_float32_sums(absmax: float | np.ndarray, size: int | np.ndarray) -> bo
     """Can `size` values no larger than `absmax` be summed, and their squares summed, in float32?
     No partial sum exceeds `size * absmax**2`. False for NaN and Inf."""
     return absmax * absmax * size < _FLOAT32_SUM_LIMIT
+
+
+def device_reductions(adapter: Adapter, tensor: Any) -> Reductions | None:
+    """`Adapter.reductions` of a non-empty tensor off the host, at the fingerprint's positions; None
+    for one on the host (or empty), which numpy describes."""
+    size = math.prod(tuple(tensor.shape))
+    if not size or adapter.on_host(tensor):
+        return None
+    return adapter.reductions(tensor, fingerprint_positions(size))
 
 
 def reduced_stats(reduced: Reductions) -> dict[str, float]:
