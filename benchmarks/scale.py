@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """bisectr at seed 000's size: the CTRL-sized pair (benchmarks/models/ctrl.py), plain against bisect.
 
-    python benchmarks/scale.py [--layers N] [--pairs torch,paddle] [--value-budget MB] [--json PATH]
+    python benchmarks/scale.py [--layers N] [--pairs torch,paddle] [--value-budget MB] [--train STEPS] [--json PATH]
 
 For each pair (torch vs torch: `candidate`; torch vs paddle: `candidate_paddle`), two subprocesses,
 one after the other on the same machine:
@@ -15,6 +15,11 @@ memory (the child's maximum RSS) over plain's, wall time over plain's, the run d
 the bytes of both sides' weights, the search (`Run.bisect()`) in forwards of both sides, and the time of
 each stage of the bisect. Targets (issue 29): peak <= 1.5x plain, time <= 5x plain, the search <= 10x
 one forward of both sides.
+
+`--train STEPS` measures `bisectr train` instead: **plain** builds both models and trains each STEPS
+AdamW steps (both held at once, the loss the sum of the outputs); **train** is `bisectr.training.train`
+over STEPS steps (two float32 and two float64 trainers, and the search at the initial weights when
+step 1 differs). Each row: the verdict, first step, stage and culprit, peak memory and time over plain's.
 """
 from __future__ import annotations
 
@@ -76,6 +81,35 @@ print(json.dumps({"seconds": time.perf_counter() - start, "search": search, "ver
                   "ops": len(run.candidate.ops), "stages": stages}))
 """
 
+PLAIN_TRAIN = """
+import json, sys, time
+start = time.perf_counter()
+from bisectr.modelfile import build_side, load_module
+from bisectr.recording import output_pairs
+module = load_module(sys.argv[1])
+sides = [build_side(module, sys.argv[1], role, function) for role, function in (("reference", "reference"), ("candidate", sys.argv[2]))]
+optimizers = [getattr(module, function + "_optimizer")(side.model) for side, function in zip(sides, ("reference", sys.argv[2]))]
+for step in range(int(sys.argv[3])):
+    for side, optimizer in zip(sides, optimizers):
+        optimizer.clear_grad() if hasattr(optimizer, "clear_grad") else optimizer.zero_grad()
+        with side.adapter.enable_grad():
+            loss = sum(tensor.sum() for _, tensor in output_pairs(side.adapter, side.forward()))
+        loss.backward()
+        optimizer.step()
+print(json.dumps({"seconds": time.perf_counter() - start}))
+"""
+
+TRAIN = """
+import json, sys, time
+start = time.perf_counter()
+from bisectr.training import train
+result = train(sys.argv[1], "reference", sys.argv[2], steps=int(sys.argv[3]))
+culprit = result.culprit
+print(json.dumps({"seconds": time.perf_counter() - start, "verdict": result.verdict, "first_step": result.first_step,
+                  "stage": result.stage, "culprit": None if culprit is None else
+                  getattr(culprit, "parameter", None) or f"{culprit.candidate.module} {culprit.op}"}))
+"""
+
 
 def measured(script: str, *args: str) -> tuple[dict, float]:
     """Run `script` in a child interpreter: its JSON answer and its peak resident memory (bytes)."""
@@ -93,9 +127,17 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--pairs", default="torch,paddle")
     parser.add_argument("--value-budget", default="default", metavar="MB")
+    parser.add_argument("--train", type=int, metavar="STEPS", help="measure bisectr train over STEPS steps")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     os.environ["BISECTR_CTRL_LAYERS"] = str(args.layers)
+    rows = train_rows(args) if args.train else bisect_rows(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def bisect_rows(args: argparse.Namespace) -> list[dict]:
     rows = []
     for pair in args.pairs.split(","):
         function = PAIRS[pair]
@@ -116,9 +158,24 @@ def main() -> int:
               f"search {bisect['search']:.0f} s / one forward of both sides {plain['forwards']:.1f} s = "
               f"{row['search_forwards']:.1f}x (target {TARGET_SEARCH_FORWARDS:.0f}x)", flush=True)
         print("  stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in bisect["stages"].items()), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
-    return 0
+    return rows
+
+
+def train_rows(args: argparse.Namespace) -> list[dict]:
+    rows = []
+    for pair in args.pairs.split(","):
+        function, steps = PAIRS[pair], str(args.train)
+        plain, plain_peak = measured(PLAIN_TRAIN, str(MODEL_FILE), function, steps)
+        trained, train_peak = measured(TRAIN, str(MODEL_FILE), function, steps)
+        rows.append({"pair": f"torch vs {pair}", "layers": args.layers, "steps": args.train, "plain_seconds": plain["seconds"],
+                     "plain_peak": plain_peak, **{f"train_{k}": v for k, v in trained.items()}, "train_peak": train_peak,
+                     "peak_ratio": train_peak / plain_peak, "time_ratio": trained["seconds"] / plain["seconds"]})
+        row = rows[-1]
+        print(f"{row['pair']}, {args.layers} layers, {args.train} steps: {trained['verdict']}, first step "
+              f"{trained['first_step']} ({trained['stage']}) at {trained['culprit']}; peak {train_peak / 1e9:.1f} GB / plain "
+              f"{plain_peak / 1e9:.1f} GB = {row['peak_ratio']:.2f}x; time {trained['seconds']:.0f} s / plain "
+              f"{plain['seconds']:.0f} s = {row['time_ratio']:.1f}x", flush=True)
+    return rows
 
 
 if __name__ == "__main__":

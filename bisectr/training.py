@@ -55,13 +55,20 @@ SETTINGS = ("epsilon", "beta1", "beta2", "weight_decay", "weight_decay_kind", "a
 
 @dataclass
 class StepRecord:
-    """What one side's training step computed (parameters by leaf name)."""
+    """What one side's training step computed. A parameter's gradient, update and Adam moments
+    ("gradient", "update", "moment1", "moment2") are read from the trainer one parameter at a time, as
+    float64 arrays, until the trainer's next step: no step keeps a copy of them all."""
 
     loss: float
-    gradients: dict[str, np.ndarray | None]
-    updates: dict[str, np.ndarray]
     learning_rate: float
-    moments: dict[str, np.ndarray]  # "<leaf> moment1" / "<leaf> moment2": Adam's moments after the step
+    trainer: Trainer
+
+    def names(self) -> list[str]:
+        return list(self.trainer.parameters)
+
+    def read(self, measure: str, name: str) -> np.ndarray | None:
+        """One parameter's gradient, update or Adam moment (None: it has none, or no such parameter)."""
+        return self.trainer.read(measure, name)
 
 
 @dataclass
@@ -116,6 +123,7 @@ class Trainer:
         self.optimizer, self.scheduler = built if isinstance(built, tuple) else (built, None)
         self.batch = _function(module, side, "batch", required=False)
         self.parameters = {name: t for name, t in adapter.named_leaves(self.model) if name.startswith("param:")}
+        self._before: dict[str, np.ndarray] = {}  # each parameter's values before the last step
 
     def settings(self) -> dict[str, Any]:
         return self.side.adapter.optimizer_settings(self.optimizer)
@@ -137,13 +145,22 @@ class Trainer:
             outputs = replace(side, model=self.model, inputs=inputs).forward()
             loss = self._loss(outputs)
         adapter.backward(loss)
-        gradients = {name: adapter.gradient(t) for name, t in self.parameters.items()}
-        before = {name: adapter.to_numpy(t).astype(np.float64) for name, t in self.parameters.items()}
+        self._before = {name: np.array(adapter.to_numpy(t)) for name, t in self.parameters.items()}
         adapter.optimizer_step(self.optimizer, self.scheduler)
-        updates = {name: adapter.to_numpy(t).astype(np.float64) - before[name] for name, t in self.parameters.items()}
-        moments = {f"{name} {which}": values for name, t in self.parameters.items()
-                   for which, values in adapter.optimizer_moments(self.optimizer, t).items()}
-        return StepRecord(float(adapter.to_numpy(loss).reshape(())), gradients, updates, learning_rate, moments)
+        return StepRecord(float(adapter.to_numpy(loss).reshape(())), learning_rate, self)
+
+    def read(self, measure: str, name: str) -> np.ndarray | None:
+        """The last step's gradient, update or Adam moment of one parameter (see `StepRecord`)."""
+        adapter, parameter = self.side.adapter, self.parameters.get(name)
+        if parameter is None:
+            return None
+        if measure == "gradient":
+            values = adapter.gradient(parameter)
+        elif measure == "update":
+            values = adapter.to_numpy(parameter).astype(np.float64) - self._before[name]
+        else:
+            values = adapter.optimizer_moments(self.optimizer, parameter).get(measure)
+        return None if values is None else values.astype(np.float64, copy=False)
 
     def _loss(self, outputs: Any) -> Any:
         side, adapter = self.side, self.side.adapter
@@ -185,28 +202,28 @@ class StepComparison:
 
     def between(self, candidate: StepRecord, reference: StepRecord, same_side: bool = False) -> dict[str, float]:
         errors = {"loss": relative_to(abs(candidate.loss - reference.loss), abs(reference.loss))}
-        for measure, attribute in (("gradient", "gradients"), ("update", "updates")):
-            errors[measure] = self._worst(getattr(candidate, attribute), getattr(reference, attribute), same_side)
-        errors["moments"] = max((self._worst(_moment(candidate, which), _moment(reference, which), same_side)
-                                 for which in ("moment1", "moment2")), default=0.0)
+        for measure in ("gradient", "update"):
+            errors[measure] = self._worst(measure, candidate, reference, same_side)
+        errors["moments"] = max(self._worst(which, candidate, reference, same_side) for which in ("moment1", "moment2"))
         return errors
 
     def worst_parameter(self, candidate: StepRecord, reference: StepRecord) -> tuple[str, float]:
         """The reference leaf whose update differs most (relative), and by how much."""
-        scale = self._floor(reference.updates)
-        scored = [(self._error(candidate.updates.get(c), reference.updates.get(r), pair, r, scale), r)
+        scale = self._floor("update", reference)
+        scored = [(self._error(candidate.read("update", c), reference.read("update", r), pair, r, scale), r)
                   for r, c, pair in self.pairs]
         error, name = max(scored)
         return name, error
 
-    def _worst(self, candidate: dict, reference: dict, same_side: bool) -> float:
-        scale = self._floor(reference)
-        return max((self._error(candidate.get(r if same_side else c), reference.get(r), None if same_side else pair, r, scale)
+    def _worst(self, measure: str, candidate: StepRecord, reference: StepRecord, same_side: bool) -> float:
+        scale = self._floor(measure, reference)
+        return max((self._error(candidate.read(measure, r if same_side else c), reference.read(measure, r),
+                                None if same_side else pair, r, scale)
                     for r, c, pair in self.pairs), default=0.0)
 
     @staticmethod
-    def _floor(values: dict[str, np.ndarray | None]) -> float:
-        return GRADIENT_FLOOR * max(map(magnitude, values.values()), default=0.0)
+    def _floor(measure: str, record: StepRecord) -> float:
+        return GRADIENT_FLOOR * max((magnitude(record.read(measure, name)) for name in record.names()), default=0.0)
 
     def _error(self, candidate: np.ndarray | None, reference: np.ndarray | None, pair: TensorPair | None,
                reference_name: str, floor: float) -> float:
@@ -214,14 +231,8 @@ class StepComparison:
             return 0.0 if candidate is None and reference is None else math.inf
         if pair is not None:
             candidate = pair.candidate_in_reference_layout(candidate, self.shapes[reference_name])
-        difference = magnitude(candidate.reshape(reference.shape).astype(np.float64) - reference)
+        difference = magnitude(candidate.reshape(reference.shape) - reference)
         return relative_to(difference, max(magnitude(reference), floor))
-
-
-def _moment(record: StepRecord, which: str) -> dict[str, np.ndarray]:
-    """One of Adam's moments of every parameter, by leaf name (empty for an optimizer without them)."""
-    suffix = f" {which}"
-    return {name.removesuffix(suffix): values for name, values in record.moments.items() if name.endswith(suffix)}
 
 
 def parameter_pairs(run: Run) -> list[tuple[str, str, TensorPair]]:
@@ -257,7 +268,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
                                   {c: run.candidate.tensors[run.candidate.leaves[c]].shape for _, c, _ in pairs})
     floor = noise_floor(coarsest_dtype([run.reference.dtype, run.candidate.dtype]))
     rows: list[StepRow] = []
-    first: tuple[int, dict[str, StepRecord], str] | None = None
+    first: tuple[int, str, tuple[str, float] | None] | None = None  # step, measure, the update that differs most
     for number in range(1, steps + 1):
         say(f"step {number} of {steps}")
         records = {key: trainer.step(number) for key, trainer in trainers.items()}
@@ -271,16 +282,18 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
                             {"reference": records["reference", 32].learning_rate, "candidate": records["candidate", 32].learning_rate},
                             as_run, predicted, in_float64, bool(semantic)))
         if semantic and first is None:
-            first = (number, records, semantic[0])
+            worst = comparison.worst_parameter(records["candidate", 64], records["reference", 64]) \
+                if semantic[0] == "update" else None
+            first = (number, semantic[0], worst)
     settings = {role: trainers[role, 32].settings() for role in ("reference", "candidate")}
     if first is None:
         exact = all(row.error[m] == 0 for row in rows for m in MEASURES)
         return TrainingResult("match" if exact else "noise", rows, settings=settings)
-    number, records, measure = first
+    number, measure, worst = first
     row = rows[number - 1]
     result = TrainingResult("divergent", rows, number, STAGES[measure], settings=settings)
-    if measure == "update":
-        parameter, error = comparison.worst_parameter(records["candidate", 64], records["reference", 64])
+    if worst is not None:
+        parameter, error = worst
         decays = {role: trainers[role, 32].weight_decays() for role in ("reference", "candidate")}
         what, ref_value, cand_value = _differing_setting(row, settings, _decay_differences(pairs, decays))
         result.culprit = OptimizerCulprit("optimizer", parameter.split(":", 1)[1], what, ref_value, cand_value, error)

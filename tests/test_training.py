@@ -1,6 +1,7 @@
 """Training steps (`bisectr train`): both sides trained on real torch and paddle runs, the first
 semantic step, its stage and culprit."""
 import json
+import tracemalloc
 import subprocess
 import sys
 
@@ -107,3 +108,52 @@ def test_a_port_that_decays_what_the_reference_exempts_is_named_by_those_paramet
 def test_the_same_exemptions_through_apply_decay_param_fun_are_noise():
     status, result = train_json(PORTS, "--reference", "reference_grouped", "--candidate", "candidate_exempt", "--steps", 2)
     assert status == 0 and result["verdict"] == "noise"
+
+
+WIDE_STACK = '''
+import torch
+
+
+def reference():
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU()) for _ in range(4)]
+    return torch.nn.Sequential(*layers), (torch.randn(8, 512, generator=torch.Generator().manual_seed(1)),)
+
+
+candidate = reference
+
+
+def reference_optimizer(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+candidate_optimizer = reference_optimizer
+'''
+
+
+def test_the_steps_hold_no_copy_of_every_gradient_update_and_moment(tmp_path):
+    """What numpy holds while training (the four trainers' tensors are not numpy's) stays within one
+    copy of each trainer's parameters, the values before its step, which its update needs, and the
+    parameter being compared."""
+    from bisectr.training import train
+
+    model_file = tmp_path / "wide_stack.py"
+    model_file.write_text(WIDE_STACK)
+    parameters = 4 * (512 * 512 + 512)
+    before_steps = parameters * (2 * 4 + 2 * 8)  # two float32 trainers, two float64
+    at_step_1 = []
+
+    def progress(message: str) -> None:
+        if message.startswith("step 1 "):
+            at_step_1.append(tracemalloc.get_traced_memory()[0])  # the trace's and the imports' share
+            tracemalloc.reset_peak()
+
+    tracemalloc.start()
+    try:
+        result = train(str(model_file), steps=3, progress=progress)
+        peak = tracemalloc.get_traced_memory()[1] - at_step_1[0]
+    finally:
+        tracemalloc.stop()
+    assert result.verdict == "match" and len(result.steps) == 3
+    comparing_one = 6 * 512 * 512 * 8  # a few float64 arrays of the largest parameter while it is compared
+    assert before_steps <= peak < before_steps + comparing_one, (peak, before_steps)

@@ -11,6 +11,8 @@ side's build needs the other's model): weights 0.02 * N(0, 1), biases 0.1 * N(0,
 - `candidate_paddle()`: a PaddlePaddle port of it (paddle `Linear` stores the weight as HF's `Conv1D`
   does, (in, out): weights converted as stored), the exact GELU in the same layer.
 
+For `bisectr train`: AdamW (learning rate 1e-4, weight decay 0.01) on each side.
+
 bisectr should conclude: `divergent`, culprit in layer `planted_layer()`'s MLP activation.
 """
 import os
@@ -121,3 +123,18 @@ def candidate_paddle():
         p.set_value(_value(name, tuple(p.shape)))
     model.eval()
     return model, {"input_ids": paddle.to_tensor(_input_ids())}
+
+
+def reference_optimizer(model):
+    import torch
+
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+
+
+candidate_optimizer = reference_optimizer
+
+
+def candidate_paddle_optimizer(model):
+    import paddle
+
+    return paddle.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters(), weight_decay=0.01)
