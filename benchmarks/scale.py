@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """bisectr at seed 000's size: the CTRL-sized pair (benchmarks/models/ctrl.py), plain against bisect.
 
-    python benchmarks/scale.py [--layers N] [--pairs torch,paddle] [--value-budget MB] [--train STEPS] [--json PATH]
+    python benchmarks/scale.py [--layers N] [--pairs torch,paddle] [--value-budget MB] [--isolate] [--train STEPS] [--json PATH]
 
 For each pair (torch vs torch: `candidate`; torch vs paddle: `candidate_paddle`), two subprocesses,
 one after the other on the same machine:
@@ -14,7 +14,8 @@ Each row: the verdict and culprit (expected: `divergent` in the planted layer's 
 memory (the child's maximum RSS) over plain's, wall time over plain's, the run directory's size over
 the bytes of both sides' weights, the search (`Run.bisect()`) in forwards of both sides, and the time of
 each stage of the bisect. Targets (issue 29): peak <= 1.5x plain, time <= 5x plain, the search <= 10x
-one forward of both sides.
+one forward of both sides. `--isolate` runs each side of the bisect in its own worker process, as
+`bisectr bisect --isolate` does; its peak is then the largest process's (each worker holds one model).
 
 `--train STEPS` measures `bisectr train` instead: **plain** builds both models and trains each STEPS
 AdamW steps (both held at once, the loss the sum of the outputs); **train** is `bisectr.training.train`
@@ -66,7 +67,8 @@ def progress(message):
     stages[last[1]] = stages.get(last[1], 0.0) + now - last[0]
     last[:] = [now, message]
 budget = {} if sys.argv[4] == "default" else {"value_budget": round(float(sys.argv[4]) * 2**20)}
-run = bisectr.trace(sys.argv[1], "reference", sys.argv[2], out=sys.argv[3], commit=False, **budget)
+run = bisectr.trace(sys.argv[1], "reference", sys.argv[2], out=sys.argv[3], commit=False, isolate=sys.argv[5] == "isolate",
+                    **budget)
 progress("bisect: start")
 searching = time.perf_counter()
 result = run.bisect(progress=lambda m: progress("bisect: " + m))
@@ -127,6 +129,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--pairs", default="torch,paddle")
     parser.add_argument("--value-budget", default="default", metavar="MB")
+    parser.add_argument("--isolate", action="store_true", help="each side of the bisect in its own process")
     parser.add_argument("--train", type=int, metavar="STEPS", help="measure bisectr train over STEPS steps")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
@@ -143,15 +146,17 @@ def bisect_rows(args: argparse.Namespace) -> list[dict]:
         function = PAIRS[pair]
         plain, plain_peak = measured(PLAIN, str(MODEL_FILE), function)
         with tempfile.TemporaryDirectory() as scratch:
-            bisect, bisect_peak = measured(BISECT, str(MODEL_FILE), function, str(Path(scratch) / "run"), args.value_budget)
-        rows.append({"pair": f"torch vs {pair}", "layers": args.layers, "plain_seconds": plain["seconds"],
+            bisect, bisect_peak = measured(BISECT, str(MODEL_FILE), function, str(Path(scratch) / "run"), args.value_budget,
+                                           "isolate" if args.isolate else "in-process")
+        rows.append({"pair": f"torch vs {pair}", "layers": args.layers, "isolate": args.isolate, "plain_seconds": plain["seconds"],
                      "plain_peak": plain_peak, "weights": plain["weights"], **{f"bisect_{k}": v for k, v in bisect.items()},
                      "bisect_peak": bisect_peak, "peak_ratio": bisect_peak / plain_peak,
                      "time_ratio": bisect["seconds"] / plain["seconds"], "run_dir_ratio": bisect["run_dir"] / plain["weights"],
                      "plain_forwards": plain["forwards"], "search_forwards": bisect["search"] / plain["forwards"]})
         row = rows[-1]
-        print(f"{row['pair']}, {args.layers} layers: {bisect['verdict']} at {bisect['culprit']}"
-              f"{'' if bisect['confirmed'] else ' (unconfirmed)'} ({bisect['reruns']} candidate re-runs, {bisect['ops']} ops); peak {bisect_peak / 1e9:.1f} GB / plain "
+        print(f"{row['pair']}, {args.layers} layers{', isolated' if args.isolate else ''}: {bisect['verdict']} at {bisect['culprit']}"
+              f"{'' if bisect['confirmed'] else ' (unconfirmed)'} ({bisect['reruns']} candidate re-runs, {bisect['ops']} ops); "
+              f"{'largest process' if args.isolate else 'peak'} {bisect_peak / 1e9:.1f} GB / plain "
               f"{plain_peak / 1e9:.1f} GB = {row['peak_ratio']:.2f}x (target {TARGET_PEAK}x); time {bisect['seconds']:.0f} s "
               f"/ plain {plain['seconds']:.0f} s = {row['time_ratio']:.1f}x (target {TARGET_TIME}x); run dir "
               f"{bisect['run_dir'] / 1e6:.0f} MB / weights {plain['weights'] / 1e9:.1f} GB = {row['run_dir_ratio']:.3f}; "

@@ -38,21 +38,35 @@ def test_quick_benchmark_runs_and_prints_the_table(tmp_path):
     assert raw.is_file() and raw.stat().st_size > 0
 
 
+def scale(tmp_path, *args: str) -> tuple[list[dict], str]:
+    """`benchmarks/scale.py ARGS` at one layer: its JSON rows and what it printed."""
+    raw = tmp_path / "scale.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--layers", "1", *args, "--json", str(raw)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(raw.read_text()), done.stdout
+
+
 def test_scale_benchmark_finds_the_planted_gelu_in_a_one_layer_ctrl_sized_pair(tmp_path):
     """benchmarks/scale.py at one layer (d_model 1280, d_ff 8192: 27M parameters per side), no op values
     stored: both pairs name the planted exact GELU's layer and print the ratios."""
-    raw = tmp_path / "scale.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--layers", "1", "--value-budget", "0",
-                           "--json", str(raw)], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(raw.read_text())
+    rows, printed = scale(tmp_path, "--value-budget", "0")
     assert [row["pair"] for row in rows] == ["torch vs torch", "torch vs paddle"]
     for row in rows:
         assert row["bisect_verdict"] == "divergent" and row["bisect_confirmed"], row
         assert row["bisect_culprit"].startswith("h.0.mlp"), row
         assert row["peak_ratio"] > 0 and row["time_ratio"] > 0 and 0 < row["run_dir_ratio"] < 1 and row["search_forwards"] > 0
-    assert "peak" in done.stdout and "run dir" in done.stdout and "one forward of both sides" in done.stdout
+    assert "peak" in printed and "run dir" in printed and "one forward of both sides" in printed
 
+
+def test_scale_benchmark_isolates_each_side_in_its_own_process(tmp_path):
+    """`--isolate`: the torch vs paddle pair at one layer, each side in a worker, names the same
+    planted GELU; the largest process holds one side's model, under what plain holds for both."""
+    (row,), printed = scale(tmp_path, "--pairs", "paddle", "--isolate")
+    assert row["isolate"] and row["bisect_verdict"] == "divergent" and row["bisect_confirmed"], row
+    assert row["bisect_culprit"].startswith("h.0.mlp"), row
+    assert row["peak_ratio"] < 1.0, row
+    assert "largest process" in printed
 
 
 def test_scale_benchmark_trains_the_one_layer_pair_as_the_readme_quotes(tmp_path):
@@ -60,11 +74,7 @@ def test_scale_benchmark_trains_the_one_layer_pair_as_the_readme_quotes(tmp_path
     forward; bisectr train's peak stays under 4.5x plain training's (measured 2.8x-3.1x; 5.2x-6.0x when
     every step's gradients, updates and moments were kept as copies)."""
     assert "python benchmarks/scale.py --layers 1 --train 3" in (ROOT / "README.md").read_text().replace("\n", " ")
-    raw = tmp_path / "train.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--layers", "1", "--train", "3",
-                           "--json", str(raw)], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(raw.read_text())
+    rows, _ = scale(tmp_path, "--train", "3")
     assert [row["pair"] for row in rows] == ["torch vs torch", "torch vs paddle"]
     for row in rows:
         assert row["train_verdict"] == "divergent" and row["train_first_step"] == 1 and row["train_stage"] == "forward", row
