@@ -65,6 +65,7 @@ class Analysis:
         self.leaves: dict[int, LeafEvidence] = {}
         self.blocks: dict[int, Block] = {}  # candidate op completing a matched N:M block -> the block
         self._tensor_errors: dict[int, ErrorMetrics | None] = {}
+        self._held: dict[int, tuple[bool, ...]] = {}  # candidate op -> `_values_held` when its evidence was made
 
     @property
     def reference(self) -> Trace:
@@ -74,7 +75,10 @@ class Analysis:
     def candidate(self) -> Trace:
         return self.run.candidate
 
-    def compute(self) -> "Analysis":
+    def compute(self, earlier: Analysis | None = None) -> "Analysis":
+        """Evidence of every paired op and matched block. An `earlier` analysis of the same run hands on
+        the evidence of each op whose tensors have the values they had then (a windowed search fetches
+        values between two analyses: only the ops reading them are replayed again)."""
         equal = {(p.candidate, p.reference) for p in self.alignment.leaves.pairs if p.status == "equal" and p.slots is None}
         for tid, pair in self.alignment.tensors.items():
             info = self.candidate.tensors[tid]
@@ -82,14 +86,33 @@ class Analysis:
                 if (info.leaf, self.reference.tensors[pair.reference].leaf) in equal:  # compared when paired: not read again
                     self._tensor_errors[tid] = EXACT
                 self.leaves[tid] = self._leaf_evidence(pair)
-        for pair in self.alignment.pairs:
-            self.ops[pair.candidate] = self.evidence(pair.candidate, pair.reference)
+        completing: dict[int, int] = {}  # candidate op completing a matched block -> its reference op
         for block in self.alignment.blocks:
-            completing = self._completing_ops(block) if block.matched else None
-            if completing is not None:
-                self.blocks[completing[0]] = block
-                self.ops[completing[0]] = self.evidence(*completing)
+            ops = self._completing_ops(block) if block.matched else None
+            if ops is not None:
+                self.blocks[ops[0]] = block
+                completing[ops[0]] = ops[1]
+        pairs = [(p.candidate, p.reference) for p in self.alignment.pairs if p.candidate not in completing]
+        for cand_index, ref_index in pairs + list(completing.items()):
+            self.ops[cand_index] = self._evidence_since(earlier, cand_index, ref_index)
         return self
+
+    def _evidence_since(self, earlier: Analysis | None, cand_index: int, ref_index: int) -> OpEvidence:
+        held = self._values_held(cand_index, ref_index)
+        self._held[cand_index] = held
+        if earlier is not None and earlier._held.get(cand_index) == held:
+            return earlier.ops[cand_index]
+        return self.evidence(cand_index, ref_index)
+
+    def _values_held(self, cand_index: int, ref_index: int) -> tuple[bool, ...]:
+        """Which tensors an op's (or its block's) evidence reads have values: what it depends on."""
+        cand_ops, ref_ops = self.covered_ops(cand_index, ref_index)
+        compared = self.compared_outputs(cand_index, ref_index)
+        candidate = external_inputs(self.candidate, cand_ops) + [c for c, _ in compared]
+        reference = external_inputs(self.reference, ref_ops) + [r for _, r in compared]
+        partners = [self.alignment.tensors[t].reference for t in candidate if t in self.alignment.tensors]
+        return (tuple(map(self.candidate.has_value, candidate)) + tuple(map(self.reference.has_value, reference))
+                + tuple(map(self.reference.has_value, partners)))
 
     def _completing_ops(self, block: Block) -> tuple[int, int] | None:
         """(candidate op, reference op) of the block whose first outputs are the last pair it hands on."""

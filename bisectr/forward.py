@@ -31,7 +31,7 @@ from .align import Block, settle_layouts
 from .analysis import Analysis, OpEvidence, computing_op
 from .errors import TraceMismatchError
 from .leaves import leaf_causes, reference_values
-from .numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms
+from .numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms, noise_floor
 from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from .runrecord import RunRecord
@@ -128,8 +128,27 @@ class ForwardPass(SearchPass):
         return self.run.candidate_output_error(outputs), self.run.candidate_output_change(outputs)
 
     def likely_entry(self, cuts: list[int]) -> int | None:
-        """The first cut at an op whose own difference the evidence judges semantic."""
-        return next((position for position, cut in enumerate(cuts) if self.analysis.ops[cut].verdict == "different"), None)
+        """The first cut at an op whose own difference the evidence judges semantic; where no op's
+        evidence says so (a run holding its layer outputs only replays none inside the layers), the cut
+        whose propagated error grows most over every cut before it."""
+        judged = next((position for position, cut in enumerate(cuts) if self.analysis.ops[cut].verdict == "different"), None)
+        return judged if judged is not None else self._largest_growth(cuts)
+
+    def _largest_growth(self, cuts: list[int]) -> int | None:
+        """The position of the cut whose error most exceeds every earlier cut's and its dtype's
+        rounding (None: none exceeds both)."""
+        largest, guess, before = 1.0, None, 0.0  # before: the largest error of the cuts so far
+        for position, cut in enumerate(cuts):
+            evidence = self.analysis.ops[cut]
+            error = evidence.output_error.max_rel
+            if math.isnan(error):
+                continue
+            scale = max(before, noise_floor(evidence.dtype))
+            growth = error / scale if scale > 0 else (math.inf if error > 0 else 0.0)
+            if growth > largest:
+                largest, guess = growth, position
+            before = max(before, error)
+        return guess
 
     def evidence_of(self, index: int) -> OpEvidence | None:
         return self.analysis.ops.get(index)
@@ -263,9 +282,9 @@ def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check
     window = window_between(run, partner, low, entry)
     fetch_window(run, sides, window)
     _count(coarse, reruns)
-    analysis = Analysis(run, sides).compute()
+    analysis = Analysis(run, sides).compute(earlier=coarse.analysis)
     if fetch_recurrences(run, sides, analysis, window):
-        analysis = Analysis(run, sides).compute()
+        analysis = Analysis(run, sides).compute(earlier=analysis)
     known = {cut.op: (cut.output_error, cut.moved) for cut in trail if cut.op in (low, entry)}
     return ForwardPass(run, sides, analysis, bounds=(low, entry), known_cuts=known)
 

@@ -6,8 +6,9 @@ and an op's evidence are for its tensors; everything else is here.
    is left of the error is what the ops past k (in the pass's order) still add, and how far its
    outputs moved from the candidate's own is what the ops up to k took out. A binary search finds
    the entry point, the first cut that moves them by a real share of the error, beyond rounding
-   (`numerics.past_entry`), asking first the cut at the first op whose own difference the evidence
-   judges semantic, and the cut before it: where the evidence is right, two re-runs find it. A
+   (`numerics.past_entry`), asking first the cut the pass guesses (`likely_entry`: for the forward,
+   the first op whose own difference the evidence judges semantic, else the cut whose error grows
+   most), and the cut before it: where the guess is right, two re-runs find it. A
    difference made in every layer (a bug in the layer class) is so bracketed at its first layer,
    not where half of the error is gone. The ops between the cut before it and it are the bracket.
 2. **Suspects**, in the pass's order (nearest the entry point first), whose own difference the

@@ -6,7 +6,8 @@ first ops only, and the statistics of every op. Its forward search goes in two s
 1. **Layers.** The unpatched re-run that checks each side reproduces its recording also fetches its
    layer boundaries: the tensors a numbered layer (`h.6`, `encoder.layer.3`) hands to ops outside it,
    and those the model's other ops hand to a layer. The cut search over them (`search.entry_point`)
-   brackets the difference between two boundaries.
+   brackets the difference between two boundaries, asking first the boundary whose error grows most
+   past every earlier one's (no op inside a layer has evidence yet).
 2. **The window.** The op values of the ops between those boundaries, with the whole of each layer
    they touch, are fetched by one more re-run of each side, and so are those of the ops elsewhere
    that may carry the same difference as an op of the window (the same op of the same layer class);

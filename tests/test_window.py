@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import bisectr
+from bisectr.analysis import Analysis
 from bisectr.window import boundaries, fetch_all, layer_of, tensors_of
 from conftest import EXAMPLES, MODELS
 
@@ -108,3 +109,27 @@ def test_the_command_line_takes_a_value_budget():
     assert done.returncode == 1, done.stderr
     result = json.loads(done.stdout)
     assert result["culprit"]["candidate"]["module"] == "layers.7.ffn" and result["confirmation"]["confirmed"]
+
+
+def test_the_layer_search_asks_first_where_the_layer_outputs_error_grows():
+    """transpose_y_stack (48 layers, a tanh GELU in layers.30), no op values stored: the layer outputs'
+    error first grows past rounding at layers.30, and the cut search asks there and the cut before it
+    first: 6 candidate re-runs in all (9 by bisection over the layer outputs alone)."""
+    result = bisectr.trace(MODELS / "transpose_y_stack.py", candidate="candidate_tanh_gelu", value_budget=0).bisect()
+    assert result.verdict == "divergent" and result.confirmation.confirmed
+    assert (result.culprit.candidate.module, result.culprit.op) == ("layers.30", "gelu")
+    assert result.reruns <= 6
+
+
+def test_an_analysis_hands_on_the_evidence_of_ops_whose_values_did_not_change():
+    """tanh_gelu with a budget of a few op outputs: after the rest is fetched, an analysis made with the
+    earlier one reuses the first ops' evidence (their values were at hand both times) and equals an
+    analysis made from scratch."""
+    run = bisectr.trace(EXAMPLES / "tanh_gelu.py", value_budget=20_000)
+    earlier = Analysis(run, run.sides).compute()
+    replayed_before = {index for index, evidence in earlier.ops.items() if evidence.local_error is not None}
+    fetch_all(run, run.sides)
+    later = Analysis(run, run.sides).compute(earlier=earlier)
+    assert replayed_before and all(later.ops[index] is earlier.ops[index] for index in replayed_before)
+    assert sum(evidence.local_error is not None for evidence in later.ops.values()) > 3 * len(replayed_before)
+    assert later.ops == Analysis(run, run.sides).compute().ops
