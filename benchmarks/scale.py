@@ -93,11 +93,11 @@ sides = [build_side(module, sys.argv[1], role, function) for role, function in (
 optimizers = [getattr(module, function + "_optimizer")(side.model) for side, function in zip(sides, ("reference", sys.argv[2]))]
 for step in range(int(sys.argv[3])):
     for side, optimizer in zip(sides, optimizers):
-        optimizer.clear_grad() if hasattr(optimizer, "clear_grad") else optimizer.zero_grad()
+        side.adapter.clear_gradients(optimizer)
         with side.adapter.enable_grad():
             loss = sum(tensor.sum() for _, tensor in output_pairs(side.adapter, side.forward()))
-        loss.backward()
-        optimizer.step()
+        side.adapter.backward(loss)
+        side.adapter.optimizer_step(optimizer, None)
 print(json.dumps({"seconds": time.perf_counter() - start}))
 """
 
