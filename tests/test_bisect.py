@@ -131,4 +131,3 @@ def test_replays_read_parameters_where_the_model_holds_them_and_never_write_them
     for index in (linear.index, norm.index):
         out = trace.ops[index].outputs[0]
         assert abs(replayed[out] - trace.value(out)).max() == 0
-

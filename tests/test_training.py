@@ -1,9 +1,9 @@
 """Training steps (`bisectr train`): both sides trained on real torch and paddle runs, the first
 semantic step, its stage and culprit."""
 import json
-import tracemalloc
 import subprocess
 import sys
+import tracemalloc
 
 import pytest
 
