@@ -45,6 +45,7 @@ CORPUS = [
     Pair("transformer_encoder.py", "candidate_gelu_layer", "layers.1"),
     Pair("hf_gpt2.py", "candidate", None),
     Pair("hf_gpt2.py", "candidate_untransposed", "h.2.attn"),
+    Pair("hf_gpt2.py", "candidate_exact_gelu", "h.0.mlp"),
     Pair("transpose_y_stack.py", "candidate", None),
     Pair("transpose_y_stack.py", "candidate_tanh_gelu", "layers.30"),
     Pair("paddle_conv_bias.py", "candidate", None),

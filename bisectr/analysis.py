@@ -106,13 +106,17 @@ class Analysis:
 
     def _values_held(self, cand_index: int, ref_index: int) -> tuple[bool, ...]:
         """Which tensors an op's (or its block's) evidence reads have values: what it depends on."""
+        candidate, reference = self.evidence_tensors(cand_index, ref_index)
+        return tuple(map(self.candidate.has_value, candidate)) + tuple(map(self.reference.has_value, reference))
+
+    def evidence_tensors(self, cand_index: int, ref_index: int) -> tuple[list[int], list[int]]:
+        """The candidate's and the reference's tensors an op's (or its block's) evidence reads: the
+        external inputs, the compared outputs, and the reference partners of the candidate's."""
         cand_ops, ref_ops = self.covered_ops(cand_index, ref_index)
         compared = self.compared_outputs(cand_index, ref_index)
         candidate = external_inputs(self.candidate, cand_ops) + [c for c, _ in compared]
         reference = external_inputs(self.reference, ref_ops) + [r for _, r in compared]
-        partners = [self.alignment.tensors[t].reference for t in candidate if t in self.alignment.tensors]
-        return (tuple(map(self.candidate.has_value, candidate)) + tuple(map(self.reference.has_value, reference))
-                + tuple(map(self.reference.has_value, partners)))
+        return candidate, reference + [self.alignment.tensors[t].reference for t in candidate if t in self.alignment.tensors]
 
     def _completing_ops(self, block: Block) -> tuple[int, int] | None:
         """(candidate op, reference op) of the block whose first outputs are the last pair it hands on."""
@@ -169,8 +173,10 @@ class Analysis:
         verdict = "exact" if error.max_abs == 0 else ("noise" if error.max_rel <= noise_floor(info.dtype) else "different")
         return LeafEvidence(info.leaf, self.reference.tensors[pair.reference].leaf or "", pair.candidate, error, verdict)
 
-    def evidence(self, cand_index: int, ref_index: int, block: Block | None = None) -> OpEvidence:
-        """Evidence for a pair, or for the block it completes (`block`, or the matched block `cand_index` completes)."""
+    def evidence(self, cand_index: int, ref_index: int, block: Block | None = None, oracle: bool = False) -> OpEvidence:
+        """Evidence for a pair, or for the block it completes (`block`, or the matched block `cand_index` completes).
+        The fp64 oracle is replayed where the local error leaves the verdict open, or for `oracle`: a local
+        error within the dtype's floor is noise whatever the oracle says (`numerics.judge`)."""
         block = block or self.blocks.get(cand_index)
         cand_op = self.candidate.ops[cand_index]
         out_tid = cand_op.outputs[0]
@@ -181,7 +187,7 @@ class Analysis:
         input_errors = [e for e in (self.tensor_error(t) for t in inputs) if e is not None]
         input_abs = max((e.max_abs for e in input_errors), default=0.0)
         input_rel = max((e.max_rel for e in input_errors), default=0.0)
-        local, fp64 = self._replayed_errors(cand_index, ref_index, block)
+        local, fp64 = self._replayed_errors(cand_index, ref_index, block, None if oracle else noise_floor(dtype))
         verdict = "unknown" if local is None else judge(local, fp64 and fp64.candidate_error, fp64 and fp64.reference_error, dtype)
         amplification = _ratio(output_error.max_abs, input_abs)
         name = block_name([self.reference.ops[i].op for i in ref_ops]) if block else cand_op.op
@@ -225,8 +231,15 @@ class Analysis:
                 return False
         return True
 
-    def _replayed_errors(self, cand_index: int, ref_index: int, block: Block | None) -> tuple[float | None, dict | None]:
-        """Local error, and (unless the replay is bit-exact, when it decides nothing) the fp64 evidence."""
+    def with_oracle(self, evidence: OpEvidence) -> OpEvidence:
+        """The evidence with its fp64 oracle replayed where the local error alone decided it (live runs)."""
+        if evidence.fp64 is not None or not evidence.local_error or self.sides is None:
+            return evidence
+        return self.evidence(evidence.candidate, evidence.reference, evidence.block, oracle=True)
+
+    def _replayed_errors(self, cand_index: int, ref_index: int, block: Block | None,
+                         decided_under: float | None) -> tuple[float | None, Float64Evidence | None]:
+        """Local error, and the fp64 evidence unless the local error is 0 (bit-exact) or at most `decided_under`."""
         if self.sides is None:
             return None, None
         ref_ops = self.covered_ops(cand_index, ref_index, block)[1]
@@ -249,7 +262,7 @@ class Analysis:
             return max(error_metrics(values[r], truth[r]).max_rel for _, r in compared)
 
         local = worst(local_out, reference_out)
-        if local == 0.0:
+        if local == 0.0 or (decided_under is not None and local <= decided_under):
             return local, None
         try:
             oracle = self.sides.replay("reference", ref_ops, {}, float64=True)  # on the reference's own inputs

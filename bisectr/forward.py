@@ -418,6 +418,7 @@ def _bracket(run: RunRecord, analysis: Analysis, cuts: list[int], entry: int | N
 
 
 def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culprit:
+    evidence = analysis.with_oracle(evidence)
     cand_op = run.candidate.ops[evidence.candidate]
     different_leaves = [analysis.leaves[t] for t in cand_op.inputs
                         if t in analysis.leaves and analysis.leaves[t].verdict == "different"]

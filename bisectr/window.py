@@ -110,9 +110,10 @@ def fetch_window(run: RunRecord, sides: Sides, window: dict[str, list[int]]) -> 
 
 
 def fetch_recurrences(run: RunRecord, sides: Sides, analysis: Analysis, window: dict[str, list[int]]) -> bool:
-    """Fetch the values of every op outside the window that may carry the same difference as an op
-    of the window judged different: the same op from the same place (`search.same_place`), so that
-    a difference in every layer is found in every layer. Were any fetched?"""
+    """Fetch what the evidence reads (`Analysis.evidence_tensors`) of every op outside the window that
+    may carry the same difference as an op of the window judged different: the same op from the same
+    place (`search.same_place`), so that a difference in every layer is found in every layer. Were
+    any fetched?"""
     inside = set(window["candidate"])
     different = [e for e in analysis.ops.values() if e.candidate in inside and e.verdict == "different"]
     wanted: dict[str, set[int]] = {role: set() for role in SIDES}
@@ -121,9 +122,8 @@ def fetch_recurrences(run: RunRecord, sides: Sides, analysis: Analysis, window: 
             continue
         op = run.candidate.ops[evidence.candidate]
         if any(evidence.op == d.op and same_place(op, run.candidate.ops[d.candidate]) for d in different):
-            candidate_ops, reference_ops = analysis.covered_ops(evidence.candidate, evidence.reference)
-            wanted["candidate"] |= tensors_of(run.candidate, candidate_ops)
-            wanted["reference"] |= tensors_of(run.reference, reference_ops)
+            for role, tids in zip(("candidate", "reference"), analysis.evidence_tensors(evidence.candidate, evidence.reference)):
+                wanted[role].update(tid for tid in tids if run.traces[role].tensors[tid].producer is not None)
     return fetch_values(run, sides, wanted)
 
 

@@ -9,6 +9,8 @@ import sys
 import pytest
 
 import bisectr
+from bisectr.analysis import Analysis
+from bisectr.numerics import noise_floor
 
 from conftest import MODELS, assert_verdict_contract, line_of
 
@@ -87,5 +89,23 @@ def test_the_third_party_corpus_benchmark_holds_on_every_pair(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(rows_file.read_text())
-    assert len(rows) == 14 and all(r["right"] and r["coverage"] >= 0.9 for r in rows)
+    assert len(rows) == 15 and all(r["right"] and r["coverage"] >= 0.9 for r in rows)
     assert all(r["confirmed"] for r in rows if r["verdict"] == "divergent")
+
+
+@pytest.mark.parametrize("candidate, verdict", [("candidate", "noise"), ("candidate_bn_eps", "divergent")])
+def test_an_op_within_its_dtypes_floor_is_noise_without_its_oracle_and_the_culprit_shows_it(candidate, verdict):
+    """paddle.vision's ResNet against a torch port: an op whose local error is within its dtype's floor
+    is noise whatever the fp64 oracle says (`numerics.judge`), so the oracle is not replayed for it;
+    replayed, it gives each such op the same verdict. The culprit, a noise culprit too, shows its oracle."""
+    run = bisectr.trace(MODELS / "paddle_resnet.py", candidate=candidate)
+    analysis = Analysis(run, run.sides).compute()
+    decided = [e for e in analysis.ops.values() if e.local_error and e.fp64 is None]
+    assert len(decided) >= 20
+    for evidence in decided:
+        assert evidence.local_error <= noise_floor(evidence.dtype) and evidence.verdict == "noise"
+        replayed = analysis.evidence(evidence.candidate, evidence.reference, evidence.block, oracle=True)
+        assert replayed.fp64 is not None and replayed.verdict == "noise"
+    result = run.bisect()
+    assert result.verdict == verdict and result.culprit.op == "batch_norm"
+    assert result.culprit.fp64 is not None and result.culprit.fp64.reference_error > 0

@@ -1,6 +1,7 @@
 """The hierarchical search (`bisectr.window`): a run that stored no op values (`value_budget=0`, what a
 big model gets past the budget) is searched on layer outputs first, then on the ops of the layers where
 the difference enters, and names what a fully stored run names."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -13,25 +14,23 @@ from bisectr.analysis import Analysis
 from bisectr.window import boundaries, fetch_all, layer_of, tensors_of
 from conftest import EXAMPLES, MODELS
 
-# (model file, candidate function, --backward): examples and third-party pairs of every kind of
-# finding: one op, a leaf, a block, a difference in every layer, rounding, a backward culprit.
-PAIRS = [
-    (EXAMPLES / "tanh_gelu.py", "candidate", False),
-    (EXAMPLES / "wrong_eps.py", "candidate", False),
-    (EXAMPLES / "untransposed_weight.py", "candidate", False),
-    (EXAMPLES / "correct_port.py", "candidate", False),
-    (EXAMPLES / "span_head.py", "candidate", False),
-    (EXAMPLES / "paddle_vs_torch.py", "candidate", False),
-    (EXAMPLES / "cube_root_fp64.py", "candidate", False),
-    (MODELS / "hf_llama_activation.py", "candidate_gelu_layer", False),
+
+def _corpus() -> list:
+    """benchmarks/corpus.py's pairs (its dataclass needs the module registered while it loads)."""
+    spec = importlib.util.spec_from_file_location("benchmarks_corpus", EXAMPLES.parent / "benchmarks" / "corpus.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CORPUS
+
+
+# (model file, candidate function, --backward): every example (but hf_llama.py, which needs
+# PaddleFormers) and every pair of benchmarks/corpus.py, then pairs of the kinds of finding those
+# lack: a leaf, a difference in every layer, another theta, a backward culprit.
+PAIRS = [(path, "candidate", False) for path in sorted(EXAMPLES.glob("[!_]*.py")) if path.name != "hf_llama.py"] + \
+    [(MODELS / pair.model, pair.candidate, False) for pair in _corpus()] + [
     (MODELS / "hf_llama_shared.py", "candidate_mlp_act", False),
     (MODELS / "hf_llama_weights.py", "candidate_rope_theta", False),
-    (MODELS / "torch_mha.py", "candidate_wrong_scale", False),
-    (MODELS / "paddle_resnet.py", "candidate_bn_eps", False),
-    (MODELS / "transformer_encoder.py", "candidate_gelu_layer", False),
     (MODELS / "paddle_shared_block.py", "candidate_block_bug", False),
-    (MODELS / "hf_gpt2.py", "candidate_untransposed", False),
-    (MODELS / "transpose_y_stack.py", "candidate_tanh_gelu", False),
     (MODELS / "backward_ports.py", "candidate_pylayer", True),
 ]
 
@@ -133,3 +132,26 @@ def test_an_analysis_hands_on_the_evidence_of_ops_whose_values_did_not_change():
     assert replayed_before and all(later.ops[index] is earlier.ops[index] for index in replayed_before)
     assert sum(evidence.local_error is not None for evidence in later.ops.values()) > 3 * len(replayed_before)
     assert later.ops == Analysis(run, run.sides).compute().ops
+
+
+def test_the_other_layers_give_only_what_their_occurrences_evidence_reads():
+    """hf_gpt2 against a port leaving `F.gelu` exact in every layer: the difference is a block (the
+    MLP, against HF's tanh formula written out), found in h.0 and recurring in h.1 and h.2. Beyond the
+    layer outputs and the window (the ops up to h.0's last), each side fetches for h.1 and h.2 the tensors their evidence reads (each
+    block's inputs and the outputs compared), none of the tensors made inside the blocks."""
+    run = bisectr.trace(MODELS / "hf_gpt2.py", candidate="candidate_exact_gelu", value_budget=0)
+    result = run.bisect()
+    assert result.verdict == "divergent" and result.confirmation.confirmed and result.culprit.block is not None
+    assert [r.module for r in result.recurrences] == [f"h.{i}.mlp.c_proj" for i in range(3)]
+    analysis = Analysis(run, run.sides).compute()
+    occurrences = [analysis.ops[r.index] for r in result.recurrences[1:]]
+    inside = 0
+    for role, side in zip(("candidate", "reference"), (0, 1)):
+        trace = run.traces[role]
+        read = set().union(*(analysis.evidence_tensors(e.candidate, e.reference)[side] for e in occurrences))
+        made = set().union(*(tensors_of(trace, analysis.covered_ops(e.candidate, e.reference)[side]) for e in occurrences))
+        window = tensors_of(trace, range(max(op.index for op in trace.ops if layer_of(op.module) == "h.0") + 1))
+        fetched = set(trace.fetched) - boundaries(trace) - window
+        assert fetched and fetched <= read and not (made - read) & fetched
+        inside += len(made - read)
+    assert inside >= 2 * 10  # the reference's tanh formula: ten tensors and more in each of h.1 and h.2

@@ -350,7 +350,7 @@ class RunData:
         row = self.by_index[index]
         if not self.run.is_live or row.reference is None:
             return None
-        evidence = self.analysis.evidence(index, row.reference)
+        evidence = self.analysis.evidence(index, row.reference, oracle=True)
         return ShownEvidence(evidence.local_error, evidence.fp64, evidence.verdict, evidence.input_error,
                              evidence.output_error.max_abs, evidence.amplification)
 

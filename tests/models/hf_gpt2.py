@@ -9,12 +9,17 @@ names (`wte`, `wpe`, `h.N.ln_1`, `h.N.attn.{q_proj,k_proj,v_proj,c_proj}`, `h.N.
 attention by `F.scaled_dot_product_attention(is_causal=True)`, GELU by `F.gelu(approximate="tanh")`
 (HF's "gelu_new" writes the tanh formula out). `candidate_untransposed()` copies the weight of
 `h.2.attn.c_proj` (square 64x64) without the transpose (line marked `# @untransposed`).
+`candidate_exact_gelu()` leaves `F.gelu` at its default, the exact GELU, in every layer's MLP (line
+marked `# @gelu`): a framework default, in a class every layer uses.
 
 Measured here: outputs (magnitude 2.9) differ by 6.0e-07 (2.1e-07 relative); with
-`candidate_untransposed()`, by 0.42 (1.5e-01 relative).
+`candidate_untransposed()`, by 0.42 (1.5e-01 relative); with `candidate_exact_gelu()`, by 9.1e-06
+(3.7e-06 relative, some 20x the rounding).
 
 bisectr should conclude: `noise` for `candidate()`; `divergent` for `candidate_untransposed()`, culprit
-the `linear` of `h.2.attn.c_proj` (or its weight, the leaf `h.2.attn.c_proj.weight`).
+the `linear` of `h.2.attn.c_proj` (or its weight, the leaf `h.2.attn.c_proj.weight`); `divergent` for
+`candidate_exact_gelu()`, culprit the GELU of `h.0.mlp` (against HF's tanh formula written out: a block),
+recurring in `h.1.mlp` and `h.2.mlp`.
 """
 import os
 import sys
@@ -43,7 +48,7 @@ def reference():
     return _gpt2(), {"input_ids": torch.from_numpy(_inputs()), "use_cache": False}
 
 
-def _port():
+def _port(gelu: str = "tanh"):
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -68,7 +73,7 @@ def _port():
             self.c_fc, self.c_proj = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
 
         def forward(self, x):
-            return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+            return self.c_proj(F.gelu(self.c_fc(x), approximate=gelu))  # @gelu
 
     class Block(nn.Module):
         def __init__(self):
@@ -95,7 +100,7 @@ def _port():
     return GPT2()
 
 
-def candidate(untransposed: str | None = None):
+def candidate(untransposed: str | None = None, gelu: str = "tanh"):
     import torch
 
     state = {}
@@ -112,7 +117,7 @@ def candidate(untransposed: str | None = None):
             state[name] = value.T
         else:
             state[name] = value
-    model = _port()
+    model = _port(gelu)
     model.load_state_dict(state)  # strict: every name and shape must fit
     return model.eval(), {"input_ids": torch.from_numpy(_inputs())}
 
@@ -120,3 +125,8 @@ def candidate(untransposed: str | None = None):
 def candidate_untransposed():
     """The port with block 2's attention output projection copied without the transpose."""
     return candidate(untransposed="h.2.attn.c_proj.weight")
+
+
+def candidate_exact_gelu():
+    """The port with `F.gelu`'s default, the exact GELU, in every layer's MLP."""
+    return candidate(gelu="none")
