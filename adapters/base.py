@@ -279,9 +279,15 @@ class Autograd(ABC):
         itself is left as it is: its recording refers to its tensors). Raises `CannotUpcast`."""
         raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
 
-    def float64_tensor(self, tensor: Any) -> Any:
-        """A float64 copy of a floating tensor."""
+    def float64_tensor(self, tensor: Any, into: Any = None) -> Any:
+        """A float64 copy of a floating tensor, cast into `into` where the framework can (a float64
+        tensor of its shape on its device that nothing reads any more) and returned: a new large
+        tensor costs the operating system's fresh pages, often more than the cast."""
         raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
+
+    @abstractmethod
+    def data_address(self, tensor: Any) -> int:
+        """The address of the tensor's first element: a view's lies inside the memory of what it views."""
 
     def narrowing_dtypes(self) -> tuple[tuple[Any, ...], Any]:
         """(its dtype objects below float64: float32, float16, bfloat16; its float64), for `float64_call`."""

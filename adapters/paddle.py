@@ -402,8 +402,15 @@ class PaddleAdapter(Adapter):
         upcast.to(dtype="float64")
         return upcast
 
-    def float64_tensor(self, tensor: Any) -> Any:
-        return tensor.detach().astype("float64")
+    def float64_tensor(self, tensor: Any, into: Any = None) -> Any:
+        # paddle casts only into new tensors: numpy casts into host memory both share (not bfloat16's)
+        if into is None or not tensor.place.is_cpu_place() or self.dtype_name(tensor) == "bfloat16":
+            return tensor.detach().astype("float64")
+        np.copyto(np.from_dlpack(into), np.from_dlpack(tensor.detach()))
+        return into
+
+    def data_address(self, tensor: Any) -> int:
+        return tensor.data_ptr()
 
     def narrowing_dtypes(self) -> tuple[tuple[Any, ...], Any]:
         # Every cast and dtype argument reaches `_C_ops` as a DataType (`astype("float32")` included).

@@ -149,8 +149,11 @@ class TorchAdapter(Adapter):
             raise CannotUpcast("it is a plain function, whose tensors bisectr cannot reach")
         return copy.deepcopy(model).double()
 
-    def float64_tensor(self, tensor: Any) -> Any:
-        return tensor.detach().double()
+    def float64_tensor(self, tensor: Any, into: Any = None) -> Any:
+        return tensor.detach().double() if into is None else into.copy_(tensor.detach())
+
+    def data_address(self, tensor: Any) -> int:
+        return tensor.data_ptr()
 
     def narrowing_dtypes(self) -> tuple[tuple[Any, ...], Any]:
         torch = _torch()

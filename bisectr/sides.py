@@ -18,8 +18,8 @@ import numpy as np
 
 from .adapters import Adapter, CannotUpcast
 from .errors import ModelFileError, UserModelError
-from .interpreter import (Float64Interpreter, Gradients, Recording, RerunResult, UnfaithfulReplay, ValuesInterpreter,
-                          VJPInterpreter, count_narrow, float64_copy, rerun_recorded)
+from .interpreter import (Float64Copies, Float64Interpreter, Gradients, Recording, RerunResult, UnfaithfulReplay,
+                          ValuesInterpreter, VJPInterpreter, count_narrow, rerun_recorded)
 from .modelfile import BuiltSide, run_user_code
 from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, output_pairs
 from .store import TensorWriter
@@ -295,7 +295,7 @@ class Float64Run:
 class Float64Listener:
     """Runs the model's own code in float64 with no float64 copy of the model: an op reading a
     floating parameter or buffer reads a float64 copy made for it (of `leaf_values[name]` where
-    given, leaf name -> values), and freed after it; its casts below float64 stay at float64
+    given, `Float64Copies`), released after it; its casts below float64 stay at float64
     (`Adapter.float64_call`). Counts the ops whose floating outputs still come out lower. With
     `gradients` each leaf's copy is made once and kept in `upcast` (a parameter's a leaf
     requiring a gradient, the parameter's own float64 gradient)."""
@@ -303,7 +303,7 @@ class Float64Listener:
     def __init__(self, adapter: Adapter, model: Any, leaf_values: dict[str, np.ndarray], gradients: bool = False):
         self.adapter = adapter
         self.leaves = {id(t): (name, t) for name, t in adapter.named_leaves(model) if is_floating(adapter.dtype_name(t))}
-        self.leaf_values = leaf_values
+        self.copies = Float64Copies(adapter, leaf_values)
         self.gradients = gradients
         self.upcast: dict[str, Any] = {}  # leaf name -> its float64 copy, with `gradients`
         self.modules: list[str] = []
@@ -317,8 +317,12 @@ class Float64Listener:
         args = map_tensors(args, self._is_model_leaf, self._float64)
         kwargs = map_tensors(kwargs, self._is_model_leaf, self._float64)
         result = fn(*args, **kwargs)
-        count_narrow(self.narrow, self.adapter, name, self.modules[-1] if self.modules else "",
-                     iter_tensors(result, self.adapter.is_tensor))
+        outputs = iter_tensors(result, self.adapter.is_tensor)
+        count_narrow(self.narrow, self.adapter, name, self.modules[-1] if self.modules else "", outputs)
+        if not self.gradients:
+            self.copies.note_outputs(outputs)
+            for tensor in iter_tensors((args, kwargs), self.adapter.is_tensor):
+                self.copies.release(tensor)
         return result
 
     def enter_module(self, path: str) -> None:
@@ -339,10 +343,9 @@ class Float64Listener:
         name = self.leaves[id(tensor)][0]
         if name in self.upcast:
             return self.upcast[name]
-        values = self.leaf_values.get(name)
         self._upcasting = True
         try:
-            copy = float64_copy(adapter, tensor, values)
+            copy = self.copies.make(tensor, name)
             if self.gradients and name.startswith("param:") and adapter.requires_grad(tensor):
                 copy = adapter.gradient_leaf(copy)
         finally:

@@ -1,6 +1,7 @@
 """The conformance test every framework adapter passes (each registered adapter whose framework
-imports here): values in and out, in-place versions, interception of a function of tensors with
-a recording and a patched re-run through the core, gradients, and the tables the core reads.
+imports here): values in and out, in-place versions, float64 copies and memory addresses,
+interception of a function of tensors with a recording and a patched re-run through the core,
+gradients, and the tables the core reads.
 Everything is written with the adapter's own primitives and tensor operators, so a new framework
 is tested by adding its module to `adapters/`."""
 import importlib.util
@@ -51,6 +52,19 @@ def test_assign_writes_in_place_and_moves_the_version(adapter):
     before = adapter.version(tensor)
     adapter.assign(tensor, values(2, 3, seed=1))
     assert np.array_equal(adapter.to_numpy(tensor), values(2, 3, seed=1)) and adapter.version(tensor) != before
+
+
+def test_a_float64_copy_is_cast_into_a_given_tensor_and_a_view_lies_inside_its_memory(adapter):
+    for dtype in ("float32", "float16", "bfloat16"):
+        tensor = adapter.from_numpy(values(5, 8), dtype, "cpu")
+        into = adapter.float64_tensor(adapter.from_numpy(values(5, 8, seed=1), dtype, "cpu"))
+        copy = adapter.float64_tensor(tensor, into)
+        assert adapter.dtype_name(copy) == "float64"
+        assert np.array_equal(adapter.to_numpy(copy), adapter.to_numpy(adapter.float64_tensor(tensor)))
+        if dtype == "float32":  # the framework casts into it (bfloat16 may take a new tensor)
+            assert adapter.data_address(copy) == adapter.data_address(into)
+    start = adapter.data_address(into)
+    assert start < adapter.data_address(into[2:]) < start + 5 * 8 * 8 and adapter.data_address(into[:1]) == start
 
 
 def test_reductions_describe_a_tensor_as_its_host_values_do(adapter):
