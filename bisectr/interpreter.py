@@ -377,7 +377,7 @@ class Float64Copies:
         self.adapter = adapter
         self.leaf_values = leaf_values
         self.reusable: dict[int, tuple[Any, tuple, range]] = {}  # id(copy) -> (copy, its key, its addresses), of live copies
-        self.kept: OrderedDict[int, tuple[Any, tuple]] = OrderedDict()  # id(copy) -> (copy, its key), released in this order
+        self.kept: OrderedDict[int, tuple[Any, tuple, int]] = OrderedDict()  # id(copy) -> (copy, its key, its bytes), released in this order
         self.kept_by_key: dict[tuple, deque[int]] = {}  # (shape, device) -> ids of kept copies, oldest first
         self.kept_bytes = self.largest = 0
 
@@ -412,7 +412,7 @@ class Float64Copies:
         if entry is None:
             return
         _, key, addresses = entry
-        self.kept[id(tensor)] = (tensor, key)
+        self.kept[id(tensor)] = (tensor, key, len(addresses))
         self.kept_by_key.setdefault(key, deque()).append(id(tensor))
         self.kept_bytes += len(addresses)
         while self.kept_bytes > self.KEPT_LARGEST * self.largest:
@@ -422,8 +422,8 @@ class Float64Copies:
 
     def _take(self, copy_id: int) -> Any:
         """Remove a kept copy (already out of `kept_by_key`) and give it."""
-        copy, key = self.kept.pop(copy_id)
-        self.kept_bytes -= 8 * math.prod(key[0])
+        copy, _, size = self.kept.pop(copy_id)
+        self.kept_bytes -= size
         return copy
 
 

@@ -77,7 +77,7 @@ def test_the_released_float64_copies_kept_hold_at_most_four_times_the_largest():
         addresses[rows] = adapter.data_address(copy)
         copies.release(copy)
         assert copies.kept_bytes <= 4 * copies.largest == 4 * rows * 64 * 8
-    assert [key[0] for _, key in copies.kept.values()] == [(17, 64), (18, 64), (19, 64), (20, 64)]  # the oldest dropped
+    assert [key[0] for _, key, _ in copies.kept.values()] == [(17, 64), (18, 64), (19, 64), (20, 64)]  # the oldest dropped
     again = copies.make(torch.full((20, 64), 7.0), "param:again")  # a kept shape: cast into its memory
     assert adapter.data_address(again) == addresses[20] and bool((again == 7.0).all())
 

@@ -137,8 +137,9 @@ def test_an_analysis_hands_on_the_evidence_of_ops_whose_values_did_not_change():
 def test_the_other_layers_give_only_what_their_occurrences_evidence_reads():
     """hf_gpt2 against a port leaving `F.gelu` exact in every layer: the difference is a block (the
     MLP, against HF's tanh formula written out), found in h.0 and recurring in h.1 and h.2. Beyond the
-    layer outputs and the window (the ops up to h.0's last), each side fetches for h.1 and h.2 the tensors their evidence reads (each
-    block's inputs and the outputs compared), none of the tensors made inside the blocks."""
+    layer outputs and the window (the ops up to h.0's last), each side fetches for h.1 and h.2 the
+    tensors their evidence reads (each block's inputs and the outputs compared), none of the tensors
+    made inside the blocks."""
     run = bisectr.trace(MODELS / "hf_gpt2.py", candidate="candidate_exact_gelu", value_budget=0)
     result = run.bisect()
     assert result.verdict == "divergent" and result.confirmation.confirmed and result.culprit.block is not None
@@ -146,7 +147,7 @@ def test_the_other_layers_give_only_what_their_occurrences_evidence_reads():
     analysis = Analysis(run, run.sides).compute()
     occurrences = [analysis.ops[r.index] for r in result.recurrences[1:]]
     inside = 0
-    for role, side in zip(("candidate", "reference"), (0, 1)):
+    for side, role in enumerate(("candidate", "reference")):  # the order of `evidence_tensors`, `covered_ops`
         trace = run.traces[role]
         read = set().union(*(analysis.evidence_tensors(e.candidate, e.reference)[side] for e in occurrences))
         made = set().union(*(tensors_of(trace, analysis.covered_ops(e.candidate, e.reference)[side]) for e in occurrences))
