@@ -13,6 +13,7 @@ wrapper hands the outermost call to the listener and lets every nested call
 from __future__ import annotations
 
 import copy
+import ctypes
 import math
 import os
 import re
@@ -328,8 +329,12 @@ class PaddleAdapter(Adapter):
         finally:
             _state.depth -= 1
 
+    def unreadable(self, tensor: Any) -> str | None:
+        return "a distributed paddle Tensor (auto parallel)" if tensor.is_dist() else None
+
     def on_host(self, tensor: Any) -> bool:
-        return tensor.place.is_cpu_place()
+        # An uninitialised tensor (an RNN's unused dropout state) holds no memory anywhere: numpy reads it as empty.
+        return tensor.place.is_cpu_place() or not tensor._is_initialized()
 
     def reductions(self, tensor: Any, positions: np.ndarray) -> Reductions:
         paddle = _paddle()
@@ -406,7 +411,7 @@ class PaddleAdapter(Adapter):
         # paddle casts only into new tensors: numpy casts into host memory both share (not bfloat16's)
         if into is None or not tensor.place.is_cpu_place() or self.dtype_name(tensor) == "bfloat16":
             return tensor.detach().astype("float64")
-        np.copyto(np.from_dlpack(into), np.from_dlpack(tensor.detach()))
+        np.copyto(_float64_memory(into), np.from_dlpack(tensor.detach()))
         return into
 
     def data_address(self, tensor: Any) -> int:
@@ -538,6 +543,14 @@ class PaddleAdapter(Adapter):
                 del paddle.autograd.PyLayer.apply
             for owner, attr, original in reversed(installed):
                 setattr(owner, attr, original)
+
+
+def _float64_memory(tensor: Any) -> np.ndarray:
+    """A writable numpy array over a float64 host tensor's memory (numpy before 2.0 makes DLPack
+    arrays read-only)."""
+    size = math.prod(tensor.shape)
+    memory = (ctypes.c_double * size).from_address(tensor.data_ptr())
+    return np.frombuffer(memory, np.float64, size).reshape(tensor.shape)
 
 
 def patch_counts() -> dict[str, int]:

@@ -142,11 +142,10 @@ def copy_weights(source: Source, destination: Any, name_map: NameMap | None = No
     if unknown:
         raise ValueError(f"transpose_overrides names no copied weight: {', '.join(unknown)}")
 
+    filled = set()  # ids of the destination tensors copied into
     for name, dst in dst_entries.items():
         src = pairs.get(name)
         if src is None:
-            if dst.statistic != _BATCH_COUNT:
-                report.extra.append(name)
             continue
         transpose = src.layout is not None and dst.layout is not None and src.layout != dst.layout
         override = overrides.get(name, overrides.get(src.name))
@@ -164,9 +163,13 @@ def copy_weights(source: Source, destination: Any, name_map: NameMap | None = No
             report.mis_shaped.append((name, tuple(value.shape), tuple(_shape(dst.tensor))))
             continue
         dst_adapter.assign(dst.tensor, np.ascontiguousarray(value))
+        filled.add(id(dst.tensor))
         report.copied.append(name)
         if transpose:
             report.transposed.append(name)
+    # An entry under a second name of a tensor copied into (paddle's RNN cells' `0.cell.weight_ih` is its `weight_ih_l0`) is filled.
+    report.extra = [name for name, dst in dst_entries.items()
+                    if name not in pairs and dst.statistic != _BATCH_COUNT and id(dst.tensor) not in filled]
     return report
 
 
