@@ -152,6 +152,11 @@ class Tensors(ABC):
     def to_numpy(self, tensor: Any) -> np.ndarray:
         """A host copy of the values (bfloat16 widened to float32)."""
 
+    def unreadable(self, tensor: Any) -> str | None:
+        """What the tensor is, where bisectr cannot read its values as one array (a tensor subclass that
+        holds them elsewhere, such as a DTensor); None for a tensor it reads."""
+        return None
+
     def on_host(self, tensor: Any) -> bool:
         """Does the tensor live in host memory, where `to_numpy` reads it without a copy? If not, a
         recording describes it with `reductions`, computed where it lives."""

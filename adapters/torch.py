@@ -80,6 +80,12 @@ class TorchAdapter(Adapter):
             tensor = tensor.resolve_conj()
         return tensor.cpu().numpy()
 
+    def unreadable(self, tensor: Any) -> str | None:
+        kind = type(tensor)
+        if kind.__torch_dispatch__ is _torch().Tensor.__torch_dispatch__:  # plain tensors, parameters, subclasses of theirs
+            return None
+        return f"{kind.__module__}.{kind.__qualname__} (a tensor subclass)"
+
     def on_host(self, tensor: Any) -> bool:
         return tensor.is_cpu
 

@@ -1,4 +1,4 @@
-"""Errors bisectr reports to the user as a message and exit status 2."""
+"""Errors bisectr reports to the user as a message and exit status 2 (and `InterceptionFailure`, its own: 3)."""
 from __future__ import annotations
 
 
@@ -32,3 +32,15 @@ class OutputMismatchError(BisectrError):
 
 class RunWriteError(RunDirError):
     """Writing a run failed (disk full, I/O error, permissions): nothing of it was saved."""
+
+
+class UnreadableTensorError(BisectrError):
+    """A side's model made a tensor of a class bisectr cannot read (a tensor subclass such as DTensor)."""
+
+
+class UnrecordedOutputError(BisectrError):
+    """A side's outputs were not computed by ops bisectr recorded (another process, a file, numpy)."""
+
+
+class InterceptionFailure(RuntimeError):
+    """The model runs on its own but fails under bisectr's interception: bisectr's failure (exit 3), not the user's."""

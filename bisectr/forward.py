@@ -23,6 +23,7 @@ for the search itself).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -254,8 +255,15 @@ def _search(run: RunRecord, sides: Sides, tolerance: float, exhaustive: bool, sa
     outcome = search_pass(search, full_error, float64, nonfinite is not None, say, exhaustive)
     finding = outcome.finding
     culprit_evidence = finding.evidence
+    unexplained = ""
     if outcome.verdict == "noise":
-        culprit_evidence = _most_amplifying(search, analysis, full_error, outcome.entry)
+        culprit_evidence = _most_amplifying(search, analysis, full_error)
+        if culprit_evidence is None and float64.status != "agree":  # noise only where rounding explains the error
+            outcome = replace(outcome, verdict="divergent", bracketed=True)
+            unexplained = (f"rounding does not explain the outputs' error: the float64 check did not run ({float64.reason}) "
+                           "and no op's own rounding reaches the outputs")
+        elif culprit_evidence is None:
+            culprit_evidence = analysis.ops.get(outcome.entry)
     culprit = _culprit(run, analysis, culprit_evidence) if culprit_evidence else None
     if nonfinite is not None and culprit is None:  # NaN/Inf that the reference lacks are not rounding
         culprit = nonfinite_culprit(run, nonfinite)
@@ -264,7 +272,8 @@ def _search(run: RunRecord, sides: Sides, tolerance: float, exhaustive: bool, sa
                   recurrences=recurrences(run, finding, full_error), confirmation=finding.confirmation,
                   not_blamed=finding.not_blamed, cuts=outcome.trail, reference_reruns=reruns["reference"],
                   nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None, fp64_check=float64,
-                  bracket=_bracket(run, analysis, outcome.cuts, outcome.entry) if outcome.bracketed else None, profile=profile,
+                  bracket=_bracket(run, analysis, outcome.cuts, outcome.entry, unexplained) if outcome.bracketed else None,
+                  profile=profile,
                   leaves=leaves)
 
 
@@ -380,7 +389,7 @@ def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[O
     return patches
 
 
-def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float, entry: int | None) -> OpEvidence | None:
+def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float) -> OpEvidence | None:
     """The op amplifying rounding the most (its output's absolute error the largest multiple of
     its inputs') among those whose output carries a real share of the outputs' error and whose
     own rounding reaches the outputs. An op whose kernels agree bitwise (exact) has no rounding of
@@ -401,20 +410,21 @@ def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float,
     for evidence in candidates[:MAX_REACH_TESTS]:
         if evidence.verdict == "exact" or search.reach([evidence]) >= NOISE_REACH_FRACTION * full_error:
             return evidence
-    return analysis.ops.get(entry) if entry is not None else None
+    return None
 
 
-def _bracket(run: RunRecord, analysis: Analysis, cuts: list[int], entry: int | None) -> Bracket:
+def _bracket(run: RunRecord, analysis: Analysis, cuts: list[int], entry: int | None, why: str = "") -> Bracket:
     """Where an unconfirmed difference enters: the cut before the entry point and the entry point,
     and the ops from one to the other (with the entry region's), on both sides. Without an entry
-    point: everything after the last cut."""
+    point: everything after the last cut. `why`: why the difference is not taken for rounding, where
+    no op's evidence says it."""
     low = cut_before(cuts, entry)
     ref_low = analysis.ops[low].reference if low is not None else -1
     cand_high, ref_high = (entry, analysis.ops[entry].reference) if entry is not None else \
         (len(run.candidate.ops) - 1, len(run.reference.ops) - 1)
     region = entry_region(analysis, entry)
     return bracket(run, list(range((low if low is not None else -1) + 1, cand_high + 1)) + (region.candidate if region else []),
-                   list(range(ref_low + 1, ref_high + 1)) + (region.reference if region else []), low, entry)
+                   list(range(ref_low + 1, ref_high + 1)) + (region.reference if region else []), low, entry, why)
 
 
 def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culprit:

@@ -18,7 +18,7 @@ import numpy as np
 
 from .adapters import Adapter
 from .adapters.base import API, CALLER
-from .errors import TraceMismatchError
+from .errors import TraceMismatchError, UnreadableTensorError
 from .interpreter import Call, Patches, Recording, RerunResult, Slot, run_op
 from .ops import canonical_op
 from .store import TensorWriter
@@ -101,15 +101,7 @@ def depends_on_floating(trace: Trace, tid: int) -> bool:
     """Is tensor `tid` floating, or made from a floating tensor? A value read from one that is not (a
     mask made from integer positions) reads the same in every re-run: patches and float64 runs
     change floating values only."""
-    pending, seen = [tid], set()
-    while pending:
-        info = trace.tensors[pending.pop()]
-        if is_floating(info.dtype):
-            return True
-        if info.producer is not None:
-            pending.extend(t for t in trace.ops[info.producer].inputs if t not in seen)
-            seen.update(trace.ops[info.producer].inputs)
-    return False
+    return trace.reaches(tid, lambda info: is_floating(info.dtype))
 
 
 class Recorder(_Session):
@@ -147,6 +139,8 @@ class Recorder(_Session):
         self.op_count += 1
         module = self.modules[-1] if self.modules else ""
         keep = self._keeps(module)
+        for tensor in produced:
+            self._refuse_unreadable(tensor, f"op {index} ({name}) returned")
         output_tids = [self._record_tensor(tensor, index, None, keep) for tensor in produced]
         source, library = self._source()
         self.trace.ops.append(OpNode(index, name, canonical_op(name), module, source,
@@ -160,8 +154,15 @@ class Recorder(_Session):
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         self.recording.leaves[tid] = (tensor, self.adapter.version(tensor))
         leaf = self.leaf_name(tensor)
+        self._refuse_unreadable(tensor, f"its {leaf.partition(':')[0]} {leaf.partition(':')[2]!r} is")
         # Parameters and buffers stay in the model (read live, see `Trace.leaf_reader`): a run keeps their statistics.
         self._describe(tid, tensor, producer=None, leaf=leaf, store=self.options.store_values and not is_model_leaf(leaf))
+
+    def _refuse_unreadable(self, tensor: Any, what: str) -> None:
+        unreadable = self.adapter.unreadable(tensor)
+        if unreadable is not None:
+            raise UnreadableTensorError(f"{what} a {unreadable}, whose values bisectr cannot read as one array; give "
+                                        "the side plain tensors (a DTensor's `.full_tensor()`, or the model unsharded)")
 
     def adopt_root(self, module: Any, prefix: str) -> None:
         for name, tensor in self.adapter.named_leaves(module):

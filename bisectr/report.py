@@ -271,7 +271,8 @@ def bracket_lines(bracket: Bracket) -> list[str]:
     """Where an unconfirmed difference enters: the cuts around it and the ops between, both sides."""
     low = "the start" if bracket.low is None else f"candidate op {bracket.low}"
     high = "the end" if bracket.high is None else f"op {bracket.high}"
-    lines = [f"the difference enters between {low} (most of the error still ahead) and {high} (most of it behind):"]
+    lines = [f"{bracket.why}."] if bracket.why else []
+    lines.append(f"the difference enters between {low} (most of the error still ahead) and {high} (most of it behind):")
     for role in ("candidate", "reference"):
         sites = getattr(bracket, role)
         lines.append(f"  {role} ops there: {len(sites)}")

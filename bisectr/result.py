@@ -99,6 +99,7 @@ class Bracket:
     high: int | None
     candidate: list[OpSite]
     reference: list[OpSite]
+    why: str = ""  # why the difference is not taken for rounding, where no op's evidence says so
 
 
 @dataclass

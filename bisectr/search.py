@@ -285,9 +285,10 @@ def site(op: OpNode) -> OpSite:
     return OpSite(op.index, op.framework_op, op.module, op.source)
 
 
-def bracket(run: RunRecord, candidate_ops: list[int], reference_ops: list[int], low: int | None, high: int | None) -> Bracket:
+def bracket(run: RunRecord, candidate_ops: list[int], reference_ops: list[int], low: int | None, high: int | None,
+            why: str = "") -> Bracket:
     return Bracket(low, high, [site(run.candidate.ops[i]) for i in sorted(set(candidate_ops))],
-                   [site(run.reference.ops[i]) for i in sorted(set(reference_ops))])
+                   [site(run.reference.ops[i]) for i in sorted(set(reference_ops))], why)
 
 
 def culprit_without_evidence(kind: str, cand_op: OpNode, ref_op: OpNode, leaf: str | None, output_error: float | None = None) -> Culprit:

@@ -17,14 +17,15 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from .adapters import Adapter, CannotUpcast
-from .errors import ModelFileError, UserModelError
+from .adapters.base import OpListener
+from .errors import InterceptionFailure, ModelFileError, UnreadableTensorError, UnrecordedOutputError, UserModelError
 from .interpreter import (Float64Copies, Float64Interpreter, Gradients, Recording, RerunResult, UnfaithfulReplay,
                           ValuesInterpreter, VJPInterpreter, count_narrow, rerun_recorded)
 from .modelfile import BuiltSide, run_user_code
 from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, output_pairs
 from .store import TensorWriter
 from .structure import iter_tensors, map_tensors
-from .trace import Trace, is_floating, read_live
+from .trace import TensorInfo, Trace, is_floating, read_live
 
 
 # -- what a side is asked ------------------------------------------------------------------
@@ -129,13 +130,55 @@ def record_side(side: BuiltSide, writer: TensorWriter | None, options: RecordOpt
     recorder = Recorder(side.adapter, side.model, items, trace, writer, options)
     if watch is not None:
         watch(lambda: recorder.op_count)
-    with side.adapter.intercept(side.model, recorder):
-        outputs = side.forward()
+    try:
+        outputs = intercepted_forward(side, recorder)
+    except UnreadableTensorError as exc:
+        raise UnreadableTensorError(f"{side.model_file}: in the {side.role} model returned by {side.function}(), {exc}") from None
     pairs = output_pairs(side.adapter, outputs)
     if not pairs:
         raise ModelFileError(f"{side.model_file}: the {side.role} model returned no tensors (got {type(outputs).__name__})")
     recorder.finish(pairs)
+    _refuse_unrecorded_outputs(side, trace)
     return trace, recorder.recording
+
+
+def intercepted_forward(side: BuiltSide, listener: OpListener, gradients: bool = False) -> Any:
+    """`side.forward()` with `listener` seeing its ops. A model that raises only under bisectr's
+    interception fails by bisectr's fault, never the user's: it is run once more on its own to tell."""
+    adapter = side.adapter
+    try:
+        with adapter.intercept(side.model, listener, gradients=gradients):
+            return side.forward()
+    except UserModelError as error:
+        try:
+            with adapter.enable_grad() if gradients else adapter.no_grad():
+                side.forward()
+        except UserModelError:
+            raise error from None
+        raise InterceptionFailure(f"{side.model_file}: the {side.role} model returned by {side.function}() runs without "
+                                  f"bisectr but raised under its interception: {str(error).rsplit(' raised ', 1)[-1]}"
+                                  ) from error.__context__
+
+
+def _from_model(info: TensorInfo) -> bool:
+    return info.leaf is not None and info.leaf.startswith(("input:", "param:", "buffer:"))
+
+
+def _refuse_unrecorded_outputs(side: BuiltSide, trace: Trace) -> None:
+    """Fail closed: a verdict speaks only of what was recorded. A side whose floating outputs no
+    recorded op computed from its inputs or parameters is refused."""
+    where = f"{side.model_file}: the {side.role} model returned by {side.function}()"
+    elsewhere = ("computed outside what bisectr sees (in another process, loaded from a file, copied from numpy); "
+                 "bisectr compares only the framework ops it records in its own process")
+    if not trace.ops:
+        raise UnrecordedOutputError(f"{where} ran no {side.adapter.name} op that bisectr could record: its outputs were "
+                                    f"{elsewhere}. Give {side.function}() a model that computes its outputs here")
+    unseen = [key for key, tid in trace.outputs.items()
+              if is_floating(trace.tensors[tid].dtype) and not trace.reaches(tid, _from_model)]
+    if unseen:
+        raise UnrecordedOutputError(f"{where} returned {', '.join(map(repr, unseen))}, which no recorded op computed from "
+                                    f"its inputs or parameters ({len(trace.ops)} ops recorded): {'they were' if len(unseen) > 1 else 'it was'} "
+                                    f"{elsewhere}")
 
 
 class LocalSide:
@@ -195,8 +238,7 @@ class LocalSide:
         """A re-run of the model's own code (see `PatchedRerun`)."""
         side = self.side
         listener = PatchedRerun(side.adapter, self.trace, patches, capture)
-        with side.adapter.intercept(side.model, listener):
-            outputs = side.forward()
+        outputs = intercepted_forward(side, listener)
         return listener.finish(output_pairs(side.adapter, outputs))
 
     def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> Float64Run:
@@ -240,8 +282,7 @@ class LocalSide:
         side, adapter, trace = self.side, self.side.adapter, self.trace
         listener = GradientRerun(adapter, trace, gradient_patches, activations)
         differentiated = _with_gradient_inputs(side, side.inputs)
-        with adapter.intercept(side.model, listener, gradients=True):
-            outputs = differentiated.forward()
+        outputs = intercepted_forward(differentiated, listener, gradients=True)
         listener.finish(output_pairs(adapter, outputs))
         leaves = {tid: tensor for tid, tensor in listener.leaves.items()
                   if (trace.tensors[tid].leaf or "").startswith(("param:", "input:")) and is_floating(trace.tensors[tid].dtype)}

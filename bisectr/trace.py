@@ -138,6 +138,19 @@ class Trace:
                 first.setdefault(tid, op.index)
         return first
 
+    def reaches(self, tid: int, holds: Callable[[TensorInfo], bool]) -> bool:
+        """Does `holds` hold for tensor `tid` or for any tensor the recorded ops computed it from?"""
+        pending, seen = [tid], {tid}
+        while pending:
+            info = self.tensors[pending.pop()]
+            if holds(info):
+                return True
+            if info.producer is not None:
+                fresh = [t for t in self.ops[info.producer].inputs if t not in seen]
+                pending.extend(fresh)
+                seen.update(fresh)
+        return False
+
     def producer_op(self, tid: int) -> OpNode | None:
         producer = self.tensors[tid].producer
         return None if producer is None else self.ops[producer]
