@@ -11,7 +11,6 @@ import tempfile
 import threading
 import traceback
 from contextlib import contextmanager
-from importlib.metadata import version
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn, Sequence
 
@@ -19,6 +18,7 @@ from rich.console import Console
 
 from . import report
 from .adapters import silence_import_warnings
+from .environment import version_text
 from .errors import BisectrError, UserModelError
 from .result import Result
 from .runrecord import DEFAULT_VALUE_BUDGET
@@ -75,9 +75,20 @@ def _help_texts(description: str) -> dict:
             "formatter_class": argparse.RawDescriptionHelpFormatter}
 
 
+class _VersionAction(argparse.Action):
+    """`--version`: the versions are looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bisectr", **_help_texts("Find where two implementations of a network start to disagree."))
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version('bisectr')}")
+    parser.add_argument("--version", action=_VersionAction, help="show the versions of bisectr, python and the frameworks found, and exit")
     commands = parser.add_subparsers(dest="command", required=True)
 
     trace = commands.add_parser("trace", help="record both sides, align, analyse and show the result",

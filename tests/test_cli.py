@@ -161,10 +161,26 @@ def test_tsv_needs_exactly_one_table(capsys):
     assert exit_status.value.code == 2 and "give either --ops or --alignment" in capsys.readouterr().err
 
 
-def test_version_and_help():
+def test_version_names_the_libraries_found_and_help_the_model_file():
+    import importlib.util
+    import platform
+
+    import numpy
+    import paddle
+    import torch
+
     version = bisectr_cli("--version")
     project = tomllib.loads((EXAMPLES.parent / "pyproject.toml").read_text())["project"]["version"]
-    assert version.returncode == 0 and version.stdout == f"bisectr {project}\n" and bisectr.__version__ == project
+    assert version.returncode == 0 and bisectr.__version__ == project
+    lines = version.stdout.splitlines()
+    assert lines[0] == f"bisectr {project}"
+    shown = dict(line.split(maxsplit=1) for line in lines[1:])
+    assert shown["python"] == platform.python_version() and shown["numpy"] == numpy.__version__
+    assert shown["torch"] == torch.__version__ and shown["paddle"] == paddle.__version__
+    assert set(shown) == {"python", "numpy", "torch", "paddle", "transformers", "paddleformers"}
+    for library in ("transformers", "paddleformers"):
+        found = importlib.util.find_spec(library)
+        assert (shown[library] == "not installed") == (found is None), library
     shown = bisectr_cli("--help").stdout
     for text in ("def reference():", "def candidate():", "returning (model, inputs)", "bisectr trace examples/span_head.py",
                  "0  match or noise", "1  divergent", "2  usage errors", "3  a bug in bisectr"):
