@@ -62,11 +62,16 @@ def run_bisectr(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bisectr", *args], capture_output=True, text=True, cwd=ROOT)
 
 
-def test_readme_starts_with_the_two_commands_and_ci_runs_the_second():
-    setup_and_trace, setup_and_test = shell_commands()[:2]
+SETUP_COMMANDS = 3  # set up and trace; set up and test; the same in the PaddleFormers environment
+
+
+def test_readme_starts_with_the_two_commands_and_ci_runs_both_test_environments():
+    setup_and_trace, setup_and_test, paddleformers_setup_and_test = shell_commands()[:SETUP_COMMANDS]
     assert README.index(setup_and_trace) < 400
     assert setup_and_trace.endswith("bisectr trace examples/span_head.py")
-    assert setup_and_test in (ROOT / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert setup_and_test in ci and paddleformers_setup_and_test in ci
+    assert "'.[torch,paddle,paddleformers,test]'" in paddleformers_setup_and_test
 
 
 def test_span_head_walkthrough_output_is_real():
@@ -124,7 +129,7 @@ def test_the_walkthrough_check_fails_on_other_output(quote, marker, wrong):
 
 
 def test_every_other_readme_command_runs():
-    for command in shell_commands()[2:]:
+    for command in shell_commands()[SETUP_COMMANDS:]:
         program, *args = command.split()
         assert program == "bisectr", command
         done = run_bisectr(*args)

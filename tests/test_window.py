@@ -1,7 +1,6 @@
 """The hierarchical search (`bisectr.window`): a run that stored no op values (`value_budget=0`, what a
 big model gets past the budget) is searched on layer outputs first, then on the ops of the layers where
 the difference enters, and names what a fully stored run names."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,25 +12,16 @@ import bisectr
 from bisectr.analysis import Analysis
 from bisectr.window import boundaries, fetch_all, layer_of, tensors_of
 from conftest import EXAMPLES, MODELS
+from corpus import CORPUS
 
 
-def _corpus() -> list:
-    """benchmarks/corpus.py's pairs (its dataclass needs the module registered while it loads)."""
-    spec = importlib.util.spec_from_file_location("benchmarks_corpus", EXAMPLES.parent / "benchmarks" / "corpus.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.CORPUS
-
-
-# (model file, candidate function, --backward): every example (but hf_llama.py, which needs
-# PaddleFormers) and every pair of benchmarks/corpus.py, then pairs of the kinds of finding those
-# lack: a leaf, a difference in every layer, another theta, a backward culprit.
-PAIRS = [(path, "candidate", False) for path in sorted(EXAMPLES.glob("[!_]*.py")) if path.name != "hf_llama.py"] + \
-    [(MODELS / pair.model, pair.candidate, False) for pair in _corpus()] + [
-    (MODELS / "hf_llama_shared.py", "candidate_mlp_act", False),
-    (MODELS / "hf_llama_weights.py", "candidate_rope_theta", False),
-    (MODELS / "paddle_shared_block.py", "candidate_block_bug", False),
-    (MODELS / "backward_ports.py", "candidate_pylayer", True),
+# (model file, candidate function, --backward): every forward pair of the regression corpus
+# (tests/corpus.py) that this environment runs in one process, then pairs of the kinds of finding
+# those lack: a difference in every layer, a backward culprit.
+PAIRS = [(pair.path, pair.candidate, pair.reference, False) for pair in CORPUS
+         if pair.backward is None and not pair.missing() and "paddleformers" not in pair.needs] + [
+    (MODELS / "paddle_shared_block.py", "candidate_block_bug", "reference", False),
+    (MODELS / "backward_ports.py", "candidate_pylayer", "reference", True),
 ]
 
 
@@ -42,10 +32,10 @@ def finding(result):
             confirmation and confirmation.confirmed, [r.index for r in result.recurrences])
 
 
-@pytest.mark.parametrize("model_file, candidate, backward", PAIRS, ids=[f"{p[0].stem}:{p[1]}" for p in PAIRS])
-def test_a_run_without_op_values_names_what_a_stored_run_names(model_file, candidate, backward):
-    stored = bisectr.trace(model_file, candidate=candidate).bisect(backward=backward)
-    windowed = bisectr.trace(model_file, candidate=candidate, value_budget=0).bisect(backward=backward)
+@pytest.mark.parametrize("model_file, candidate, reference, backward", PAIRS, ids=[f"{p[0].stem}:{p[2]}/{p[1]}" for p in PAIRS])
+def test_a_run_without_op_values_names_what_a_stored_run_names(model_file, candidate, reference, backward):
+    stored = bisectr.trace(model_file, reference, candidate).bisect(backward=backward)
+    windowed = bisectr.trace(model_file, reference, candidate, value_budget=0).bisect(backward=backward)
     assert finding(windowed) == finding(stored)
     if backward:
         assert finding(windowed.backward) == finding(stored.backward)

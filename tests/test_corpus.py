@@ -1,0 +1,39 @@
+"""The regression corpus (`tests/corpus.py`): every pair keeps its verdict and culprit, its culprit
+confirmed, its re-runs within ceil(log2 ops) + 3, a correct port aligned and uncontradicted
+(`benchmarks/corpus.py` judges each run)."""
+import importlib.util
+import sys
+
+import pytest
+
+from conftest import EXAMPLES, assert_verdict_contract
+from corpus import CORPUS, Pair
+from test_isolate import make_interpreter
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("benchmarks_corpus", EXAMPLES.parent / "benchmarks" / "corpus.py")
+    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+measure = _benchmark().measure
+
+
+@pytest.fixture(scope="module")
+def hf_python(tmp_path_factory) -> str:
+    """This environment without `torchcodec` (PaddleFormers' `paddlecodec` installs one that keeps
+    transformers from importing torch models): the Hugging Face reference's interpreter."""
+    return make_interpreter(tmp_path_factory.mktemp("hf") / "venv", hide=("torchcodec",))
+
+
+@pytest.mark.parametrize("pair", CORPUS, ids=lambda pair: pair.name)
+def test_the_pair_keeps_its_verdict_and_culprit(pair: Pair, request):
+    missing = pair.missing()
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
+    reference_python = request.getfixturevalue("hf_python") if "paddleformers" in pair.needs else None
+    row, result = measure(pair, reference_python)
+    assert_verdict_contract(result)
+    assert row["problems"] == [], row
