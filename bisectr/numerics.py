@@ -60,7 +60,12 @@ def rounding_explains(float64_error: float, predicted: float, floor: float) -> b
     """The float64 rule: what is left with both sides in float64 is at most a tenth of what rounding
     predicts (each side's distance to its own float64 result, summed), or under the float32 floor.
     Rounding shrinks by about 2^29 from float32 to float64; a semantic difference does not."""
-    return float64_error <= max(ROUNDING_SHARE * predicted, floor)
+    return float64_error <= rounding_allowance(predicted, floor)
+
+
+def rounding_allowance(predicted: float, floor: float) -> float:
+    """The most a float64 difference may be for rounding to explain it (see `rounding_explains`)."""
+    return max(ROUNDING_SHARE * predicted, floor)
 
 
 def judge_float64(error: float, float64_error: float, reference_rounding: float, candidate_rounding: float,

@@ -447,7 +447,8 @@ TRAINING_COLUMNS = ("step", "loss ref", "loss cand", "loss err", "grad err", "up
 
 
 def training_rows(result: TrainingResult) -> list[list[str]]:
-    """One row per step (`TRAINING_COLUMNS`); rounding predicts and float64 differ: the parameters' updates."""
+    """One row per step (`TRAINING_COLUMNS`); rounding predicts and float64 differ: the update of the
+    parameter whose float64 difference rounding explains least (see `StepRow`)."""
     return [[str(row.step), fmt(row.loss["reference"]), fmt(row.loss["candidate"]), fmt(row.error["loss"]),
              fmt(row.error["gradient"]), fmt(row.error["update"]), fmt(row.error["moments"]), fmt(row.predicted["update"]),
              fmt(row.float64_error["update"]), fmt(row.learning_rate["reference"]), fmt(row.learning_rate["candidate"]),
@@ -461,7 +462,8 @@ def print_training(console: Console, result: TrainingResult) -> None:
     for role in ("reference", "candidate"):
         losses = [row.loss[role] for row in result.steps]
         console.print(f"loss, {role:9}  {sparkline(losses)}  {fmt(losses[0])} -> {fmt(losses[-1])}", highlight=False, markup=False)
-    console.print(_table("Steps (errors relative; rounding predicts and float64 differ: the parameters' updates)",
+    console.print(_table("Steps (errors relative; rounding predicts and float64 differ: the update of the parameter "
+                         "rounding explains least)",
                          TRAINING_COLUMNS, training_rows(result)))
 
 

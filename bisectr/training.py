@@ -13,7 +13,11 @@
    side's distance to its own float64 run, summed (`predicted`); the float64 runs' own difference
    is what is left without rounding. The first step where that difference exceeds a share of the
    prediction (or the float32 noise floor) is the **first semantic step**; none: `noise` (`match`
-   when even the float32 runs agree exactly).
+   when even the float32 runs agree exactly). Gradients and updates are judged parameter by
+   parameter, each against its own rounding: Adam scales every gradient to about the learning rate,
+   so a gradient that is zero but for rounding (GPT-2's key bias, which softmax cancels) gets an
+   update whose float32 and float64 values differ by as much as the update itself, and that
+   parameter's rounding must not excuse another's real difference.
 4. **The stage** at that step, from the float64 runs (whose inputs to that step still agree):
    `forward` (the losses differ), `backward` (the losses agree, the gradients differ) or `optimizer`
    (the gradients agree, the updates differ). At step 1, a forward or backward stage is searched
@@ -37,7 +41,7 @@ from .adapters import CannotUpcast
 from .align import TensorPair
 from .errors import ModelFileError
 from .modelfile import BuiltSide, load_module, module_name, run_user_code
-from .numerics import GRADIENT_FLOOR, coarsest_dtype, magnitude, noise_floor, relative_to, rounding_explains
+from .numerics import GRADIENT_FLOOR, coarsest_dtype, magnitude, noise_floor, relative_to, rounding_allowance, rounding_explains
 from .runrecord import output_seeds
 from .recording import output_pairs
 from .result import Culprit
@@ -78,9 +82,11 @@ class StepRow:
     step: int
     loss: dict[str, float]  # reference, candidate
     learning_rate: dict[str, float]
-    error: dict[str, float]  # loss, gradient, update, moments: candidate vs reference, as run
-    predicted: dict[str, float]  # what rounding predicts for each
-    float64_error: dict[str, float]  # candidate vs reference, both in float64
+    error: dict[str, float]  # loss, gradient, update, moments: candidate vs reference, as run (the worst parameter's)
+    # What rounding predicts for each, and candidate vs reference both in float64; for gradients,
+    # updates and moments, those of the parameter whose float64 difference rounding explains least.
+    predicted: dict[str, float]
+    float64_error: dict[str, float]
     semantic: bool
 
 
@@ -191,6 +197,22 @@ def _function(module: Any, side: BuiltSide, what: str, required: bool) -> Callab
     return None
 
 
+@dataclass
+class Distances:
+    """Candidate vs reference at one step, relative: the loss, and each paired parameter's gradient,
+    update and Adam moments (the larger of the two), in the order of the comparison's pairs."""
+
+    loss: float
+    parameters: dict[str, list[float]]  # "gradient", "update", "moments": one error per pair
+
+    def of(self, measure: str) -> list[float]:
+        """The errors `measure` is judged on: the loss's, or one per parameter."""
+        return [self.loss] if measure == "loss" else self.parameters[measure]
+
+    def worst(self, measure: str) -> float:
+        return max(self.of(measure), default=0.0)
+
+
 class StepComparison:
     """Distances between two sides' step records (parameters paired through the forward alignment).
     A gradient's or update's error is relative to its own magnitude, floored at `GRADIENT_FLOOR` of the
@@ -200,26 +222,19 @@ class StepComparison:
         self.pairs = pairs  # (reference leaf, candidate leaf, the pair's layout; None: the same side)
         self.shapes = reference_shapes
 
-    def between(self, candidate: StepRecord, reference: StepRecord, same_side: bool = False) -> dict[str, float]:
-        errors = {"loss": relative_to(abs(candidate.loss - reference.loss), abs(reference.loss))}
-        for measure in ("gradient", "update"):
-            errors[measure] = self._worst(measure, candidate, reference, same_side)
-        errors["moments"] = max(self._worst(which, candidate, reference, same_side) for which in ("moment1", "moment2"))
-        return errors
+    def between(self, candidate: StepRecord, reference: StepRecord, same_side: bool = False) -> Distances:
+        def per_parameter(measure: str) -> list[float]:
+            return self._per_parameter(measure, candidate, reference, same_side)
 
-    def worst_parameter(self, candidate: StepRecord, reference: StepRecord) -> tuple[str, float]:
-        """The reference leaf whose update differs most (relative), and by how much."""
-        scale = self._floor("update", reference)
-        scored = [(self._error(candidate.read("update", c), reference.read("update", r), pair, r, scale), r)
-                  for r, c, pair in self.pairs]
-        error, name = max(scored)
-        return name, error
+        parameters = {"gradient": per_parameter("gradient"), "update": per_parameter("update"),
+                      "moments": list(map(max, per_parameter("moment1"), per_parameter("moment2")))}
+        return Distances(relative_to(abs(candidate.loss - reference.loss), abs(reference.loss)), parameters)
 
-    def _worst(self, measure: str, candidate: StepRecord, reference: StepRecord, same_side: bool) -> float:
+    def _per_parameter(self, measure: str, candidate: StepRecord, reference: StepRecord, same_side: bool) -> list[float]:
         scale = self._floor(measure, reference)
-        return max((self._error(candidate.read(measure, r if same_side else c), reference.read(measure, r),
-                                None if same_side else pair, r, scale)
-                    for r, c, pair in self.pairs), default=0.0)
+        return [self._error(candidate.read(measure, r if same_side else c), reference.read(measure, r),
+                            None if same_side else pair, r, scale)
+                for r, c, pair in self.pairs]
 
     @staticmethod
     def _floor(measure: str, record: StepRecord) -> float:
@@ -246,6 +261,15 @@ def parameter_pairs(run: Run) -> list[tuple[str, str, TensorPair]]:
         raise ModelFileError(f"{run.model_file}: no parameter of the candidate is paired with one of the reference: "
                              "nothing to compare over training steps")
     return pairs
+
+
+def _least_explained(float64_errors: list[float], reference_rounding: list[float], candidate_rounding: list[float],
+                     floor: float) -> tuple[float, float]:
+    """(float64 error, what rounding predicts for it) of the parameter whose float64 difference rounding
+    explains least, each judged against its own two sides' rounding (for the loss: the one value)."""
+    judged = [(error, of_reference + of_candidate)
+              for error, of_reference, of_candidate in zip(float64_errors, reference_rounding, candidate_rounding)]
+    return max(judged, key=lambda each: relative_to(each[0], rounding_allowance(each[1], floor)), default=(0.0, 0.0))
 
 
 def train(model_file: str, reference: str = "reference", candidate: str = "candidate", steps: int = 20,
@@ -276,14 +300,16 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         in_float64 = comparison.between(records["candidate", 64], records["reference", 64])
         reference_rounding = reference_itself.between(records["reference", 32], records["reference", 64], same_side=True)
         candidate_rounding = candidate_itself.between(records["candidate", 32], records["candidate", 64], same_side=True)
-        predicted = {m: reference_rounding[m] + candidate_rounding[m] for m in RECORDED}
-        semantic = [m for m in MEASURES if not rounding_explains(in_float64[m], predicted[m], floor)]
+        judged = {m: _least_explained(in_float64.of(m), reference_rounding.of(m), candidate_rounding.of(m), floor)
+                  for m in RECORDED}
+        float64_error = {m: error for m, (error, _) in judged.items()}
+        predicted = {m: prediction for m, (_, prediction) in judged.items()}
+        semantic = [m for m in MEASURES if not rounding_explains(float64_error[m], predicted[m], floor)]
         rows.append(StepRow(number, {"reference": records["reference", 32].loss, "candidate": records["candidate", 32].loss},
                             {"reference": records["reference", 32].learning_rate, "candidate": records["candidate", 32].learning_rate},
-                            as_run, predicted, in_float64, bool(semantic)))
+                            {m: as_run.worst(m) for m in RECORDED}, predicted, float64_error, bool(semantic)))
         if semantic and first is None:
-            worst = comparison.worst_parameter(records["candidate", 64], records["reference", 64]) \
-                if semantic[0] == "update" else None
+            worst = _most_different_update(in_float64, pairs) if semantic[0] == "update" else None
             first = (number, semantic[0], worst)
     settings = {role: trainers[role, 32].settings() for role in ("reference", "candidate")}
     if first is None:
@@ -314,6 +340,12 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         result.note = (f"the {result.stage} first differs at step {number}; its search runs at the initial weights only "
                        "(bisectr bisect" + (" --backward" if measure == "gradient" else "") + ")")
     return result
+
+
+def _most_different_update(in_float64: Distances, pairs: list[tuple[str, str, TensorPair]]) -> tuple[str, float]:
+    """The reference leaf whose update differs most (relative, both sides in float64), and by how much."""
+    error, name = max(zip(in_float64.of("update"), (reference for reference, _, _ in pairs)))
+    return name, error
 
 
 def _error_text(result: Any) -> str:

@@ -11,6 +11,7 @@ from conftest import MODELS, line_of
 
 PORTS = MODELS / "training_ports.py"
 SPAN = MODELS / "span_training.py"
+GPT2 = MODELS / "hf_gpt2_training.py"
 
 
 def train_json(model, *args) -> tuple[int, dict]:
@@ -108,6 +109,42 @@ def test_a_port_that_decays_what_the_reference_exempts_is_named_by_those_paramet
 def test_the_same_exemptions_through_apply_decay_param_fun_are_noise():
     status, result = train_json(PORTS, "--reference", "reference_grouped", "--candidate", "candidate_exempt", "--steps", 2)
     assert status == 0 and result["verdict"] == "noise"
+
+
+def test_the_paddle_gpt2_port_trained_with_hugging_faces_adamw_groups_is_noise():
+    status, result = train_json(GPT2, "--steps", 3)
+    assert status == 0 and result["verdict"] == "noise" and result["first_step"] is None
+    for row in result["steps"]:
+        assert row["error"]["loss"] < 1e-5 and row["float64_error"]["loss"] < 1e-9
+        assert row["float64_error"]["gradient"] < 1e-8 and row["float64_error"]["update"] < 1e-6
+        # as run, Adam scales the key bias's gradient, zero but for rounding, up to a fifth of the learning rate or more
+        assert row["error"]["update"] > 0.05
+
+
+def test_a_gpt2_port_with_another_beta2_is_the_optimizer_at_step_2_naming_beta2():
+    """Bias correction makes the first update independent of beta2; the second differs by about
+    0.2%, less than the key bias's rounding as run: each parameter is judged against its own."""
+    status, result = train_json(GPT2, "--candidate", "candidate_beta2", "--steps", 3)
+    culprit, (first, second, _) = result["culprit"], result["steps"]
+    assert status == 1 and result["first_step"] == 2 and result["stage"] == "optimizer"
+    assert (culprit["kind"], culprit["field"], culprit["reference"], culprit["candidate"]) == ("optimizer", "beta2", 0.999, 0.99)
+    assert 1e-3 < culprit["update_error"] < 4.5e-3
+    assert not first["semantic"] and first["float64_error"]["update"] < 1e-6
+    assert first["float64_error"]["moments"] == pytest.approx(9, rel=1e-3)  # (1 - 0.99) / (1 - 0.999) - 1
+    assert second["float64_error"]["loss"] < 1e-9 and second["float64_error"]["gradient"] < 1e-8
+    assert second["error"]["update"] > 10 * culprit["update_error"]
+
+
+def test_a_gpt2_port_that_decays_its_biases_and_norms_is_the_optimizer_at_step_1_naming_them():
+    status, result = train_json(GPT2, "--candidate", "candidate_decay_all", "--steps", 3)
+    culprit, first = result["culprit"], result["steps"][0]
+    assert status == 1 and result["first_step"] == 1 and result["stage"] == "optimizer"
+    assert culprit["field"] == "weight decay on 34 parameters the reference exempts (9 norm weights, 25 biases)"
+    assert (culprit["reference"], culprit["candidate"]) == (0.0, 0.01)
+    # the decay over the update, lr * 0.01 * w against lr, at the largest LayerNorm weight (about 1.27)
+    assert ".ln_" in culprit["parameter"] and 0.01 < culprit["update_error"] < 0.02
+    assert first["float64_error"]["loss"] < 1e-9 and first["float64_error"]["gradient"] < 1e-8
+    assert first["error"]["update"] > 10 * culprit["update_error"]
 
 
 WIDE_STACK = '''
