@@ -154,7 +154,8 @@ class Recorder(_Session):
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         self.recording.leaves[tid] = (tensor, self.adapter.version(tensor))
         leaf = self.leaf_name(tensor)
-        self._refuse_unreadable(tensor, f"its {leaf.partition(':')[0]} {leaf.partition(':')[2]!r} is")
+        kind, _, name = leaf.partition(":")
+        self._refuse_unreadable(tensor, f"its {kind} {name!r} is")
         # Parameters and buffers stay in the model (read live, see `Trace.leaf_reader`): a run keeps their statistics.
         self._describe(tid, tensor, producer=None, leaf=leaf, store=self.options.store_values and not is_model_leaf(leaf))
 

@@ -138,6 +138,8 @@ def record_side(side: BuiltSide, writer: TensorWriter | None, options: RecordOpt
     if not pairs:
         raise ModelFileError(f"{side.model_file}: the {side.role} model returned no tensors (got {type(outputs).__name__})")
     recorder.finish(pairs)
+    if writer is not None:
+        writer.raise_failure()  # an op the failed write cut short computed nothing that was recorded
     _refuse_unrecorded_outputs(side, trace)
     return trace, recorder.recording
 
@@ -160,7 +162,7 @@ def intercepted_forward(side: BuiltSide, listener: OpListener, gradients: bool =
                                   ) from error.__context__
 
 
-def _from_model(info: TensorInfo) -> bool:
+def _is_input_or_weight(info: TensorInfo) -> bool:
     return info.leaf is not None and info.leaf.startswith(("input:", "param:", "buffer:"))
 
 
@@ -174,7 +176,7 @@ def _refuse_unrecorded_outputs(side: BuiltSide, trace: Trace) -> None:
         raise UnrecordedOutputError(f"{where} ran no {side.adapter.name} op that bisectr could record: its outputs were "
                                     f"{elsewhere}. Give {side.function}() a model that computes its outputs here")
     unseen = [key for key, tid in trace.outputs.items()
-              if is_floating(trace.tensors[tid].dtype) and not trace.reaches(tid, _from_model)]
+              if is_floating(trace.tensors[tid].dtype) and not trace.reaches(tid, _is_input_or_weight)]
     if unseen:
         raise UnrecordedOutputError(f"{where} returned {', '.join(map(repr, unseen))}, which no recorded op computed from "
                                     f"its inputs or parameters ({len(trace.ops)} ops recorded): {'they were' if len(unseen) > 1 else 'it was'} "

@@ -77,14 +77,14 @@ class TensorWriter:
 
     def reopen(self) -> None:
         """Open the closed file again to append to it."""
-        self._raise_failure()
+        self.raise_failure()
         try:
             self._file = open(self.path, "ab", buffering=_WRITE_BUFFER)
         except OSError as exc:
             raise self._failed(exc) from None
 
     def write(self, tid: int, values: np.ndarray) -> None:
-        self._raise_failure()
+        self.raise_failure()
         values = np.ascontiguousarray(values).reshape(np.shape(values))  # ascontiguousarray makes a 0-d array 1-d
         data = values.reshape(-1).view(np.uint8)  # its bytes (a memoryview cannot cast an empty array)
         padding = -self._offset % _ALIGNMENT
@@ -100,13 +100,14 @@ class TensorWriter:
 
     def close(self) -> None:
         """Write out what is buffered and close the file; raises the writer's failure, if any."""
-        self._raise_failure()
+        self.raise_failure()
         try:
             self._file.close()
         except OSError as exc:
             raise self._failed(exc) from None
 
-    def _raise_failure(self) -> None:
+    def raise_failure(self) -> None:
+        """Raise the writer's failure, if a write failed (the user's model may have caught it)."""
         if self.failure is not None:
             raise RunWriteError(str(self.failure))  # a new one: raising one instance again piles up its tracebacks
 
