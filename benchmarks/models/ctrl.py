@@ -16,9 +16,13 @@ For `bisectr train`: AdamW (learning rate 1e-4, weight decay 0.01) on each side.
 bisectr should conclude: `divergent`, culprit in layer `planted_layer()`'s MLP activation.
 """
 import os
+import sys
 import zlib
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "models"))
+from _hf import hide_broken_torchcodec  # noqa: E402
 
 LAYERS = int(os.environ.get("BISECTR_CTRL_LAYERS", "48"))
 D, FFN, HEADS, TOKENS, VOCAB = 1280, 8192, 16, 64, 256
@@ -42,6 +46,7 @@ def _input_ids() -> np.ndarray:
 
 
 def _torch_model(exact_gelu_layer: int | None):
+    hide_broken_torchcodec()
     import torch
     from transformers import GPT2Config, GPT2Model
     from transformers.activations import ACT2FN

@@ -55,7 +55,11 @@ def reference():
 
 def candidate(use_reentrant: bool = False):
     model = copy.deepcopy(_bert())
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    options = {"use_reentrant": use_reentrant}
+    if hasattr(model, "activation_checkpointing_enable"):  # newer transformers; 5.3 has gradient_checkpointing_enable
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
     return model, _inputs()
 
 
