@@ -290,6 +290,11 @@ class Autograd(ABC):
         tensor costs the operating system's fresh pages, often more than the cast."""
         raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
 
+    def cast(self, tensor: Any, dtype: str) -> Any:
+        """`tensor` as the dtype named `dtype` (a new tensor, gradients passing through the cast): what a
+        float64 run's op that runs at its recorded dtypes reads and gives (`interpreter.Float64Calls`)."""
+        raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
+
     @abstractmethod
     def data_address(self, tensor: Any) -> int:
         """The address of the tensor's first element: a view's lies inside the memory of what it views."""

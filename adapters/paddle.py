@@ -414,6 +414,9 @@ class PaddleAdapter(Adapter):
         np.copyto(_float64_memory(into), np.from_dlpack(tensor.detach()))
         return into
 
+    def cast(self, tensor: Any, dtype: str) -> Any:
+        return tensor.astype(dtype)
+
     def data_address(self, tensor: Any) -> int:
         return tensor.data_ptr()
 

@@ -158,6 +158,9 @@ class TorchAdapter(Adapter):
     def float64_tensor(self, tensor: Any, into: Any = None) -> Any:
         return tensor.detach().double() if into is None else into.copy_(tensor.detach())
 
+    def cast(self, tensor: Any, dtype: str) -> Any:
+        return tensor.to(getattr(_torch(), dtype))
+
     def data_address(self, tensor: Any) -> int:
         return tensor.data_ptr()
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .adapters import CannotUpcast
 from .align import LAYOUT_OPS, Block, TensorPair
 from .metrics import EXACT, UNKNOWN, ErrorMetrics, Float64Evidence, error_metrics
 from .numerics import coarsest_dtype, judge, noise_floor
@@ -42,6 +43,7 @@ class OpEvidence:
     amplification: float
     verdict: str  # exact / noise / different / unknown
     block: Block | None = None  # set when the evidence is for a matched N:M block
+    fp64_unavailable: str | None = None  # why the fp64 oracle could not be replayed (an op without a float64 kernel)
 
 
 @dataclass
@@ -187,12 +189,12 @@ class Analysis:
         input_errors = [e for e in (self.tensor_error(t) for t in inputs) if e is not None]
         input_abs = max((e.max_abs for e in input_errors), default=0.0)
         input_rel = max((e.max_rel for e in input_errors), default=0.0)
-        local, fp64 = self._replayed_errors(cand_index, ref_index, block, None if oracle else noise_floor(dtype))
+        local, fp64, fp64_unavailable = self._replayed_errors(cand_index, ref_index, block, None if oracle else noise_floor(dtype))
         verdict = "unknown" if local is None else judge(local, fp64 and fp64.candidate_error, fp64 and fp64.reference_error, dtype)
         amplification = _ratio(output_error.max_abs, input_abs)
         name = block_name([self.reference.ops[i].op for i in ref_ops]) if block else cand_op.op
         return OpEvidence(cand_index, ref_index, name, dtype, output_error, input_abs, input_rel, local, fp64, amplification,
-                          verdict, block)
+                          verdict, block, fp64_unavailable)
 
     def compared_outputs(self, cand_index: int, ref_index: int, block: Block | None = None) -> list[tuple[int, int]]:
         """(candidate tid, reference tid) that an op's evidence compares: its first output, or every
@@ -233,29 +235,30 @@ class Analysis:
 
     def with_oracle(self, evidence: OpEvidence) -> OpEvidence:
         """The evidence with its fp64 oracle replayed where the local error alone decided it (live runs)."""
-        if evidence.fp64 is not None or not evidence.local_error or self.sides is None:
+        if evidence.fp64 is not None or evidence.fp64_unavailable or not evidence.local_error or self.sides is None:
             return evidence
         return self.evidence(evidence.candidate, evidence.reference, evidence.block, oracle=True)
 
     def _replayed_errors(self, cand_index: int, ref_index: int, block: Block | None,
-                         decided_under: float | None) -> tuple[float | None, Float64Evidence | None]:
-        """Local error, and the fp64 evidence unless the local error is 0 (bit-exact) or at most `decided_under`."""
+                         decided_under: float | None) -> tuple[float | None, Float64Evidence | None, str | None]:
+        """Local error, and the fp64 evidence unless the local error is 0 (bit-exact) or at most `decided_under`,
+        or why the fp64 oracle could not be replayed."""
         if self.sides is None:
-            return None, None
+            return None, None, None
         ref_ops = self.covered_ops(cand_index, ref_index, block)[1]
         ref_inputs = external_inputs(self.reference, ref_ops)
         compared = self.compared_outputs(cand_index, ref_index, block)
         if not compared or not all(self.reference.has_value(t) for t in ref_inputs + [r for _, r in compared]):
-            return None, None
+            return None, None, None
         if block is None and self.tensor_error(compared[0][0]) == EXACT and self._reads_its_own_inputs(self.candidate.ops[cand_index]):
-            return 0.0, None  # the replay would compute the recorded output, equal to the reference's
+            return 0.0, None, None  # the replay would compute the recorded output, equal to the reference's
         reference_out = {r: self.reference.value(r) for _, r in compared}
         try:
             local_out = self.local_outputs(cand_index, ref_index, block)
         except Exception:  # an op that cannot run on substituted inputs keeps no local evidence
-            return None, None
+            return None, None, None
         if any(local_out[c].size != reference_out[r].size for c, r in compared):
-            return None, None
+            return None, None, None
         local_out = {r: self.in_reference_layout(c, r, local_out[c]) for c, r in compared}
 
         def worst(values: dict[int, np.ndarray], truth: dict[int, np.ndarray]) -> float:
@@ -263,13 +266,13 @@ class Analysis:
 
         local = worst(local_out, reference_out)
         if local == 0.0 or (decided_under is not None and local <= decided_under):
-            return local, None
+            return local, None, None
         try:
             oracle = self.sides.replay("reference", ref_ops, {}, float64=True)  # on the reference's own inputs
-        except Exception:  # no float64 kernel for this op
-            return local, None
+        except CannotUpcast as exc:  # an op without a float64 kernel: the local error decides alone
+            return local, None, str(exc)
         oracle = {r: oracle[r].reshape(reference_out[r].shape) for _, r in compared}
-        return local, Float64Evidence(worst(local_out, oracle), worst(reference_out, oracle))
+        return local, Float64Evidence(worst(local_out, oracle), worst(reference_out, oracle)), None
 
 
 def computes(op: str) -> bool:

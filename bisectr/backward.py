@@ -33,6 +33,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from .adapters import CannotUpcast
 from .align import TensorPair, handed_on
 from .errors import ModelFileError, OutputMismatchError
 from .metrics import EXACT, ErrorMetrics, Float64Evidence, OutputError, error_metrics
@@ -65,6 +66,7 @@ class OpGradientEvidence:
     # Candidate input tid -> what this op's own backward adds to its gradient (candidate minus
     # reference), in the candidate's layout: what a confirmation takes out.
     own_difference: dict[int, np.ndarray] | None = None
+    fp64_unavailable: str | None = None  # why the fp64 oracle could not be replayed (an op without a float64 kernel)
 
 
 class BackwardRun:
@@ -242,8 +244,8 @@ def op_evidence(backward: BackwardRun, cand_index: int) -> OpGradientEvidence:
         return evidence
     try:
         oracle = sides.run("reference", ReplayVJP(ref_ops, ref_values, ref_upstream, float64=True))
-    except Exception:  # no float64 kernel for their backward
-        oracle = None
+    except CannotUpcast as exc:  # an op without a float64 kernel: the local error decides alone
+        oracle, evidence.fp64_unavailable = None, str(exc)
 
     worst = {"local": 0.0, "candidate_error": 0.0, "reference_error": 0.0}
     own_difference = {}
@@ -479,7 +481,8 @@ def _culprit(run: RunRecord, evidence: OpGradientEvidence) -> Culprit:
     return Culprit("op", evidence.op, site(run.candidate.ops[evidence.candidate]), site(run.reference.ops[evidence.reference]),
                    None, input_error=None, output_error=evidence.gradient_error.max_abs,
                    output_error_rel=evidence.gradient_error.max_rel, input_error_rel=None,
-                   local_error=evidence.local_error, amplification=None, verdict=evidence.verdict, fp64=evidence.fp64)
+                   local_error=evidence.local_error, amplification=None, verdict=evidence.verdict, fp64=evidence.fp64,
+                   fp64_unavailable=evidence.fp64_unavailable)
 
 
 def _profile_row(run: RunRecord, backward: BackwardRun, cand_index: int, ref_index: int,

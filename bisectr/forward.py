@@ -442,7 +442,8 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culpri
                    input_error=evidence.input_error, output_error=evidence.output_error.max_abs,
                    output_error_rel=evidence.output_error.max_rel, input_error_rel=evidence.input_error_rel,
                    local_error=evidence.local_error, amplification=evidence.amplification, verdict=evidence.verdict,
-                   fp64=evidence.fp64, block=BlockOps(evidence.block.candidate, evidence.block.reference) if evidence.block else None)
+                   fp64=evidence.fp64, block=BlockOps(evidence.block.candidate, evidence.block.reference) if evidence.block else None,
+                   fp64_unavailable=evidence.fp64_unavailable)
 
 
 def _profile_row(run: RunRecord, evidence: OpEvidence) -> ProfileRow:

@@ -20,11 +20,12 @@ from __future__ import annotations
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .adapters import Adapter
+from .adapters import Adapter, CannotUpcast
 from .errors import TraceMismatchError
 from .structure import call_tensors, iter_tensors, map_tensors
 from .trace import OpNode, Trace, device_reductions, fingerprint, float64_dtype, is_floating
@@ -233,13 +234,15 @@ class ValuesInterpreter(Interpreter):
     every op of a block reads float64 inputs). A parameter missing from `values` is read where the
     model holds it (`leaves`: tid -> (tensor, version), as `Recording.leaves`), upcast with
     `float64`: a layer's weights are not copied through the host for each op replayed.
-    `computed` holds the values of every tensor the ops made."""
+    `computed` holds the values of every tensor the ops made. With `float64` each op is called as
+    `Float64Calls` calls it: one that cannot run in float64 raises `CannotUpcast` (no oracle)."""
 
     def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call], values: dict[int, np.ndarray], float64: bool = False,
                  leaves: dict[int, tuple[Any, int]] | None = None):
         super().__init__(adapter, trace, calls)
         self.computed = dict(values)
         self.float64 = float64
+        self.float64_calls = Float64Calls(adapter, trace, fall_back=False)
         self.leaves = leaves or {}
 
     def run(self, indices: Iterable[int]) -> None:
@@ -268,6 +271,11 @@ class ValuesInterpreter(Interpreter):
             self.env[tid] = tensor
         return tensor
 
+    def run_node(self, index: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Any]:
+        if self.float64:
+            fn = self.float64_calls.of(self.trace.ops[index], fn)
+        return super().run_node(index, fn, args, kwargs)
+
     def store(self, index: int, produced: list[Any]) -> None:
         self.computed.update((tid, self.adapter.to_numpy(t)) for tid, t in zip(self.trace.ops[index].outputs, produced))
 
@@ -275,13 +283,14 @@ class ValuesInterpreter(Interpreter):
 class VJPInterpreter(Interpreter):
     """Ops run with gradients on, each reading what the ones before computed, else `values` (the
     block's external inputs), made into leaves (one per tensor: ops reading it twice sum both
-    gradients). With `float64` the floating inputs are upcast and casts below float64 inside the
-    block stay at float64 (`Adapter.float64_call`): the fp64 oracle of the block's backward."""
+    gradients). With `float64` the floating inputs are upcast and each op is called as `Float64Calls`
+    calls it (one that cannot run in float64 raises `CannotUpcast`): the fp64 oracle of the block's backward."""
 
     def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call], values: dict[int, np.ndarray], float64: bool = False):
         super().__init__(adapter, trace, calls)
         self.values = values
         self.float64 = float64
+        self.float64_calls = Float64Calls(adapter, trace, fall_back=False)
         self.leaves: dict[int, Any] = {}
 
     def fetch(self, tid: int) -> Any:
@@ -297,7 +306,7 @@ class VJPInterpreter(Interpreter):
 
     def run_node(self, index: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Any]:
         if self.float64:
-            fn, args, kwargs = self.adapter.float64_call(self.trace.ops[index].framework_op, fn, args, kwargs)
+            fn = self.float64_calls.of(self.trace.ops[index], fn)
         return super().run_node(index, fn, args, kwargs)
 
     def gradients(self, upstream: dict[int, np.ndarray | None]) -> dict[int, np.ndarray | None]:
@@ -317,15 +326,15 @@ class Float64Interpreter(Interpreter):
     """The recorded forward again in float64, what `sides.Float64Listener` computes by running the
     model's code: a floating parameter, buffer or input is read as a float64 copy (of
     `leaf_values[leaf name]` where given, `Float64Copies`) made where first read, and released after
-    its last read like every tensor; casts below float64 stay at float64 (`Adapter.float64_call`).
-    `narrow` counts the ops (by op and module) whose floating outputs still come out below float64.
-    Raises `UnfaithfulReplay` where a call makes another shape than recorded."""
+    its last read like every tensor; each op is called as `Float64Calls` calls it in the float64 check
+    (`float64_calls.narrow`: the ops that still ran below float64). Raises `UnfaithfulReplay` where a call makes
+    another shape than recorded."""
 
     def __init__(self, adapter: Adapter, trace: Trace, recording: Recording, leaf_values: dict[str, np.ndarray]):
         super().__init__(adapter, trace, recording.calls)
         self.leaves = recording.leaves
         self.copies = Float64Copies(adapter, leaf_values)
-        self.narrow: dict[str, int] = {}
+        self.float64_calls = Float64Calls(adapter, trace, fall_back=True)
 
     def outputs(self) -> dict[str, np.ndarray]:
         adapter = self.adapter
@@ -345,13 +354,11 @@ class Float64Interpreter(Interpreter):
 
     def run_node(self, index: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Any]:
         op, adapter = self.trace.ops[index], self.adapter
-        fn, args, kwargs = adapter.float64_call(op.framework_op, fn, args, kwargs)
         inputs = call_tensors(args, kwargs, adapter.is_tensor) if op.inplace else []
-        _, produced, _ = run_op(adapter, fn, args, kwargs, inputs)
+        _, produced, _ = run_op(adapter, self.float64_calls.of(op, fn), args, kwargs, inputs)
         if len(produced) != len(op.outputs) or \
                 any(tuple(t.shape) != tuple(self.trace.tensors[tid].shape) for t, tid in zip(produced, op.outputs)):
             raise UnfaithfulReplay(f"op {index} ({op.framework_op}) made other tensors in float64 than recorded")
-        count_narrow(self.narrow, adapter, op.framework_op, op.module, produced)
         self.copies.note_outputs(produced)
         return produced
 
@@ -427,12 +434,103 @@ class Float64Copies:
         return copy
 
 
-def count_narrow(counts: dict[str, int], adapter: Adapter, op: str, module: str, outputs: list[Any]) -> None:
-    """Count op `op` of `module` (in `counts`, by op and module) where its floating `outputs` came out
-    below float64 in a float64 run."""
-    if any(is_floating(d) and d != "float64" for d in map(adapter.dtype_name, outputs)):
-        where = f"{op} in {module}" if module else op
-        counts[where] = counts.get(where, 0) + 1
+class Float64Calls:
+    """How a float64 run calls each op, for every float64 run: the float64 check's (`Float64Interpreter`
+    over the recorded calls, `sides.Float64Listener` over the model's code) and the fp64 oracle's
+    replays (`ValuesInterpreter`, `VJPInterpreter`). A cast below float64 (a cast op, a dtype argument)
+    stays at float64 (`Adapter.float64_call`); `narrow` counts the ops, by op and module, whose floating
+    outputs still come out below float64.
+
+    An op that raises in float64 (one without a float64 kernel, as `torch._grouped_mm` on CPU) shows a
+    limit of the framework, neither a bug of the model nor one of bisectr. In the float64 check
+    (`fall_back`) it runs at the dtypes it was recorded with instead: its floating inputs cast down to
+    them, its floating outputs cast back up to float64; it is counted in `narrow`, and `fallen_back` says
+    why. Where it cannot (an op writing in place, one the recording does not name at this point), and
+    in an oracle, which is float64 or nothing, `CannotUpcast` names the op and what it raised."""
+
+    def __init__(self, adapter: Adapter, trace: Trace, fall_back: bool):
+        self.adapter = adapter
+        self.trace = trace
+        self.fall_back = fall_back
+        self.narrow: dict[str, int] = {}  # "op in module" -> how many of its calls ran below float64
+        self.fallen_back: dict[str, str] = {}  # "op in module" -> the dtypes it ran at instead, and why
+
+    def of(self, op: OpNode, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """The recorded op `op`, whose function is `fn`, as this float64 run calls it."""
+        return partial(self.call, op.framework_op, op.module, op, fn)
+
+    def call(self, name: str, module: str, recorded: OpNode | None, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Call op `name` of `module` (`recorded`: the recording's op it is, None where unknown) as this
+        float64 run calls it, and return its result."""
+        where = f"{name} in {module}" if module else name
+        wide_fn, wide_args, wide_kwargs = self.adapter.float64_call(name, fn, args, kwargs)
+        try:
+            result = wide_fn(*wide_args, **wide_kwargs)
+        except Exception as exc:
+            raised = _said(exc)
+            result, ran_at = self._at_recorded_dtypes(where, recorded, fn, args, kwargs, raised)
+            self.fallen_back[where] = f"run at {', '.join(ran_at) or 'its recorded dtypes'}: in float64 it raised {raised}"
+            below_float64 = True
+        else:
+            dtypes = map(self.adapter.dtype_name, iter_tensors(result, self.adapter.is_tensor))
+            below_float64 = any(dtype != float64_dtype(dtype) for dtype in dtypes)
+        if below_float64:
+            self.narrow[where] = self.narrow.get(where, 0) + 1
+        return result
+
+    def narrow_ops(self) -> list[str]:
+        """The ops that ran below float64, each with how often where more than once, and why where it
+        fell back to its recorded dtypes."""
+        listed = []
+        for where, count in self.narrow.items():
+            notes = [f"x{count}"] if count > 1 else []
+            if where in self.fallen_back:
+                notes.append(self.fallen_back[where])
+            listed.append(f"{where} ({'; '.join(notes)})" if notes else where)
+        return listed
+
+    def _at_recorded_dtypes(self, where: str, recorded: OpNode | None, fn: Callable[..., Any], args: tuple, kwargs: dict,
+                            raised: str) -> tuple[Any, list[str]]:
+        """The result of the op, which raised `raised` in float64, run at its recorded dtypes (see the
+        class docstring), and those of them below float64."""
+        adapter = self.adapter
+        cannot = f"{where} cannot run in float64 (it raised {raised})"
+        if not self.fall_back:
+            raise CannotUpcast(cannot) from None
+        tensors = call_tensors(args, kwargs, adapter.is_tensor)
+        if recorded is None or len(tensors) != len(recorded.inputs):
+            raise CannotUpcast(f"{cannot}, and the recording has no such op at this point to give its dtypes") from None
+        if recorded.inplace:
+            raise CannotUpcast(f"{cannot}, and it writes in place: it cannot run at its recorded dtypes on a copy") from None
+        recorded_dtypes = {id(t): self.trace.tensors[tid].dtype for t, tid in zip(tensors, recorded.inputs)}
+
+        def narrowed(tensor: Any) -> Any:
+            return self._cast(tensor, recorded_dtypes[id(tensor)])
+
+        def widened(tensor: Any) -> Any:
+            return self._cast(tensor, float64_dtype(adapter.dtype_name(tensor)))
+
+        try:
+            result = fn(*map_tensors(args, adapter.is_tensor, narrowed), **map_tensors(kwargs, adapter.is_tensor, narrowed))
+            result = map_tensors(result, adapter.is_tensor, widened)
+        except Exception as exc:
+            raise CannotUpcast(f"{cannot}, nor at its recorded dtypes (it raised {_said(exc)})") from None
+        below_float64 = {dtype for dtype in recorded_dtypes.values() if is_floating(dtype) and dtype != float64_dtype(dtype)}
+        return result, sorted(below_float64)
+
+    def _cast(self, tensor: Any, dtype: str) -> Any:
+        """A floating `tensor` cast to `dtype`; an empty one (which may hold no memory) as it is."""
+        adapter = self.adapter
+        if not is_floating(dtype) or adapter.dtype_name(tensor) == dtype or math.prod(tensor.shape) == 0:
+            return tensor
+        return adapter.cast(tensor, dtype)
+
+
+def _said(exc: Exception, most: int = 200) -> str:
+    """What `exc` says, in one line of at most about `most` characters."""
+    text = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+    text = text if len(text) <= most else text[:most] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class Patches:

@@ -154,6 +154,8 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
         if culprit.fp64:
             lines.append([(f"  vs fp64: candidate {fmt(culprit.fp64.candidate_error)}, reference "
                            f"{fmt(culprit.fp64.reference_error)}  -> ", ""), (culprit.verdict, culprit.verdict)])
+        elif culprit.fp64_unavailable:
+            lines.append([(f"  vs fp64: no oracle ({culprit.fp64_unavailable})", "muted")])
     lines += recurrence_lines(result, listed)
     if result.confirmation:
         lines.append([(f"  {confirmation_text(result.confirmation, measured(result))}", "" if result.confirmation.confirmed else "warning")])

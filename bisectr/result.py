@@ -53,6 +53,7 @@ class Culprit:
     reference_leaf: str | None = None
     layout: str | None = None
     description: str | None = None
+    fp64_unavailable: str | None = None  # why there is no `fp64` evidence: an op without a float64 kernel
 
 
 @dataclass

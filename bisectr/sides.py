@@ -19,13 +19,13 @@ import numpy as np
 from .adapters import Adapter, CannotUpcast
 from .adapters.base import OpListener
 from .errors import InterceptionFailure, ModelFileError, UnreadableTensorError, UnrecordedOutputError, UserModelError
-from .interpreter import (Float64Copies, Float64Interpreter, Gradients, Recording, RerunResult, UnfaithfulReplay,
-                          ValuesInterpreter, VJPInterpreter, count_narrow, rerun_recorded)
+from .interpreter import (Float64Calls, Float64Copies, Float64Interpreter, Gradients, Recording, RerunResult, UnfaithfulReplay,
+                          ValuesInterpreter, VJPInterpreter, rerun_recorded)
 from .modelfile import BuiltSide, run_user_code
 from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, output_pairs
 from .store import TensorWriter
-from .structure import iter_tensors, map_tensors
-from .trace import TensorInfo, Trace, is_floating, read_live
+from .structure import call_tensors, iter_tensors, map_tensors
+from .trace import OpNode, TensorInfo, Trace, is_floating, read_live
 
 
 # -- what a side is asked ------------------------------------------------------------------
@@ -248,36 +248,32 @@ class LocalSide:
         for the model's code and run (`Float64Interpreter`), else the model's code under `Float64Listener`,
         which also says why a forward cannot run in float64."""
         _refuse_plain_function(self.side)
-        values, narrow = self.float64_replay(leaf_values) or self.float64_forward(leaf_values)
+        values, calls = self.float64_replay(leaf_values) or self.float64_forward(leaf_values)
         narrowed = next((key for key, v in values.items() if v.dtype.kind == "f" and v.dtype != np.float64), None)
         if narrowed is not None:
             raise CannotUpcast(f"its output {narrowed!r} stays {values[narrowed].dtype} (a dtype fixed inside the forward)")
-        return Float64Run(values, narrow_ops(narrow))
+        return Float64Run(values, calls.narrow_ops())
 
-    def float64_replay(self, leaf_values: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, int]] | None:
+    def float64_replay(self, leaf_values: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Float64Calls] | None:
         adapter = self.side.adapter
         if not self.recording.replayable(adapter):
             return None
         replay = Float64Interpreter(adapter, self.trace, self.recording, leaf_values)
         try:
-            return replay.outputs(), replay.narrow
+            return replay.outputs(), replay.float64_calls
         except UnfaithfulReplay:
             return None
-        except Exception as exc:
-            if getattr(exc, "raised_by_op", False):  # the model's own code, run next, says what fails
-                return None
-            raise
 
-    def float64_forward(self, leaf_values: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    def float64_forward(self, leaf_values: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Float64Calls]:
         side, adapter = self.side, self.side.adapter
-        listener = Float64Listener(adapter, side.model, leaf_values)
+        listener = Float64Listener(adapter, side.model, self.trace, leaf_values)
         upcast = replace(side, inputs=_float64_inputs(side))
         try:
             with adapter.intercept(side.model, listener), adapter.float64_defaults():
                 outputs = upcast.forward()
         except UserModelError as exc:
             raise CannotUpcast(f"its float64 forward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
-        return {key: adapter.to_numpy(tensor) for key, tensor in output_pairs(adapter, outputs)}, listener.narrow
+        return {key: adapter.to_numpy(tensor) for key, tensor in output_pairs(adapter, outputs)}, listener.calls
 
     def backward(self, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
                  activations: dict[int, np.ndarray]) -> Gradients:
@@ -294,7 +290,7 @@ class LocalSide:
     def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
         side, adapter = self.side, self.side.adapter
         upcast = _with_gradient_inputs(side, _float64_inputs(side))
-        listener = Float64Listener(adapter, side.model, leaf_values, gradients=True)
+        listener = Float64Listener(adapter, side.model, self.trace, leaf_values, gradients=True)
         try:
             with adapter.intercept(side.model, listener, gradients=True), adapter.float64_defaults():
                 outputs = upcast.forward()
@@ -305,7 +301,7 @@ class LocalSide:
         except UserModelError as exc:
             raise CannotUpcast(f"its float64 backward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
         grads.update((name, None) for name in listener.parameter_names() if name not in grads)  # no op read it
-        return Float64Run(grads, narrow_ops(listener.narrow))
+        return Float64Run(grads, listener.calls.narrow_ops())
 
 
 def _refuse_plain_function(side: BuiltSide) -> None:
@@ -321,11 +317,6 @@ def _float64_inputs(side: BuiltSide) -> tuple | dict:
     return map_tensors(side.inputs, adapter.is_tensor, lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
 
 
-def narrow_ops(counts: dict[str, int]) -> list[str]:
-    """The ops that ran below float64 in a float64 run, from their counts by op and module."""
-    return [f"{where} (x{count})" if count > 1 else where for where, count in counts.items()]
-
-
 @dataclass
 class Float64Run:
     """What a float64 run gave (outputs by key, or gradients by leaf name), and the ops that still
@@ -338,30 +329,35 @@ class Float64Run:
 class Float64Listener:
     """Runs the model's own code in float64 with no float64 copy of the model: an op reading a
     floating parameter or buffer reads a float64 copy made for it (of `leaf_values[name]` where
-    given, `Float64Copies`), released after it; its casts below float64 stay at float64
-    (`Adapter.float64_call`). Counts the ops whose floating outputs still come out lower. With
-    `gradients` each leaf's copy is made once and kept in `upcast` (a parameter's a leaf
-    requiring a gradient, the parameter's own float64 gradient)."""
+    given, `Float64Copies`), released after it; each op is called as `Float64Calls` calls it in the
+    float64 check (`calls.narrow`: the ops that still ran below float64), the `trace` recorded giving
+    the dtypes of an op that cannot run in float64, as the code follows the recording op for op. With
+    `gradients` each leaf's copy is made once and kept in `upcast` (a parameter's a leaf requiring a
+    gradient, the parameter's own float64 gradient)."""
 
-    def __init__(self, adapter: Adapter, model: Any, leaf_values: dict[str, np.ndarray], gradients: bool = False):
+    def __init__(self, adapter: Adapter, model: Any, trace: Trace, leaf_values: dict[str, np.ndarray], gradients: bool = False):
         self.adapter = adapter
+        self.trace = trace
         self.leaves = {id(t): (name, t) for name, t in adapter.named_leaves(model) if is_floating(adapter.dtype_name(t))}
         self.copies = Float64Copies(adapter, leaf_values)
+        self.calls = Float64Calls(adapter, trace, fall_back=True)
         self.gradients = gradients
         self.upcast: dict[str, Any] = {}  # leaf name -> its float64 copy, with `gradients`
         self.modules: list[str] = []
-        self.narrow: dict[str, int] = {}
+        self.op_count = 0  # the ops run so far, counted as a recording counts them
         self._upcasting = False  # the ops that make a copy are bisectr's, not the model's
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if self._upcasting:
             return fn(*args, **kwargs)
-        fn, args, kwargs = self.adapter.float64_call(name, fn, args, kwargs)
         args = map_tensors(args, self._is_model_leaf, self._float64)
         kwargs = map_tensors(kwargs, self._is_model_leaf, self._float64)
-        result = fn(*args, **kwargs)
+        inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
+        versions = [self.adapter.version(t) for t in inputs]
+        result = self.calls.call(name, self.modules[-1] if self.modules else "", self._recorded(name), fn, *args, **kwargs)
         outputs = iter_tensors(result, self.adapter.is_tensor)
-        count_narrow(self.narrow, self.adapter, name, self.modules[-1] if self.modules else "", outputs)
+        if outputs or any(self.adapter.version(t) != v for t, v in zip(inputs, versions)):  # an op, as a recording counts them
+            self.op_count += 1
         if not self.gradients:
             self.copies.note_outputs(outputs)
             for tensor in iter_tensors((args, kwargs), self.adapter.is_tensor):
@@ -373,6 +369,12 @@ class Float64Listener:
 
     def exit_module(self) -> None:
         self.modules.pop()
+
+    def _recorded(self, name: str) -> OpNode | None:
+        """The recording's op this call is, where the model's code still follows the recording."""
+        ops = self.trace.ops
+        recorded = ops[self.op_count] if self.op_count < len(ops) else None
+        return recorded if recorded is not None and recorded.framework_op == name else None
 
     def parameter_names(self) -> list[str]:
         return [name for name, _ in self.leaves.values() if name.startswith("param:")]

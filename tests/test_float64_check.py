@@ -55,9 +55,9 @@ def test_the_recorded_calls_in_float64_compute_what_the_model_code_does_in_float
         first_parameter = next(name for name in run.traces[role].leaves if name.startswith("param:"))
         values = {first_parameter: 2 * run.traces[role].value(run.traces[role].leaves[first_parameter])}
         assert side.recording.replayable(side.side.adapter)
-        replayed, replayed_narrow = side.float64_replay(values)
-        own, own_narrow = side.float64_forward(values)
-        assert replayed.keys() == own.keys() and replayed_narrow == own_narrow
+        replayed, replayed_calls = side.float64_replay(values)
+        own, own_calls = side.float64_forward(values)
+        assert replayed.keys() == own.keys() and replayed_calls.narrow == own_calls.narrow
         for key, expected in own.items():
             assert replayed[key].dtype == expected.dtype == np.float64
             scale = max(float(np.abs(expected).max()), 1e-30)

@@ -49,6 +49,7 @@ class ShownEvidence:
     input_error: float | None
     output_error: float | None  # absolute
     amplification: float | None
+    fp64_unavailable: str | None = None  # why there is no `fp64`: an op without a float64 kernel
 
     def __post_init__(self) -> None:
         for name in ("local_error", "input_error", "output_error", "amplification"):
@@ -343,7 +344,7 @@ class RunData:
             return None
         culprit = self.result.culprit
         return ShownEvidence(culprit.local_error, culprit.fp64, culprit.verdict, culprit.input_error, culprit.output_error,
-                             culprit.amplification)
+                             culprit.amplification, culprit.fp64_unavailable)
 
     def replay_evidence(self, index: int) -> ShownEvidence | None:
         """Replay one op (live runs): local error and the fp64 oracle. Slow-ish: call from a worker."""
@@ -352,7 +353,7 @@ class RunData:
             return None
         evidence = self.analysis.evidence(index, row.reference, oracle=True)
         return ShownEvidence(evidence.local_error, evidence.fp64, evidence.verdict, evidence.input_error,
-                             evidence.output_error.max_abs, evidence.amplification)
+                             evidence.output_error.max_abs, evidence.amplification, evidence.fp64_unavailable)
 
     # -- actions ----------------------------------------------------------------------
     def patch_effect(self, index: int) -> dict[str, float]:

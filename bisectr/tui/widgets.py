@@ -376,6 +376,8 @@ class EvidencePanel(Static):
             meaning = {"different": "computes something else", "noise": "as close to float64: rounding",
                        "exact": "bit-identical"}.get(verdict, "")
             lines.append(Content.assemble(" " * 15, (f"→ {verdict}", f"bold {verdict_style(verdict)}"), f": {meaning}" if meaning else ""))
+        elif evidence and evidence.fp64_unavailable:
+            lines.append(Content.assemble(("vs fp64        ", "$text-muted"), f"no oracle: {evidence.fp64_unavailable}"))
         elif pending:
             lines.append(Content.styled("vs fp64        replaying the op…", "$text-muted"))
         elif row.local_error == 0:
