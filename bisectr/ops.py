@@ -12,6 +12,9 @@ from functools import lru_cache
 from .adapters import op_synonyms
 
 
+# Ops whose outputs are memory left uninitialised, other values on every run: never compared across runs.
+UNINITIALISED = frozenset({"empty", "empty_like", "new_empty", "empty_strided"})
+
 _REVERSED_DUNDERS = {"radd", "rsub", "rmul", "rtruediv", "rdiv", "rpow", "rmatmul", "rfloordiv", "rmod", "rand", "ror", "rxor", "rlshift", "rrshift"}
 
 
