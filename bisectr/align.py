@@ -170,6 +170,10 @@ class Alignment:
     def _by_candidate(self) -> dict[int, int]:
         return {p.candidate: p.reference for p in self.pairs}
 
+    def partnered_ops(self) -> set[int]:
+        """Candidate ops with a partner: paired 1:1 or inside a matched block that holds reference ops."""
+        return {p.candidate for p in self.pairs} | {i for b in self.blocks if b.matched and b.reference for i in b.candidate}
+
     def aligned_ops(self, side: str) -> set[int]:
         """Ops paired 1:1 or inside a matched block."""
         attr = "candidate" if side == "candidate" else "reference"

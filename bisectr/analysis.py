@@ -14,6 +14,9 @@ For each candidate op paired with a reference op:
 A matched N:M block (a hand-written layer norm against `layer_norm`) is judged as one op:
 its candidate ops replayed in order on the reference's inputs, its reference ops replayed
 in float64 as the oracle. Its evidence sits under the candidate op completing its output.
+A block of ops the reference has no partner for (an extra scale, copy or transpose pair) hands on
+what the reference passes on unchanged: it is judged against those values, which are also its
+float64 truth.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .adapters import CannotUpcast
-from .align import LAYOUT_OPS, Block, TensorPair
+from .align import LAYOUT_OPS, Alignment, Block, TensorPair
 from .metrics import EXACT, UNKNOWN, ErrorMetrics, Float64Evidence, error_metrics
 from .numerics import coarsest_dtype, judge, noise_floor
 from .runrecord import RunRecord
@@ -121,19 +124,22 @@ class Analysis:
         return candidate, reference + [self.alignment.tensors[t].reference for t in candidate if t in self.alignment.tensors]
 
     def _completing_ops(self, block: Block) -> tuple[int, int] | None:
-        """(candidate op, reference op) of the block whose first outputs are the last pair it hands on."""
+        """(candidate op, reference op) of the block whose first outputs are the last pair it hands on
+        (for a block the reference has no ops in, the reference op making what it passes on)."""
         for cand_tid, ref_tid in reversed(self._block_outputs(block)):
             cand_op = self.candidate.producer_op(cand_tid)
             ref_op = self.reference.producer_op(ref_tid)
-            if cand_op.outputs[0] == cand_tid and ref_op.outputs[0] == ref_tid:
+            if ref_op is not None and cand_op.outputs[0] == cand_tid and ref_op.outputs[0] == ref_tid:
                 return cand_op.index, ref_op.index
         return None
 
     def _block_outputs(self, block: Block) -> list[tuple[int, int]]:
-        """(candidate tid, reference tid) of the paired tensors the block's ops produce on both sides, in candidate order."""
+        """(candidate tid, reference tid) of the paired tensors the block's ops produce on both sides, in candidate
+        order; for a block the reference has no ops in, every paired tensor its ops produce."""
         inside = set(block.reference)
         return [(tid, self.alignment.tensors[tid].reference) for i in block.candidate for tid in self.candidate.ops[i].outputs
-                if tid in self.alignment.tensors and self.reference.tensors[self.alignment.tensors[tid].reference].producer in inside]
+                if tid in self.alignment.tensors
+                and (not inside or self.reference.tensors[self.alignment.tensors[tid].reference].producer in inside)]
 
     def covered_ops(self, cand_index: int, ref_index: int, block: Block | None = None) -> tuple[list[int], list[int]]:
         """The candidate and reference ops one piece of evidence covers: the pair, or the block it completes
@@ -192,7 +198,9 @@ class Analysis:
         local, fp64, fp64_unavailable = self._replayed_errors(cand_index, ref_index, block, None if oracle else noise_floor(dtype))
         verdict = "unknown" if local is None else judge(local, fp64 and fp64.candidate_error, fp64 and fp64.reference_error, dtype)
         amplification = _ratio(output_error.max_abs, input_abs)
-        name = block_name([self.reference.ops[i].op for i in ref_ops]) if block else cand_op.op
+        # a block is named by its reference ops; one the reference has no ops in, by the candidate's
+        named = [self.reference.ops[i] for i in ref_ops] or [self.candidate.ops[i] for i in cand_ops]
+        name = block_name([op.op for op in named]) if block else cand_op.op
         return OpEvidence(cand_index, ref_index, name, dtype, output_error, input_abs, input_rel, local, fp64, amplification,
                           verdict, block, fp64_unavailable)
 
@@ -267,6 +275,8 @@ class Analysis:
         local = worst(local_out, reference_out)
         if local == 0.0 or (decided_under is not None and local <= decided_under):
             return local, None, None
+        if not ref_ops:  # the reference passes its values on unchanged: they are their own float64 truth
+            return local, Float64Evidence(local, 0.0), None
         try:
             oracle = self.sides.replay("reference", ref_ops, {}, float64=True)  # on the reference's own inputs
         except CannotUpcast as exc:  # an op without a float64 kernel: the local error decides alone
@@ -288,6 +298,16 @@ def block_name(ops: list[str]) -> str:
 def computing_op(trace: Trace, indices: list[int]) -> int:
     """The last op of `indices` that computes (the one a block's name comes from); the last op if none does."""
     return next((i for i in reversed(indices) if computes(trace.ops[i].op)), indices[-1])
+
+
+def entering_op(alignment: Alignment, trace: Trace, block: Block) -> int:
+    """The candidate op of `block` where its difference enters first: the first op that computes among
+    those the reference has no partner for (neither paired nor inside a matched block with reference ops:
+    an extra scale, an activation written out before the op it feeds); in an N:M block, whose ops have a
+    partner only together, the op completing it."""
+    partnered = alignment.partnered_ops()
+    unpartnered = [i for i in block.candidate if i not in partnered and computes(trace.ops[i].op)]
+    return unpartnered[0] if unpartnered else computing_op(trace, block.candidate)
 
 
 def external_inputs(trace: Trace, indices: list[int]) -> list[int]:

@@ -29,7 +29,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .align import Block, settle_layouts
-from .analysis import Analysis, OpEvidence, computing_op
+from .analysis import Analysis, OpEvidence, computing_op, entering_op
 from .errors import TraceMismatchError
 from .leaves import leaf_causes, reference_values
 from .numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms, noise_floor
@@ -434,9 +434,10 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culpri
                         if t in analysis.leaves and analysis.leaves[t].verdict == "different"]
     leaf = different_leaves[0].candidate.split(":", 1)[1] if different_leaves else None
     cand_index, ref_index = evidence.candidate, evidence.reference
-    if evidence.block is not None:  # a block is shown at the op it is named after, on both sides
-        cand_index = computing_op(run.candidate, evidence.block.candidate)
-        ref_index = computing_op(run.reference, evidence.block.reference)
+    if evidence.block is not None:  # shown where its difference enters, against the reference op it is named after
+        cand_index = entering_op(run.alignment, run.candidate, evidence.block)
+        if evidence.block.reference:
+            ref_index = computing_op(run.reference, evidence.block.reference)
     return Culprit("leaf" if leaf else "op", evidence.op, site(run.candidate.ops[cand_index]),
                    site(run.reference.ops[ref_index]), leaf,
                    input_error=evidence.input_error, output_error=evidence.output_error.max_abs,

@@ -140,9 +140,10 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
             site = getattr(culprit, role)
             lines.append([(f"  {role:9}  op {site.index:<5} {site.op:<28} ", ""), (site.module or "(top level)", "accent")])
             if site.source:  # empty where only bisectr called it (the side's model is a framework function) and in older runs
-                lines.append([("             ", ""), (short_source(site.source), "source"), (f":  {source_text(site.source)}", "code")])
+                lines.append(source_line(site.source))
         if culprit.block:
-            lines.append([(f"  block      {block_text(run, culprit.block)}", "")])
+            lines.append([(f"  block      {block_text(run, culprit.block, culprit.reference.index)}", "")])
+            lines += [source_line(source) for source in block_sources(run, culprit.block) if source != culprit.candidate.source]
         if culprit.kind == "leaf" and culprit.local_error is None and culprit.input_error is None:
             pass  # a leaf compared by its values: no op evidence
         elif backward:
@@ -158,7 +159,9 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
             lines.append([(f"  vs fp64: no oracle ({culprit.fp64_unavailable})", "muted")])
     lines += recurrence_lines(result, listed)
     if result.confirmation:
-        lines.append([(f"  {confirmation_text(result.confirmation, measured(result))}", "" if result.confirmation.confirmed else "warning")])
+        block = culprit.block if culprit is not None else None
+        lines.append([(f"  {confirmation_text(result.confirmation, measured(result), block)}",
+                       "" if result.confirmation.confirmed else "warning")])
     for item in result.not_blamed[:listed]:
         lines.append([(f"  {not_blamed_text(item)}", "muted")])
     if result.bracket:
@@ -209,8 +212,24 @@ def print_result(console: Console, run: RunRecord, result: Result) -> None:
         print_result(console, run, result.backward)
 
 
-def block_text(run: RunRecord, block: BlockOps) -> str:
-    """An N:M block judged as one op: its ops and source lines on both sides."""
+def ops_text(indices: list[int]) -> str:
+    """`op 3`, or `ops 3..7` for the first and last of several."""
+    return f"op {indices[0]}" if len(indices) == 1 else f"ops {indices[0]}..{indices[-1]}"
+
+
+def source_line(source: str) -> Line:
+    """`path:line:  text`, indented under an op."""
+    return [("             ", ""), (short_source(source), "source"), (f":  {source_text(source)}", "code")]
+
+
+def block_sources(run: RunRecord, block: BlockOps) -> list[str]:
+    """The source lines of a block's candidate ops, each once, in op order."""
+    return list(dict.fromkeys(run.candidate.ops[i].source for i in block.candidate if run.candidate.ops[i].source))
+
+
+def block_text(run: RunRecord, block: BlockOps, reference_op: int) -> str:
+    """An N:M block judged as one op: its ops and source lines on both sides (for ops the reference has
+    no partner for, the reference op `reference_op` whose output they are compared with)."""
     def side(role: str) -> str:
         ops = [run.traces[role].ops[i] for i in getattr(block, role)]
         if not ops:
@@ -221,7 +240,10 @@ def block_text(run: RunRecord, block: BlockOps) -> str:
             if path and line.isdigit():
                 by_path.setdefault(path, set()).add(int(line))
         spans = [f"{path}:{min(lines)}-{max(lines)}" if len(lines) > 1 else f"{path}:{min(lines)}" for path, lines in by_path.items()]
-        return f"{role} ops {ops[0].index}..{ops[-1].index}" + (f" at {', '.join(spans)}" if spans else "")
+        return f"{role} {ops_text([op.index for op in ops])}" + (f" at {', '.join(spans)}" if spans else "")
+    if not block.reference:
+        return (f"{side('candidate')}, where no reference op corresponds: compared as one op with reference op "
+                f"{reference_op}'s output, which the reference passes on unchanged")
     return f"{side('candidate')} against {side('reference')}, compared as one op"
 
 
@@ -242,10 +264,13 @@ def float64_text(check: Float64Check, compared: str = "outputs") -> str:
     return text
 
 
-def confirmation_text(confirmation: Confirmation, errors_of: str = "outputs") -> str:
-    """What taking the culprit's own difference out did to the outputs' (`errors_of`) error."""
+def confirmation_text(confirmation: Confirmation, errors_of: str = "outputs", block: BlockOps | None = None) -> str:
+    """What taking the culprit's own difference out did to the outputs' (`errors_of`) error (the culprit
+    a `block`: its ops')."""
     first, *recurrences = confirmation.patched_ops or ["?"]
-    what = f"op {first}'s own difference" + (f" and its {len(recurrences)} recurrences' together" if recurrences else "")
+    several = block is not None and len(block.candidate) > 1 and first in block.candidate
+    own = f"the block's ({ops_text(block.candidate)})" if several else f"op {first}'s"
+    what = f"{own} own difference" + (f" and its {len(recurrences)} recurrences' together" if recurrences else "")
     if confirmation.leaves:
         readers = f"op {first}" if not recurrences else f"ops {', '.join(map(str, confirmation.patched_ops))}"
         what = f"the reference's values for {confirmation.leaves} leaf (read by {readers})" if confirmation.leaves == 1 else \
@@ -438,7 +463,7 @@ def training_lines(result: TrainingResult) -> list[Line]:
             site = getattr(culprit, role)
             lines.append([(f"  {role:9}  op {site.index:<5} {site.op:<28} ", ""), (site.module or "(top level)", "accent")])
             if site.source:
-                lines.append([("             ", ""), (short_source(site.source), "source"), (f":  {source_text(site.source)}", "code")])
+                lines.append(source_line(site.source))
     if result.note:
         lines.append([(result.note, "warning")])
     return lines
