@@ -7,7 +7,8 @@ q/k at x3 (for peaked attention, so that a misplaced head shows), biases 0.1 N(0
 1 + 0.1 N(0, 1), embeddings N(0, 1); eval, input_ids (2, 12) from `default_rng(0)`, `use_cache=False`.
 
 Candidate: `Port`, a Llama/Qwen2-style model written here (separate q/k/v/o projections, RMSNorm,
-half-split rotary as Hugging Face's `rotate_half`, causal softmax attention, SiLU-gated MLP) with
+half-split rotary as Hugging Face's `rotate_half`, causal softmax attention masked with -inf where Hugging
+Face adds float32's minimum, so that the masked scores pair with values they do not equal, SiLU-gated MLP) with
 `kv_heads` key-value heads, repeated per query head by `repeat_interleave` where it has fewer than 4.
 Its weights come from the reference's state dict through `convert`, which may give k/v more heads
 (`expand_kv`) and lay q/k rows out for a rotary convention (`rotary_rows`):

@@ -11,7 +11,8 @@ Candidates: the same model loaded from the reference's state dict, with its mask
 `"boolean"`, the scores `masked_fill`ed with -inf where `~attention_mask.bool()` (shape (2, 1, 1, 8)), the
 pooling `masked_fill`ing padded positions with 0 and dividing by the count of kept ones (`_pool`);
 `"padded"`, an additive float mask made from the padded positions, `(attention_mask == 0).float() * -1e9`,
-whose cast holds the complement of the reference's `.float()` (1 where padded, not where kept).
+whose cast holds the complement of the reference's `.float()` (1 where padded, not where kept): the two
+casts pair, a pairing their values refute.
 
 - `candidate()` (boolean) and `candidate_padded_mask()`: correct ports.
 - `candidate_pool_full_length()` (boolean) and `candidate_padded_mask_pool_full_length()`: the pooling
