@@ -18,7 +18,13 @@ bisectr should conclude: `noise` (or `match`) for `candidate()`; `divergent` for
 `candidate_gelu_layer()`, culprit the activation of layer 1's FFN (`gelu` against `relu`, module
 `layers.1`, between `layers.1.linear1` and `layers.1.linear2`).
 """
+import os
+import sys
+
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _weights import draw_biases_and_norms  # noqa: E402
 
 D, HEADS, FFN, SEQ, BATCH, LAYERS = 32, 4, 64, 8, 2, 2
 
@@ -33,14 +39,7 @@ def _torch_model():
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(D, HEADS, FFN, dropout=0.0, activation="relu", batch_first=True,
                                              norm_first=False)
-    model = torch.nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
-    with torch.no_grad():  # non-zero biases and norm affines, so that a misplaced one would show
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-            elif "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-    return model.eval()
+    return draw_biases_and_norms(torch.nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False))
 
 
 def reference():
