@@ -17,6 +17,11 @@ class UserModelError(BisectrError):
         super().__init__(message)
         self.user_traceback = user_traceback
 
+    @property
+    def raised(self) -> str:
+        """What the model raised ("TypeError: ..."), without the message's where and who."""
+        return str(self).rsplit(" raised ", 1)[-1]
+
 
 class RunDirError(BisectrError):
     """A run directory is missing, incomplete or corrupt."""

@@ -158,7 +158,7 @@ def intercepted_forward(side: BuiltSide, listener: OpListener, gradients: bool =
         except UserModelError:
             raise error from None
         raise InterceptionFailure(f"{side.model_file}: the {side.role} model returned by {side.function}() runs without "
-                                  f"bisectr but raised under its interception: {str(error).rsplit(' raised ', 1)[-1]}"
+                                  f"bisectr but raised under its interception: {error.raised}"
                                   ) from error.__context__
 
 
@@ -272,7 +272,7 @@ class LocalSide:
             with adapter.intercept(side.model, listener), adapter.float64_defaults():
                 outputs = upcast.forward()
         except UserModelError as exc:
-            raise CannotUpcast(f"its float64 forward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
+            raise CannotUpcast(f"its float64 forward raised: {exc.raised}") from None
         return {key: adapter.to_numpy(tensor) for key, tensor in output_pairs(adapter, outputs)}, listener.calls
 
     def backward(self, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
@@ -299,7 +299,7 @@ class LocalSide:
             with adapter.enable_grad():
                 grads, _ = _backward(upcast, outputs, seeds, leaves)
         except UserModelError as exc:
-            raise CannotUpcast(f"its float64 backward raised: {str(exc).rsplit(' raised ', 1)[-1]}") from None
+            raise CannotUpcast(f"its float64 backward raised: {exc.raised}") from None
         grads.update((name, None) for name in listener.parameter_names() if name not in grads)  # no op read it
         return Float64Run(grads, listener.calls.narrow_ops())
 
