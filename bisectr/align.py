@@ -12,12 +12,15 @@ How, in four passes, each near-linear in the number of ops:
    pair by value). Keys with different counts on the two sides are left for pass 3.
 2. **Backbone.** The longest increasing chain of anchors (by reference position)
    is the backbone; an anchor off it is kept only if it sits between its backbone
-   neighbours (locally reordered independent ops), otherwise dropped.
+   neighbours (locally reordered independent ops), otherwise dropped. Two anchors
+   that cross where one op reads the other's output (add then scale against scale
+   then add) are both dropped, their ops left to a block.
 3. **Gaps.** Between consecutive backbone anchors the remaining ops of each side are
    matched by a small dynamic program on (canonical op, output size, values).
 4. **Blocks.** Runs of ops still unmatched form N:M blocks. A block is matched when
    every tensor it hands to later ops finds a reference tensor of the same size and
-   close values among the reference block's outputs or the block inputs' partners.
+   close values among the reference block's outputs or the block inputs' partners;
+   one that does not is merged with the run that reads what it hands on.
 
 Users can pin modules that the aligner cannot pair by itself
 (`ALIGN_MODULES = {"candidate.path": "reference.path"}` in the model file): ops
@@ -137,7 +140,8 @@ class LeafPair:
     max_rel: float | None = None  # max abs difference / max abs of the reference's values
     # A part of a fused candidate parameter (q, k and v in one qkv_proj): the positions along
     # `axis` of the candidate's values that hold the reference leaf's rows, in its order (the
-    # reference's values transposed first where `transposed`).
+    # reference's values transposed first where `transposed`); where the candidate holds each row
+    # k times (kv heads repeated), k * rows positions: every row's first copy, then every second.
     slots: list[int] | None = None
     axis: int = 0
     transposed: bool = False
@@ -205,6 +209,16 @@ def fingerprint_distance(a: list[float], b: list[float], scale: float) -> float:
     return min(worst / scale, 2.0)
 
 
+def _output_partners(reference: Trace, candidate: Trace) -> dict[int, int]:
+    """Candidate output tid -> the reference output it is compared with: by key, then the rest in order
+    (as the run pairs the outputs), where the sizes agree."""
+    rest = [k for k in reference.outputs if k not in candidate.outputs]
+    keyed = [(k, k) for k in candidate.outputs if k in reference.outputs]
+    keyed += zip([k for k in candidate.outputs if k not in reference.outputs], rest)
+    return {candidate.outputs[c]: reference.outputs[r] for c, r in keyed
+            if candidate.tensors[candidate.outputs[c]].size == reference.tensors[reference.outputs[r]].size}
+
+
 class _TracePair:
     """Both traces with the per-op facts the passes keep asking for."""
 
@@ -212,6 +226,7 @@ class _TracePair:
         self.traces = {"reference": reference, "candidate": candidate}
         self.use_layers = all(any(layer_numbers(op.module) for op in t.ops) for t in self.traces.values())
         self.readers = {side: trace.consumers() for side, trace in self.traces.items()}
+        self.output_partner = _output_partners(reference, candidate)
 
     def key(self, side: str, op: OpNode) -> tuple:
         trace = self.traces[side]
@@ -363,10 +378,13 @@ def _align_sequences(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[Op
                      use_layers: bool) -> dict[int, tuple[int, str, float]]:
     anchors = _anchors(sides, cand_ops, ref_ops, use_layers)
     backbone, extra = _backbone(anchors)
+    crossed = _crossing_dataflow(sides, backbone + extra)
+    backbone, extra = [a for a in backbone if a not in crossed], [a for a in extra if a not in crossed]
     pairs = {c: (r, "anchor", sides.distance(sides.traces["candidate"].ops[c], sides.traces["reference"].ops[r]))
              for c, r in backbone + extra}
-    matched_ref = {r for r, _, _ in pairs.values()}
-    cand_positions = [op.index for op in cand_ops]
+    matched_ref = {r for r, _, _ in pairs.values()} | {r for _, r in crossed}  # crossed ops stay unpaired
+    crossed_cands = {c for c, _ in crossed}
+    cand_positions = [op.index for op in cand_ops if op.index not in crossed_cands]
     ref_positions = [op.index for op in ref_ops]
     bounds = [(-1, -1)] + backbone + [(10**18, 10**18)]
     for (c0, r0), (c1, r1) in zip(bounds, bounds[1:]):
@@ -419,6 +437,24 @@ def _pair_group(sides: _TracePair, cand_group: list[OpNode], ref_group: list[OpN
         used[best] = True
         pairs.append((cand_op.index, ref_group[best].index))
     return pairs
+
+
+def _crossing_dataflow(sides: _TracePair, anchors: list[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Anchors two of which cross where one op reads the other's output (the candidate adds a mask, then
+    scales; the reference scales, then adds): their partners cannot read each other's in turn, so
+    neither pairing holds, and those ops are left to be compared together as a block."""
+    reference_of = dict(anchors)
+    candidate_of = {r: c for c, r in anchors}
+    crossed: set[tuple[int, int]] = set()
+    for role, partner_of in (("candidate", reference_of), ("reference", candidate_of)):
+        trace = sides.traces[role]
+        for index, partner in partner_of.items():
+            for tid in trace.ops[index].inputs:
+                producer = trace.tensors[tid].producer
+                if producer is not None and producer in partner_of and partner_of[producer] > partner:
+                    pair, producer_pair = (index, partner), (producer, partner_of[producer])
+                    crossed |= {pair, producer_pair} if role == "candidate" else {pair[::-1], producer_pair[::-1]}
+    return crossed
 
 
 def _backbone(anchors: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -545,23 +581,40 @@ def _leaf_transform(candidate: Trace, reference: Trace, cand_op: OpNode, ref_op:
 def _form_blocks(sides: _TracePair, alignment: Alignment) -> None:
     """Group unpaired ops into blocks between paired ones and pair the tensors they hand on.
     A block whose floating hand-ons find no partner (an attention kernel's internals, say) is
-    merged with the next run of unpaired ops when that run reads them, until they do."""
+    merged with the next run of unpaired ops when that run reads them, until they do; one read by a
+    later run only (k/v projections with more heads than the reference's, read where the reference
+    repeats its heads) is merged with that run when together they hand on tensors that pair."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     paired_ref_of = {p.candidate: p.reference for p in alignment.pairs}
     paired_refs = set(paired_ref_of.values())
     runs = consecutive_runs([op.index for op in candidate.ops if op.index not in paired_ref_of])
+    run_at = {index: position for position, run in enumerate(runs) for index in run}
     unpaired_ref = [op.index for op in reference.ops if op.index not in paired_refs]
     paired_cands = sorted(paired_ref_of)
     blocks: list[Block] = []
+    waiting: list[tuple[Block, set[int]]] = []  # unmatched blocks, with the later runs that read their hand-ons
     pending: list[int] = []
     for position, run in enumerate(runs):
         pending += run
         block, unpartnered = _block_for(sides, alignment, pending, paired_cands, paired_ref_of, unpaired_ref)
-        following = set(runs[position + 1]) if position + 1 < len(runs) else set()
-        read_next = any(reader in following for tid in unpartnered for reader in sides.readers["candidate"].get(tid, []))
-        if block.matched or not read_next:
-            blocks.append(block)
+        for earlier in [w for w in waiting if position in w[1]]:
+            claimed = {r for b in blocks for r in b.reference}
+            merged, _ = _block_for(sides, alignment, earlier[0].candidate + pending, paired_cands, paired_ref_of,
+                                   [r for r in unpaired_ref if r not in claimed])
+            if merged.matched:
+                waiting.remove(earlier)
+                block = merged
+                break
+        reading = {run_at[reader] for tid in unpartnered for reader in sides.readers["candidate"].get(tid, []) if reader in run_at}
+        if block.matched or position + 1 not in reading:
+            later = {r for r in reading if r > position}
+            if block.matched or not later:
+                blocks.append(block)
+            else:
+                waiting.append((block, later))
             pending = []
+    blocks += [block for block, _ in waiting]
+    blocks.sort(key=lambda block: block.candidate[0])
     claimed = {r for b in blocks for r in b.reference}
     leftover = [r for r in unpaired_ref if r not in claimed]
     if leftover:
@@ -596,7 +649,8 @@ def _block_for(sides: _TracePair, alignment: Alignment, cand_ops: list[int], pai
     unpartnered: set[int] = set()
     unpaired = set(unpaired_ref)
     for c_tid in handed_on(candidate, cand_ops, sides.readers["candidate"]):
-        partner = _partner_by_consumer(sides, alignment, c_tid, paired_ref_of) or _partner_by_value(sides, c_tid, options)
+        partner = _partner_by_consumer(sides, alignment, c_tid, paired_ref_of) or sides.output_partner.get(c_tid) \
+            or _partner_by_value(sides, c_tid, options)
         producer = reference.tensors[partner].producer if partner is not None else None
         if producer in unpaired and producer not in ref_ops:
             # The two sides order the block's ops differently (paddle's MLP computes `up` before the

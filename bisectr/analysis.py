@@ -30,7 +30,7 @@ from .metrics import EXACT, UNKNOWN, ErrorMetrics, Float64Evidence, error_metric
 from .numerics import coarsest_dtype, judge, noise_floor
 from .runrecord import RunRecord
 from .sides import Sides
-from .trace import OpNode, Trace
+from .trace import OpNode, Trace, is_floating
 
 @dataclass
 class OpEvidence:
@@ -308,6 +308,27 @@ def entering_op(alignment: Alignment, trace: Trace, block: Block) -> int:
     partnered = alignment.partnered_ops()
     unpartnered = [i for i in block.candidate if i not in partnered and computes(trace.ops[i].op)]
     return unpartnered[0] if unpartnered else computing_op(trace, block.candidate)
+
+
+def rewired_input(run: RunRecord, alignment: Alignment, candidate_ops: list[int], reference_ops: list[int]) -> tuple[int, int, int] | None:
+    """(reference tensor, its candidate counterpart, the candidate tensor read instead) where the
+    reference ops read an op output whose paired candidate tensor the candidate ops do not read,
+    reading one the reference ops do not read the partner of: the same op fed from elsewhere."""
+    counterparts: dict[int, list[int]] = {}
+    for cand_tid, pair in alignment.tensors.items():
+        if pair.how != "leaf":
+            counterparts.setdefault(pair.reference, []).append(cand_tid)
+    cand_inputs = external_inputs(run.candidate, candidate_ops)
+    ref_inputs = external_inputs(run.reference, reference_ops)
+    instead = [t for t in cand_inputs if t in alignment.tensors and alignment.tensors[t].reference not in ref_inputs
+               and is_floating(run.candidate.tensors[t].dtype)]
+    for ref_tid in ref_inputs:
+        if run.reference.tensors[ref_tid].producer is None:
+            continue
+        partners = [t for t in counterparts.get(ref_tid, []) if run.candidate.tensors[t].producer is not None]
+        if partners and not set(partners) & set(cand_inputs) and instead:
+            return ref_tid, partners[0], instead[0]
+    return None
 
 
 def external_inputs(trace: Trace, indices: list[int]) -> list[int]:

@@ -29,7 +29,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .align import Block, settle_layouts
-from .analysis import Analysis, OpEvidence, computing_op, entering_op
+from .analysis import Analysis, OpEvidence, computing_op, entering_op, rewired_input
 from .errors import TraceMismatchError
 from .leaves import leaf_causes, reference_values
 from .numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms, noise_floor
@@ -37,7 +37,7 @@ from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from .runrecord import RunRecord
 from .interpreter import Shift
-from .result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Recurrence, Result
+from .result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Recurrence, Result, Rewired
 from .search import (MAX_REACH_TESTS, SearchPass, bracket, culprit_without_evidence, cut_before, entry_point, recurrences,
                      search_pass, site)
 from .sides import Rerun, Sides
@@ -438,13 +438,26 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culpri
         cand_index = entering_op(run.alignment, run.candidate, evidence.block)
         if evidence.block.reference:
             ref_index = computing_op(run.reference, evidence.block.reference)
+    block = evidence.block or Block([evidence.candidate], [evidence.reference], matched=True)
     return Culprit("leaf" if leaf else "op", evidence.op, site(run.candidate.ops[cand_index]),
                    site(run.reference.ops[ref_index]), leaf,
                    input_error=evidence.input_error, output_error=evidence.output_error.max_abs,
                    output_error_rel=evidence.output_error.max_rel, input_error_rel=evidence.input_error_rel,
                    local_error=evidence.local_error, amplification=evidence.amplification, verdict=evidence.verdict,
                    fp64=evidence.fp64, block=BlockOps(evidence.block.candidate, evidence.block.reference) if evidence.block else None,
-                   fp64_unavailable=evidence.fp64_unavailable)
+                   fp64_unavailable=evidence.fp64_unavailable, rewired=_rewired(run, block))
+
+
+def _rewired(run: RunRecord, block: Block) -> Rewired | None:
+    found = rewired_input(run, run.alignment, block.candidate, block.reference)
+    if found is None:
+        return None
+    ref_tid, counterpart, instead = found
+    reads = run.candidate.tensors[instead]
+    return Rewired(site(run.reference.ops[run.reference.tensors[ref_tid].producer]),
+                   site(run.candidate.ops[run.candidate.tensors[counterpart].producer]),
+                   site(run.candidate.ops[reads.producer]) if reads.producer is not None else None,
+                   reads.leaf if reads.producer is None else None)
 
 
 def _profile_row(run: RunRecord, evidence: OpEvidence) -> ProfileRow:

@@ -8,15 +8,16 @@ compared before any op is blamed.
 reads at the same position (the alignment's pairs, with the layout the frameworks' op semantics
 give), else with one read at the same place (the reference ops of the matched block or paired op
 that reads it) whose values it holds as stored, transposed, or as a slice of a fused parameter
-(GPT-2's `c_attn` split into q/k/v, or q/k/v fused into one, checked against where the
-candidate's ops read each part); else with a leaf of the same size read there, in reading
+(GPT-2's `c_attn` split into q/k/v, or q/k/v fused into one), or repeated (kv heads expanded for
+grouped-query attention), checked against where the candidate's ops read each part; else with a leaf of the same size read there, in reading
 order; else with a leaf anywhere that holds the same values (in any order), or failing that the
 same name. Every leaf read by either side is paired or listed as unpaired with the reason.
 
 **Comparison** of a pair, in the candidate's layout: `equal` (bit for bit), `rounded` (the
 candidate's values are the reference's rounded to the candidate's lower-precision dtype, within
 half an ulp: a bf16 or fp16 cast) or `different`, described: transposed, all zeros, all ones,
-scaled by c, offset by c, rows or blocks permuted, another leaf's values, or how far they differ.
+scaled by c, offset by c, rows or blocks permuted (which row or block each position holds), rows held
+in another order than the ops read them, another leaf's values, or how far they differ.
 """
 from __future__ import annotations
 
@@ -136,24 +137,35 @@ def reference_values(reference: Trace, candidate: Trace, alignment: Alignment, p
         filled = values.get(tid)
         if filled is None:
             filled = values[tid] = np.array(candidate.value(tid), copy=True)
-        rows = ref_values.T if pair.transposed else ref_values
         index = [slice(None)] * filled.ndim
         index[pair.axis] = pair.slots
-        filled[tuple(index)] = rows
+        filled[tuple(index)] = _in_slots(ref_values.T if pair.transposed else ref_values, pair.axis, len(pair.slots))
     return values
 
 
 def _fused_part(reference: Trace, candidate: Trace, cand_tid: int, ref_tid: int, axis: int, transposed: bool,
                 slots: list[int]) -> LeafPair:
     cand_info, ref_info = candidate.tensors[cand_tid], reference.tensors[ref_tid]
-    layout = f"rows {_ranges(slots)} of axis {axis} of the candidate's {list(cand_info.shape)}" + (", transposed" if transposed else "")
+    rows = _row_count(ref_info.shape, axis, transposed)
+    copies = f", each row {len(slots) // rows} times" if len(slots) > rows else ""
+    layout = f"rows {_ranges(slots)}{copies} of axis {axis} of the candidate's {list(cand_info.shape)}" + (", transposed" if transposed else "")
     leaf = LeafPair(cand_info.leaf, ref_info.leaf, layout, "block", slots=slots, axis=axis, transposed=transposed)
     if reference.has_value(ref_tid) and candidate.has_value(cand_tid):
         ref_values = reference.value(ref_tid)
-        expected = ref_values.T if transposed else ref_values
+        expected = _in_slots(ref_values.T if transposed else ref_values, axis, len(slots))
         held = np.take(candidate.value(cand_tid), slots, axis=axis)
         leaf.status, leaf.description, leaf.max_rel = compare(expected, held, cand_info.dtype, ref_info.dtype)
     return leaf
+
+
+def _row_count(shape: tuple[int, ...], axis: int, transposed: bool) -> int:
+    """How many rows a reference leaf of `shape` has along `axis` (of its transpose, where `transposed`)."""
+    return shape[::-1 if transposed else 1][axis]
+
+
+def _in_slots(rows: np.ndarray, axis: int, slots: int) -> np.ndarray:
+    """A reference leaf's rows along `axis` once per copy the candidate holds (`slots` of them in all)."""
+    return np.take(rows, np.arange(slots) % rows.shape[axis], axis=axis)
 
 
 def _ranges(positions: list[int]) -> str:
@@ -246,8 +258,23 @@ def _permutation(reference: np.ndarray, candidate: np.ndarray) -> str | None:
         if size > 1 and all(run[0] % size == 0 for run in runs):
             blocks = [order[k] // size for k in range(0, len(order), size)]
             return f"blocks permuted along axis {axis}: the reference's blocks of {size} in order {blocks}"
-        return f"rows permuted along axis {axis}"
+        return _rows_permuted(order, axis)
     return None
+
+
+def _rows_permuted(order: list[int], axis: int) -> str:
+    """Which of the reference's rows each position holds: the same order within every block of the
+    smallest size that has one (rows within each head permuted for another rotary convention)."""
+    for size in range(2, len(order)):
+        if len(order) % size == 0:
+            pattern = [row - order[0] for row in order[:size]]
+            if all(order[start + k] == start + pattern[k] for start in range(0, len(order), size) for k in range(size)):
+                return f"rows permuted within each block of {size} along axis {axis}: each holds the reference's rows {_listed(pattern)}"
+    return f"rows permuted along axis {axis}: position i holds the reference's row {_listed(order)}"
+
+
+def _listed(values: list[int], most: int = 32) -> str:
+    return str(values) if len(values) <= most else f"[{', '.join(map(str, values[:most]))}, ...]"
 
 
 def _rotary_base(values: np.ndarray) -> float | None:
@@ -321,15 +348,17 @@ class _Pairer:
                     matches[tid].transform, matches[tid].part = usual
 
     def fused_parts(self, matches: dict[int, _Match]) -> dict[int, list[LeafPair]]:
-        """Candidate leaves that fuse several reference leaves read at the same place (q, k and v in
-        one qkv_proj, gate and up in one): candidate tid -> one part per reference leaf, found by
-        matching the reference's rows among the candidate's; a reference leaf none of whose rows is
-        found takes the positions no other leaf holds, when their count fits (a slice not copied).
-        Each part is compared where the candidate's ops read it (`_read_slots`), so rows held in
-        another order than the one read (q/k/v concatenated naively) are different, described by both."""
+        """Candidate leaves that fuse or repeat reference leaves read at the same place (q, k and v in
+        one qkv_proj, gate and up in one, kv heads repeated for grouped-query attention): candidate
+        tid -> one part per reference leaf, found by matching the reference's rows among the
+        candidate's; a reference leaf none of whose rows is found takes the positions no other leaf
+        holds, when their count fits (a slice not copied). Each part is compared where the
+        candidate's ops read it (`_read_slots`; where they do not say, where a sibling leaf laid out
+        the same way is read, `_fill_unread`), so rows held in another order than the one read (q/k/v concatenated
+        naively, kv heads tiled where the ops repeat them in place) are different, described by both."""
         reference, candidate = self.traces["reference"], self.traces["candidate"]
         taken = {m.reference for m in matches.values()}
-        fused: dict[int, list[LeafPair]] = {}
+        found: dict[int, tuple[int, bool, dict[int, list[int]]]] = {}
         for cand_tid in self.candidate_leaves:
             if cand_tid in matches or not candidate.has_value(cand_tid):
                 continue
@@ -339,34 +368,70 @@ class _Pairer:
             nearby = place + [t for t in self.reference_leaves if t not in place and _parent(reference.tensors[t].leaf) in parents]
             options = [t for t in nearby if t not in taken and reference.has_value(t)
                        and reference.tensors[t].size < values.size and _same_kind(reference.tensors[t].leaf, candidate.tensors[cand_tid].leaf)]
-            found = _rows_of(values, {t: reference.value(t) for t in options})
-            if found is None:
-                continue
-            axis, transposed, held = found
-            read = self._read_slots(cand_tid, axis, held)
+            laid_out = _rows_of(values, {t: reference.value(t) for t in options})
+            if laid_out is not None:
+                found[cand_tid] = laid_out
+                taken.update(laid_out[2])
+        reads = {t: self._read_slots(t, axis, transposed, held) for t, (axis, transposed, held) in found.items()}
+        self._fill_unread(found, reads)
+        fused: dict[int, list[LeafPair]] = {}
+        for cand_tid, (axis, transposed, held) in found.items():
+            read = reads[cand_tid] or held
             parts = [_fused_part(reference, candidate, cand_tid, t, axis, transposed, positions) for t, positions in read.items()]
             if read != held:
-                names = {t: _module_name(reference.tensors[t].leaf) for t in read}
-                text = (f"blocks permuted along axis {axis}: holds {_layout_text(held, names)} "
-                        f"where its ops read {_layout_text(read, names)}")
+                text = self._misread(held, read, axis, transposed)
                 for part in parts:
                     if part.status == "different":
                         part.description = text
             fused[cand_tid] = parts
-            taken.update(read)
         return fused
 
-    def _read_slots(self, cand_tid: int, axis: int, held: dict[int, list[int]]) -> dict[int, list[int]]:
-        """Where the candidate's own ops read each reference leaf's rows in the fused leaf: row r of
-        a reference leaf sits at position c when a tensor the candidate copies out of column c of the
-        fused op's output (by reshapes, splits, transposes) is paired with one the reference copies
-        out of column r of that leaf's op's output. `held` (where the rows are found) where the
-        data does not say, or says something inconsistent."""
+    def _misread(self, held: dict[int, list[int]], read: dict[int, list[int]], axis: int, transposed: bool) -> str:
+        """How a fused or repeated leaf holds its reference leaves' rows in another order than its ops read them."""
+        reference = self.traces["reference"]
+        rows = {t: _row_count(reference.tensors[t].shape, axis, transposed) for t in read}
+        if len(read) == 1:
+            (tid, positions), = read.items()
+            size, held_blocks, read_blocks = _blocks(held[tid], positions, rows[tid])
+            how = "repeated" if len(positions) > rows[tid] else "permuted"
+            return (f"blocks {how} along axis {axis}: holds the reference's blocks of {size} in order {held_blocks} "
+                    f"where its ops read them in order {read_blocks}")
+        names = {t: _module_name(reference.tensors[t].leaf) for t in read}
+        return (f"blocks permuted along axis {axis}: holds {_layout_text(held, names, rows)} "
+                f"where its ops read {_layout_text(read, names, rows)}")
+
+    def _fill_unread(self, found: dict[int, tuple[int, bool, dict[int, list[int]]]],
+                     reads: dict[int, dict[int, list[int]] | None]) -> None:
+        """Leaves whose ops do not say where they are read take the read order of a leaf holding its
+        rows at the same positions: first one of the same module's parent (the k projection, whose
+        rotary embedding mixes values before the heads are repeated, read as the v projection next
+        to it), then one of the same name up to layer numbers (the later layers, whose inputs already
+        differ, read as the first)."""
+        candidate = self.traces["candidate"]
+        names = {tid: candidate.tensors[tid].leaf for tid in found}
+        for same_place in (lambda a, b: _parent(a) == _parent(b), lambda a, b: re.sub(r"\d+", "#", a) == re.sub(r"\d+", "#", b)):
+            for tid, (_, _, held) in found.items():
+                if reads[tid] is not None:
+                    continue
+                for other, read in list(reads.items()):
+                    if read is not None and same_place(names[tid], names[other]) and list(found[other][2].values()) == list(held.values()):
+                        reads[tid] = dict(zip(held, read.values()))
+                        break
+
+    def _read_slots(self, cand_tid: int, axis: int, transposed: bool, held: dict[int, list[int]]) -> dict[int, list[int]] | None:
+        """Where the candidate's own ops read each reference leaf's rows in the fused leaf: position c
+        holds row r of a reference leaf when a tensor the candidate copies out of the fused op's
+        output (by reshapes, splits, transposes, repeats) holds column c where the paired reference
+        tensor holds column r of that leaf's op's output. Columns whose values the fused output
+        holds more than once (rows the candidate repeats) are told apart by the reference row their
+        values hold, its copies taken in the order they appear. None where the data does not say,
+        or says something inconsistent."""
         reference, candidate = self.traces["reference"], self.traces["candidate"]
         fused_out = _output_columns(candidate, self.readers["candidate"], cand_tid, candidate.tensors[cand_tid].shape[axis])
         if fused_out is None:
-            return held
-        part_outs = {t: _output_columns(reference, self.readers["reference"], t, len(positions)) for t, positions in held.items()}
+            return None
+        rows = {t: _row_count(reference.tensors[t].shape, axis, transposed) for t in held}
+        part_outs = {t: _output_columns(reference, self.readers["reference"], t, rows[t]) for t in held}
         read: dict[int, list[int]] = {}
         for copy in self._copies(fused_out):
             pair = self.alignment.tensors.get(copy.tid)
@@ -376,13 +441,20 @@ class _Pairer:
             for ref_tid, part_out in part_outs.items():
                 if ref_tid in read or part_out is None:
                     continue
-                rows = _column_map(copy.columns, part_out.columns_of(ref_values), len(held[ref_tid]))
-                if rows is not None:
-                    read[ref_tid] = rows
-        read = _with_the_rest(read, {t: len(rows) for t, rows in held.items() if t not in read}, candidate.tensors[cand_tid].shape[axis])
-        positions = [p for rows in read.values() for p in rows]
+                wanted = part_out.columns_of(ref_values)
+                if wanted is None:
+                    continue
+                holding = part_out.columns_of(candidate.value(copy.tid))
+                votes = _row_per_position(copy.columns, wanted, holding, held[ref_tid], rows[ref_tid])
+                slots = None if votes is None else _slots_of(votes, rows[ref_tid], len(held[ref_tid]))
+                if slots is not None:
+                    read[ref_tid] = slots
+        if not read:
+            return None
+        read = _with_the_rest(read, {t: len(positions) for t, positions in held.items() if t not in read}, candidate.tensors[cand_tid].shape[axis])
+        positions = [p for slots in read.values() for p in slots]
         if len(read) != len(held) or len(set(positions)) != len(positions):
-            return held
+            return None
         return {t: read[t] for t in held}
 
     def _copies(self, origin: "_Columns", depth: int = 3) -> Iterator["_Copy"]:
@@ -500,15 +572,22 @@ class _Columns:
     def __init__(self, tid: int, values: np.ndarray):
         self.tid = tid
         keys = np.ascontiguousarray(values, dtype=np.float32).ravel().view(np.uint32)
-        unique, first, counts = np.unique(keys, return_index=True, return_counts=True)
+        columns = np.arange(keys.size) % values.shape[-1]
+        unique, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        lowest, highest = np.full(unique.size, keys.size), np.full(unique.size, -1)
+        np.minimum.at(lowest, inverse, columns)
+        np.maximum.at(highest, inverse, columns)
+        in_one_column = lowest == highest  # a value repeated down one column (a repeated token) still names it
         self.all_keys = unique
-        self.keys, self.columns = unique[counts == 1], (first % values.shape[-1])[counts == 1]
+        self.keys, self.columns = unique[in_one_column], columns[first][in_one_column]
 
     def columns_of(self, values: np.ndarray) -> np.ndarray | None:
         """Per element of `values`, its column here (-1 where ambiguous); None unless every value is one of these."""
         keys = np.ascontiguousarray(values, dtype=np.float32).ravel().view(np.uint32)
-        if keys.size == 0 or self.keys.size == 0 or not np.all(np.isin(keys, self.all_keys)):
+        if keys.size == 0 or not np.all(np.isin(keys, self.all_keys)):
             return None
+        if self.keys.size == 0:
+            return np.full(keys.size, -1)
         at = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
         return np.where(self.keys[at] == keys, self.columns[at], -1)
 
@@ -523,27 +602,57 @@ def _output_columns(trace: Trace, readers: dict[int, list[int]], leaf: int, rows
     return None
 
 
-def _column_map(candidate: np.ndarray, reference: np.ndarray | None, rows: int) -> list[int] | None:
-    """Candidate column per reference column, when elements paired position by position say so
-    consistently (nine in ten agreeing) for every one of the reference's `rows` columns."""
-    if reference is None or reference.size != candidate.size:
+def _row_per_position(columns: np.ndarray, wanted: np.ndarray, holding: np.ndarray | None,
+                      held: list[int], rows: int) -> dict[int, int] | None:
+    """Fused leaf position -> the reference row the ops read there, from a copy's elements: `columns`
+    (the position each came from, -1 where its value sits at several), `wanted` (the reference row
+    the paired reference element came from) and `holding` (the reference row whose value each
+    holds). A known position takes the row nine in ten of its elements want. The elements holding a
+    row the leaf holds at several positions (`held[row::rows]`) want one row at all of them, or
+    as many rows as there are positions, taken in the order they first appear. None where the
+    elements say neither."""
+    votes: dict[int, int] = {}
+    known = (columns >= 0) & (wanted >= 0)
+    for position in np.unique(columns[known]):
+        want = wanted[known & (columns == position)]
+        values, counts = np.unique(want, return_counts=True)
+        if counts.max() < 0.9 * want.size:
+            return None
+        votes[int(position)] = int(values[counts.argmax()])
+    if holding is None:
+        return votes
+    ambiguous = (columns < 0) & (wanted >= 0) & (holding >= 0)
+    for row in np.unique(holding[ambiguous]):
+        positions = held[int(row)::rows]
+        values, first, counts = np.unique(wanted[ambiguous & (holding == row)], return_index=True, return_counts=True)
+        common = counts >= 0.1 * counts.max()
+        in_order = [int(v) for v in values[common][np.argsort(first[common])]]
+        if len(in_order) == 1:
+            votes.update((p, in_order[0]) for p in positions)
+        elif len(in_order) == len(positions):
+            votes.update(zip(positions, in_order))
+        else:
+            return None
+    return votes
+
+
+def _slots_of(votes: dict[int, int], rows: int, count: int) -> list[int] | None:
+    """`votes` (position -> reference row) as slots (every row's first position, then every second, ...),
+    when they place each of the `rows` rows the same number of times, `count` positions in all."""
+    at: list[list[int]] = [[] for _ in range(rows)]
+    for position, row in sorted(votes.items()):
+        if row >= rows:
+            return None
+        at[row].append(position)
+    copies = {len(positions) for positions in at}
+    if len(copies) != 1 or copies.pop() * rows != count:
         return None
-    known = (candidate >= 0) & (reference >= 0)
-    mapping = []
-    for row in range(rows):
-        columns = candidate[known & (reference == row)]
-        if columns.size == 0:
-            return None
-        values, counts = np.unique(columns, return_counts=True)
-        if counts.max() < 0.9 * columns.size:
-            return None
-        mapping.append(int(values[counts.argmax()]))
-    return mapping
+    return [positions[copy] for copy in range(count // rows) for positions in at]
 
 
-def _layout_text(slots: dict[int, list[int]], names: dict[int, str]) -> str:
+def _layout_text(slots: dict[int, list[int]], names: dict[int, str], rows: dict[int, int]) -> str:
     """'q_proj 0:64, k_proj 0:32, ...': which reference rows the positions hold, in position order."""
-    at = sorted((position, tid, row) for tid, positions in slots.items() for row, position in enumerate(positions))
+    at = sorted((position, tid, i % rows[tid]) for tid, positions in slots.items() for i, position in enumerate(positions))
     runs: list[tuple[int, int, int]] = []  # (tid, first row, last row)
     for _, tid, row in at:
         if runs and runs[-1][0] == tid and runs[-1][2] == row - 1:
@@ -551,6 +660,14 @@ def _layout_text(slots: dict[int, list[int]], names: dict[int, str]) -> str:
         else:
             runs.append((tid, row, row))
     return ", ".join(f"{names[tid]} {first}:{last + 1}" for tid, first, last in runs)
+
+
+def _blocks(held: list[int], read: list[int], rows: int) -> tuple[int, list[int], list[int]]:
+    """(block size, the reference's blocks in position order as held, as read) for one leaf's slots."""
+    row_at = [{position: i % rows for i, position in enumerate(slots)} for slots in (held, read)]
+    orders = [[at[p] for p in sorted(at)] for at in row_at]
+    size = math.gcd(rows, *(len(run) for order in orders for run in consecutive_runs(order)))
+    return size, *([order[k] // size for k in range(0, len(order), size)] for order in orders)
 
 
 def _module_name(leaf: str) -> str:
@@ -561,9 +678,13 @@ def _module_name(leaf: str) -> str:
 def _rows_of(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int, bool, dict[int, list[int]]] | None:
     """(axis, transposed, reference tid -> positions) when the reference leaves' rows (slices along
     one axis, each leaf as stored or transposed) are found among the candidate's, at least one
-    leaf's completely; leaves with no row found fill the positions left, in order, when they fit."""
+    leaf's completely; leaves with no row found fill the positions left, in order, when they fit.
+    A leaf whose every row the candidate holds k times (kv heads repeated for grouped-query
+    attention) has k positions a row: its rows' first copies, then their second copies, and so on."""
     for axis in range(values.ndim):
-        held = {np.take(values, i, axis=axis).astype(np.float32).tobytes(): i for i in range(values.shape[axis])}
+        held: dict[bytes, list[int]] = {}
+        for i in range(values.shape[axis]):
+            held.setdefault(np.take(values, i, axis=axis).astype(np.float32).tobytes(), []).append(i)
         for transposed in (False, True) if values.ndim == 2 else (False,):
             slots: dict[int, list[int]] = {}
             missing: list[int] = []
@@ -573,7 +694,8 @@ def _rows_of(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int, b
                     continue
                 where = [held.get(np.take(rows, j, axis=axis).astype(np.float32).tobytes()) for j in range(rows.shape[axis])]
                 if None not in where and _informative(rows):
-                    slots[tid] = where
+                    copies = {len(w) for w in where}
+                    slots[tid] = [w[copy] for copy in range(copies.pop() if len(copies) == 1 else 1) for w in where]
                 elif all(w is None for w in where):
                     missing.append(tid)
             if not slots:
@@ -668,4 +790,5 @@ def _same_kind(a: str, b: str) -> bool:
 def cause_key(pair: LeafPair) -> tuple[str, str]:
     """Leaves that differ the same way: the same local name (up to layer numbers) and description kind."""
     local = re.sub(r"\d+", "#", pair.candidate.rpartition(".")[2])
-    return local, re.sub(r"[-\d.e]+", "#", pair.description.split("(")[0]).strip()
+    kind = re.split(r"[(:]", pair.description)[0]  # not what follows, which may name the leaf's own rows
+    return local, re.sub(r"[-\d.e]+", "#", kind).strip()

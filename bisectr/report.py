@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .runrecord import RunRecord
-from .result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, NotBlamed, ProfileRow, Result
+from .result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, NotBlamed, ProfileRow, Result, Rewired
 
 if TYPE_CHECKING:
     from .training import TrainingResult
@@ -144,6 +144,8 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
         if culprit.block:
             lines.append([(f"  block      {block_text(run, culprit.block, culprit.reference.index)}", "")])
             lines += [source_line(source) for source in block_sources(run, culprit.block) if source != culprit.candidate.source]
+        if culprit.rewired:
+            lines += rewired_lines(culprit.rewired)
         if culprit.kind == "leaf" and culprit.local_error is None and culprit.input_error is None:
             pass  # a leaf compared by its values: no op evidence
         elif backward:
@@ -168,6 +170,23 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
         lines.append([])
         lines += [[(line, "")] for line in bracket_lines(result.bracket)]
     return lines
+
+
+def rewired_lines(rewired: Rewired) -> list[Line]:
+    """Where the culprit's two sides read different tensors: the counterpart the candidate skips, and what it reads."""
+    instead = f"op {rewired.reads.index} ({rewired.reads.op})" if rewired.reads else leaf_text(rewired.reads_leaf)
+    lines: list[Line] = [[(f"  wired differently: the reference's reads op {rewired.reference_input.index} "
+                           f"({rewired.reference_input.op}), whose counterpart candidate op {rewired.counterpart.index} "
+                           f"({rewired.counterpart.op}) the candidate's does not read; it reads {instead} instead:", "warning")]]
+    lines += [source_line(s) for s in (rewired.counterpart.source, rewired.reads.source if rewired.reads else "") if s]
+    return lines
+
+
+def leaf_text(leaf: str | None) -> str:
+    """`the model's input 0` for `input:0`, `parameter h.0.w` for `param:h.0.w`."""
+    kind, _, name = (leaf or "").partition(":")
+    return {"input": f"the model's input {name}", "param": f"parameter {name}", "buffer": f"buffer {name}",
+            "const": f"constant {name}"}.get(kind, leaf or "another tensor")
 
 
 def recurrence_lines(result: Result, listed: int | None = None) -> list[Line]:

@@ -33,6 +33,18 @@ class BlockOps:
 
 
 @dataclass
+class Rewired:
+    """A culprit whose candidate side reads another tensor than its partner does (a residual wired
+    differently): the reference's input, the candidate op that computes its counterpart and what the
+    candidate reads instead."""
+
+    reference_input: OpSite  # the reference op whose output the culprit's reference side reads
+    counterpart: OpSite  # the candidate op paired with it, whose output the culprit's candidate side does not read
+    reads: OpSite | None  # the candidate op whose output the culprit's candidate side reads in its place
+    reads_leaf: str | None  # or the input, parameter or buffer it reads there, as traced ("input:0")
+
+
+@dataclass
 class Culprit:
     kind: str  # "op" | "leaf"
     op: str  # canonical name
@@ -54,6 +66,7 @@ class Culprit:
     layout: str | None = None
     description: str | None = None
     fp64_unavailable: str | None = None  # why there is no `fp64` evidence: an op without a float64 kernel
+    rewired: Rewired | None = None
 
 
 @dataclass

@@ -83,3 +83,22 @@ def test_a_block_culprit_lists_the_line_of_each_of_its_ops():
     text = _text(run, result)
     for marker in ("mean = x.mean(-1, keepdim=True)", "# @unbiased", "torch.rsqrt(variance + EPS)"):
         assert f"{line_of(EVERY_LAYER, marker)}:  " in text
+
+
+def test_a_residual_wired_in_parallel_names_the_op_the_candidate_skips_and_the_line_that_wires_it():
+    """`x + mix(norm1(x)) + mlp(norm2(x))` where the reference feeds norm2 the sum after mix: the
+    culprit is the norm (its output differs though its input pair agrees), and the wiring says the
+    reference's norm reads the residual sum, whose counterpart the candidate computes at the planted
+    line but does not feed it."""
+    run, result = _bisect(EVERY_LAYER, "candidate_parallel_residual")
+    culprit, wired = result.culprit, result.culprit.rewired
+    parallel = f"{EVERY_LAYER}:{line_of(EVERY_LAYER, '# @parallel')}"
+    assert result.verdict == "divergent" and result.confirmation.confirmed
+    assert culprit.candidate.module == "layers.0.norm2" and culprit.input_error == 0
+    assert wired.reference_input.op == "Tensor.add" and wired.reference_input.module == "layers.0"
+    assert wired.counterpart.op == "Tensor.add" and wired.counterpart.source == parallel
+    assert wired.reads is None and wired.reads_leaf == "input:0"
+    assert [r.module for r in result.recurrences] == [f"layers.{n}.norm2" for n in range(4)]
+    assert 0.1 < result.confirmation.before < 0.2 and result.confirmation.output_error < 1e-5
+    text = _text(run, result)
+    assert "it reads the model's input 0 instead" in text and f"{line_of(EVERY_LAYER, '# @parallel')}:  return x + self.mix" in text

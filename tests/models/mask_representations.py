@@ -18,13 +18,18 @@ casts pair, a pairing their values refute.
 - `candidate_pool_full_length()` (boolean) and `candidate_padded_mask_pool_full_length()`: the pooling
   divides by the full length (8) instead of the count of kept positions (the line tagged
   `@full_length`), so the padded row's pooled vector is 5/8 of the reference's.
+- `candidate_padded_mask_scaled_by_model_width()` ("padded"): every block adds the mask to the scores,
+  then scales them by 32 ** -0.5 where the reference scales by the head width's 8 ** -0.5 before adding
+  the mask (the line tagged `@scale_after_mask`): the two sides' add and mul come in the other order.
 
 Measured here (CPU, float32; relative = max abs difference / max abs of the reference), logits of
-magnitude 0.51: the correct ports bit-identical (0), the pooling bugs 8.3e-02 (0.16 relative).
+magnitude 0.51: the correct ports bit-identical (0), the pooling bugs 8.3e-02 (0.16 relative), the scale
+1.9e-02 (0.037 relative).
 
 bisectr should conclude: `match` (or `noise`) for the correct ports; `divergent` for the pooling bugs,
-culprit the pooling's division (at the top level, the line tagged `@full_length`), confirmed; the masks'
-values must not steer the search.
+culprit the pooling's division (at the top level, the line tagged `@full_length`), confirmed; for the scale,
+the mask's add and the scale compared as one block at `@scale_after_mask` in `blocks.0`, both blocks listed,
+confirmed; the masks' values must not steer the search.
 """
 import os
 import sys
@@ -45,7 +50,7 @@ def _inputs():
     return {"x": torch.randn(BATCH, SEQ, D), "attention_mask": attention_mask}
 
 
-def _model(mask_kind: str, pool_full_length: bool = False):
+def _model(mask_kind: str, pool_full_length: bool = False, scale_after_mask: bool = False):
     import torch
     from torch import nn
 
@@ -58,11 +63,14 @@ def _model(mask_kind: str, pool_full_length: bool = False):
 
         def forward(self, x, mask):
             q, k, v = self.qkv(self.norm(x)).view(BATCH, SEQ, 3, HEADS, D // HEADS).permute(2, 0, 3, 1, 4)
-            scores = q @ k.transpose(-1, -2) * (D // HEADS) ** -0.5
-            if mask_kind == "boolean":
-                scores = scores.masked_fill(~mask, float("-inf"))
+            if scale_after_mask:
+                scores = (q @ k.transpose(-1, -2) + mask) * D ** -0.5  # @scale_after_mask
             else:
-                scores = scores + mask
+                scores = q @ k.transpose(-1, -2) * (D // HEADS) ** -0.5
+                if mask_kind == "boolean":
+                    scores = scores.masked_fill(~mask, float("-inf"))
+                else:
+                    scores = scores + mask
             a = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(BATCH, SEQ, D)
             return x + self.out(a)
 
@@ -107,8 +115,8 @@ def reference():
     return _reference_model(), _inputs()
 
 
-def _port(mask_kind: str = "boolean", pool_full_length: bool = False):
-    return loaded_from(_model(mask_kind, pool_full_length), _reference_model()), _inputs()
+def _port(mask_kind: str = "boolean", **bug):
+    return loaded_from(_model(mask_kind, **bug), _reference_model()), _inputs()
 
 
 def candidate():
@@ -125,3 +133,7 @@ def candidate_padded_mask():
 
 def candidate_padded_mask_pool_full_length():
     return _port("padded", pool_full_length=True)
+
+
+def candidate_padded_mask_scaled_by_model_width():
+    return _port("padded", scale_after_mask=True)
