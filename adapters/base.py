@@ -95,7 +95,7 @@ class CannotUpcast(Exception):
 
 @dataclass(frozen=True)
 class ReproSnippets:
-    """The framework's side of a standalone repro script (`bisectr.repro`), as Python source."""
+    """The framework's side of a standalone repro script (`bisectr.present.repro`), as Python source."""
 
     imports: str  # "import torch"
     to_tensor: str  # an expression: a tensor of dtype name `dtype` from numpy array `a`
@@ -208,7 +208,7 @@ class Interception(ABC):
     """Running a model with every op call and module entry handed to a listener, and naming what ran."""
 
     # The framework's op names (the last dotted part, in-place and dunder spellings folded) that the
-    # shared op vocabulary spells otherwise: "elementwise_add" -> "add" (see `bisectr.ops`).
+    # shared op vocabulary spells otherwise: "elementwise_add" -> "add" (see `bisectr.capture.ops`).
     op_synonyms: dict[str, str] = {}
     value_reads: frozenset[str] = TENSOR_VALUE_READS  # names of the calls that read values into Python
     # Messages of warnings the framework prints as it is imported, which say nothing about the model.
@@ -254,7 +254,7 @@ class Interception(ABC):
 
 
 class Autograd(ABC):
-    """Gradients (what the backward pass needs, see `bisectr.backward`) and float64 runs."""
+    """Gradients (what the backward pass needs, see `bisectr.search.backward`) and float64 runs."""
 
     @abstractmethod
     def enable_grad(self) -> AbstractContextManager:
@@ -366,7 +366,7 @@ class Training:
 
 
 class Layers:
-    """Models' layers and their weights (see `bisectr.weights`, `bisectr.leaves`), and repro scripts."""
+    """Models' layers and their weights (see `bisectr.weights`, `bisectr.measure.leaves`), and repro scripts."""
 
     repro: ReproSnippets | None = None  # None: no standalone repro scripts for this framework
     module_kind: str = ""  # what its models are called: "torch.nn.Module"

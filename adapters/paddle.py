@@ -270,7 +270,7 @@ def _zero_unwritten_stats(batch_norm: Callable[..., Any]) -> Callable[..., Any]:
 _patches: _Patches | None = None
 
 
-# This framework's op names (or their last dotted part) -> the shared vocabulary (`bisectr.ops`).
+# This framework's op names (or their last dotted part) -> the shared vocabulary (`bisectr.capture.ops`).
 _OP_SYNONYMS = {
     "linear_v2": "linear", "fused_linear": "linear", "multiply": "mul", "subtract": "sub", "divide": "div",
     "truediv": "div", "floordiv": "floor_divide", "elementwise_add": "add", "elementwise_sub": "sub",

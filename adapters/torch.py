@@ -34,7 +34,7 @@ _PLUMBING_FUNCTIONS = {"nn/modules/module.py": frozenset({"__call__", "_call_imp
 _API_FILES = frozenset({"nn/functional.py", "functional.py", "_tensor.py"})
 
 
-# This framework's op names (or their last dotted part) -> the shared vocabulary (`bisectr.ops`).
+# This framework's op names (or their last dotted part) -> the shared vocabulary (`bisectr.capture.ops`).
 # Average pools go by paddle's name, `pool2d`: paddle runs them all as one op.
 _OP_SYNONYMS = {
     "mm": "matmul", "bmm": "matmul", "multiply": "mul", "subtract": "sub", "divide": "div", "truediv": "div",

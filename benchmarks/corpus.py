@@ -42,7 +42,7 @@ def measure(pair: Pair, reference_python: str | None = None) -> tuple[dict, dict
     """Run `pair` as `bisectr bisect [--backward]` does and judge it: (its row, whose `problems` lists
     what departs; the result as `bisect --json` prints it)."""
     import bisectr
-    from bisectr.analysis import Analysis
+    from bisectr.measure.analysis import Analysis
 
     isolation = {"isolate": True, "reference_python": reference_python} if "paddleformers" in pair.needs else {}
     started = time.perf_counter()

@@ -6,7 +6,7 @@
 
 Prints one table, every figure measured in this run, torch and paddle side by side:
 
-- **Recording overhead.** One side of a model (`bisectr.sides.record_side`, the exact per-op work of
+- **Recording overhead.** One side of a model (`bisectr.capture.sides.record_side`, the exact per-op work of
   `bisectr.trace`: interception, module paths, source lines, statistics, fingerprints and, when
   storing, every tensor appended to `tensors.bin`) against the plain forward of the same model under
   the framework's no-grad. Model building and the final `trace.json` write are not in either figure.
@@ -132,13 +132,13 @@ def grad_off(framework: str):
 
 
 def build(function: str, role: str = "candidate"):
-    from bisectr.modelfile import build_side, load_module
+    from bisectr.capture.modelfile import build_side, load_module
 
     return build_side(load_module(MODEL_FILE), MODEL_FILE, role, function)
 
 
 def models_module():
-    from bisectr.modelfile import load_module
+    from bisectr.capture.modelfile import load_module
 
     return load_module(MODEL_FILE)
 
@@ -187,8 +187,8 @@ def paddle_problem() -> str | None:
     except Exception as exc:  # noqa: BLE001
         return f"paddlepaddle not importable ({type(exc).__name__})"
     try:
-        from bisectr.recording import RecordOptions
-        from bisectr.sides import record_side
+        from bisectr.capture.recording import RecordOptions
+        from bisectr.capture.sides import record_side
 
         trace, _ = record_side(build("paddle_small"), None, RecordOptions(store_values=False))
         if not trace.ops:
@@ -245,9 +245,9 @@ class Overhead:
 def record_once(side, store_dir: Path | None) -> tuple[Any, int]:
     """One recording of `side` as `bisectr.trace` makes it: statistics only, or every tensor stored
     under `store_dir`. Returns the trace and the bytes of `tensors.bin` (0 when nothing is stored)."""
-    from bisectr.recording import RecordOptions
-    from bisectr.sides import record_side
-    from bisectr.store import TensorWriter
+    from bisectr.capture.recording import RecordOptions
+    from bisectr.capture.sides import record_side
+    from bisectr.capture.store import TensorWriter
 
     if store_dir is None:
         return record_side(side, None, RecordOptions(store_values=False))[0], 0
@@ -351,9 +351,9 @@ def probe_memory(framework: str, model: str, mode: str) -> dict:
     """Runs in its own process: build, one plain warm-up forward and one recording of a one-block model
     (identical in both modes), reset the peak, then one plain forward or one recording with storage,
     keeping what `bisectr.trace` keeps (the trace and the replay calls)."""
-    from bisectr.recording import RecordOptions
-    from bisectr.sides import record_side
-    from bisectr.store import TensorWriter
+    from bisectr.capture.recording import RecordOptions
+    from bisectr.capture.sides import record_side
+    from bisectr.capture.store import TensorWriter
 
     side = build(f"{framework}_{model}")
     scratch = Path(tempfile.mkdtemp(prefix="bisectr-bench-mem-"))
@@ -445,10 +445,10 @@ def phase_timer():
     on exit) the functions they call: `align_traces` where `bisectr.run` binds it (the alignment is
     made as the run is traced), `pair_leaves` (the leaves' pairing and comparison, also made as it is
     traced), the search's leaf phase, `Analysis.compute`, `LocalSide.rerun`."""
-    import bisectr.analysis as analysis
-    import bisectr.forward as forward
+    import bisectr.measure.analysis as analysis
+    import bisectr.search.forward as forward
     import bisectr.run as run_module
-    import bisectr.sides as sides_module
+    import bisectr.capture.sides as sides_module
 
     spent = {"align": 0.0, "analysis": 0.0, "reruns": 0.0, "float64": 0.0, "reproduce": 0.0, "leaves": 0.0, "leaf_search": 0.0}
     patches: list[tuple[Any, str, Any]] = []
@@ -522,8 +522,8 @@ def measure_backward(reference: str, candidate: str, scratch: Path, repeats: int
     """Trace the pair once, then search its backward pass (`bisect_backward`, what `--backward` adds)
     `repeats` times, each beside plain forward+backward passes of the candidate from the same seeds."""
     import bisectr
-    from bisectr.backward import bisect_backward, output_seeds
-    from bisectr.recording import output_pairs
+    from bisectr.search.backward import bisect_backward, output_seeds
+    from bisectr.capture.recording import output_pairs
 
     out = scratch / f"backward-{reference}-{candidate}"
     run = bisectr.trace(MODEL_FILE, reference, candidate, out=out)
@@ -560,7 +560,7 @@ def measure_training(candidate: str, steps: int) -> dict:
     """`bisectr train` on the training ports (four trainers in lockstep: both sides as run and in
     float64, the comparison, a forward trace first) against plain training steps of the candidate
     (its optimizer on a copy of its model), timed side by side."""
-    from bisectr.modelfile import build_side, load_module
+    from bisectr.capture.modelfile import build_side, load_module
     from bisectr.training import Trainer, train
 
     module = load_module(TRAINING_MODEL)
@@ -574,7 +574,7 @@ def measure_training(candidate: str, steps: int) -> dict:
 
 
 def _output_shapes(side) -> dict:
-    from bisectr.recording import output_pairs
+    from bisectr.capture.recording import output_pairs
 
     adapter = side.adapter
     with adapter.no_grad():
@@ -588,7 +588,7 @@ _LAYER_ZERO = re.compile(r"(^|\.)layers\.0(?=\.|$)")
 def replicate(trace, blocks: int):
     """`blocks` copies of a recorded one-block trace, chained: block i reads block i-1's output;
     module paths and parameter names renumbered `layers.{i}`, constants made unique."""
-    from bisectr.trace import Trace
+    from bisectr.capture.trace import Trace
 
     (output_key, output_tid), = trace.outputs.items()
     chained = [tid for tid, info in trace.tensors.items() if info.leaf == "input:0"]
@@ -635,9 +635,9 @@ def replicate(trace, blocks: int):
 
 def measure_alignment(reference_fn: str, candidate_fn: str, sizes: tuple[int, ...], repeats: int) -> dict:
     import bisectr.adapters as adapters
-    from bisectr.align import align_traces, layer_numbers
-    from bisectr.recording import RecordOptions
-    from bisectr.sides import record_side
+    from bisectr.measure.align import align_traces, layer_numbers
+    from bisectr.capture.recording import RecordOptions
+    from bisectr.capture.sides import record_side
 
     # what `bisectr.trace` passes (older cores had no `adapters.input_layout`)
     input_layout = getattr(adapters, "input_layout", None) or (
@@ -876,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{paddle_version}, numpy BLAS/OpenMP threads {os.environ.get('OPENBLAS_NUM_THREADS', 'default')}, "
         f"{os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f} at the end; "
         f"{'QUICK (smoke-test sizes)' if plan.quick else 'full run'} in {elapsed:.0f} s.\n"
-        "plain = model(*inputs) under no-grad; traced = bisectr.sides.record_side() on one side (interception, module "
+        "plain = model(*inputs) under no-grad; traced = bisectr.capture.sides.record_side() on one side (interception, module "
         "paths, source lines, stats + fingerprint per tensor; 'stored' also appends every tensor to tensors.bin), "
         "model building and trace.json excluded; medians, variants interleaved.\n"
         "memory: VmHWM during one forward in a fresh subprocess (glibc mmap threshold fixed at 128 KiB so freed "

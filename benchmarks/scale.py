@@ -42,7 +42,7 @@ TARGET_SEARCH_FORWARDS = 10.0
 PLAIN = """
 import json, sys, time
 start = time.perf_counter()
-from bisectr.modelfile import build_side, load_module
+from bisectr.capture.modelfile import build_side, load_module
 from bisectr.adapters import adapter_for
 module = load_module(sys.argv[1])
 weights, forwards = 0, 0.0
@@ -86,8 +86,8 @@ print(json.dumps({"seconds": time.perf_counter() - start, "search": search, "ver
 PLAIN_TRAIN = """
 import json, sys, time
 start = time.perf_counter()
-from bisectr.modelfile import build_side, load_module
-from bisectr.recording import output_pairs
+from bisectr.capture.modelfile import build_side, load_module
+from bisectr.capture.recording import output_pairs
 module = load_module(sys.argv[1])
 sides = [build_side(module, sys.argv[1], role, function) for role, function in (("reference", "reference"), ("candidate", sys.argv[2]))]
 optimizers = [getattr(module, function + "_optimizer")(side.model) for side, function in zip(sides, ("reference", sys.argv[2]))]

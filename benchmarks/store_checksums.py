@@ -4,7 +4,7 @@
     python benchmarks/store_checksums.py [--tensors 2000] [--total-mb 200] [--repeats 5] [--dir DIR]
 
 Writes `--tensors` arrays of mixed dtypes and sizes (log-uniform, scaled to `--total-mb` in all)
-through `bisectr.store.TensorWriter` into `tensors.bin` (closed, so everything reached the page
+through `bisectr.capture.store.TensorWriter` into `tensors.bin` (closed, so everything reached the page
 cache; no fsync), then reads each back once through `StoredValues` (memory-mapped) and takes its
 maximum, as a view computing statistics or errors would; then a second time (checked tensors are
 not checked again). "Without" replaces the store's checksum function with one returning 0, so both

@@ -2,8 +2,8 @@
 from importlib.metadata import version
 
 from .errors import BisectrError
-from .result import Result
-from .notebook import compare
+from .measure.result import Result
+from .present.notebook import compare
 from .run import Run, bisect, load, trace
 from .training import train
 

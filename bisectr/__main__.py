@@ -1,3 +1,3 @@
-from .cli import program
+from .present.cli import program
 
 program()

@@ -17,20 +17,20 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .adapters import input_layout
-from .align import Alignment, align_traces
-from .leaves import pair_leaves
-from .backward import bisect_backward
-from .forward import bisect_run
+from .measure.align import Alignment, align_traces
+from .measure.leaves import pair_leaves
+from .search.backward import bisect_backward
+from .search.forward import bisect_run
 from .errors import ModelFileError, RunDirError
-from .modelfile import build_side, load_module
-from .runrecord import DEFAULT_VALUE_BUDGET, HowTraced, OutputPair, RunRecord, pair_outputs
-from .recording import RecordOptions
-from .result import Result
+from .capture.modelfile import build_side, load_module
+from .measure.runrecord import DEFAULT_VALUE_BUDGET, HowTraced, OutputPair, RunRecord, pair_outputs
+from .capture.recording import RecordOptions
+from .measure.result import Result
 from .serial import PlainError, from_plain, to_plain
-from .sides import LocalSide, Sides, SideRunner
-from .locks import RunLock, interrupts_deferred
-from .store import SIDES, RunWriter, read_document, read_manifest, read_trace, save_result
-from .trace import Trace
+from .capture.sides import LocalSide, Sides, SideRunner
+from .capture.locks import RunLock, interrupts_deferred
+from .capture.store import SIDES, RunWriter, read_document, read_manifest, read_trace, save_result
+from .capture.trace import Trace
 
 __all__ = ["OutputPair", "Run", "bisect", "load", "record_run", "trace"]
 
@@ -49,7 +49,7 @@ class Run(RunRecord):
     def bisect(self, tolerance: float = 0.0, exhaustive: bool = False, progress: Callable[[str], None] | None = None,
                model_file: str | os.PathLike | None = None, backward: bool = False, **isolation: Any) -> Result:
         """Search for the culprit (re-runs the models); the result is kept in `result` (see `save`).
-        With `backward`, the backward pass is searched too (`bisectr.backward`): its result is
+        With `backward`, the backward pass is searched too (`bisectr.search.backward`): its result is
         the forward result's `backward`.
 
         A run loaded from disk holds no models and runs nothing by itself: name the model file
@@ -114,9 +114,9 @@ def trace(model_file: str | os.PathLike, reference: str = "reference", candidate
 
     Op outputs are stored until a side's pass `value_budget` bytes (None: no limit), then only their
     statistics: the search of such a run fetches the values it needs from the live models, layer
-    outputs first, then the ops of the layers where the difference enters (`bisectr.window`).
+    outputs first, then the ops of the layers where the difference enters (`bisectr.search.window`).
 
-    With `isolate`, each side's model runs in its own worker process (`bisectr.isolate`), started
+    With `isolate`, each side's model runs in its own worker process (`bisectr.capture.isolate`), started
     with `reference_python` / `candidate_python` (default: this interpreter); naming one implies it.
     """
     model_file = Path(model_file)
@@ -158,7 +158,7 @@ def _start_sides(model_file: Path, traced: HowTraced) -> tuple[dict[str, SideRun
     module = load_module(model_file)  # isolated sides build their models in their workers; the pins are read here
     pins = getattr(module, "ALIGN_MODULES", None)
     if traced.isolate:
-        from .isolate import start_isolated
+        from .capture.isolate import start_isolated
 
         return start_isolated(model_file, {"reference": traced.reference_fn, "candidate": traced.candidate_fn},
                               {"reference": traced.reference_python, "candidate": traced.candidate_python}), pins

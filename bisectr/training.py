@@ -38,18 +38,18 @@ from typing import Any, Callable
 import numpy as np
 
 from .adapters import CannotUpcast
-from .align import TensorPair
+from .measure.align import TensorPair
 from .errors import ModelFileError
-from .modelfile import BuiltSide, load_module, module_name, run_user_code
-from .numerics import GRADIENT_FLOOR, coarsest_dtype, magnitude, noise_floor, relative_to, rounding_allowance, rounding_explains
-from .runrecord import output_seeds
-from .recording import output_pairs
-from .result import Culprit
+from .capture.modelfile import BuiltSide, load_module, module_name, run_user_code
+from .measure.numerics import GRADIENT_FLOOR, coarsest_dtype, magnitude, noise_floor, relative_to, rounding_allowance, rounding_explains
+from .measure.runrecord import output_seeds
+from .capture.recording import output_pairs
+from .measure.result import Culprit
 from .run import Run, trace
 from .serial import to_plain
-from .sides import loss_of
-from .structure import map_tensors
-from .trace import is_floating
+from .capture.sides import loss_of
+from .capture.structure import map_tensors
+from .capture.trace import is_floating
 
 MEASURES = ("loss", "gradient", "update")  # what decides the first semantic step and its stage
 RECORDED = MEASURES + ("moments",)  # compared and shown at every step

@@ -37,8 +37,8 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
     values, a parameter replaced) and captured tensors; every cut that patches something moves the outputs."""
     import numpy as np
 
-    from bisectr.interpreter import rerun_recorded
-    from bisectr.trace import is_floating
+    from bisectr.capture.interpreter import rerun_recorded
+    from bisectr.capture.trace import is_floating
 
     trace, side = run.traces[role], run.sides.runners[role]
     assert side.recording.replayable(side.side.adapter)

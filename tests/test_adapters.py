@@ -12,9 +12,9 @@ import pytest
 import bisectr
 from bisectr.adapters import OpListener, registered
 from bisectr.adapters.base import IN_OUT, OUT_IN
-from bisectr.ops import canonical_op
-from bisectr.sides import Rerun
-from bisectr.trace import fingerprint, fingerprint_positions, reduced_stats, tensor_stats
+from bisectr.capture.ops import canonical_op
+from bisectr.capture.sides import Rerun
+from bisectr.capture.trace import fingerprint, fingerprint_positions, reduced_stats, tensor_stats
 
 ADAPTERS = [adapter for adapter in registered() if importlib.util.find_spec(adapter.name) is not None]
 

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 import bisectr
-from bisectr.align import align_traces, layer_numbers
+from bisectr.measure.align import align_traces, layer_numbers
 from bisectr.adapters import input_layout
 from conftest import MODELS
 

@@ -72,7 +72,7 @@ def test_coverage_is_reported_by_trace(tmp_path):
     run = bisectr.trace(EXAMPLES / "deep_stack.py", out=tmp_path / "run")
     result = run.bisect()
     assert result.ops["aligned"] == result.ops["candidate"]
-    from bisectr.align import layer_numbers
+    from bisectr.measure.align import layer_numbers
 
     run_pairs = run.alignment.pairs
     assert len(run_pairs) > 0.9 * result.ops["candidate"]

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from bisectr import run as runs
-from bisectr.backward import BackwardRun, output_seeds
+from bisectr.search.backward import BackwardRun, output_seeds
 from conftest import EXAMPLES, MODELS, assert_verdict_contract, line_of
 
 PORTS = MODELS / "backward_ports.py"

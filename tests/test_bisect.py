@@ -81,9 +81,9 @@ def test_a_wrong_epsilon_inside_a_decomposed_layer_norm_is_found(tmp_path):
 
 async def test_tui_culprit_panel_lists_the_block(tmp_path, monkeypatch):
     pytest.importorskip("textual")
-    from bisectr.tui.app import BisectrApp
-    from bisectr.tui.data import RunData
-    from bisectr.tui.widgets import CulpritPanel
+    from bisectr.present.tui.app import BisectrApp
+    from bisectr.present.tui.data import RunData
+    from bisectr.present.tui.widgets import CulpritPanel
 
     path = MODELS / "torch_decomposed.py"
     monkeypatch.chdir(MODELS.parent.parent)  # sources print relative to the working directory

@@ -12,7 +12,7 @@ import pytest
 
 import bisectr
 from bisectr import load, report
-from bisectr.cli import main
+from bisectr.present.cli import main
 from conftest import EXAMPLES, MODELS
 
 

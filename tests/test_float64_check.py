@@ -9,8 +9,8 @@ import pytest
 
 import bisectr
 from bisectr.adapters.torch import TorchAdapter
-from bisectr.interpreter import Float64Copies
-from bisectr.sides import Float64Outputs
+from bisectr.capture.interpreter import Float64Copies
+from bisectr.capture.sides import Float64Outputs
 from conftest import MODELS
 
 

@@ -12,8 +12,8 @@ import pytest
 
 import bisectr
 from bisectr.adapters import CannotUpcast
-from bisectr.analysis import Analysis
-from bisectr.sides import ReplayVJP
+from bisectr.measure.analysis import Analysis
+from bisectr.capture.sides import ReplayVJP
 from conftest import MODELS, assert_verdict_contract
 
 NO_FLOAT64 = MODELS / "no_float64_kernel.py"

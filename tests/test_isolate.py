@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 import bisectr
-from bisectr.cli import main
+from bisectr.present.cli import main
 from bisectr.errors import BisectrError, TraceMismatchError
-from bisectr.interpreter import Slot
-from bisectr.isolate import _portable
-from bisectr.repro import python_literal
-from bisectr.sides import RecordedCall, Rerun
+from bisectr.capture.interpreter import Slot
+from bisectr.capture.isolate import _portable
+from bisectr.present.repro import python_literal
+from bisectr.capture.sides import RecordedCall, Rerun
 from conftest import EXAMPLES, MODELS
 
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import EXAMPLES
 from test_isolate import make_interpreter
 from test_recurring import bisect
-from bisectr.leaves import compare
+from bisectr.measure.leaves import compare
 
 
 def statuses(result: dict) -> dict[str, int]:

@@ -5,8 +5,8 @@ import json
 import pytest
 
 import bisectr
-from bisectr.cli import main
-from bisectr.result import BlockOps, NonFinite, NonFiniteSite
+from bisectr.present.cli import main
+from bisectr.measure.result import BlockOps, NonFinite, NonFiniteSite
 from conftest import MODELS, line_of
 
 MODEL = MODELS / "nonfinite.py"
@@ -78,9 +78,9 @@ def test_cli_exits_1_and_says_where_the_nan_starts(capsys, monkeypatch):
 
 async def test_tui_banner_says_where_the_nan_starts(tmp_path, monkeypatch):
     pytest.importorskip("textual")
-    from bisectr.tui.app import BisectrApp
-    from bisectr.tui.data import RunData
-    from bisectr.tui.widgets import VerdictBanner
+    from bisectr.present.tui.app import BisectrApp
+    from bisectr.present.tui.data import RunData
+    from bisectr.present.tui.widgets import VerdictBanner
 
     monkeypatch.chdir(MODELS.parent.parent)
     run = bisectr.trace(MODEL, out=tmp_path / "run")

@@ -6,8 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from bisectr.metrics import ErrorMetrics, error_metrics
-from bisectr.trace import StatsBatch, TensorInfo
+from bisectr.measure.metrics import ErrorMetrics, error_metrics
+from bisectr.capture.trace import StatsBatch, TensorInfo
 from conftest import MODELS
 
 LOWEST = np.finfo(np.float32).min

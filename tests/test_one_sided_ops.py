@@ -6,7 +6,7 @@ import math
 import pytest
 
 import bisectr
-from bisectr.report import culprit_lines
+from bisectr.present.report import culprit_lines
 from conftest import MODELS, line_of
 
 EXTRA_OPS = MODELS / "extra_ops_ports.py"

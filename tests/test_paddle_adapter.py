@@ -17,10 +17,10 @@ paddle = pytest.importorskip("paddle")
 import bisectr  # noqa: E402
 from bisectr.adapters.paddle import PaddleAdapter, patch_counts  # noqa: E402
 from bisectr.errors import TraceMismatchError, UserModelError  # noqa: E402
-from bisectr.interpreter import ValuesInterpreter  # noqa: E402
-from bisectr.recording import RecordOptions, Recorder  # noqa: E402
-from bisectr.sides import Rerun  # noqa: E402
-from bisectr.trace import Trace  # noqa: E402
+from bisectr.capture.interpreter import ValuesInterpreter  # noqa: E402
+from bisectr.capture.recording import RecordOptions, Recorder  # noqa: E402
+from bisectr.capture.sides import Rerun  # noqa: E402
+from bisectr.capture.trace import Trace  # noqa: E402
 from conftest import assert_replay_matches_model_rerun  # noqa: E402
 
 MODEL = Path(__file__).parent / "models" / "paddle_span.py"
@@ -321,7 +321,7 @@ def test_torch_reference_and_paddle_candidate_agree(tmp_path):
 def test_plain_function_with_copy_into_a_tensor():
     """A function model (no Layer): `copy_` writes in place without bumping Paddle's inplace
     version; the adapter makes it visible, so the op is recorded in place and patchable."""
-    from bisectr.recording import PatchedRerun
+    from bisectr.capture.recording import PatchedRerun
 
     def forward(x):
         out = paddle.zeros_like(x)

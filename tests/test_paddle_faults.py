@@ -6,7 +6,7 @@ import pytest
 
 import bisectr
 from bisectr.errors import RunWriteError, UserModelError
-from bisectr.store import TensorWriter
+from bisectr.capture.store import TensorWriter
 
 MODEL = '''
 import os

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("paddle")
 
 import bisectr  # noqa: E402
-from bisectr.trace import is_floating  # noqa: E402
+from bisectr.capture.trace import is_floating  # noqa: E402
 
 CLASSIFIERS = ("resnet18", "mobilenet_v2")
 

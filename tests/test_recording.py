@@ -7,8 +7,8 @@ import pytest
 import bisectr
 from bisectr.adapters import registered
 from bisectr.errors import TraceMismatchError, UserModelError
-from bisectr.sides import Rerun
-from bisectr.trace import StatsBatch, TensorInfo, fingerprint, tensor_stats
+from bisectr.capture.sides import Rerun
+from bisectr.capture.trace import StatsBatch, TensorInfo, fingerprint, tensor_stats
 from conftest import EXAMPLES, MODELS, assert_replay_matches_model_rerun, line_of
 
 OPS_FILE = MODELS / "torch_ops.py"
@@ -234,7 +234,7 @@ def test_user_exception_shows_user_frames_and_leaves_no_run(models, tmp_path):
 
 
 def test_a_failure_inside_bisectr_is_not_blamed_on_the_users_model(tmp_path, monkeypatch):
-    monkeypatch.setattr("bisectr.recording.canonical_op", int)  # int("Tensor.matmul") fails inside the recorder
+    monkeypatch.setattr("bisectr.capture.recording.canonical_op", int)  # int("Tensor.matmul") fails inside the recorder
     with pytest.raises(ValueError, match="invalid literal for int"):
         bisectr.trace(OPS_FILE, out=tmp_path / "run")
     assert not (tmp_path / "run").exists()

@@ -528,7 +528,7 @@ def saved_result(run: Any) -> dict | None:
 def touch_like_a_viewer(run_dir: Path) -> dict[tuple[str, int], np.ndarray]:
     """Load the run and read what `bisectr view` and the TUI read: ops, outputs, graphs, every
     stored value, the output pairs, the saved result, the TUI's data (alignment, rows, tree)."""
-    from bisectr.tui.data import RunData
+    from bisectr.present.tui.data import RunData
 
     run = bisectr.load(run_dir)
     for trace in (run.reference, run.candidate):
@@ -595,8 +595,8 @@ def tui_sample(variants: list[Variant]) -> list[Variant]:
 
 async def drive_tui(run_dir: Path) -> None:
     """Open the TUI on the saved run and press a few keys."""
-    from bisectr.tui.app import BisectrApp
-    from bisectr.tui.data import RunData
+    from bisectr.present.tui.app import BisectrApp
+    from bisectr.present.tui.data import RunData
 
     try:
         data = RunData(bisectr.load(run_dir))

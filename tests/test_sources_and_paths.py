@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from bisectr.adapters.base import ModulePaths
-from bisectr.modelfile import load_sides
-from bisectr.recording import RecordOptions
-from bisectr.sides import record_side
-from bisectr.trace import Trace
+from bisectr.capture.modelfile import load_sides
+from bisectr.capture.recording import RecordOptions
+from bisectr.capture.sides import record_side
+from bisectr.capture.trace import Trace
 from conftest import MODELS
 
 ENCODER = MODELS / "transformer_encoder.py"

@@ -6,7 +6,7 @@ import pytest
 
 import bisectr
 from bisectr.errors import RunDirError
-from bisectr.trace import host_dtype
+from bisectr.capture.trace import host_dtype
 from conftest import MODELS
 
 OPS_FILE = MODELS / "torch_ops.py"

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import bisectr
-import bisectr.store as store
+import bisectr.capture.store as store
 from bisectr.errors import RunDirError, RunWriteError
-from bisectr.locks import RunLock
-from bisectr.store import RunWriter, save_result
+from bisectr.capture.locks import RunLock
+from bisectr.capture.store import RunWriter, save_result
 from conftest import MODELS, mounted_tmpfs
 
 OPS_FILE = MODELS / "torch_ops.py"
@@ -200,7 +200,7 @@ def test_a_manifest_that_is_not_an_object_is_refused(tmp_path, text):
 
 def _hold_lock(run_dir: Path) -> subprocess.Popen:
     """Another process holding the run's lock until its stdin closes."""
-    code = ("import sys\nfrom bisectr.locks import RunLock\n"
+    code = ("import sys\nfrom bisectr.capture.locks import RunLock\n"
             "with RunLock(sys.argv[1]):\n    print('held', flush=True)\n    sys.stdin.read()\n")
     holder = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "held\n"
@@ -239,7 +239,7 @@ def test_a_longer_hold_keeps_others_out_between_writes(tmp_path):
     run_dir = tmp_path / "run"
     with RunLock(run_dir):
         run = bisectr.trace(OPS_FILE, out=run_dir)  # joins this process's hold
-        code = "import sys; from bisectr.locks import RunLock; RunLock(sys.argv[1]).acquire()"
+        code = "import sys; from bisectr.capture.locks import RunLock; RunLock(sys.argv[1]).acquire()"
         refused = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True)
         assert refused.returncode != 0 and f"another bisectr process (pid {os.getpid()}:" in refused.stderr
         save_result(run_dir, run.run_id, {})

@@ -1,4 +1,5 @@
-"""The package's structure: no import cycle among bisectr's modules."""
+"""The package's structure: folders in layers, each importing only from its own and those below, and no
+import cycle among bisectr's modules."""
 import ast
 from pathlib import Path
 
@@ -7,6 +8,16 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parent.parent
 # Package directories as installed (pyproject's package-dir: `adapters/` ships as `bisectr.adapters`).
 PACKAGES = {"bisectr": ROOT / "bisectr", "bisectr.adapters": ROOT / "adapters"}
+# Bottom first: a module imports from its own layer and those below it, never from one above.
+LAYERS = [
+    ("base", ("bisectr.errors", "bisectr.serial", "bisectr.environment", "bisectr.adapters")),
+    ("capture", ("bisectr.capture",)),  # record each side's pass, and run it again
+    ("measure", ("bisectr.measure",)),  # pair the two passes and measure how they differ
+    ("search", ("bisectr.search",)),  # find where the difference enters, and prove it
+    ("workflows", ("bisectr.run", "bisectr.training", "bisectr.weights")),  # what a user calls
+    ("present", ("bisectr.present",)),  # text, JSON, TUI, notebooks, repro scripts, the command line
+    ("facade", ("bisectr", "bisectr.__main__")),
+]
 
 
 def module_files() -> dict[str, Path]:
@@ -46,20 +57,36 @@ def import_graph() -> nx.DiGraph:
 
 def test_the_import_graph_is_read_from_the_sources():
     graph = import_graph()
-    assert ("bisectr.forward", "bisectr.analysis") in graph.edges
-    assert ("bisectr.run", "bisectr.forward") in graph.edges
-    assert ("bisectr.cli", "bisectr.run") in graph.edges  # a deferred import, inside a function
+    assert ("bisectr.search.forward", "bisectr.measure.analysis") in graph.edges
+    assert ("bisectr.run", "bisectr.search.forward") in graph.edges
+    assert ("bisectr.present.cli", "bisectr.run") in graph.edges  # a deferred import, inside a function
     assert len(graph) > 25
+
+
+def layer_of(module: str) -> int:
+    """The layer holding `module` (the longest prefix of it a layer names)."""
+    best = max(((len(prefix), position) for position, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+                if module == prefix or module.startswith(prefix + ".")), default=None)
+    assert best is not None, f"{module} is in no layer: add it to LAYERS"
+    return best[1]
+
+
+def test_every_module_sits_in_a_layer_and_imports_nothing_above_it():
+    graph = import_graph()
+    upward = [f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
+              for a, b in graph.edges if layer_of(b) > layer_of(a)]
+    assert not upward, "imports upward: " + "; ".join(sorted(upward))
+    assert {LAYERS[layer_of(m)][0] for m in graph} == {name for name, _ in LAYERS}
 
 
 def test_one_search_serves_both_passes_and_training_judges_with_the_same_numbers():
     """The forward and backward passes plug into `search`; neither reaches into the other, and
     training takes its thresholds and float64 rule from `numerics`, not from a pass."""
     graph = import_graph()
-    assert ("bisectr.forward", "bisectr.search") in graph.edges and ("bisectr.backward", "bisectr.search") in graph.edges
-    assert ("bisectr.backward", "bisectr.forward") not in graph.edges
-    assert ("bisectr.training", "bisectr.backward") not in graph.edges
-    assert ("bisectr.training", "bisectr.numerics") in graph.edges
+    assert ("bisectr.search.forward", "bisectr.search.core") in graph.edges and ("bisectr.search.backward", "bisectr.search.core") in graph.edges
+    assert ("bisectr.search.backward", "bisectr.search.forward") not in graph.edges
+    assert ("bisectr.training", "bisectr.search.backward") not in graph.edges
+    assert ("bisectr.training", "bisectr.measure.numerics") in graph.edges
 
 
 def test_no_import_cycle_among_bisectr_modules():

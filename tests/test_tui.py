@@ -27,10 +27,10 @@ pytest.importorskip("torch")
 from textual.widgets import Input, Static  # noqa: E402
 
 import bisectr  # noqa: E402
-from bisectr.tui.app import BisectrApp  # noqa: E402
-from bisectr.tui.data import RunData  # noqa: E402
-from bisectr.tui.screens import DetailScreen, HelpScreen, RetraceScreen  # noqa: E402
-from bisectr.tui.widgets import (CulpritPanel, ErrorChart, EvidencePanel, FilterInput, HeatMapView, ModuleTree,  # noqa: E402
+from bisectr.present.tui.app import BisectrApp  # noqa: E402
+from bisectr.present.tui.data import RunData  # noqa: E402
+from bisectr.present.tui.screens import DetailScreen, HelpScreen, RetraceScreen  # noqa: E402
+from bisectr.present.tui.widgets import (CulpritPanel, ErrorChart, EvidencePanel, FilterInput, HeatMapView, ModuleTree,  # noqa: E402
                                  OpPreview, OpTable, SearchProgress, VerdictBanner)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -424,7 +424,7 @@ async def test_the_training_tui_shows_the_verdict_both_loss_curves_and_the_steps
     from textual.widgets import DataTable, Sparkline
 
     from bisectr.training import train
-    from bisectr.tui.training import TrainingApp
+    from bisectr.present.tui.training import TrainingApp
 
     result = train(str(ROOT / "tests" / "models" / "training_ports.py"), candidate="candidate_eps", steps=3)
     app = TrainingApp(result, "training_ports.py")
@@ -504,7 +504,7 @@ def terminal(tmp_path):
 
 
 def test_tmux_end_to_end(live, terminal):
-    term = terminal(f"{sys.executable} -m bisectr.tui {live[0].run_dir}")
+    term = terminal(f"{sys.executable} -m bisectr.present.tui {live[0].run_dir}")
     assert _wait_for(lambda: "verdict: divergent" in term.screen()), term.screen()
     term.press("f")
     assert _wait_for(lambda: "op 7 gelu in blocks.2" in term.screen()), term.screen()

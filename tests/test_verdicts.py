@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import bisectr
-from bisectr.analysis import Analysis
-from bisectr.numerics import noise_floor
+from bisectr.measure.analysis import Analysis
+from bisectr.measure.numerics import noise_floor
 
 from conftest import MODELS, assert_verdict_contract, line_of
 

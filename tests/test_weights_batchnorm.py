@@ -6,7 +6,7 @@ import paddle
 import pytest
 import torch
 
-from bisectr.modelfile import load_module
+from bisectr.capture.modelfile import load_module
 from bisectr.weights import paddle_to_torch, torch_to_paddle
 from conftest import MODELS
 

@@ -1,4 +1,4 @@
-"""The hierarchical search (`bisectr.window`): a run that stored no op values (`value_budget=0`, what a
+"""The hierarchical search (`bisectr.search.window`): a run that stored no op values (`value_budget=0`, what a
 big model gets past the budget) is searched on layer outputs first, then on the ops of the layers where
 the difference enters, and names what a fully stored run names."""
 import json
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import bisectr
-from bisectr.analysis import Analysis
-from bisectr.window import boundaries, fetch_all, layer_of, tensors_of
+from bisectr.measure.analysis import Analysis
+from bisectr.search.window import boundaries, fetch_all, layer_of, tensors_of
 from conftest import EXAMPLES, MODELS
 from corpus import CORPUS
 

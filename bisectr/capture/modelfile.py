@@ -1,0 +1,166 @@
+"""Loading a model file and building its two sides.
+
+A model file defines zero-argument functions (by default `reference()` and
+`candidate()`), each returning `(model, inputs)`; `inputs` is a tuple of
+positional arguments or a dict of keyword arguments.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from ..adapters import Adapter, adapter_for, registered
+from ..errors import BisectrError, ModelFileError, UserModelError
+
+_BISECTR_DIR = os.path.dirname(os.path.abspath(__file__))
+_ADAPTERS_DIR = os.path.dirname(os.path.abspath(sys.modules[Adapter.__module__].__file__))
+
+
+@dataclass
+class BuiltSide:
+    """One side as its model file's function built it: the model, its inputs and its framework's adapter."""
+
+    role: str  # "reference" or "candidate"
+    function: str
+    model_file: Path
+    model: Any
+    inputs: tuple | dict
+    adapter: Adapter
+    # The model file's `<function>_loss(outputs)`, else `<role>_loss(outputs)` (`candidate_loss`): a
+    # scalar to start this side's backward pass from (see `bisectr.search.backward`); None: a fixed random gradient.
+    loss: Callable[[Any], Any] | None = None
+
+    def input_items(self) -> list[tuple[str, Any]]:
+        if isinstance(self.inputs, dict):
+            return [(str(k), v) for k, v in self.inputs.items()]
+        return [(str(i), v) for i, v in enumerate(self.inputs)]
+
+    def forward(self) -> Any:
+        """Run the model once; the user's exceptions become `UserModelError`."""
+        call = (lambda: self.model(**self.inputs)) if isinstance(self.inputs, dict) else (lambda: self.model(*self.inputs))
+        return run_user_code(call, f"{self.model_file}: the {self.role} model returned by {self.function}() raised",
+                             self.adapter.internal_paths())
+
+
+def run_user_code(fn: Callable[[], Any], context: str, hidden_paths: tuple[str, ...] = ()) -> Any:
+    try:
+        return fn()
+    except BisectrError:
+        raise
+    except Exception as exc:  # the user's own error, shown with the user's frames only
+        if _raised_by_bisectr(exc):
+            raise
+        raise UserModelError(f"{context} {type(exc).__name__}: {exc}", user_frames(exc, hidden_paths)) from None
+
+
+def _raised_by_bisectr(exc: BaseException) -> bool:
+    """Did the exception start in bisectr's own code (a bug to report, not the user's)?"""
+    if getattr(exc, "raised_by_op", False):
+        return False
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(_BISECTR_DIR + os.sep)
+
+
+def user_frames(exc: BaseException, hidden_paths: tuple[str, ...] = ()) -> str:
+    """The traceback of `exc`, and of the exceptions that caused it (an import error's root
+    cause), without bisectr's frames or the framework's internals."""
+    hidden = (_BISECTR_DIR, _ADAPTERS_DIR, *hidden_paths)
+    chain: list[BaseException] = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    parts = []
+    for link in reversed(chain):
+        frames = [f for f in traceback.extract_tb(link.__traceback__) if not os.path.abspath(f.filename).startswith(hidden)]
+        parts.append("".join(traceback.format_list(frames) + traceback.format_exception_only(type(link), link)))
+    return "Traceback (user code):\n" + "\nwhich caused:\n".join(parts)
+
+
+def load_module(model_file: str | os.PathLike) -> ModuleType:
+    path = Path(model_file)
+    if not path.is_file():
+        raise ModelFileError(f"{path}: no such model file")
+    if path.suffix != ".py":
+        raise ModelFileError(f"{path}: a model file is a Python file (.py)")
+    name = module_name(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise UserModelError(f"{path}: importing the model file raised {type(exc).__name__}: {exc}", user_frames(exc)) from None
+    return module
+
+
+def module_name(model_file: Path) -> str:
+    """The name `load_module` gives the model file's module in `sys.modules`."""
+    return f"bisectr_model_{abs(hash(str(model_file.resolve())))}"
+
+
+def build_side(module: ModuleType, model_file: Path, role: str, function: str) -> BuiltSide:
+    factory = getattr(module, function, None)
+    if factory is None:
+        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
+        raise ModelFileError(f"{model_file}: defines no function {function}() for the {role} side"
+                             f" (functions defined: {', '.join(defined) or 'none'})")
+    if not callable(factory):
+        raise ModelFileError(f"{model_file}: {function} is not a function")
+    built = run_user_code(factory, f"{model_file}: {function}() raised")
+    side = side_of(role, built, model_file, function, f"{function}() returned")
+    name = next((n for n in (f"{function}_loss", f"{role}_loss") if hasattr(module, n)), None)
+    if name is not None:
+        side.loss = getattr(module, name)
+        if not callable(side.loss):
+            raise ModelFileError(f"{model_file}: {name} is not a function")
+    return side
+
+
+def side_of(role: str, built: Any, model_file: Path, function: str, given: str) -> BuiltSide:
+    """A side from what its function returned (`given` says where that came from, in messages):
+    `(model, inputs)` with a callable model and a tuple or dict of inputs, in a known framework."""
+    if not (isinstance(built, tuple) and len(built) == 2):
+        raise ModelFileError(f"{model_file}: {given} {_describe(built)}, not (model, inputs)")
+    model, inputs = built
+    if not callable(model):
+        raise ModelFileError(f"{model_file}: {given} a model that is not callable: {_describe(model)}")
+    if isinstance(inputs, list):
+        inputs = tuple(inputs)
+    if not isinstance(inputs, (tuple, dict)):
+        raise ModelFileError(f"{model_file}: {given} inputs that are neither a tuple of positional arguments "
+                             f"nor a dict of keyword arguments: {_describe(inputs)}")
+    values = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
+    adapter = adapter_for(model, values)
+    if adapter is None:
+        raise ModelFileError(f"{model_file}: cannot tell the framework of the {role} side: {given} "
+                             f"a {_describe(model)} and inputs {[_describe(v) for v in values]}; "
+                             f"expected a {' / '.join(a.module_kind for a in registered())}, or "
+                             f"{' / '.join(a.name for a in registered())} tensors as inputs")
+    compiled = adapter.compiled_parts(model)
+    if compiled:
+        what = ", ".join("the whole model" if path == "" else (path if path == "the function" else f"module {path!r}")
+                         for path in compiled)
+        raise ModelFileError(f"{model_file}: the {role} model returned by {function}() is compiled ({what}): bisectr "
+                             "records a forward op by op and cannot see inside a compiled graph. Give it the eager "
+                             "module instead (a compiled module's `._orig_mod`), or leave the compiling out of the "
+                             "model file; to see what compiling changes, compare the compiled model's outputs with "
+                             "its eager self outside bisectr")
+    return BuiltSide(role, function, model_file, model, inputs, adapter)
+
+
+def load_sides(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate") -> tuple[BuiltSide, BuiltSide]:
+    path = Path(model_file)
+    module = load_module(path)
+    return build_side(module, path, "reference", reference), build_side(module, path, "candidate", candidate)
+
+
+def _describe(obj: Any) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__qualname__

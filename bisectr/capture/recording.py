@@ -1,0 +1,393 @@
+"""Listeners that run the user's model code: recording a forward pass, and re-running it.
+
+`Recorder` builds a `Trace` from a forward pass and a `Recording` of the calls it made (what
+`bisectr.capture.interpreter` runs again). Where the recorded calls cannot stand in for the model's
+code, `PatchedRerun` runs the code again, checks it follows the recording op for op and hands
+each op's outputs to the interpreter's `Patches`; `GradientRerun` does so with gradients on.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from ..adapters import Adapter
+from ..adapters.base import API, CALLER
+from ..errors import TraceMismatchError, UnreadableTensorError
+from .interpreter import Call, Patches, Recording, RerunResult, Slot, run_op
+from .ops import canonical_op
+from .store import TensorWriter
+from .structure import call_tensors, flatten_outputs, map_tensors
+from .trace import OpNode, StatsBatch, TensorInfo, Trace, device_reductions, is_floating, is_model_leaf, reduced_stats
+
+_BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+# What a frame is to an op's source line (`Recorder._source`), decided once per code object.
+_USER, _STOP, _SKIP, _LIBRARY_CALLER, _LIBRARY_API = range(5)
+
+
+@dataclass
+class RecordOptions:
+    store_values: bool = True
+    # With store_values, keep only op outputs under these module path prefixes ("" = all).
+    keep_modules: tuple[str, ...] = ()
+    # With store_values, op outputs are stored until they would pass this many bytes, then none
+    # (None: no limit); the search fetches what it needs of the rest (`bisectr.search.window`).
+    value_budget: int | None = None
+
+
+class TensorIds:
+    """Stable integer ids for live tensors. Python object ids are reused after a tensor
+    is freed, so each entry keeps a weak reference to check it still names the same object."""
+
+    def __init__(self):
+        self._by_object: dict[int, tuple[weakref.ref, int]] = {}
+        self.count = 0
+
+    def lookup(self, tensor: Any) -> int | None:
+        entry = self._by_object.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
+            return None
+        return entry[1]
+
+    def assign(self, tensor: Any, tid: int | None = None) -> int:
+        if tid is None:
+            tid = self.count
+        self.count = max(self.count, tid + 1)
+        self._by_object[id(tensor)] = (weakref.ref(tensor), tid)
+        return tid
+
+
+class _Session:
+    """Shared by recording and re-running: module stack, tensor ids."""
+
+    def __init__(self, adapter: Adapter):
+        self.adapter = adapter
+        self.ids = TensorIds()
+        self.modules: list[str] = []
+        self.op_count = 0
+
+    def enter_module(self, path: str) -> None:
+        self.modules.append(path)
+
+    def exit_module(self) -> None:
+        if self.modules:
+            self.modules.pop()
+
+    def adopt_root(self, module: Any, prefix: str) -> None:
+        """See `OpListener.adopt_root`: only a recording names leaves."""
+
+    def input_tids(self, tensors: list[Any]) -> list[int]:
+        tids = []
+        for tensor in tensors:
+            tid = self.ids.lookup(tensor)
+            if tid is None:
+                tid = self.ids.assign(tensor)
+                self.on_new_leaf(tid, tensor)
+            tids.append(tid)
+        return tids
+
+    def on_new_leaf(self, tid: int, tensor: Any) -> None:
+        """A tensor no recorded op produced (parameter, input, constant) is first read."""
+
+
+def depends_on_floating(trace: Trace, tid: int) -> bool:
+    """Is tensor `tid` floating, or made from a floating tensor? A value read from one that is not (a
+    mask made from integer positions) reads the same in every re-run: patches and float64 runs
+    change floating values only."""
+    return trace.reaches(tid, lambda info: is_floating(info.dtype))
+
+
+class Recorder(_Session):
+    """Listener that turns a forward pass into a `Trace` (and `Call`s for replay)."""
+
+    def __init__(self, adapter: Adapter, model: Any, inputs: list[tuple[str, Any]], trace: Trace,
+                 writer: TensorWriter | None, options: RecordOptions):
+        super().__init__(adapter)
+        self.trace = trace
+        self.writer = writer
+        self._leaf_names: dict[int, tuple[weakref.ref, str]] = {}
+        for key, value in inputs:
+            if adapter.is_tensor(value):
+                self._leaf_names[id(value)] = (weakref.ref(value), f"input:{key}")
+        for name, tensor in adapter.named_leaves(model):
+            self._leaf_names.setdefault(id(tensor), (weakref.ref(tensor), name))
+        self.options = options
+        self.recording = Recording()
+        self._adapter_dir = os.path.dirname(os.path.abspath(sys.modules[type(adapter).__module__].__file__)) + os.sep
+        self._framework = adapter.internal_paths()
+        self._internal = self._framework + (_BISECTR_DIR, self._adapter_dir, _STDLIB_DIR)
+        self._frame_kinds: dict[Any, int] = {}  # code object -> _USER, _STOP, ...
+        self._stats = StatsBatch()
+        self._budget_left = options.value_budget
+
+    def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
+        input_tids = self.input_tids(inputs)
+        result, produced, mutated = run_op(self.adapter, fn, args, kwargs, inputs)
+        if not produced:
+            if name in self.adapter.value_reads and any(depends_on_floating(self.trace, tid) for tid in input_tids):
+                self.recording.value_reads += 1
+            return result
+        index = self.op_count
+        self.op_count += 1
+        module = self.modules[-1] if self.modules else ""
+        keep = self._keeps(module)
+        for tensor in produced:
+            self._refuse_unreadable(tensor, f"op {index} ({name}) returned")
+        output_tids = [self._record_tensor(tensor, index, None, keep) for tensor in produced]
+        source, library = self._source()
+        self.trace.ops.append(OpNode(index, name, canonical_op(name), module, source,
+                                     input_tids, output_tids, bool(mutated), library))
+        slots = {id(t): Slot(tid) for t, tid in zip(inputs, input_tids)}
+        slot = lambda t: slots[id(t)]  # noqa: E731
+        self.recording.calls.append(Call(fn, map_tensors(args, self.adapter.is_tensor, slot),
+                                         map_tensors(kwargs, self.adapter.is_tensor, slot), self.adapter.device_name(produced[0])))
+        return result
+
+    def on_new_leaf(self, tid: int, tensor: Any) -> None:
+        self.recording.leaves[tid] = (tensor, self.adapter.version(tensor))
+        leaf = self.leaf_name(tensor)
+        kind, _, name = leaf.partition(":")
+        self._refuse_unreadable(tensor, f"its {kind} {name!r} is")
+        # Parameters and buffers stay in the model (read live, see `Trace.leaf_reader`): a run keeps their statistics.
+        self._describe(tid, tensor, producer=None, leaf=leaf, store=self.options.store_values and not is_model_leaf(leaf))
+
+    def _refuse_unreadable(self, tensor: Any, what: str) -> None:
+        unreadable = self.adapter.unreadable(tensor)
+        if unreadable is not None:
+            raise UnreadableTensorError(f"{what} a {unreadable}, whose values bisectr cannot read as one array; give "
+                                        "the side plain tensors (a DTensor's `.full_tensor()`, or the model unsharded)")
+
+    def adopt_root(self, module: Any, prefix: str) -> None:
+        for name, tensor in self.adapter.named_leaves(module):
+            kind, _, path = name.partition(":")
+            self._leaf_names.setdefault(id(tensor), (weakref.ref(tensor), f"{kind}:{prefix}.{path}" if prefix else name))
+
+    def leaf_name(self, tensor: Any) -> str:
+        entry = self._leaf_names.get(id(tensor))
+        if entry is not None and entry[0]() is tensor:
+            return entry[1]
+        return f"const:{self.op_count}"
+
+    def _keeps(self, module: str) -> bool:
+        if not self.options.store_values or self._budget_left is not None and self._budget_left < 0:
+            return False
+        prefixes = self.options.keep_modules
+        return not prefixes or any(module == p or module.startswith(p + ".") for p in prefixes)
+
+    def _within_budget(self, nbytes: int) -> bool:
+        """Is there room for an op output of `nbytes`? Once there is not, no later op output is stored
+        either: the values kept are those of the forward's first ops."""
+        if self._budget_left is None:
+            return True
+        self._budget_left -= nbytes
+        return self._budget_left >= 0
+
+    def _record_tensor(self, tensor: Any, producer: int, leaf: str | None, store: bool) -> int:
+        tid = self.ids.assign(tensor)
+        self._describe(tid, tensor, producer, leaf, store)
+        return tid
+
+    def _describe(self, tid: int, tensor: Any, producer: int | None, leaf: str | None, store: bool) -> None:
+        """Describe a tensor (shape, dtype, statistics, fingerprint) and store its values where asked.
+        A tensor on an accelerator is described there: only what is stored is copied to the host."""
+        reductions = device_reductions(self.adapter, tensor)
+        store = store and self.writer is not None
+        values = self.adapter.to_numpy(tensor) if store or reductions is None else None
+        stored = store and (producer is None or self._within_budget(values.nbytes))
+        if stored:
+            self.writer.write(tid, values)
+        info = TensorInfo(tid, tuple(tensor.shape), self.adapter.dtype_name(tensor), {}, [], producer, leaf, stored)
+        self.trace.tensors[tid] = info
+        if reductions is None:
+            self._stats.add(info, values)
+        else:
+            info.stats, info.fingerprint = reduced_stats(reductions), reductions.picked
+
+    def finish(self, outputs: list[tuple[str, Any]]) -> None:
+        """Mark the model's outputs, name the floating parameters and buffers no op read, and
+        complete every tensor's statistics."""
+        self._record_outputs(outputs)
+        read = set(self.trace.leaves)
+        unread = {name for ref, name in self._leaf_names.values() if name.startswith(("param:", "buffer:"))
+                  and name not in read and ref() is not None and is_floating(self.adapter.dtype_name(ref()))}
+        self.trace.unread_leaves = sorted(unread)
+        self._stats.flush()
+
+    def _record_outputs(self, outputs: list[tuple[str, Any]]) -> None:
+        for key, tensor in outputs:
+            tid = self.ids.lookup(tensor)
+            if tid is None:
+                tid = self.ids.assign(tensor)
+                self.on_new_leaf(tid, tensor)
+            info = self.trace.tensors[tid]
+            if not info.stored and self.writer is not None:
+                self.writer.write(tid, self.adapter.to_numpy(tensor))
+                info.stored = True
+            self.trace.outputs[key] = tid
+
+    def _source(self) -> tuple[str, bool]:
+        """("path:line", is it the framework's own?) of the code that called this op: the innermost
+        frame of the user's code, else, where no user code called it (a model that is one framework
+        layer, nn.TransformerEncoder), the framework's own line that did: the innermost frame that
+        calls an op (a layer's forward), else the innermost public function passing the call on
+        (see `Adapter.frame_role`). The walk stops at bisectr's own frames."""
+        frame = sys._getframe(2)
+        kinds = self._frame_kinds
+        caller = api = None
+        while frame is not None:
+            code = frame.f_code
+            kind = kinds.get(code)
+            if kind is None:
+                kind = kinds[code] = self._frame_kind(code)
+            if kind == _USER:
+                return f"{code.co_filename}:{frame.f_lineno}", False
+            if kind == _STOP:
+                break
+            if kind == _LIBRARY_CALLER:
+                if caller is None:
+                    caller = frame
+            elif kind == _LIBRARY_API and api is None:
+                api = frame
+            frame = frame.f_back
+        found = caller if caller is not None else api
+        if found is None:
+            return "", False
+        return f"{found.f_code.co_filename}:{found.f_lineno}", True
+
+    def _frame_kind(self, code: Any) -> int:
+        filename = code.co_filename
+        if filename.startswith(_BISECTR_DIR) and not filename.startswith(self._adapter_dir):
+            return _STOP
+        if filename.startswith(self._framework):
+            role = self.adapter.frame_role(filename, code.co_name)
+            return _LIBRARY_CALLER if role == CALLER else _LIBRARY_API if role == API else _SKIP
+        if filename.startswith(self._internal) or filename.startswith("<"):
+            return _SKIP
+        return _USER
+
+
+class PatchedRerun(_Session):
+    """Listener for a re-run of the model's code that follows a recorded trace, op for op, and
+    hands each op's outputs to `Patches` (patched, checked, captured; see `interpreter.Patches`)."""
+
+    with_gradients = False  # the recording ran without gradients; a re-run with them may take another path
+
+    def __init__(self, adapter: Adapter, trace: Trace, patches: dict[int, Any], capture: Iterable[int] = ()):
+        super().__init__(adapter)
+        self.trace = trace
+        self.patching = Patches(adapter, trace, patches, capture, gradients=self.with_gradients)
+
+    def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
+        input_tids = self.input_tids(inputs)
+        if any(tid in self.patching.patches for tid in input_tids):
+            args, kwargs, inputs = self._patch_leaves(args, kwargs, inputs, input_tids)
+        result, produced, mutated = run_op(self.adapter, fn, args, kwargs, inputs)
+        if not produced:
+            return result
+        expected = self._expected_op(name)
+        self.op_count += 1
+        if len(produced) != len(expected.outputs):
+            raise self.patching.departure(expected.index, expected, f"{len(produced)} outputs instead of {len(expected.outputs)}")
+        reached = not self.patching.tainted.isdisjoint(input_tids)
+        replacements: dict[int, Any] = {}
+        for tensor, tid in zip(produced, expected.outputs):
+            went_on = self.patching.output(expected, tid, tensor, reached, check=True, in_place=id(tensor) in mutated)
+            if went_on is not tensor:
+                replacements[id(tensor)] = went_on
+            self.ids.assign(went_on, tid)
+            self.on_output(tid, went_on)
+        if replacements:
+            result = map_tensors(result, self.adapter.is_tensor, lambda t: replacements.get(id(t), t))
+        return result
+
+    def on_output(self, tid: int, tensor: Any) -> None:
+        """An op of the re-run produced `tensor`, recorded as `tid` (patched already, if asked)."""
+
+    def on_new_leaf(self, tid: int, tensor: Any) -> None:
+        if tid not in self.trace.tensors or self.trace.tensors[tid].producer is not None:
+            raise self.patching.departure(self.op_count, None, "reads a tensor the recording did not read at this point")
+
+    def _patch_leaves(self, args: tuple, kwargs: dict, inputs: list[Any], tids: list[int]):
+        leaves = {tid for tid in tids if tid in self.patching.patches and self.trace.tensors[tid].producer is None}
+        if not leaves:
+            return args, kwargs, inputs
+        substitutes = {id(t): self.patching.leaf(tid, t) for t, tid in zip(inputs, tids) if tid in leaves}
+        swap = lambda t: substitutes.get(id(t), t)  # noqa: E731
+        args = map_tensors(args, self.adapter.is_tensor, swap)
+        kwargs = map_tensors(kwargs, self.adapter.is_tensor, swap)
+        return args, kwargs, call_tensors(args, kwargs, self.adapter.is_tensor)
+
+    def _expected_op(self, name: str) -> OpNode:
+        if self.op_count >= len(self.trace.ops):
+            raise self.patching.departure(self.op_count, None, "runs more ops than the recording")
+        expected = self.trace.ops[self.op_count]
+        if expected.framework_op != name:
+            raise self.patching.departure(expected.index, expected, f"calls {name} where the recording called {expected.framework_op}")
+        return expected
+
+    def finish(self, outputs: list[tuple[str, Any]]) -> RerunResult:
+        if self.op_count != len(self.trace.ops):
+            raise TraceMismatchError(
+                f"the {self.trace.side} re-run ran {self.op_count} ops, the recording {len(self.trace.ops)}: "
+                "the forward is not deterministic (dropout in training mode? data-dependent control flow?)"
+            )
+        return RerunResult({key: self.adapter.to_numpy(t) for key, t in outputs}, self.patching.captured)
+
+
+class GradientRerun(PatchedRerun):
+    """A re-run with gradients on (`Adapter.intercept(..., gradients=True)`), following the
+    recording as `PatchedRerun` does, that hooks every op output a gradient reaches: the hook
+    keeps the gradient in `gradients` and hands on `gradient_patches[tid]` instead where given.
+    `leaves` are the leaf tensors read, by tid, for their gradients. `patched` are the patched op
+    outputs: the backward starts from them too, so that a patch reaches the ops before a tensor
+    whose readers all cut the gradient (a `detach`), where no gradient would call its hook.
+
+    `activations` (tid -> values) replace op outputs in the forward while keeping the graph: the
+    backward then runs through the side's own ops, each at the values given."""
+
+    with_gradients = True
+
+    def __init__(self, adapter: Adapter, trace: Trace, gradient_patches: dict[int, np.ndarray],
+                 activations: dict[int, np.ndarray] | None = None):
+        super().__init__(adapter, trace, activations or {})
+        self.gradient_patches = Patches(adapter, trace, gradient_patches)
+        self.gradients: dict[int, np.ndarray] = {}
+        self.leaves: dict[int, Any] = {}
+        self.patched: list[Any] = []
+
+    def on_output(self, tid: int, tensor: Any) -> None:
+        if self.adapter.requires_grad(tensor) and is_floating(self.trace.tensors[tid].dtype):
+            self.adapter.add_gradient_hook(tensor, self._hook(tid, tensor))
+            if tid in self.gradient_patches.patches:
+                self.patched.append(tensor)
+
+    def on_new_leaf(self, tid: int, tensor: Any) -> None:
+        super().on_new_leaf(tid, tensor)
+        self.leaves[tid] = tensor
+
+    def _hook(self, tid: int, tensor: Any) -> Callable[[Any], Any]:
+        adapter = self.adapter
+        dtype, device = adapter.dtype_name(tensor), adapter.device_name(tensor)
+
+        def hook(gradient: Any) -> Any:
+            if gradient is None:  # none reaches it (see `Adapter.add_gradient_hook`)
+                return None
+            self.gradients[tid] = adapter.to_numpy(gradient)
+            if tid in self.gradient_patches.patches:
+                return adapter.from_numpy(self.gradient_patches.values(tid, gradient), dtype, device)
+            return None
+
+        return hook
+
+
+def output_pairs(adapter: Adapter, outputs: Any) -> list[tuple[str, Any]]:
+    return flatten_outputs(outputs, adapter.is_tensor)

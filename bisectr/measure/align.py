@@ -1,0 +1,755 @@
+"""Aligning two traces op by op.
+
+The result pairs candidate ops with reference ops (1:1), groups what is left into
+N:M blocks where the frameworks decompose differently, and pairs tensors
+(candidate tid -> reference tid, with a layout transform where needed).
+
+How, in four passes, each near-linear in the number of ops:
+1. **Anchors.** Each op gets a key: canonical op, output shape and the layer
+   numbers in its module path (`blocks.31.attn` -> (31,)). Ops with the same key
+   are paired in order, each with the closest-valued unused counterpart among its
+   neighbours in the group (so q/k/v projections computed in another order still
+   pair by value). Keys with different counts on the two sides are left for pass 3.
+2. **Backbone.** The longest increasing chain of anchors (by reference position)
+   is the backbone; an anchor off it is kept only if it sits between its backbone
+   neighbours (locally reordered independent ops), otherwise dropped. Two anchors
+   that cross where one op reads the other's output (add then scale against scale
+   then add) are both dropped, their ops left to a block.
+3. **Gaps.** Between consecutive backbone anchors the remaining ops of each side are
+   matched by a small dynamic program on (canonical op, output size, values).
+4. **Blocks.** Runs of ops still unmatched form N:M blocks. A block is matched when
+   every tensor it hands to later ops finds a reference tensor of the same size and
+   close values among the reference block's outputs or the block inputs' partners;
+   one that does not is merged with the run that reads what it hands on.
+
+Users can pin modules that the aligner cannot pair by itself
+(`ALIGN_MODULES = {"candidate.path": "reference.path"}` in the model file): ops
+under a pinned pair are aligned only with each other.
+"""
+from __future__ import annotations
+
+import bisect as _bisect
+import itertools
+import re
+from functools import lru_cache
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from ..capture.trace import OpNode, TensorInfo, Trace, fingerprint, is_floating
+
+NEIGHBOURHOOD = 8  # how far apart in a key group two paired occurrences may be
+VALUE_MATCH = 0.1  # the largest value distance at which a tensor is paired on values alone
+SAME_LAYOUT = 1e-3  # tensors of equal shapes this close are taken to share their layout
+CLEARLY_CLOSER = 0.1  # an out-of-order occurrence wins only when this many times closer in value
+MAX_PERMUTED_DIMS = 5
+MAX_GAP_CELLS = 250_000  # gap DP size above which gaps are matched greedily
+_LAYER_NUMBER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
+
+# A layout transform: the permutation that turns the reference tensor's values into
+# the candidate's layout (None: same layout, or a plain reshape of the same data).
+Permutation = tuple[int, ...] | None
+# Which input of an op is stored in which layout: (framework, canonical op, input
+# position) -> permutation to the shared layout. Torch keeps Linear weights as
+# (out, in), paddle as (in, out).
+InputLayout = Callable[[str, str, int], Permutation]
+
+
+@dataclass
+class TensorPair:
+    candidate: int
+    reference: int
+    transform: Permutation
+    confidence: float
+    how: str  # "op", "input", "block"
+    # The candidate holds the reference's data repeated along size-1 dimensions (one side
+    # expands position embeddings to the batch, the other lets broadcasting do it).
+    broadcast: bool = False
+    # The candidate holds a slice of the reference (one part of a fused parameter): (axis, start,
+    # stop) of the reference's values, taken before `transform`.
+    part: tuple[int, int, int] | None = None
+
+    def reference_in_candidate_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        if self.part is not None:
+            axis, start, stop = self.part
+            values = np.take(values, range(start, stop), axis=axis)
+        if self.transform is not None:
+            values = np.transpose(values, self.transform)
+        if self.broadcast:
+            values = np.broadcast_to(values, shape)
+        return np.ascontiguousarray(values).reshape(shape)
+
+    def candidate_in_reference_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        if self.part is not None:
+            raise ValueError(f"candidate tensor {self.candidate} holds a slice of reference tensor {self.reference}: "
+                             "it has no layout of the whole")
+        if self.broadcast:
+            padded = (1,) * (values.ndim - len(shape)) + tuple(shape)
+            values = values[tuple(slice(0, 1) if r == 1 else slice(None) for r in padded)]
+        if self.transform is not None:
+            values = np.transpose(values, np.argsort(self.transform))
+        return np.ascontiguousarray(values).reshape(shape)
+
+
+def broadcasts(reference: tuple[int, ...], candidate: tuple[int, ...]) -> bool:
+    """Is `candidate` the shape of `reference` expanded along some of its size-1 dimensions?"""
+    if len(reference) > len(candidate) or reference == candidate:
+        return False
+    padded = (1,) * (len(candidate) - len(reference)) + tuple(reference)
+    return all(r == c or r == 1 for r, c in zip(padded, candidate))
+
+
+@dataclass
+class PairEvidence:
+    """Why two ops were paired."""
+
+    how: str  # "anchor" | "gap" | "pin"
+    op: str
+    candidate_module: str
+    reference_module: str
+    shape: list[int]  # the candidate output's
+    value_distance: float
+
+
+@dataclass
+class OpPair:
+    candidate: int
+    reference: int
+    confidence: float
+    evidence: PairEvidence
+
+
+@dataclass
+class Block:
+    candidate: list[int]
+    reference: list[int]
+    matched: bool
+
+
+@dataclass
+class LeafPair:
+    """A candidate parameter or buffer and the reference leaf it holds (see `leaves`)."""
+
+    candidate: str  # leaf names as traced: "param:NAME" / "buffer:NAME"
+    reference: str
+    layout: str  # how the reference's values are laid out in the candidate's: "as stored", "transposed", "slice ..."
+    how: str  # what paired them: "op" (read by paired ops), "block" (read in a matched block), "values", "name"
+    status: str = "unknown"  # "equal" | "rounded" | "different" | "unknown" (values not stored)
+    description: str = ""  # what differs, for a different pair
+    max_rel: float | None = None  # max abs difference / max abs of the reference's values
+    # A part of a fused candidate parameter (q, k and v in one qkv_proj): the positions along
+    # `axis` of the candidate's values that hold the reference leaf's rows, in its order (the
+    # reference's values transposed first where `transposed`); where the candidate holds each row
+    # k times (kv heads repeated), k * rows positions: every row's first copy, then every second.
+    slots: list[int] | None = None
+    axis: int = 0
+    transposed: bool = False
+
+
+@dataclass
+class UnpairedLeaf:
+    side: str
+    name: str
+    reason: str
+
+
+@dataclass
+class LeafPairing:
+    pairs: list[LeafPair] = field(default_factory=list)
+    unpaired: list[UnpairedLeaf] = field(default_factory=list)
+    summary: str = ""  # what the comparison found, in one sentence
+
+
+@dataclass
+class Alignment:
+    pairs: list[OpPair] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+    tensors: dict[int, TensorPair] = field(default_factory=dict)  # candidate tid -> pair
+    leaves: LeafPairing = field(default_factory=LeafPairing)
+
+    def reference_of(self, candidate_op: int) -> int | None:
+        return self._by_candidate().get(candidate_op)
+
+    def _by_candidate(self) -> dict[int, int]:
+        return {p.candidate: p.reference for p in self.pairs}
+
+    def partnered_ops(self) -> set[int]:
+        """Candidate ops with a partner: paired 1:1 or inside a matched block that holds reference ops."""
+        return {p.candidate for p in self.pairs} | {i for b in self.blocks if b.matched and b.reference for i in b.candidate}
+
+    def aligned_ops(self, side: str) -> set[int]:
+        """Ops paired 1:1 or inside a matched block."""
+        attr = "candidate" if side == "candidate" else "reference"
+        aligned = {getattr(p, attr) for p in self.pairs}
+        for block in self.blocks:
+            if block.matched:
+                aligned.update(getattr(block, attr))
+        return aligned
+
+
+@lru_cache(maxsize=65536)
+def layer_numbers(module: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in _LAYER_NUMBER.findall(module))
+
+
+def value_distance(a: TensorInfo, b: TensorInfo) -> float:
+    """0 for identical fingerprints, about 1 for unrelated data, 2 for opposite sign."""
+    if a.size != b.size or len(a.fingerprint) != len(b.fingerprint):
+        return 2.0
+    return fingerprint_distance(a.fingerprint, b.fingerprint, max(a.stats["absmax"], b.stats["absmax"], 1e-30))
+
+
+def fingerprint_distance(a: list[float], b: list[float], scale: float) -> float:
+    """The largest difference of two fingerprints relative to `scale`, capped at 2."""
+    worst = 0.0
+    for x, y in zip(a, b):  # 16 numbers: plain Python beats numpy here
+        difference = abs(x - y)
+        worst = max(worst, scale if difference != difference else difference)  # NaN counts as unrelated
+    return min(worst / scale, 2.0)
+
+
+def _output_partners(reference: Trace, candidate: Trace) -> dict[int, int]:
+    """Candidate output tid -> the reference output it is compared with: by key, then the rest in order
+    (as the run pairs the outputs), where the sizes agree."""
+    rest = [k for k in reference.outputs if k not in candidate.outputs]
+    keyed = [(k, k) for k in candidate.outputs if k in reference.outputs]
+    keyed += zip([k for k in candidate.outputs if k not in reference.outputs], rest)
+    return {candidate.outputs[c]: reference.outputs[r] for c, r in keyed
+            if candidate.tensors[candidate.outputs[c]].size == reference.tensors[reference.outputs[r]].size}
+
+
+class _TracePair:
+    """Both traces with the per-op facts the passes keep asking for."""
+
+    def __init__(self, reference: Trace, candidate: Trace):
+        self.traces = {"reference": reference, "candidate": candidate}
+        self.use_layers = all(any(layer_numbers(op.module) for op in t.ops) for t in self.traces.values())
+        self.readers = {side: trace.consumers() for side, trace in self.traces.items()}
+        self.output_partner = _output_partners(reference, candidate)
+
+    def key(self, side: str, op: OpNode) -> tuple:
+        trace = self.traces[side]
+        shape = trace.tensors[op.outputs[0]].shape if op.outputs else ()
+        layers = layer_numbers(op.module) if self.use_layers else ()
+        return op.op, shape, layers
+
+    def output(self, side: str, op: OpNode) -> TensorInfo | None:
+        return self.traces[side].tensors[op.outputs[0]] if op.outputs else None
+
+    def distance(self, cand_op: OpNode, ref_op: OpNode) -> float:
+        a, b = self.output("candidate", cand_op), self.output("reference", ref_op)
+        return 2.0 if a is None or b is None else value_distance(a, b)
+
+
+def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None = None,
+                 input_layout: InputLayout | None = None) -> Alignment:
+    """Align `candidate` to `reference`; `pins` maps candidate module paths to reference ones."""
+    sides = _TracePair(reference, candidate)
+    pairs: dict[int, tuple[int, str, float]] = {}  # cand op -> (ref op, how, distance)
+    pinned_cand: set[int] = set()
+    pinned_ref: set[int] = set()
+    for cand_prefix, ref_prefix in (pins or {}).items():
+        cand_ops = [op for op in candidate.ops if _under(op.module, cand_prefix)]
+        ref_ops = [op for op in reference.ops if _under(op.module, ref_prefix)]
+        pinned_cand.update(op.index for op in cand_ops)
+        pinned_ref.update(op.index for op in ref_ops)
+        pairs.update({c: (r, "pin", d) for c, (r, _, d) in _align_sequences(sides, cand_ops, ref_ops, use_layers=False).items()})
+    rest_cand = [op for op in candidate.ops if op.index not in pinned_cand]
+    rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
+    pairs.update(_align_sequences(sides, rest_cand, rest_ref, use_layers=sides.use_layers))
+    _follow_data_flow(sides, pairs)
+    _drop_layout_pairs_that_cannot_correspond(sides, pairs)
+    _drop_pairs_whose_parameter_is_read_later(sides, pairs)
+
+    alignment = Alignment()
+    for cand_index in sorted(pairs):
+        ref_index, how, distance = pairs[cand_index]
+        cand_op, ref_op = candidate.ops[cand_index], reference.ops[ref_index]
+        alignment.pairs.append(OpPair(cand_index, ref_index, _confidence(sides, cand_op, ref_op, distance), PairEvidence(
+            how, cand_op.op, cand_op.module, ref_op.module,
+            list(sides.output("candidate", cand_op).shape) if cand_op.outputs else [], distance)))
+    _pair_op_tensors(sides, alignment, input_layout)
+    _form_blocks(sides, alignment)
+    return alignment
+
+
+# Ops that only move their first input's data (or view it in another shape): two of them
+# correspond only if the data they move does.
+LAYOUT_OPS = frozenset({"transpose", "reshape", "expand", "copy", "contiguous"})
+
+
+def _follow_data_flow(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
+    """Re-pair layout ops by the data they move: a candidate layout op reading output k of a paired
+    op pairs with the reference's layout op of the same kind reading output k of its partner, its
+    pair swapped with the candidate op that held it. Paired by order alone, q, k and v, viewed in
+    another order on each side, rotate: values tell them apart only while the forward agrees.
+    In candidate order, so that a re-paired op's readers follow it."""
+    candidate, reference = sides.traces["candidate"], sides.traces["reference"]
+    cand_of = {r: c for c, (r, _, _) in pairs.items()}
+    for c in sorted(pairs):
+        cand_op = candidate.ops[c]
+        if cand_op.op not in LAYOUT_OPS or not cand_op.inputs:
+            continue
+        cand_in = candidate.tensors[cand_op.inputs[0]]
+        if cand_in.producer not in pairs:
+            continue
+        ref_producer = reference.ops[pairs[cand_in.producer][0]]
+        position = candidate.ops[cand_in.producer].outputs.index(cand_in.tid)
+        if position >= len(ref_producer.outputs):
+            continue
+        expected = ref_producer.outputs[position]
+        current = reference.ops[pairs[c][0]]
+        if current.inputs and current.inputs[0] == expected:
+            continue
+        readers = [reference.ops[r] for r in sides.readers["reference"].get(expected, [])]
+        moved = next((r for r in readers if r.op == cand_op.op and r.inputs[0] == expected and r.index in cand_of
+                      and r.outputs and cand_op.outputs
+                      and reference.tensors[r.outputs[0]].shape == candidate.tensors[cand_op.outputs[0]].shape), None)
+        if moved is None:
+            continue
+        other = cand_of[moved.index]
+        pairs[c], pairs[other] = pairs[other], pairs[c]
+        cand_of[moved.index], cand_of[current.index] = c, other
+
+
+def _drop_layout_pairs_that_cannot_correspond(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
+    """Unpair layout ops that cannot be the same step: the shapes they take and make differ, or
+    their inputs come from ops paired elsewhere. `k.transpose(-1, -2)` of a hand-written attention
+    is not `nn.MultiheadAttention`'s batch-first transpose of the layer's input, whatever their
+    names and sizes. In candidate order, so that a dropped pair's readers are judged without it."""
+    candidate, reference = sides.traces["candidate"], sides.traces["reference"]
+    cand_of = {r: c for c, (r, _, _) in pairs.items()}
+    for c in sorted(pairs):
+        r = pairs[c][0]
+        cand_op, ref_op = candidate.ops[c], reference.ops[r]
+        if cand_op.op not in LAYOUT_OPS or not cand_op.inputs or not ref_op.inputs:
+            continue
+        cand_in, ref_in = candidate.tensors[cand_op.inputs[0]], reference.tensors[ref_op.inputs[0]]
+        same_shapes = cand_in.shape == ref_in.shape and \
+            candidate.tensors[cand_op.outputs[0]].shape == reference.tensors[ref_op.outputs[0]].shape
+        cand_from, ref_from = cand_in.producer, ref_in.producer
+        paired_elsewhere = (cand_from is not None and cand_from in pairs and pairs[cand_from][0] != ref_from) or \
+                           (ref_from is not None and ref_from in cand_of and cand_of[ref_from] != cand_from)
+        if paired_elsewhere or not same_shapes:
+            del pairs[c]
+            del cand_of[r]
+
+
+def _drop_pairs_whose_parameter_is_read_later(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
+    """Unpair ops where one side reads a parameter that the other side's op does not, but a later
+    op of that side does: paddle's `conv2d` adds its bias in ops of its own (reshape, add), torch's
+    takes it in the call. The step is one op against several, a block for `_form_blocks`."""
+    traces = sides.traces
+    first_reader = {side: _first_parameter_readers(traces[side]) for side in traces}
+    for c in sorted(pairs):
+        ops = {"candidate": c, "reference": pairs[c][0]}
+        read = {side: _parameters_read(traces[side], ops[side]) for side in ops}
+        for side, other in (("candidate", "reference"), ("reference", "candidate")):
+            if any(first_reader[side].get(name, -1) > ops[side] for name in read[other] - read[side]):
+                del pairs[c]
+                break
+
+
+def _parameters_read(trace: Trace, index: int) -> set[str]:
+    return {leaf for leaf in (trace.tensors[t].leaf for t in trace.ops[index].inputs) if leaf and leaf.startswith("param:")}
+
+
+def _first_parameter_readers(trace: Trace) -> dict[str, int]:
+    """Parameter name -> the first op that reads it."""
+    first: dict[str, int] = {}
+    for op in trace.ops:
+        for name in _parameters_read(trace, op.index):
+            first.setdefault(name, op.index)
+    return first
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _confidence(sides: _TracePair, cand_op: OpNode, ref_op: OpNode, distance: float) -> float:
+    same_layers = layer_numbers(cand_op.module) == layer_numbers(ref_op.module)
+    closeness = 1.0 / (1.0 + 1e3 * distance)  # 1 for equal values, ~0.5 at 1e-3 apart
+    return round(0.5 + 0.3 * closeness + 0.2 * same_layers, 3)
+
+
+def _align_sequences(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode],
+                     use_layers: bool) -> dict[int, tuple[int, str, float]]:
+    anchors = _anchors(sides, cand_ops, ref_ops, use_layers)
+    backbone, extra = _backbone(anchors)
+    crossed = _crossing_dataflow(sides, backbone + extra)
+    backbone, extra = [a for a in backbone if a not in crossed], [a for a in extra if a not in crossed]
+    pairs = {c: (r, "anchor", sides.distance(sides.traces["candidate"].ops[c], sides.traces["reference"].ops[r]))
+             for c, r in backbone + extra}
+    matched_ref = {r for r, _, _ in pairs.values()} | {r for _, r in crossed}  # crossed ops stay unpaired
+    crossed_cands = {c for c, _ in crossed}
+    cand_positions = [op.index for op in cand_ops if op.index not in crossed_cands]
+    ref_positions = [op.index for op in ref_ops]
+    bounds = [(-1, -1)] + backbone + [(10**18, 10**18)]
+    for (c0, r0), (c1, r1) in zip(bounds, bounds[1:]):
+        gap_cand = [candidate for candidate in _between(cand_positions, c0, c1) if candidate not in pairs]
+        gap_ref = [reference for reference in _between(ref_positions, r0, r1) if reference not in matched_ref]
+        if gap_cand and gap_ref:
+            for c, r, d in _match_gap(sides, gap_cand, gap_ref):
+                pairs[c] = (r, "gap", d)
+                matched_ref.add(r)
+    return pairs
+
+
+def _between(sorted_positions: list[int], low: int, high: int) -> list[int]:
+    start = _bisect.bisect_right(sorted_positions, low)
+    stop = _bisect.bisect_left(sorted_positions, high)
+    return sorted_positions[start:stop]
+
+
+def _anchors(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode], use_layers: bool) -> list[tuple[int, int]]:
+    groups: dict[tuple, tuple[list[OpNode], list[OpNode]]] = {}
+    for side, ops in (("candidate", cand_ops), ("reference", ref_ops)):
+        for op in ops:
+            key = sides.key(side, op)
+            if not use_layers:
+                key = key[:2]
+            groups.setdefault(key, ([], []))[0 if side == "candidate" else 1].append(op)
+    anchors = []
+    for cand_group, ref_group in groups.values():
+        if len(cand_group) == len(ref_group):
+            anchors.extend(_pair_group(sides, cand_group, ref_group))
+    anchors.sort()
+    return anchors
+
+
+def _pair_group(sides: _TracePair, cand_group: list[OpNode], ref_group: list[OpNode]) -> list[tuple[int, int]]:
+    """Pair the k-th occurrence with the k-th, unless an unused occurrence near k is clearly
+    closer in value (q/k/v projections computed in another order). Values decide only
+    clearly: downstream of a real bug every occurrence is far from every other."""
+    used = [False] * len(ref_group)
+    pairs = []
+    for k, cand_op in enumerate(cand_group):
+        window = [j for j in range(max(0, k - NEIGHBOURHOOD), min(len(ref_group), k + NEIGHBOURHOOD + 1)) if not used[j]]
+        if not window:
+            continue
+        distance = {j: sides.distance(cand_op, ref_group[j]) for j in window}
+        best = min(window, key=lambda j: (distance[j], abs(j - k)))
+        in_order = min(window, key=lambda j: abs(j - k))
+        if distance[best] > CLEARLY_CLOSER * distance[in_order]:
+            best = in_order
+        used[best] = True
+        pairs.append((cand_op.index, ref_group[best].index))
+    return pairs
+
+
+def _crossing_dataflow(sides: _TracePair, anchors: list[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Anchors two of which cross where one op reads the other's output (the candidate adds a mask, then
+    scales; the reference scales, then adds): their partners cannot read each other's in turn, so
+    neither pairing holds, and those ops are left to be compared together as a block."""
+    reference_of = dict(anchors)
+    candidate_of = {r: c for c, r in anchors}
+    crossed: set[tuple[int, int]] = set()
+    for role, partner_of in (("candidate", reference_of), ("reference", candidate_of)):
+        trace = sides.traces[role]
+        for index, partner in partner_of.items():
+            for tid in trace.ops[index].inputs:
+                producer = trace.tensors[tid].producer
+                if producer is not None and producer in partner_of and partner_of[producer] > partner:
+                    pair, producer_pair = (index, partner), (producer, partner_of[producer])
+                    crossed |= {pair, producer_pair} if role == "candidate" else {pair[::-1], producer_pair[::-1]}
+    return crossed
+
+
+def _backbone(anchors: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Split anchors (sorted by candidate index) into the longest increasing chain by
+    reference index, and the off-chain anchors that lie between their chain neighbours."""
+    tails: list[int] = []  # reference index ending the best chain of each length
+    tail_at: list[int] = []
+    previous = [-1] * len(anchors)
+    for i, (_, r) in enumerate(anchors):
+        length = _bisect.bisect_left(tails, r)
+        if length == len(tails):
+            tails.append(r)
+            tail_at.append(i)
+        else:
+            tails[length] = r
+            tail_at[length] = i
+        previous[i] = tail_at[length - 1] if length > 0 else -1
+    chain = []
+    i = tail_at[-1] if tail_at else -1
+    while i >= 0:
+        chain.append(i)
+        i = previous[i]
+    chain.reverse()
+    on_chain = set(chain)
+    backbone = [anchors[i] for i in chain]
+    extra = []
+    chain_cands = [c for c, _ in backbone]
+    for i, (c, r) in enumerate(anchors):
+        if i in on_chain:
+            continue
+        k = _bisect.bisect_left(chain_cands, c)
+        low = backbone[k - 1][1] - NEIGHBOURHOOD if k > 0 else -1
+        high = backbone[k][1] + NEIGHBOURHOOD if k < len(backbone) else 10**18
+        if low < r < high:
+            extra.append((c, r))
+    return backbone, extra
+
+
+def _match_gap(sides: _TracePair, gap_cand: list[int], gap_ref: list[int]) -> list[tuple[int, int, float]]:
+    """Best order-preserving matching of two short op runs (same canonical op and output size)."""
+    cand_ops = [sides.traces["candidate"].ops[i] for i in gap_cand]
+    ref_ops = [sides.traces["reference"].ops[i] for i in gap_ref]
+
+    def similarity(c: OpNode, r: OpNode) -> float | None:
+        a, b = sides.output("candidate", c), sides.output("reference", r)
+        if c.op != r.op or a is None or b is None or a.size != b.size:
+            return None
+        return 2.0 - value_distance(a, b)
+
+    n, m = len(cand_ops), len(ref_ops)
+    if n * m > MAX_GAP_CELLS:
+        return _match_gap_greedy(cand_ops, ref_ops, similarity)
+    score = np.zeros((n + 1, m + 1))
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            s = similarity(cand_ops[i - 1], ref_ops[j - 1])
+            best = max(score[i - 1, j], score[i, j - 1])
+            if s is not None:
+                best = max(best, score[i - 1, j - 1] + 1.0 + s)
+            score[i, j] = best
+    matches = []
+    i, j = n, m
+    while i > 0 and j > 0:
+        s = similarity(cand_ops[i - 1], ref_ops[j - 1])
+        if s is not None and np.isclose(score[i, j], score[i - 1, j - 1] + 1.0 + s):
+            matches.append((cand_ops[i - 1].index, ref_ops[j - 1].index, 2.0 - s))
+            i, j = i - 1, j - 1
+        elif score[i - 1, j] >= score[i, j - 1]:
+            i -= 1
+        else:
+            j -= 1
+    return matches[::-1]
+
+
+def _match_gap_greedy(cand_ops: list[OpNode], ref_ops: list[OpNode], similarity) -> list[tuple[int, int, float]]:
+    matches, j = [], 0
+    for c in cand_ops:
+        for k in range(j, min(len(ref_ops), j + NEIGHBOURHOOD)):
+            s = similarity(c, ref_ops[k])
+            if s is not None:
+                matches.append((c.index, ref_ops[k].index, 2.0 - s))
+                j = k + 1
+                break
+    return matches
+
+
+def _pair_op_tensors(sides: _TracePair, alignment: Alignment, input_layout: InputLayout | None) -> None:
+    """Outputs of paired ops pair by position; leaf inputs pair by position among same-sized inputs."""
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    for pair in alignment.pairs:
+        cand_op, ref_op = candidate.ops[pair.candidate], reference.ops[pair.reference]
+        for c_tid, r_tid in zip(cand_op.outputs, ref_op.outputs):
+            c_shape, r_shape = candidate.tensors[c_tid].shape, reference.tensors[r_tid].shape
+            if candidate.tensors[c_tid].size == reference.tensors[r_tid].size or broadcasts(r_shape, c_shape):
+                alignment.tensors.setdefault(c_tid, TensorPair(c_tid, r_tid, None, pair.confidence, "op",
+                                                               broadcast=broadcasts(r_shape, c_shape)))
+        cand_leaves = [(i, t) for i, t in enumerate(cand_op.inputs) if candidate.tensors[t].producer is None]
+        ref_leaves = [(i, t) for i, t in enumerate(ref_op.inputs) if reference.tensors[t].producer is None]
+        for (ci, c_tid), (ri, r_tid) in zip(cand_leaves, ref_leaves):
+            c_info, r_info = candidate.tensors[c_tid], reference.tensors[r_tid]
+            if c_info.size != r_info.size or c_tid in alignment.tensors:
+                continue
+            transform = _leaf_transform(candidate, reference, cand_op, ref_op, ci, ri, input_layout)
+            alignment.tensors[c_tid] = TensorPair(c_tid, r_tid, transform, pair.confidence, "input")
+
+
+def _leaf_transform(candidate: Trace, reference: Trace, cand_op: OpNode, ref_op: OpNode, ci: int, ri: int,
+                    input_layout: InputLayout | None) -> Permutation:
+    """The layout change from the reference leaf to the candidate leaf, decided by the op's
+    semantics in each framework (never by shape: a square weight looks the same either way)."""
+    if input_layout is None:
+        return None
+    to_shared_cand = input_layout(candidate.framework, cand_op.op, ci)
+    to_shared_ref = input_layout(reference.framework, ref_op.op, ri)
+    if to_shared_cand == to_shared_ref:
+        return None
+    # ref -> shared layout -> candidate layout
+    ref_perm = to_shared_ref or tuple(range(len(reference.tensors[ref_op.inputs[ri]].shape)))
+    cand_perm = to_shared_cand or tuple(range(len(ref_perm)))
+    inverse_cand = tuple(int(i) for i in np.argsort(cand_perm))
+    return tuple(ref_perm[i] for i in inverse_cand)
+
+
+def _form_blocks(sides: _TracePair, alignment: Alignment) -> None:
+    """Group unpaired ops into blocks between paired ones and pair the tensors they hand on.
+    A block whose floating hand-ons find no partner (an attention kernel's internals, say) is
+    merged with the next run of unpaired ops when that run reads them, until they do; one read by a
+    later run only (k/v projections with more heads than the reference's, read where the reference
+    repeats its heads) is merged with that run when together they hand on tensors that pair."""
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    paired_ref_of = {p.candidate: p.reference for p in alignment.pairs}
+    paired_refs = set(paired_ref_of.values())
+    runs = consecutive_runs([op.index for op in candidate.ops if op.index not in paired_ref_of])
+    run_at = {index: position for position, run in enumerate(runs) for index in run}
+    unpaired_ref = [op.index for op in reference.ops if op.index not in paired_refs]
+    paired_cands = sorted(paired_ref_of)
+    blocks: list[Block] = []
+    waiting: list[tuple[Block, set[int]]] = []  # unmatched blocks, with the later runs that read their hand-ons
+    pending: list[int] = []
+    for position, run in enumerate(runs):
+        pending += run
+        block, unpartnered = _block_for(sides, alignment, pending, paired_cands, paired_ref_of, unpaired_ref)
+        for earlier in [w for w in waiting if position in w[1]]:
+            claimed = {r for b in blocks for r in b.reference}
+            merged, _ = _block_for(sides, alignment, earlier[0].candidate + pending, paired_cands, paired_ref_of,
+                                   [r for r in unpaired_ref if r not in claimed])
+            if merged.matched:
+                waiting.remove(earlier)
+                block = merged
+                break
+        reading = {run_at[reader] for tid in unpartnered for reader in sides.readers["candidate"].get(tid, []) if reader in run_at}
+        if block.matched or position + 1 not in reading:
+            later = {r for r in reading if r > position}
+            if block.matched or not later:
+                blocks.append(block)
+            else:
+                waiting.append((block, later))
+            pending = []
+    blocks += [block for block, _ in waiting]
+    blocks.sort(key=lambda block: block.candidate[0])
+    claimed = {r for b in blocks for r in b.reference}
+    leftover = [r for r in unpaired_ref if r not in claimed]
+    if leftover:
+        blocks.append(Block([], leftover, matched=False))
+    alignment.blocks = blocks
+
+
+def consecutive_runs(indices: list[int]) -> list[list[int]]:
+    """Maximal runs of consecutive indices, in order."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs
+
+
+def _block_for(sides: _TracePair, alignment: Alignment, cand_ops: list[int], paired_cands: list[int],
+               paired_ref_of: dict[int, int], unpaired_ref: list[int]) -> tuple[Block, set[int]]:
+    """The block of `cand_ops`, and its floating hand-ons that found no partner."""
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    first = _bisect.bisect_left(paired_cands, cand_ops[0])
+    last = _bisect.bisect_right(paired_cands, cand_ops[-1])
+    ref_low = paired_ref_of[paired_cands[first - 1]] if first > 0 else -1
+    ref_high = paired_ref_of[paired_cands[last]] if last < len(paired_cands) else len(reference.ops)
+    ref_ops = _between(unpaired_ref, min(ref_low, ref_high), max(ref_low, ref_high))
+    # Values may match a tensor made inside the reference block, or one that the block's
+    # inputs are paired with (an extra copy or cast on the candidate side).
+    options = [t for r in ref_ops for t in reference.ops[r].outputs]
+    options += [alignment.tensors[t].reference for i in cand_ops for t in candidate.ops[i].inputs if t in alignment.tensors]
+    unpartnered: set[int] = set()
+    unpaired = set(unpaired_ref)
+    for c_tid in handed_on(candidate, cand_ops, sides.readers["candidate"]):
+        partner = _partner_by_consumer(sides, alignment, c_tid, paired_ref_of) or sides.output_partner.get(c_tid) \
+            or _partner_by_value(sides, c_tid, options)
+        producer = reference.tensors[partner].producer if partner is not None else None
+        if producer in unpaired and producer not in ref_ops:
+            # The two sides order the block's ops differently (paddle's MLP computes `up` before the
+            # activation of `gate`, Hugging Face's after): the partner's unpaired producer belongs here.
+            ref_ops = sorted({*ref_ops, producer})
+        if partner is None:
+            # Integer and boolean hand-ons (indices, masks, shapes) are structure, and so is
+            # a scalar the reference passes as a Python number: a block is matched when the
+            # values it passes on are.
+            if is_floating(candidate.tensors[c_tid].dtype) and not _constant_argument(sides, c_tid, paired_ref_of):
+                unpartnered.add(c_tid)
+        elif c_tid not in alignment.tensors:
+            transform, distance = _layout(reference, candidate, c_tid, partner)
+            expanded = broadcasts(reference.tensors[partner].shape, candidate.tensors[c_tid].shape)
+            alignment.tensors[c_tid] = TensorPair(c_tid, partner, transform, round(1.0 - distance / 2, 3), "block", expanded)
+    return Block(list(cand_ops), ref_ops, not unpartnered), unpartnered
+
+
+COMMUTATIVE_OPS = frozenset({"add", "mul", "maximum", "minimum"})
+
+
+def _partner_by_consumer(sides: _TracePair, alignment: Alignment, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
+    """The reference tensor in the same argument position of a paired op that reads `c_tid` (any
+    position of a commutative op: `x + attn` against `attn + x`, the closest in values), not one
+    that another argument of that op is paired with already."""
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    info = candidate.tensors[c_tid]
+    for reader in sides.readers["candidate"].get(c_tid, []):
+        if reader not in paired_ref_of:
+            continue
+        cand_inputs, ref_inputs = candidate.ops[reader].inputs, reference.ops[paired_ref_of[reader]].inputs
+        taken = {alignment.tensors[t].reference for t in cand_inputs if t != c_tid and t in alignment.tensors}
+        for position, tid in enumerate(cand_inputs):
+            if tid != c_tid:
+                continue
+            others = [p for p in range(len(ref_inputs)) if p != position] if candidate.ops[reader].op in COMMUTATIVE_OPS else []
+            fitting = [reference.tensors[ref_inputs[p]] for p in [position, *others]
+                       if p < len(ref_inputs) and ref_inputs[p] not in taken]
+            fitting = [partner for partner in fitting if partner.size == info.size or broadcasts(partner.shape, info.shape)]
+            if fitting:  # the argument's own position wins a tie
+                return min(fitting, key=lambda partner: value_distance(info, partner)).tid
+    return None
+
+
+def _constant_argument(sides: _TracePair, c_tid: int, paired_ref_of: dict[int, int]) -> bool:
+    """Every reader of `c_tid` is paired with a reference op that takes no tensor in its
+    place (`paddle.arange` reads three `full` scalars, `torch.arange(0, n)` none)."""
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    readers = sides.readers["candidate"].get(c_tid, [])
+    return bool(readers) and all(
+        reader in paired_ref_of
+        and candidate.ops[reader].inputs.index(c_tid) >= len(reference.ops[paired_ref_of[reader]].inputs)
+        for reader in readers)
+
+
+def _partner_by_value(sides: _TracePair, c_tid: int, options: list[int]) -> int | None:
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    info = candidate.tensors[c_tid]
+    fits = [r for r in options if reference.tensors[r].size == info.size and reference.tensors[r].dtype == info.dtype]
+    scored = [(_layout(reference, candidate, c_tid, r)[1], r) for r in fits]
+    best = min(scored, default=None)
+    return best[1] if best is not None and best[0] <= VALUE_MATCH else None
+
+
+def settle_layouts(reference: Trace, candidate: Trace, alignment: Alignment) -> None:
+    """Decide the layout of the tensors paired inside blocks whose reference values were not at
+    hand when the traces were aligned (a run with a value budget), now that they are."""
+    for c_tid, pair in alignment.tensors.items():
+        if pair.how == "block" and pair.transform is None and reference.has_value(pair.reference):
+            transform, distance = _layout(reference, candidate, c_tid, pair.reference)
+            if transform is not None:
+                alignment.tensors[c_tid] = replace(pair, transform=transform, confidence=round(1.0 - distance / 2, 3))
+
+
+def _layout(reference: Trace, candidate: Trace, c_tid: int, r_tid: int) -> tuple[Permutation, float]:
+    """How the reference tensor's data is laid out in the candidate tensor (same data in
+    another order: `k.transpose(-1, -2)` on one side, `matmul(..., transpose_y=True)` on
+    the other), and the value distance in that layout. Decided on the reference's values."""
+    c_info, r_info = candidate.tensors[c_tid], reference.tensors[r_tid]
+    plain = value_distance(c_info, r_info)
+    rank = len(r_info.shape)
+    # Equal shapes can still hide a transpose (a square (seq, head_dim) block of k against k^T).
+    if (c_info.shape == r_info.shape and plain <= SAME_LAYOUT) or rank > MAX_PERMUTED_DIMS or not reference.has_value(r_tid):
+        return None, plain
+    identity = tuple(range(rank))
+    permutations = [p for p in itertools.permutations(range(rank))
+                    if p != identity and tuple(r_info.shape[i] for i in p) == c_info.shape]
+    best: tuple[float, Permutation] = (plain, None)
+    values = reference.value(r_tid)
+    scale = max(c_info.stats["absmax"], r_info.stats["absmax"], 1e-30)
+    for permutation in permutations:
+        distance = fingerprint_distance(fingerprint(np.transpose(values, permutation)), c_info.fingerprint, scale)
+        best = min(best, (distance, permutation), key=lambda item: item[0])
+    return best[1], best[0]
+
+
+def handed_on(trace: Trace, run: list[int], readers: dict[int, list[int]]) -> list[int]:
+    """Tensors produced inside `run` that ops after it (or the model outputs) read."""
+    produced = {t for i in run for t in trace.ops[i].outputs}
+    inside = set(run)
+    outputs = set(trace.outputs.values())
+    return sorted(t for t in produced if t in outputs or any(r not in inside for r in readers.get(t, [])))

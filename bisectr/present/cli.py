@@ -1,0 +1,429 @@
+"""`bisectr trace | bisect | view`: the command line."""
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator, NoReturn, Sequence
+
+from rich.console import Console
+
+from . import report
+from ..adapters import silence_import_warnings
+from ..environment import version_text
+from ..errors import BisectrError, UserModelError
+from ..measure.result import Result
+from ..measure.runrecord import DEFAULT_VALUE_BUDGET
+from ..serial import to_plain
+
+EXIT_OK, EXIT_DIVERGENT, EXIT_ERROR, EXIT_BUG = 0, 1, 2, 3
+# Off a terminal (a pipe, a file) tables are printed at their natural width: no cell cut or wrapped.
+UNBOUNDED_WIDTH = 1 << 16
+
+MODEL_FILE_HELP = """\
+A model file defines two functions without arguments, each returning (model, inputs):
+
+    def reference():
+        import torch
+        return TorchNet().eval(), (torch.ones(2, 8),)
+
+    def candidate():
+        import paddle
+        return PaddleNet(), (paddle.ones([2, 8]),)
+
+model: a torch.nn.Module, a paddle.nn.Layer or any function calling framework ops;
+inputs: a tuple of positional arguments or a dict of keyword arguments."""
+
+EXIT_STATUS_HELP = """\
+exit status:
+  0  match or noise (the outputs agree, or rounding explains their difference)
+  1  divergent (something computes differently; the culprit is named)
+  2  usage errors, model-file and model errors, refused models, corrupt run directories
+  3  a bug in bisectr itself (the message names the log holding its traceback)"""
+
+EXAMPLE_HELP = """\
+example:
+  bisectr trace examples/span_head.py --no-tui"""
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model_file", metavar="MODEL.py", help="file defining reference() and candidate()")
+    parser.add_argument("--reference", default="reference", metavar="NAME", help="function building the reference side")
+    parser.add_argument("--candidate", default="candidate", metavar="NAME", help="function building the candidate side")
+    parser.add_argument("--value-budget", type=float, default=DEFAULT_VALUE_BUDGET / 2**20, metavar="MB",
+                        help="op values stored per side (default %(default)g); beyond, only statistics, and the search "
+                             "fetches layer outputs, then the ops of the layers where the difference enters")
+    parser.add_argument("--isolate", action="store_true", help="run each side's model in its own worker process")
+    parser.add_argument("--backward", action="store_true",
+                        help="search the backward pass too: both sides' gradients from one fixed random output gradient "
+                             "(or from reference_loss(outputs) / candidate_loss(outputs) where the model file defines them)")
+    for role in ("reference", "candidate"):
+        parser.add_argument(f"--{role}-python", metavar="PATH",
+                            help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate")
+
+
+def _help_texts(description: str) -> dict:
+    return {"description": f"{description}\n\n{MODEL_FILE_HELP}", "epilog": f"{EXAMPLE_HELP}\n\n{EXIT_STATUS_HELP}",
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: the versions are looked up only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str | None = None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bisectr", **_help_texts("Find where two implementations of a network start to disagree."))
+    parser.add_argument("--version", action=_VersionAction, help="show the versions of bisectr, python and the frameworks found, and exit")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    trace = commands.add_parser("trace", help="record both sides, align, analyse and show the result",
+                                **_help_texts("Record both sides, align, analyse and show the result."))
+    _add_model_arguments(trace)
+    trace.add_argument("-o", "--out", metavar="RUN_DIR", help="run directory to write (default: .bisectr/runs/<model>)")
+    trace.add_argument("--no-tui", action="store_true", help="print the text summary even on a terminal")
+    trace.add_argument("--stats-only", action="store_true", help="store statistics only, no tensor values (big models)")
+    trace.add_argument("--keep-module", action="append", default=[], metavar="PREFIX",
+                       help="store values only for ops under this module path (repeatable)")
+    trace.add_argument("--alignment", action="store_true", help="print the op alignment as a table")
+    trace.add_argument("--ops", action="store_true", help="print every paired op with its mean and max difference")
+    trace.add_argument("--format", choices=("table", "tsv"), default="table",
+                       help="tsv: print only the --ops or --alignment table, tab-separated (for scripts)")
+
+    bisect = commands.add_parser("bisect", help="scripted first-divergence search", **_help_texts("The scripted first-divergence search."))
+    _add_model_arguments(bisect)
+    bisect.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    bisect.add_argument("--exhaustive", action="store_true", help="patch every op instead of searching")
+    bisect.add_argument("--repro", metavar="DIR", help="write a standalone script reproducing the culprit op in both frameworks")
+    bisect.add_argument("--substitute", metavar="OPS",
+                        help="re-run the candidate with the reference's implementation of these canonical ops "
+                             "(comma-separated; 'rounding' = every op that is not bit-exact) and report the error")
+
+    train = commands.add_parser("train", help="train both sides for N steps and compare them step by step",
+                                **_help_texts("Train both sides for N steps on the same batches and compare loss, gradients and "
+                                              "updates step by step; name the first step rounding cannot explain, its stage "
+                                              "and culprit.\n\nThe model file adds reference_optimizer(model) and "
+                                              "candidate_optimizer(model) (an optimizer, or (optimizer, scheduler)), and may add "
+                                              "reference_batch(step) / candidate_batch(step) and reference_loss(outputs) / "
+                                              "candidate_loss(outputs)."))
+    train.add_argument("model_file", metavar="MODEL.py", help="file defining reference(), candidate() and their optimizers")
+    train.add_argument("--reference", default="reference", metavar="NAME", help="function building the reference side")
+    train.add_argument("--candidate", default="candidate", metavar="NAME", help="function building the candidate side")
+    train.add_argument("--steps", type=int, default=20, metavar="N", help="optimizer steps per side (default 20)")
+    train.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    train.add_argument("--no-tui", action="store_true", help="print the text summary even on a terminal")
+
+    view = commands.add_parser("view", help="reopen a saved run")
+    view.add_argument("run_dir", metavar="RUN_DIR")
+    view.add_argument("--no-tui", action="store_true", help="print the text summary")
+    return parser
+
+
+def program() -> NoReturn:
+    """The `bisectr` command: `main`, then exit with its status (the work is done and said: a
+    Ctrl-C during the interpreter's shutdown no longer changes the status)."""
+    signal.signal(signal.SIGINT, _interrupt)
+    status = main(exit_on_interrupt=True)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)
+
+
+def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "trace" and args.format == "tsv" and (args.ops == args.alignment or args.stats_only):
+        parser.error("--format tsv prints one table: give either --ops or --alignment (and no --stats-only)")
+    if args.command == "trace" and args.backward and args.stats_only:
+        parser.error("--backward searches with stored values: leave out --stats-only")
+    silence_import_warnings()
+    console = Console(soft_wrap=True)
+    if not console.is_terminal:
+        console.width = UNBOUNDED_WIDTH
+    try:
+        status = COMMANDS[args.command](args, console)
+        _interruption_point()
+        return status
+    except BisectrError as exc:
+        error_console = Console(stderr=True, soft_wrap=True)
+        error_console.print(f"[bold red]bisectr: error:[/] {exc}", markup=True, highlight=False)
+        if isinstance(exc, UserModelError) and exc.user_traceback:
+            error_console.print(exc.user_traceback, markup=False, highlight=False)
+        return EXIT_ERROR
+    except KeyboardInterrupt as exc:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # what was kept is said: the shutdown must not be cut short
+        Console(stderr=True, soft_wrap=True).print(f"bisectr: interrupted; {str(exc) or 'nothing was saved'}", highlight=False)
+        if exit_on_interrupt:
+            _exit_interrupted()
+        return EXIT_ERROR
+    except Exception as exc:  # what bisectr did not expect is its own bug, never a verdict
+        return _report_bug(exc)
+
+
+_interrupt_pending = threading.Event()
+
+
+def _interrupt(signum: int, frame) -> None:
+    """Ctrl-C, as Python's own handler, but never inside the import machinery: an exception raised in
+    its module-lock callbacks is printed and ignored, and the interrupt would be lost. There it is
+    kept for the next `_interruption_point`."""
+    if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        _interrupt_pending.set()
+        return
+    raise KeyboardInterrupt
+
+
+def _interruption_point() -> None:
+    """Act on a Ctrl-C that came while modules were being imported."""
+    if _interrupt_pending.is_set():
+        _interrupt_pending.clear()
+        raise KeyboardInterrupt
+
+
+def _exit_interrupted() -> NoReturn:
+    """End the process with status 2 after an interruption. CPython marks a KeyboardInterrupt raised
+    inside code that C++ bindings run with `PyRun_String` (torch's and paddle's, while they import)
+    as unhandled, even once caught, and its normal exit would then end the process by SIGINT."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_ERROR)
+
+
+def _report_bug(exc: Exception) -> int:
+    with tempfile.NamedTemporaryFile("w", prefix="bisectr-bug-", suffix=".log", delete=False) as log:
+        log.write("".join(traceback.format_exception(exc)))
+    Console(stderr=True, soft_wrap=True).print(
+        f"[bold red]bisectr: internal error:[/] {type(exc).__name__}: {exc}\n"
+        f"This is a bug in bisectr, not in your model. Its traceback is in {log.name}; please report it with that file.",
+        markup=True, highlight=False)
+    return EXIT_BUG
+
+
+def _exit_status(result: Result | None) -> int:
+    passes = [] if result is None else [result, result.backward]
+    return EXIT_DIVERGENT if any(r is not None and r.verdict == "divergent" for r in passes) else EXIT_OK
+
+
+def _search(run, console: Console, exhaustive: bool, quiet: bool, backward: bool):
+    if quiet:
+        return run.bisect(exhaustive=exhaustive, backward=backward, progress=lambda message: _interruption_point())
+
+    def progress(message: str) -> None:
+        _interruption_point()
+        status.update(message)
+
+    with console.status("searching") as status:
+        return run.bisect(exhaustive=exhaustive, backward=backward, progress=progress)
+
+
+class _RecordingText:
+    """The status line while the sides are recorded. Rich renders it a dozen times a second from its
+    own thread, reading the count of ops recorded so far: the recording does nothing for it."""
+
+    def __init__(self, model_file: str):
+        self.model_file = model_file
+        self.role: str | None = None
+        self.ops: Callable[[], int] | None = None
+
+    def watch(self, role: str, ops: Callable[[], int]) -> None:
+        self.role, self.ops = role, ops
+
+    def __rich__(self) -> str:
+        return f"loading {self.model_file}" if self.ops is None else f"recording {self.role}: {self.ops()} ops"
+
+
+@contextmanager
+def _recording_status(console: Console, model_file: str, quiet: bool) -> Iterator[Callable[[str, Callable[[], int]], None] | None]:
+    """The `watch` argument of `trace`: a status line on `console`, or None (nothing shown) when quiet."""
+    if quiet:
+        yield None
+        return
+    text = _RecordingText(model_file)
+    with console.status(text) as status:
+        yield text.watch
+        status.update(text)  # a last frame with the final count, however short the recording was
+
+
+def _trace_options(args: argparse.Namespace) -> dict:
+    return {"isolate": args.isolate, "reference_python": args.reference_python, "candidate_python": args.candidate_python,
+            "value_budget": round(args.value_budget * 2**20)}
+
+
+def run_trace(args: argparse.Namespace, console: Console) -> int:
+    from ..run import trace
+
+    out = Path(args.out) if args.out else Path(".bisectr/runs") / Path(args.model_file).stem
+    run = None
+    try:
+        with _recording_status(console, args.model_file, quiet=not console.is_terminal) as watch:
+            run = trace(args.model_file, args.reference, args.candidate, out=out, store_values=not args.stats_only,
+                        keep_modules=tuple(args.keep_module), watch=watch, commit=False, **_trace_options(args))
+        _interruption_point()
+        if not args.stats_only:
+            _search(run, console, exhaustive=False, quiet=not console.is_terminal, backward=args.backward)
+        _interruption_point()
+        run.save()  # traces, alignment and result land together: until here the previous run stays
+        status = _show_trace(args, console, run)
+        _interruption_point()
+        return status
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_what_is_kept(run, out)) from None
+    except BaseException:
+        if run is not None:
+            run.discard()
+        raise
+
+
+def _what_is_kept(run, out: Path) -> str:
+    """After an interruption: drop the run if it was not saved, and say what `out` holds."""
+    from ..capture.store import is_run_dir
+
+    if run is not None and run.writer is None:
+        return f"the new run was saved in {run.run_dir}"
+    if run is not None:
+        run.discard()
+    return "nothing was saved; " + (f"the previous run in {out} is untouched" if is_run_dir(out) else f"{out} holds no run")
+
+
+def _show_trace(args: argparse.Namespace, console: Console, run) -> int:
+    if args.stats_only:
+        report.print_trace_summary(console, run)
+        console.print("statistics only: no values stored, so no search (trace again without --stats-only)")
+        return EXIT_OK
+    if args.format == "tsv":
+        _print_tables(console, run, args)
+        return _exit_status(run.result)
+    if console.is_terminal and not args.no_tui:
+        from .tui import run_app
+
+        _print_tables(console, run, args)  # still on the terminal when the TUI closes
+        run_app(run)
+        return _exit_status(run.result)
+    report.print_result(console, run, run.result)
+    console.print()
+    report.print_trace_summary(console, run)
+    _print_tables(console, run, args)
+    console.print(f"\nrun saved in {run.run_dir}  (reopen with: bisectr view {run.run_dir})", highlight=False)
+    return _exit_status(run.result)
+
+
+def _print_tables(console: Console, run, args: argparse.Namespace) -> None:
+    """The tables asked for with --alignment and --ops, in the chosen --format."""
+    tsv = args.format == "tsv"
+    if args.alignment:
+        report.print_alignment(console, run, tsv)
+    if args.ops:
+        report.print_ops(console, run, run.result, tsv)
+
+
+def run_bisect(args: argparse.Namespace, console: Console) -> int:
+    from ..run import trace
+
+    status_console = Console(stderr=True)
+    with _recording_status(status_console, args.model_file, quiet=args.json) as watch:
+        run = trace(args.model_file, args.reference, args.candidate, watch=watch, **_trace_options(args))
+    searched = _search(run, status_console, args.exhaustive, quiet=args.json, backward=args.backward)
+    result = searched.to_dict()
+    if args.repro:
+        from .repro import write_repro
+    if args.repro and searched.culprit is not None:
+        where = write_repro(run, searched.culprit.candidate.index, args.repro, run.sides)
+        result["repro"] = str(where / "repro.py")
+    backward = searched.backward
+    if args.repro and backward is not None and backward.culprit is not None and backward.culprit.kind == "op":
+        from .repro import repro_upstream
+
+        culprit = backward.culprit
+        upstream = repro_upstream(run, run.sides, culprit.candidate.index, culprit.reference.index)
+        where = write_repro(run, culprit.candidate.index, Path(args.repro) / "backward", run.sides, upstream)
+        result["backward"]["repro"] = str(where / "repro.py")
+    substitution = None
+    if args.substitute:
+        from ..search.substitution import substitute
+
+        substitution = substitute(run, run.sides, _substituted_ops(args.substitute, searched))
+        result["substitution"] = to_plain(substitution)
+    if args.json:
+        print(json.dumps(result, allow_nan=False))
+    else:
+        report.print_result(console, run, searched)
+        if "repro" in result:
+            console.print(f"repro written: python {result['repro']}", highlight=False)
+        if "repro" in (result.get("backward") or {}):
+            console.print(f"backward repro written: python {result['backward']['repro']}", highlight=False)
+        if substitution is not None:
+            report.print_substitution(console, result["substitution"])
+    return _exit_status(searched)
+
+
+def _substituted_ops(spec: str, result) -> list[str]:
+    """Canonical op names from `--substitute`; 'rounding' names every op whose replay is not bit-exact."""
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if "rounding" in names:
+        names.remove("rounding")
+        names += sorted({row.op for row in result.profile if row.verdict in ("noise", "different")})
+    return names
+
+
+def run_view(args: argparse.Namespace, console: Console) -> int:
+    from ..run import load
+
+    run = load(args.run_dir)
+    if console.is_terminal and not args.no_tui:
+        from .tui import run_app
+
+        run_app(run)
+        return _exit_status(run.result)
+    if run.result is None:
+        report.print_trace_summary(console, run)
+        console.print("this run holds no search result")
+        return EXIT_OK
+    report.print_result(console, run, run.result)
+    console.print()
+    report.print_trace_summary(console, run)
+    return _exit_status(run.result)
+
+
+def run_train(args: argparse.Namespace, console: Console) -> int:
+    from ..training import train
+
+    if args.steps < 1:
+        raise BisectrError(f"--steps must be at least 1 (got {args.steps})")
+    status_console = Console(stderr=True)
+    if args.json:
+        result = train(args.model_file, args.reference, args.candidate, args.steps)
+        print(json.dumps(result.to_dict(), allow_nan=False))
+    else:
+        with status_console.status("training") as status:
+            def progress(message: str) -> None:
+                _interruption_point()
+                status.update(message)
+
+            result = train(args.model_file, args.reference, args.candidate, args.steps, progress)
+        if console.is_terminal and not args.no_tui:
+            from .tui.training import TrainingApp
+
+            TrainingApp(result, args.model_file).run()
+        report.print_training(console, result)  # still on the terminal when the TUI closes
+    return EXIT_DIVERGENT if result.verdict == "divergent" else EXIT_OK
+
+
+COMMANDS = {"trace": run_trace, "bisect": run_bisect, "train": run_train, "view": run_view}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,493 @@
+"""The backward pass: where the two sides' gradients part, with the forward's proof.
+
+1. **Seeds.** Both sides' backward passes start from one fixed random gradient on the paired
+   outputs (the reference's, laid out as the candidate's output), so that a difference in the
+   losses cannot hide one in the backward; or from the model file's `reference_loss(outputs)` and
+   `candidate_loss(outputs)`, whose values are then compared too.
+2. **Gradients.** Each side runs forward and backward again through its own code
+   (`Sides.backward`): the gradient reaching every recorded op output, and every parameter's.
+3. **Pairs.** The forward alignment pairs them: the gradients of a paired tensor are a pair, and so
+   are a paired parameter's or floating input's (the leaves). The backward's outputs are the
+   leaves' gradients; their error (worst max_rel) is what the search brings down.
+4. **Gradients one side lacks.** A parameter with a gradient on one side and none on the other
+   (frozen), or a tensor the reference's gradient reaches and the candidate's does not (a `detach`
+   on a path the reference differentiates), is a difference no rounding makes: `divergent`, the
+   leaf or the op named. A cut gradient is confirmed as the forward confirms an op: the candidate
+   re-run with the reference's gradient handed on where the cut op's input receives it.
+5. **Cut search** in backward order: G(k) is the leaves' gradient error when the candidate's backward is
+   re-run with the reference's gradients handed on for every paired tensor whose readers all come
+   at or after candidate op k. The binary search finds the entry point, the first cut (from the
+   outputs back) after which less than half of the error is left.
+6. **Float64 check**: both sides' backward passes in float64; agreement there means rounding.
+7. **Evidence per paired op**: the local backward error, the candidate op's backward replayed on the
+   reference's forward inputs and the reference's upstream gradient against the reference op's,
+   and the fp64 oracle of the reference op's backward (`analysis.judge`). Suspects, nearest to the
+   entry point first, are confirmed by a candidate re-run with only their own difference taken out
+   of the gradients they hand on (for a parameter, taken out of its gradient).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..adapters import CannotUpcast
+from ..measure.align import TensorPair, handed_on
+from ..errors import ModelFileError, OutputMismatchError
+from ..measure.metrics import EXACT, ErrorMetrics, Float64Evidence, OutputError, error_metrics
+from .precision import float64_gradient_check
+from ..measure.numerics import GRADIENT_FLOOR, coarsest_dtype, confirms, judge, magnitude, relative_to
+from ..measure.runrecord import RunRecord, output_seeds
+from .window import fetch_all, needs_window
+from ..capture.interpreter import Gradients, Shift
+from ..measure.result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Result
+from .core import SearchPass, bracket, culprit_without_evidence, cut_before, recurrences, search_pass, site
+from ..capture.sides import Backward, ReplayVJP, Sides
+from ..measure.analysis import block_name, external_inputs
+from ..capture.trace import OpNode, Trace, is_floating
+
+LEAVES = ("param:", "input:")  # the leaves whose gradients are the backward's outputs (floating inputs: see `Sides.backward`)
+
+
+@dataclass
+class OpGradientEvidence:
+    """The backward of one paired op."""
+
+    candidate: int
+    reference: int
+    op: str
+    dtype: str
+    gradient_error: dict[str, float]  # of the gradient reaching its first output (propagated)
+    local_error: float | None  # its backward replayed on the reference's inputs and upstream gradient
+    fp64: Float64Evidence | None
+    verdict: str  # exact / noise / different / unknown
+    # Candidate input tid -> what this op's own backward adds to its gradient (candidate minus
+    # reference), in the candidate's layout: what a confirmation takes out.
+    own_difference: dict[int, np.ndarray] | None = None
+    fp64_unavailable: str | None = None  # why the fp64 oracle could not be replayed (an op without a float64 kernel)
+
+
+class BackwardRun:
+    """Both sides' backward passes of a live run, paired through the forward alignment. With
+    `reference_activations`, the candidate's runs go through its own ops at the reference's forward
+    values (`activations`): its gradients then differ by what its backward does alone."""
+
+    def __init__(self, run: RunRecord, sides: Sides, reference_activations: bool = False):
+        self.run = run
+        self.sides = sides
+        self.seeds = output_seeds(run)
+        self.activations = _reference_activations(run) if reference_activations else {}
+        self.reference = sides.run("reference", Backward(self.seeds["reference"]))
+        self.candidate = sides.run("candidate", Backward(self.seeds["candidate"], activations=self.activations))
+        tensors, parameters = {}, {}
+        for cand_tid, pair in run.alignment.tensors.items():
+            cand_info, ref_info = run.candidate.tensors[cand_tid], run.reference.tensors[pair.reference]
+            if pair.broadcast or not (is_floating(cand_info.dtype) and is_floating(ref_info.dtype)):
+                continue
+            if cand_info.producer is not None and ref_info.producer is not None:
+                tensors[cand_tid] = pair
+            elif (cand_info.leaf or "").startswith(LEAVES) and (ref_info.leaf or "").startswith(LEAVES):
+                parameters[cand_tid] = pair
+        self.tensor_pairs: dict[int, TensorPair] = tensors
+        self.leaf_pairs: dict[int, TensorPair] = parameters
+        # What one piece of backward evidence covers, by the candidate op it is known by: a paired op,
+        # or a matched N:M block (a custom autograd function against the ops it stands for), known by
+        # its first op, where the backward leaves it: a cut there hands on the reference's gradients
+        # to the block's inputs. `op_pairs`: that op -> the reference's.
+        units = [([p.candidate], [p.reference]) for p in run.alignment.pairs]
+        units += [(b.candidate, b.reference) for b in run.alignment.blocks if b.matched and b.candidate and b.reference]
+        self.units: dict[int, tuple[list[int], list[int]]] = {cand[0]: (cand, ref) for cand, ref in sorted(units)}
+        self.op_pairs: dict[int, int] = {index: ref[0] for index, (_, ref) in self.units.items()}
+        self.readers = {role: trace.consumers() for role, trace in run.traces.items()}
+        magnitudes = {tid: magnitude(self.reference.leaves.get(pair.reference)) for tid, pair in parameters.items()}
+        floor = GRADIENT_FLOOR * max(magnitudes.values(), default=0.0)
+        self.leaf_scales = {tid: max(magnitude, floor) for tid, magnitude in magnitudes.items()}
+
+    # -- gradients in one layout ---------------------------------------------------
+    def pair(self, cand_tid: int) -> TensorPair | None:
+        """The pair of a candidate op output or leaf whose gradients are compared (None: not compared)."""
+        return self.tensor_pairs.get(cand_tid) or self.leaf_pairs.get(cand_tid)
+
+    def _gradient(self, grads: Gradients, tid: int, paired_op_output: bool) -> np.ndarray | None:
+        return (grads.tensors if paired_op_output else grads.leaves).get(tid)
+
+    def reference_gradient(self, cand_tid: int) -> np.ndarray | None:
+        """The reference's gradient of the tensor paired with `cand_tid`, in the candidate's layout."""
+        pair = self.pair(cand_tid)
+        values = None if pair is None else self._gradient(self.reference, pair.reference, cand_tid in self.tensor_pairs)
+        return None if values is None else pair.reference_in_candidate_layout(values, self.run.candidate.tensors[cand_tid].shape)
+
+    def tensor_error(self, cand_tid: int, grads: Gradients | None = None) -> ErrorMetrics | None:
+        """The error of the candidate's gradient of `cand_tid` (a paired op output or parameter; the
+        candidate's own, or from `grads`); None unless it is paired and both sides' gradients reach it."""
+        pair = self.pair(cand_tid)
+        if pair is None:
+            return None
+        op_output = cand_tid in self.tensor_pairs
+        candidate = self._gradient(grads or self.candidate, cand_tid, op_output)
+        reference = self._gradient(self.reference, pair.reference, op_output)
+        if candidate is None or reference is None:
+            return None
+        return error_metrics(candidate, pair.reference_in_candidate_layout(reference, candidate.shape))
+
+    def leaf_error(self, grads: Gradients | None = None) -> OutputError:
+        """Worst max_abs and max_rel over the parameters whose gradients both sides have. A
+        parameter's max_rel is taken against its own gradient's largest magnitude, but never
+        against less than `GRADIENT_FLOOR` of the largest of any parameter's: a gradient that is
+        zero but for rounding (a key bias before a softmax) has no relative error of its own."""
+        grads = grads or self.candidate
+        return self.worst_leaf_error(lambda tid, pair: self.tensor_error(tid, grads))
+
+    def worst_leaf_error(self, error_of: Callable[[int, TensorPair], ErrorMetrics | None]) -> OutputError:
+        max_abs = max_rel = 0.0
+        for tid, pair in self.leaf_pairs.items():
+            error = error_of(tid, pair)
+            if error is not None:
+                max_abs = max(max_abs, error.max_abs)
+                max_rel = max(max_rel, self.relative(tid, error.max_abs))
+        return OutputError(max_abs, max_rel)
+
+    def relative(self, cand_tid: int, max_abs: float) -> float:
+        """An absolute error of parameter `cand_tid`'s gradient, relative to its scale (see `leaf_error`)."""
+        return relative_to(max_abs, self.leaf_scales[cand_tid])
+
+
+def _reference_activations(run: RunRecord) -> dict[int, np.ndarray]:
+    """The reference's values of every paired floating op output of the candidate, in its layout."""
+    activations = {}
+    for cand_tid, pair in run.alignment.tensors.items():
+        info = run.candidate.tensors[cand_tid]
+        if info.producer is not None and not pair.broadcast and is_floating(info.dtype) and run.reference.has_value(pair.reference):
+            activations[cand_tid] = pair.reference_in_candidate_layout(run.reference.value(pair.reference), info.shape)
+    return activations
+
+
+# -- gradients one side lacks ---------------------------------------------------------
+def _reaches(values: np.ndarray | None) -> bool:
+    return values is not None and bool(np.any(values))
+
+
+def missing_leaf_gradient(backward: BackwardRun) -> tuple[int, str] | None:
+    """(candidate tid, the side lacking it) of the first parameter, in backward order (read last
+    in the forward first), whose gradient one side has and the other has not (frozen)."""
+    first_read = backward.run.candidate.first_reads()
+    order = sorted(backward.leaf_pairs, key=lambda t: -first_read.get(t, -1))
+    return _first_lacking(order, backward.leaf_pairs, backward.candidate.leaves, backward.reference.leaves)
+
+
+def missing_tensor_gradient(backward: BackwardRun) -> tuple[int, str] | None:
+    """(candidate tid, the side lacking it) of the last paired op output (in forward order) that
+    the gradient reaches on one side only."""
+    order = sorted(backward.tensor_pairs, reverse=True)
+    return _first_lacking(order, backward.tensor_pairs, backward.candidate.tensors, backward.reference.tensors)
+
+
+def _first_lacking(order: list[int], pairs: dict[int, TensorPair], candidate: dict, reference: dict) -> tuple[int, str] | None:
+    """(candidate tid, the side lacking it) of the first tid in `order` with a gradient on one side only."""
+    for tid in order:
+        of_candidate, of_reference = candidate.get(tid), reference.get(pairs[tid].reference)
+        if of_candidate is None and _reaches(of_reference):
+            return tid, "candidate"
+        if of_reference is None and _reaches(of_candidate):
+            return tid, "reference"
+    return None
+
+
+# -- evidence -------------------------------------------------------------------------
+def block_outputs(trace: Trace, indices: list[int], readers: dict[int, list[int]]) -> list[int]:
+    """The tensors ops `indices` hand on (`align.handed_on`) where their backward starts: those no op
+    inside reads. One read inside too (an alias a `.to()` to its own dtype made, that the model
+    reads again later) is not a start: the gradient reaching it already holds what the block's
+    own ops made of it."""
+    inside = set(indices)
+    return [tid for tid in handed_on(trace, indices, readers) if inside.isdisjoint(readers.get(tid, []))]
+
+
+def op_evidence(backward: BackwardRun, cand_index: int) -> OpGradientEvidence:
+    """The local backward error of one paired op or matched block and its fp64 oracle (see the module docstring)."""
+    run, sides = backward.run, backward.sides
+    cand_ops, ref_ops = backward.units[cand_index]
+    ref_index = backward.op_pairs[cand_index]
+    cand_op = run.candidate.ops[cand_index]
+    dtype = coarsest_dtype([run.candidate.tensors[t].dtype for i in cand_ops for t in run.candidate.ops[i].inputs + run.candidate.ops[i].outputs])
+    name = block_name([run.reference.ops[i].op for i in ref_ops]) if len(ref_ops) > 1 or len(cand_ops) > 1 else cand_op.op
+    cand_outputs = block_outputs(run.candidate, cand_ops, backward.readers["candidate"])
+    ref_outputs = block_outputs(run.reference, ref_ops, backward.readers["reference"])
+    propagated = backward.tensor_error(cand_op.outputs[0]) or EXACT
+    evidence = OpGradientEvidence(cand_index, ref_index, name, dtype, propagated, None, None, "unknown")
+    if not cand_outputs or not ref_outputs:
+        return evidence
+    cand_inputs, ref_inputs = external_inputs(run.candidate, cand_ops), external_inputs(run.reference, ref_ops)
+    pairs = {t: backward.pair(t) for t in cand_inputs}
+    compared = [(t, pair.reference) for t, pair in pairs.items() if pair is not None and pair.reference in ref_inputs]
+    if not compared or not all(run.reference.has_value(t) for t in ref_inputs):
+        return evidence
+    cand_values = {}
+    for tid in cand_inputs:
+        pair = backward.tensor_pairs.get(tid)
+        if pair is not None and run.reference.has_value(pair.reference):
+            cand_values[tid] = pair.reference_in_candidate_layout(run.reference.value(pair.reference), run.candidate.tensors[tid].shape)
+        elif run.candidate.has_value(tid):
+            cand_values[tid] = run.candidate.value(tid)
+        else:
+            return evidence
+    cand_upstream = {t: backward.reference_gradient(t) if t in backward.tensor_pairs else backward.candidate.tensors.get(t)
+                     for t in cand_outputs}
+    ref_upstream = {t: backward.reference.tensors.get(t) for t in ref_outputs}
+    ref_values = {t: run.reference.value(t) for t in ref_inputs}
+    try:
+        local = sides.run("candidate", ReplayVJP(cand_ops, cand_values, cand_upstream))
+        truth = sides.run("reference", ReplayVJP(ref_ops, ref_values, ref_upstream))
+    except Exception:  # ops whose backward cannot be replayed on their own keep no local evidence
+        return evidence
+    try:
+        oracle = sides.run("reference", ReplayVJP(ref_ops, ref_values, ref_upstream, float64=True))
+    except CannotUpcast as exc:  # an op without a float64 kernel: the local error decides alone
+        oracle, evidence.fp64_unavailable = None, str(exc)
+
+    worst = {"local": 0.0, "candidate_error": 0.0, "reference_error": 0.0}
+    own_difference = {}
+    for cand_tid, ref_tid in compared:
+        candidate_grad, reference_grad = local.get(cand_tid), truth.get(ref_tid)
+        if candidate_grad is None or reference_grad is None:
+            if _reaches(candidate_grad) or _reaches(reference_grad):
+                worst["local"] = math.inf
+            continue
+        pair = pairs[cand_tid]
+        candidate_grad = pair.candidate_in_reference_layout(candidate_grad, run.reference.tensors[ref_tid].shape)
+        worst["local"] = max(worst["local"], error_metrics(candidate_grad, reference_grad).max_rel)
+        difference = candidate_grad.astype(np.float64) - reference_grad
+        own_difference[cand_tid] = pair.reference_in_candidate_layout(difference, run.candidate.tensors[cand_tid].shape)
+        if oracle is not None and oracle.get(ref_tid) is not None:
+            exact = oracle[ref_tid]
+            worst["candidate_error"] = max(worst["candidate_error"], error_metrics(candidate_grad.astype(np.float64), exact).max_rel)
+            worst["reference_error"] = max(worst["reference_error"], error_metrics(reference_grad.astype(np.float64), exact).max_rel)
+    evidence.local_error = worst["local"]
+    evidence.own_difference = own_difference
+    if oracle is not None and worst["local"] not in (0.0, math.inf):
+        evidence.fp64 = Float64Evidence(worst["candidate_error"], worst["reference_error"])
+    evidence.verdict = "different" if math.isinf(worst["local"]) else \
+        judge(worst["local"], evidence.fp64 and evidence.fp64.candidate_error, evidence.fp64 and evidence.fp64.reference_error, dtype)
+    return evidence
+
+
+class BackwardPass(SearchPass):
+    """The candidate's backward re-run with the reference's gradients handed on at cuts, and the
+    backward evidence of each paired op."""
+
+    def __init__(self, backward: BackwardRun):
+        super().__init__(backward.run)
+        self.backward = backward
+        first_read = backward.run.candidate.first_reads()
+        never = len(backward.run.candidate.ops)  # an output nothing reads: its gradient is the seed
+        self.patchable = sorted(((first_read.get(t, never), t) for t in backward.tensor_pairs), reverse=True)
+        self.evidence: dict[int, OpGradientEvidence] = {}
+
+    def rerun(self, role: str, patches: dict[int, np.ndarray | Shift], parameter_shift: dict[int, np.ndarray] | None = None) -> Gradients:
+        """A `role` backward re-run handing on `patches`, its parameters' gradients shifted by `parameter_shift`."""
+        if role == "candidate":
+            self.candidate_reruns += 1
+        else:
+            self.reference_reruns += 1
+        activations = self.backward.activations if role == "candidate" else None
+        grads = self.backward.sides.run(role, Backward(self.backward.seeds[role], patches, activations))
+        for tid, shift in (parameter_shift or {}).items():
+            if grads.leaves.get(tid) is not None:
+                grads.leaves[tid] = grads.leaves[tid] + shift
+        return grads
+
+    def _moved(self, grads: Gradients, side: str) -> float:
+        """How far a re-run's parameter gradients moved from the `side`'s own (worst max_rel)."""
+        backward = self.backward
+        own_grads = backward.candidate if side == "candidate" else backward.reference
+
+        def moved(cand_tid: int, pair: TensorPair) -> dict[str, float] | None:
+            tid = cand_tid if side == "candidate" else pair.reference
+            new, own = grads.leaves.get(tid), own_grads.leaves.get(tid)
+            return None if new is None or own is None else error_metrics(new, own)
+        return backward.worst_leaf_error(moved).max_rel
+
+    # -- what the search asks --------------------------------------------------
+    def cuts(self) -> list[int]:
+        return sorted(self.backward.op_pairs, reverse=True)
+
+    def error_at_cut(self, cut: int) -> tuple[float, float]:
+        """Handing on the reference's gradient for every paired tensor whose readers all come at or after op `cut`."""
+        patches = {}
+        for position, tid in self.patchable:
+            if position < cut:
+                break
+            values = self.backward.reference_gradient(tid)
+            if values is not None and tid in self.backward.candidate.tensors:
+                patches[tid] = values.astype(self.backward.candidate.tensors[tid].dtype)
+        grads = self.rerun("candidate", patches)
+        return self.backward.leaf_error(grads).max_rel, self._moved(grads, "candidate")
+
+    def evidence_of(self, index: int) -> OpGradientEvidence | None:
+        if index not in self.backward.op_pairs:
+            return None
+        if index not in self.evidence:
+            self.evidence[index] = op_evidence(self.backward, index)
+        return self.evidence[index]
+
+    def suspects(self, cuts: list[int], entry: int | None) -> Iterator[OpGradientEvidence]:
+        """From the cut before the entry point down to the entry point (where the cut search says the
+        error enters), then on towards the inputs. An op at or past the cut before the entry point
+        cannot hold it: the reference's gradients handed on there left most of the error in place."""
+        low = cut_before(cuts, entry)
+        ops = sorted((i for i in self.backward.op_pairs if low is None or i < low), reverse=True)
+        if entry is not None:
+            ops = [i for i in ops if i >= entry] + [i for i in ops if i < entry]
+        yield from (self.evidence_of(i) for i in ops)
+
+    def reach(self, group: list[OpGradientEvidence]) -> float:
+        """The reference's backward re-run with these ops' own differences added to the gradients they hand on."""
+        patches, shift = self._own_differences(group, "reference")
+        return self._moved(self.rerun("reference", patches, shift), "reference")
+
+    def error_without(self, group: list[OpGradientEvidence]) -> float:
+        """A candidate re-run with these ops' own backward differences taken out of the gradients they hand on."""
+        patches, shift = self._own_differences(group, "candidate")
+        return self.backward.leaf_error(self.rerun("candidate", patches, shift)).max_rel
+
+    def _own_differences(self, group: list[OpGradientEvidence], side: str) -> tuple[dict[int, Shift], dict[int, np.ndarray]]:
+        """The group's own differences as shifts of the gradients it hands on and of parameters'
+        gradients, by the `side`'s tids: taken out of the candidate's, put into the reference's.
+        Where the candidate's op itself made NaN/Inf, the reference's gradient is what is left."""
+        backward, run = self.backward, self.run
+        patches: dict[int, Shift] = {}
+        shift: dict[int, np.ndarray] = {}
+        for evidence in group:
+            for cand_tid, difference in (evidence.own_difference or {}).items():
+                pair = backward.pair(cand_tid)
+                tid, own = (cand_tid, backward.candidate) if side == "candidate" else (pair.reference, backward.reference)
+                if side == "candidate":
+                    difference = -difference
+                else:
+                    difference = pair.candidate_in_reference_layout(difference, run.reference.tensors[tid].shape)
+                if cand_tid in backward.leaf_pairs:
+                    shift[tid] = shift.get(tid, 0) + difference
+                elif tid in own.tensors:
+                    total = (patches[tid].delta + difference) if tid in patches else difference
+                    fallback = backward.reference_gradient(tid) if side == "candidate" else None
+                    dtype = own.tensors[tid].dtype
+                    patches[tid] = Shift(total.astype(dtype), None if fallback is None else fallback.astype(dtype))
+        return patches, shift
+
+    def error_with_cut_gradient(self, op: OpNode) -> tuple[float, bool]:
+        """A candidate re-run with the reference's gradients handed on where the cut op's inputs
+        receive theirs; and whether there was any to hand on."""
+        patches = {}
+        for tid in op.inputs:
+            values = self.backward.reference_gradient(tid)
+            if values is not None and tid in self.backward.tensor_pairs:
+                patches[tid] = values
+        return self.backward.leaf_error(self.rerun("candidate", patches)).max_rel, bool(patches)
+
+
+def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
+                    progress: Callable[[str], None] | None = None, reference_activations: bool = False) -> Result:
+    """Run both sides' backward passes and search them (see the module docstring); with
+    `reference_activations`, the candidate's on the reference's forward values (see `BackwardRun`)."""
+    say = progress or (lambda message: None)
+    if needs_window(run):  # the backward's evidence replays ops on their forward values: every op's
+        say("keeping the values of every op")
+        fetch_all(run, sides)
+    say("running each side's backward pass" + (" (the candidate's on the reference's activations)" if reference_activations else ""))
+    backward = BackwardRun(run, sides, reference_activations)
+    if not backward.leaf_pairs:
+        raise OutputMismatchError(f"{run.model_file}: no parameter or floating input of the candidate is paired with one of "
+                                  "the reference, so the backward passes have no gradients to compare")
+    if (backward.reference.loss is None) != (backward.candidate.loss is None):
+        defined, missing = ("reference", "candidate") if backward.candidate.loss is None else ("candidate", "reference")
+        raise ModelFileError(f"{run.model_file}: defines {defined}_loss() but not {missing}_loss(): both sides' backward "
+                             "passes start from their losses, or neither's does")
+    output_error = backward.leaf_error()
+    full_error = output_error.max_rel
+    ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops), "aligned": len(run.alignment.aligned_ops("candidate"))}
+    losses = None
+    if backward.reference.loss is not None or backward.candidate.loss is not None:
+        losses = {"reference": backward.reference.loss, "candidate": backward.candidate.loss}
+    search = BackwardPass(backward)
+    result = Result("match", output_error, None, 0, ops, pass_="backward", losses=losses,
+                    activations="reference" if reference_activations else "own")
+
+    missing = missing_tensor_gradient(backward) or missing_leaf_gradient(backward)
+    if missing is not None:
+        _name_missing_gradient(result, search, *missing)
+    elif full_error > tolerance:
+        if reference_activations:
+            float64 = result.fp64_check = Float64Check("skipped", "the candidate's backward ran on the reference's activations, "
+                                                       "which a float64 run of its own cannot", full_error)
+        else:
+            say("running both sides' backward passes in float64")
+            float64 = result.fp64_check = float64_gradient_check(backward, full_error)
+        say("searching the backward pass")
+        outcome = search_pass(search, full_error, float64, not math.isfinite(full_error), say)
+        finding = outcome.finding
+        result.verdict, result.entry, result.cuts = outcome.verdict, outcome.entry, outcome.trail
+        result.confirmation, result.not_blamed = finding.confirmation, finding.not_blamed
+        result.recurrences = recurrences(run, finding, full_error)
+        culprit_evidence = finding.evidence
+        if result.verdict == "noise" and result.entry is not None:
+            culprit_evidence = search.evidence_of(result.entry)
+        if culprit_evidence is not None:
+            result.culprit = _culprit(run, culprit_evidence)
+        if outcome.bracketed:
+            result.bracket = _bracket(run, backward.op_pairs, result.entry, cut_before(outcome.cuts, result.entry))
+    result.reruns, result.reference_reruns = search.candidate_reruns, search.reference_reruns
+    result.profile = [_profile_row(run, backward, cand, ref, search.evidence.get(cand)) for cand, ref in backward.op_pairs.items()]
+    return result
+
+
+def _name_missing_gradient(result: Result, search: BackwardPass, tid: int, lacking: str) -> None:
+    """`divergent` for a gradient one side lacks: the parameter, or the op cutting the gradient."""
+    backward = search.backward
+    run = backward.run
+    pair = backward.pair(tid)
+    has = "reference" if lacking == "candidate" else "candidate"
+    result.verdict = "divergent"
+    if tid in backward.leaf_pairs:
+        kind, _, leaf = run.candidate.tensors[tid].leaf.partition(":")
+        cand_op = run.candidate.ops[run.candidate.first_reads()[tid]]
+        ref_op = run.reference.ops[run.reference.first_reads()[pair.reference]]
+        result.culprit = culprit_without_evidence("leaf", cand_op, ref_op, leaf)
+        what = "parameter" if kind == "param" else "input"
+        result.missing_gradient = f"{what} {leaf} gets no gradient on the {lacking} (frozen there) and one on the {has}"
+        return
+    cand_op, ref_op = run.candidate.producer_op(tid), run.reference.producer_op(pair.reference)
+    cutting = cand_op if lacking == "candidate" else ref_op
+    result.culprit = culprit_without_evidence("op", cand_op, ref_op, None)
+    result.missing_gradient = (f"the gradient of {cutting.framework_op}'s output in {cutting.module or '(top level)'} reaches "
+                               f"the {has} but not the {lacking}: {cutting.framework_op} cuts the {lacking}'s gradient there")
+    if lacking == "candidate":
+        before = backward.leaf_error().max_rel
+        after, given = search.error_with_cut_gradient(cand_op)
+        result.confirmation = Confirmation([cand_op.index], after, before, given and confirms(after, before, 0.0), cut=True)
+
+
+def _bracket(run: RunRecord, pairs: dict[int, int], entry: int | None, low: int | None) -> Bracket:
+    """The ops between the entry point and the cut before it (in backward order), on both sides."""
+    cand_low = entry if entry is not None else 0
+    cand_high = (low - 1) if low is not None else len(run.candidate.ops) - 1
+    ref_low = pairs.get(cand_low, 0) if entry is not None else 0
+    ref_high = pairs[low] - 1 if low is not None else len(run.reference.ops) - 1
+    return bracket(run, list(range(cand_low, cand_high + 1)), list(range(ref_low, ref_high + 1)), low, entry)
+
+
+def _culprit(run: RunRecord, evidence: OpGradientEvidence) -> Culprit:
+    return Culprit("op", evidence.op, site(run.candidate.ops[evidence.candidate]), site(run.reference.ops[evidence.reference]),
+                   None, input_error=None, output_error=evidence.gradient_error.max_abs,
+                   output_error_rel=evidence.gradient_error.max_rel, input_error_rel=None,
+                   local_error=evidence.local_error, amplification=None, verdict=evidence.verdict, fp64=evidence.fp64,
+                   fp64_unavailable=evidence.fp64_unavailable)
+
+
+def _profile_row(run: RunRecord, backward: BackwardRun, cand_index: int, ref_index: int,
+                 evidence: OpGradientEvidence | None = None) -> ProfileRow:
+    op = run.candidate.ops[cand_index]
+    error = backward.tensor_error(op.outputs[0]) or EXACT
+    return ProfileRow(cand_index, ref_index, op.op, op.module, error.max_rel, error.max_abs, error.mean_abs,
+                      evidence.local_error if evidence else None, evidence.verdict if evidence else "unknown", 0.0)

@@ -1,0 +1,298 @@
+"""One search for both passes: where a difference first enters, which op's own difference it is,
+and the proof. A pass (`forward.ForwardPass`, `backward.BackwardPass`) says what a cut, a patch
+and an op's evidence are for its tensors; everything else is here.
+
+1. **Cut search.** The candidate is re-run with the reference's values handed on at cut k: what
+   is left of the error is what the ops past k (in the pass's order) still add, and how far its
+   outputs moved from the candidate's own is what the ops up to k took out. A binary search finds
+   the entry point, the first cut that moves them by a real share of the error, beyond rounding
+   (`numerics.past_entry`), asking first the cut the pass guesses (`likely_entry`: for the forward,
+   the first op whose own difference the evidence judges semantic, else the cut whose error grows
+   most), and the cut before it: where the guess is right, two re-runs find it. A
+   difference made in every layer (a bug in the layer class) is so bracketed at its first layer,
+   not where half of the error is gone. The ops between the cut before it and it are the bracket.
+2. **Suspects**, in the pass's order (nearest the entry point first), whose own difference the
+   evidence judges semantic. A suspect stands for every op carrying **the same difference**: the
+   same op from the same line of code, or from the same module up to layer numbers (instances of
+   one layer class), or reading leaves of the same kind that differ (every BatchNorm's
+   statistics). They form one group, named after its first occurrence in the model.
+3. **Reach.** The reference re-run with only the group's own differences in it must move the
+   outputs; one that does not (a masked score, a dead branch) is not blamed.
+4. **Confirmation.** The candidate re-run with the group's own differences taken out, all together
+   (alone, the first of many may remove little), must bring the error down to rounding; where the
+   group does not, the suspect alone is tried (an op judged different by rounding may have joined
+   it). A suspect whose removal makes the error worse contradicts its pairing and is not blamed. How much each
+   occurrence makes alone is measured by reference re-runs, never by the candidate's budget.
+"""
+from __future__ import annotations
+
+import math
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Protocol
+
+from ..measure.numerics import NOISE_FACTOR, REACH_FRACTION, confirms, noise_floor, past_entry
+from ..measure.runrecord import RunRecord
+from ..measure.result import Bracket, Confirmation, Culprit, Cut, Float64Check, NotBlamed, OpSite, Recurrence
+from ..capture.trace import OpNode
+
+MAX_REACH_TESTS = 8  # suspect groups tested for reach and confirmation
+MAX_SHARES = 24  # occurrences of a group whose own share is measured
+RERUN_SLACK = 3  # candidate re-runs stay within ceil(log2 ops) + this, plus one confirmation per group
+
+
+class Evidence(Protocol):
+    """What the search reads of one paired op's (or block's) evidence in either pass."""
+
+    candidate: int
+    reference: int
+    op: str
+    verdict: str  # exact / noise / different / unknown
+    local_error: float | None
+
+
+class SearchPass(ABC):
+    """One pass (forward or backward) of a live run, as the search sees it."""
+
+    def __init__(self, run: RunRecord):
+        self.run = run
+        self.candidate_reruns = 0
+        self.reference_reruns = 0
+
+    @abstractmethod
+    def cuts(self) -> list[int]:
+        """Candidate op indices where the reference's values can be handed on, in the pass's order."""
+
+    @abstractmethod
+    def error_at_cut(self, cut: int) -> tuple[float, float]:
+        """A candidate re-run with the reference's values handed on at `cut`: its error, and how far
+        it moved from the candidate's own result (relative, as the error)."""
+
+    @abstractmethod
+    def suspects(self, cuts: list[int], entry: int | None) -> Iterator[Evidence]:
+        """Evidence of the ops that may hold the difference, in the order they are tested."""
+
+    @abstractmethod
+    def evidence_of(self, index: int) -> Evidence | None:
+        """The evidence of candidate op `index` (None: not paired)."""
+
+    @abstractmethod
+    def reach(self, group: list[Evidence]) -> float:
+        """The error of a reference re-run with only these ops' own differences in it."""
+
+    @abstractmethod
+    def error_without(self, group: list[Evidence]) -> float:
+        """The error of a candidate re-run with only these ops' own differences taken out."""
+
+    def likely_entry(self, cuts: list[int]) -> int | None:
+        """The position in `cuts` the cut search tries first, where the evidence says the difference
+        most likely enters (None: no guess)."""
+        return None
+
+    def differing_leaf_kinds(self, evidence: Evidence) -> tuple[str, ...]:
+        """The kinds (last name part) of the differing leaves the op reads; () for none or unknown."""
+        return ()
+
+
+@dataclass
+class Finding:
+    """The first group of suspects whose own difference reaches the error (confirmed or not)."""
+
+    group: list[Evidence] = field(default_factory=list)  # in op order: the first occurrence is the culprit
+    alone: dict[int, float] = field(default_factory=dict)  # candidate op -> the error it makes alone
+    confirmation: Confirmation | None = None
+    not_blamed: list[NotBlamed] = field(default_factory=list)
+
+    @property
+    def evidence(self) -> Evidence | None:
+        return self.group[0] if self.group else None
+
+    @property
+    def confirmed(self) -> bool:
+        return bool(self.confirmation and self.confirmation.confirmed)
+
+
+@dataclass
+class Outcome:
+    """What the search of one pass concludes."""
+
+    cuts: list[int]
+    entry: int | None
+    trail: list[Cut]  # every cut evaluated
+    finding: Finding
+    verdict: str  # "noise" | "divergent"
+    bracketed: bool  # divergent with nothing confirmed: the bracket says where
+
+
+def search_pass(search: SearchPass, full_error: float, float64: Float64Check, nonfinite: bool,
+                say: Callable[[str], None], exhaustive: bool = False) -> Outcome:
+    """Search one pass whose error is `full_error` (see the module docstring). Where the float64 check
+    says rounding, no suspect is tested: the verdict is `noise`."""
+    cuts = search.cuts()
+    rounding = NOISE_FACTOR * float64.predicted if float64.predicted is not None else 0.0
+    is_rounding = float64.status == "agree"
+    guess = None if is_rounding else search.likely_entry(cuts)
+    entry, trail = entry_point(search, cuts, full_error, rounding, is_rounding, exhaustive, guess)
+    finding = Finding()
+    if float64.status != "agree":
+        finding = first_difference(search, cuts, entry, full_error, rounding, say)
+    if finding.confirmed:
+        verdict, bracketed = "divergent", False
+    elif finding.evidence is not None or float64.status == "disagree" or nonfinite:
+        verdict, bracketed = "divergent", True
+    else:
+        verdict, bracketed = "noise", False
+    return Outcome(cuts, entry, trail, finding, verdict, bracketed)
+
+
+def first_past(count: int, past: Callable[[int], bool], exhaustive: bool, guess: int | None = None) -> int | None:
+    """The first of positions 0..count-1 for which `past` holds, assuming that once it holds it keeps
+    holding: by binary search, or asking every position in turn when `exhaustive`. None if none does.
+    A `guess` is asked first, with the position before it: where it is right, two questions settle it."""
+    if exhaustive:
+        return next((i for i in range(count) if past(i)), None)
+    if count == 0 or not past(count - 1):
+        return None
+    low, high = -1, count - 1  # not past(low), past(high)
+    if guess is not None and 0 <= guess < high:
+        if not past(guess):
+            low = guess
+        elif guess == 0 or not past(guess - 1):
+            return guess
+        else:
+            high = guess - 1
+    while high - low > 1:
+        middle = (low + high) // 2
+        if past(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def entry_point(search: SearchPass, cuts: list[int], full_error: float, rounding: float, is_rounding: bool,
+                exhaustive: bool = False, guess: int | None = None) -> tuple[int | None, list[Cut]]:
+    """The entry point (a cut) and every cut evaluated on the way (see the module docstring), the
+    position `guess` in `cuts` tried first."""
+    evaluated: dict[int, tuple[float, float]] = {}
+
+    def past(position: int) -> bool:
+        if position not in evaluated:
+            evaluated[position] = search.error_at_cut(cuts[position])
+        return past_entry(*evaluated[position], full_error, rounding, is_rounding)
+
+    entry = first_past(len(cuts), past, exhaustive, guess)
+    return (cuts[entry] if entry is not None else None), [Cut(cuts[i], *evaluated[i]) for i in sorted(evaluated)]
+
+
+def cut_before(cuts: list[int], entry: int | None) -> int | None:
+    """The last cut before the entry point in the pass's order (the last of all without one)."""
+    position = cuts.index(entry) if entry is not None else len(cuts)
+    return cuts[position - 1] if position > 0 else None
+
+
+def first_difference(search: SearchPass, cuts: list[int], entry: int | None, full_error: float, rounding: float,
+                     say: Callable[[str], None]) -> Finding:
+    """The first group of suspects whose own difference reaches the error and whose removal confirms
+    it; else the first that reaches, unconfirmed. What does not reach, or is contradicted, is not blamed."""
+    reach_needed = max(REACH_FRACTION * full_error, noise_floor(search.run.candidate.dtype))
+    # After an exhaustive cut search the confirmations still get two re-runs.
+    budget = max(math.ceil(math.log2(max(len(search.run.candidate.ops), 2))) + RERUN_SLACK, search.candidate_reruns + 2)
+    finding, tested, seen = Finding(), 0, set()
+    for suspect in search.suspects(cuts, entry):
+        if suspect.candidate in seen or suspect.verdict != "different":
+            continue
+        if tested >= MAX_REACH_TESTS or search.candidate_reruns >= budget:  # what is left untested stays in the bracket
+            break
+        group = occurrences(search, suspect)
+        seen.update(e.candidate for e in group)
+        tested += 1
+        say(f"testing op {suspect.candidate}" + (f" and {len(group) - 1} more with the same difference" if len(group) > 1 else ""))
+        reached = search.reach(group)
+        if reached < reach_needed:
+            finding.not_blamed.append(NotBlamed(suspect.candidate, suspect.op, reached))
+            continue
+        if len(group) > 1:
+            budget += 1  # one confirmation per group beyond the search's own budget
+        confirmation = confirm(search, group, full_error, rounding)
+        if not confirmation.confirmed and len(group) > 1 and search.candidate_reruns < budget:
+            # an op judged different by its rounding (a false occurrence) can spoil the group's proof
+            alone = confirm(search, [suspect], full_error, rounding)
+            if alone.confirmed:
+                group, confirmation = [suspect], alone
+        if confirmation.confirmed:
+            finding.group, finding.confirmation = group, confirmation
+            break
+        if confirmation.output_error >= full_error and math.isfinite(full_error):  # the values contradict the pairing
+            finding.not_blamed.append(NotBlamed(suspect.candidate, suspect.op, reached, confirmation.output_error))
+        elif not finding.group:
+            finding.group, finding.confirmation = group, confirmation
+    if len(finding.group) > 1:  # each occurrence alone, by reference re-runs
+        finding.alone = {e.candidate: search.reach([e]) for e in finding.group[:MAX_SHARES]}
+    return finding
+
+
+def confirm(search: SearchPass, group: list[Evidence], full_error: float, rounding: float) -> Confirmation:
+    """A candidate re-run with the group's own differences taken out, judged by `numerics.confirms`."""
+    after = search.error_without(group)
+    return Confirmation([e.candidate for e in group], after, full_error, confirms(after, full_error, rounding))
+
+
+def occurrences(search: SearchPass, suspect: Evidence) -> list[Evidence]:
+    """Every paired op carrying the same difference as `suspect` (itself included), in op order."""
+    first = search.run.candidate.ops[suspect.candidate]
+    kinds = search.differing_leaf_kinds(suspect)
+    group = [suspect]
+    for op in search.run.candidate.ops:
+        same = same_place(op, first)
+        if op.index == suspect.candidate or op.op != first.op or not (same or kinds):
+            continue
+        evidence = search.evidence_of(op.index)
+        if evidence is None or evidence.verdict != "different" or evidence.op != suspect.op:
+            continue
+        if same or search.differing_leaf_kinds(evidence) == kinds:
+            group.append(evidence)
+    return sorted(group, key=lambda e: e.candidate)
+
+
+def same_place(op: OpNode, other: OpNode) -> bool:
+    """Two ops of one piece of code: the same line of user code, or the same module up to numbers
+    (`blocks.0.ln1` and `blocks.3.ln2`: instances of one layer class). A library's line alone says
+    nothing: it serves every model built from the library."""
+    same_line = bool(op.source) and op.source == other.source and not op.library_source
+    return same_line or (bool(op.module) and _pattern(op.module) == _pattern(other.module))
+
+
+def _pattern(module: str) -> str:
+    return re.sub(r"[0-9]+", "#", module)
+
+
+def recurrences(run: RunRecord, finding: Finding, full_error: float) -> list[Recurrence]:
+    """Every occurrence of a group of more than one, with the share of the error each makes alone."""
+    if len(finding.group) < 2:
+        return []
+    listed = []
+    for evidence in finding.group:
+        op = run.candidate.ops[evidence.candidate]
+        alone = finding.alone.get(evidence.candidate)
+        share = None if alone is None or not math.isfinite(full_error) or full_error == 0 else alone / full_error
+        listed.append(Recurrence(evidence.candidate, evidence.op, op.module, op.source, evidence.local_error, alone, share))
+    return listed
+
+
+def site(op: OpNode) -> OpSite:
+    return OpSite(op.index, op.framework_op, op.module, op.source)
+
+
+def bracket(run: RunRecord, candidate_ops: list[int], reference_ops: list[int], low: int | None, high: int | None,
+            why: str = "") -> Bracket:
+    return Bracket(low, high, [site(run.candidate.ops[i]) for i in sorted(set(candidate_ops))],
+                   [site(run.reference.ops[i]) for i in sorted(set(reference_ops))], why)
+
+
+def culprit_without_evidence(kind: str, cand_op: OpNode, ref_op: OpNode, leaf: str | None, output_error: float | None = None) -> Culprit:
+    """A culprit named by where something starts (NaN/Inf, a missing gradient), with no replay evidence."""
+    return Culprit(kind, cand_op.op, site(cand_op), site(ref_op), leaf, input_error=None, output_error=output_error,
+                   output_error_rel=output_error, input_error_rel=None, local_error=None, amplification=None,
+                   verdict="different", fp64=None)

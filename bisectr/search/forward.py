@@ -1,0 +1,466 @@
+"""The forward pass's search: cuts, patches and evidence of the recorded activations (see `search`
+for the search itself).
+
+0. **Reproducibility.** Each side is re-run once, unpatched: a model whose outputs move
+   (dropout in training mode, random ops) is refused before any verdict.
+1. **Cuts.** A cut at candidate op k patches in the reference's tensors for every paired op up to k
+   (and every paired parameter first read by then). Where those equal the candidate's own values bit
+   for bit (the same code up to a difference), the re-run would reproduce the candidate: no re-run.
+   When the candidate's outputs hold NaN or Inf, the entry point is the first cut after which they
+   are finite.
+   A run that did not store every op's values (a big model) is searched layer window first
+   (`bisectr.search.window`): cuts at layer outputs, then at the ops between the two that bracket it.
+2. **Float64 check** (`precision`): both sides run in float64. If they agree there, the
+   difference is rounding and the run is `noise`.
+3. **Evidence** of an op is its local replay (`analysis`); its own difference is the reference's
+   output minus the candidate op replayed on the reference's inputs. Suspects are the ops (and
+   matched blocks) judged different up to the entry point, those in the bracket first, then the
+   entry region as one block when it holds ops with no partner (an activation changed for another).
+4. Otherwise the run is `noise` and the culprit is the op that amplifies rounding the most
+   among the ops carrying a real share of the outputs' error whose own (local) rounding
+   reaches the outputs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..measure.align import Block, settle_layouts
+from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, rewired_input
+from ..errors import TraceMismatchError
+from ..measure.leaves import leaf_causes, reference_values
+from ..measure.numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms, noise_floor
+from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
+from .precision import float64_check
+from ..measure.runrecord import RunRecord
+from ..capture.interpreter import Shift
+from ..measure.result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Recurrence, Result, Rewired
+from .core import (MAX_REACH_TESTS, SearchPass, bracket, culprit_without_evidence, cut_before, entry_point, recurrences,
+                     search_pass, site)
+from ..capture.sides import Rerun, Sides
+from ..capture.store import SIDES
+from ..capture.trace import host_dtype, is_floating
+from .window import boundaries, fetch_all, fetch_recurrences, fetch_window, missing, needs_window, window_between
+
+
+class ForwardPass(SearchPass):
+    """Re-runs of either side with activations patched, and the evidence of each paired op."""
+
+    def __init__(self, run: RunRecord, sides: Sides, analysis: Analysis, bounds: tuple[int | None, int | None] = (None, None),
+                 known_cuts: dict[int, tuple[float, float]] | None = None):
+        super().__init__(run)
+        self.sides = sides
+        self.bounds = bounds  # the first and last cut searched (None: the first, the last)
+        self.known_cuts = known_cuts or {}  # cut -> `error_at_cut`, evaluated by an earlier search of the run
+        self.alignment = run.alignment
+        self.analysis = analysis
+        self.patchable = self._patchable_tensors()
+        self._reference_values: dict[int, np.ndarray | None] = {}
+        self._first_change = self._first_changing_patch()
+
+    # -- re-runs ---------------------------------------------------------------
+    def candidate_outputs(self, patches: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
+        self.candidate_reruns += 1
+        return self.sides.run("candidate", Rerun(patches)).outputs
+
+    def candidate_error(self, patches: dict[int, np.ndarray]) -> float:
+        """Outputs' error (vs the reference) of a candidate re-run with `patches`."""
+        return self.run.candidate_output_error(self.candidate_outputs(patches))
+
+    def reference_error(self, patches: dict[int, np.ndarray]) -> float:
+        """How far a reference re-run with `patches` moves the reference's own outputs."""
+        self.reference_reruns += 1
+        return self.run.worst_output_error(self.sides.run("reference", Rerun(patches)).outputs)
+
+    def patches_up_to(self, cut: int) -> dict[int, np.ndarray]:
+        """Reference values for every patchable candidate tensor produced or first read by op `cut`."""
+        patches = {}
+        for position, tid in self.patchable:
+            if position > cut:
+                break
+            if tid not in self._reference_values:  # read once: successive cuts patch overlapping prefixes
+                self._reference_values[tid] = self.analysis.reference_values_for(tid)
+            values = self._reference_values[tid]
+            if values is not None:
+                patches[tid] = values
+        return patches
+
+    def _first_changing_patch(self) -> float:
+        """The op position of the first patch that would change the candidate's values (inf: none would):
+        up to it, every reference value a cut patches in equals the candidate's own bit for bit."""
+        for position, tid in self.patchable:
+            error = self.analysis.tensor_error(tid)  # None: a value missing on one side
+            if error is not None and error.max_abs == 0:
+                continue
+            if error is not None or self.analysis.reference_values_for(tid) is not None:
+                return position  # a patch with other values, or the candidate's own unknown
+        return math.inf
+
+    def _patchable_tensors(self) -> list[tuple[int, int]]:
+        """(op position, tid) of the paired candidate tensors a cut patches, in op order: the op
+        that produced or first read each. Only floating tensors are patched (indices, masks and
+        shapes are structure, not values), and no leaf that already holds the reference's values."""
+        first_read = self.run.candidate.first_reads()
+        patchable = []
+        for tid in self.alignment.tensors:
+            info = self.run.candidate.tensors[tid]
+            position = info.producer if info.producer is not None else first_read.get(tid)
+            leaf = self.analysis.leaves.get(tid)
+            if position is None or (info.leaf or "").startswith("input:") or not is_floating(info.dtype) or (leaf and leaf.verdict == "exact"):
+                continue
+            patchable.append((position, tid))
+        return sorted(patchable)
+
+    # -- what the search asks --------------------------------------------------
+    def cuts(self) -> list[int]:
+        reference, (first, last) = self.run.reference, self.bounds
+        return [e.candidate for e in self.analysis.in_order() if reference.has_value(reference.ops[e.reference].outputs[0])
+                and (first is None or e.candidate >= first) and (last is None or e.candidate <= last)]
+
+    def error_at_cut(self, cut: int) -> tuple[float, float]:
+        if cut in self.known_cuts:
+            return self.known_cuts[cut]
+        if cut < self._first_change:  # the patches change nothing: the re-run would reproduce the candidate's own outputs
+            return self.run.output_error().max_rel, 0.0
+        outputs = self.candidate_outputs(self.patches_up_to(cut))
+        return self.run.candidate_output_error(outputs), self.run.candidate_output_change(outputs)
+
+    def likely_entry(self, cuts: list[int]) -> int | None:
+        """The first cut at an op whose own difference the evidence judges semantic; where no op's
+        evidence says so (a run holding its layer outputs only replays none inside the layers), the cut
+        whose propagated error grows most over every cut before it."""
+        judged = next((position for position, cut in enumerate(cuts) if self.analysis.ops[cut].verdict == "different"), None)
+        return judged if judged is not None else self._largest_growth(cuts)
+
+    def _largest_growth(self, cuts: list[int]) -> int | None:
+        """The position of the cut whose error most exceeds every earlier cut's and its dtype's
+        rounding (None: none exceeds both)."""
+        largest, guess, before = 1.0, None, 0.0  # before: the largest error of the cuts so far
+        for position, cut in enumerate(cuts):
+            evidence = self.analysis.ops[cut]
+            error = evidence.output_error.max_rel
+            if math.isnan(error):
+                continue
+            scale = max(before, noise_floor(evidence.dtype))
+            growth = error / scale if scale > 0 else (math.inf if error > 0 else 0.0)
+            if growth > largest:
+                largest, guess = growth, position
+            before = max(before, error)
+        return guess
+
+    def evidence_of(self, index: int) -> OpEvidence | None:
+        return self.analysis.ops.get(index)
+
+    def suspects(self, cuts: list[int], entry: int | None) -> Iterator[OpEvidence]:
+        """Paired ops (and matched blocks) judged different up to the entry point. The cut search says
+        the error enters between the cut before the entry point and the entry point, so the ones there
+        come first, then the entry region as one block (when judged different), then the earlier ones."""
+        analysis = self.analysis
+        limit = entry if entry is not None else len(self.run.candidate.ops)
+        low = cut_before(cuts, entry)
+        different = [e for e in analysis.in_order() if e.verdict == "different" and e.candidate <= limit]
+        yield from (e for e in different if low is None or e.candidate > low)
+        region = entry_region(analysis, entry)
+        if region is not None:
+            yield analysis.evidence(entry, analysis.ops[entry].reference, region)
+        yield from (e for e in different if low is not None and e.candidate <= low)
+
+    def differing_leaf_kinds(self, evidence: OpEvidence) -> tuple[str, ...]:
+        ops = evidence.block.candidate if evidence.block else [evidence.candidate]
+        leaves = self.analysis.leaves
+        return tuple(sorted({leaves[t].candidate.rpartition(".")[2] for i in ops for t in self.run.candidate.ops[i].inputs
+                             if t in leaves and leaves[t].verdict == "different"}))
+
+    def reach(self, group: list[OpEvidence]) -> float:
+        """The outputs' error when only these ops' (or blocks') own differences enter the reference run."""
+        patches = {}
+        for evidence in group:
+            local = self.analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
+            for cand_tid, ref_tid in self.analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
+                dtype = host_dtype(self.run.reference.tensors[ref_tid].dtype)
+                values = self.analysis.in_reference_layout(cand_tid, ref_tid, local[cand_tid]).astype(dtype, copy=False)
+                with np.errstate(invalid="ignore", over="ignore"):  # as own_difference_patches: shifted for many
+                    patches[ref_tid] = Shift(values - self.run.reference.value(ref_tid)) if len(group) > 1 else values
+        return self.reference_error(patches)
+
+    def error_without(self, group: list[OpEvidence]) -> float:
+        return self.candidate_error(own_difference_patches(self.analysis, self.run, group))
+
+
+def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive: bool = False,
+               progress: Callable[[str], None] | None = None) -> Result:
+    """Check, analyse and search a run's forward pass through its live sides (see the module docstring;
+    a run that did not store every op's values is searched layer window first, see `bisectr.search.window`)."""
+    say = progress or (lambda message: None)
+    windowed = needs_window(run)
+    say("re-running each side unpatched" + (" (and keeping its layer outputs)" if windowed else ""))
+    check_reproducible(run, sides, {role: boundaries(run.traces[role]) for role in SIDES} if windowed else {})
+    if not windowed:
+        return _search(run, sides, tolerance, exhaustive, say)
+    reruns = {"candidate": 0, "reference": 0}
+    float64 = None
+    if run.output_error().max_rel > tolerance:
+        say("running both sides in float64")
+        float64 = float64_check(run, sides)
+    if float64 is None or float64.status != "agree":  # rounding is judged over every op: no window for it
+        result = _search(run, sides, tolerance, exhaustive, say, narrow=True, float64=float64, reruns=reruns)
+        if result.verdict == "match" or (result.confirmation is not None and result.confirmation.confirmed):
+            return result
+    say("keeping the values of every op")
+    fetch_all(run, sides)
+    return _search(run, sides, tolerance, exhaustive, say, float64=float64, reruns=reruns)
+
+
+def _search(run: RunRecord, sides: Sides, tolerance: float, exhaustive: bool, say: Callable[[str], None],
+            narrow: bool = False, float64: Float64Check | None = None, reruns: dict[str, int] | None = None) -> Result:
+    """The forward search on the values the run has (with the `float64` check, where made). With `narrow`,
+    a run holding its layer outputs only: the search fetches the values of the ops of the layers where
+    the difference enters first (see `bisectr.search.window`). `reruns` (role -> count)
+    holds the re-runs of earlier searches of the run; this one's are added, and the result counts all."""
+    reruns = reruns if reruns is not None else {"candidate": 0, "reference": 0}
+    say("replaying ops")
+    analysis = Analysis(run, sides).compute()
+    output_error = run.output_error()
+    full_error = output_error.max_rel
+    ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops),
+           "aligned": len(run.alignment.aligned_ops("candidate"))}
+    profile = [_profile_row(run, e) for e in analysis.in_order()]
+    if full_error <= tolerance:
+        return Result("match", output_error, None, 0, ops, profile=profile)
+    nonfinite = nonfinite_start(run, run.alignment)
+    if float64 is None:
+        say("running both sides in float64")
+        float64 = float64_check(run, sides)
+
+    search = ForwardPass(run, sides, analysis)
+    leaves = run.alignment.leaves
+    if float64.status != "agree":
+        say("comparing parameters and buffers")
+        found = _differing_leaves(search, full_error, NOISE_FACTOR * (float64.predicted or 0.0))
+        if found is not None:
+            culprit, confirmation, occurrences = found
+            _count(search, reruns)
+            return Result("divergent", output_error, culprit, reruns["candidate"], ops, recurrences=occurrences,
+                          confirmation=confirmation, fp64_check=float64, profile=profile, leaves=leaves,
+                          nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None)
+    if narrow:
+        say("searching between layers")
+        search = _window_search(search, full_error, float64, reruns)
+        analysis = search.analysis
+        profile = [_profile_row(run, e) for e in analysis.in_order()]
+    say("searching")
+    outcome = search_pass(search, full_error, float64, nonfinite is not None, say, exhaustive)
+    finding = outcome.finding
+    culprit_evidence = finding.evidence
+    unexplained = ""
+    if outcome.verdict == "noise":
+        culprit_evidence = _most_amplifying(search, analysis, full_error)
+        if culprit_evidence is None and float64.status != "agree":  # noise only where rounding explains the error
+            outcome = replace(outcome, verdict="divergent", bracketed=True)
+            unexplained = (f"rounding does not explain the outputs' error: the float64 check did not run ({float64.reason}) "
+                           "and no op's own rounding reaches the outputs")
+        elif culprit_evidence is None:
+            culprit_evidence = analysis.ops.get(outcome.entry)
+    culprit = _culprit(run, analysis, culprit_evidence) if culprit_evidence else None
+    if nonfinite is not None and culprit is None:  # NaN/Inf that the reference lacks are not rounding
+        culprit = nonfinite_culprit(run, nonfinite)
+    _count(search, reruns)
+    return Result(outcome.verdict, output_error, culprit, reruns["candidate"], ops, outcome.entry,
+                  recurrences=recurrences(run, finding, full_error), confirmation=finding.confirmation,
+                  not_blamed=finding.not_blamed, cuts=outcome.trail, reference_reruns=reruns["reference"],
+                  nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None, fp64_check=float64,
+                  bracket=_bracket(run, analysis, outcome.cuts, outcome.entry, unexplained) if outcome.bracketed else None,
+                  profile=profile,
+                  leaves=leaves)
+
+
+def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check, reruns: dict[str, int]) -> ForwardPass:
+    """The search of the window (see `bisectr.search.window`): the cut search over the layer outputs `coarse`
+    holds brackets the difference (its re-runs are counted in `reruns`), the values of the ops between
+    are fetched, and the pass returned searches between those two cuts, knowing what they gave (patching
+    the ops between changes neither: the layer outputs at a cut stand in for what came before)."""
+    run, sides = coarse.run, coarse.sides
+    cuts = coarse.cuts()
+    entry, trail = entry_point(coarse, cuts, full_error, NOISE_FACTOR * (float64.predicted or 0.0), False,
+                               guess=coarse.likely_entry(cuts))
+    low = cut_before(cuts, entry)
+    partner = {index: evidence.reference for index, evidence in coarse.analysis.ops.items()}
+    window = window_between(run, partner, low, entry)
+    fetch_window(run, sides, window)
+    _count(coarse, reruns)
+    analysis = Analysis(run, sides).compute(earlier=coarse.analysis)
+    if fetch_recurrences(run, sides, analysis, window):
+        analysis = Analysis(run, sides).compute(earlier=analysis)
+    known = {cut.op: (cut.output_error, cut.moved) for cut in trail if cut.op in (low, entry)}
+    return ForwardPass(run, sides, analysis, bounds=(low, entry), known_cuts=known)
+
+
+def _count(search: ForwardPass, reruns: dict[str, int]) -> None:
+    reruns["candidate"] += search.candidate_reruns
+    reruns["reference"] += search.reference_reruns
+
+
+def _differing_leaves(search: ForwardPass, full_error: float, rounding: float) -> tuple[Culprit, Confirmation, list[Recurrence]] | None:
+    """The first cause among the leaves that differ (in the order the candidate reads them) whose
+    reference values, given to the candidate, take the outputs' error down to rounding: the culprit
+    (its first leaf), the confirmation, and every layer holding it where there are several."""
+    run = search.run
+    leaves, first_reads = run.candidate.leaves, run.candidate.first_reads()
+    for cause in leaf_causes(run.alignment.leaves, run.candidate)[:MAX_REACH_TESTS]:
+        tids = [leaves[pair.candidate] for pair in cause]
+        patches = reference_values(run.reference, run.candidate, run.alignment, cause)
+        readers = sorted({first_reads[tid] for tid in tids})
+        after = search.candidate_error(patches)
+        if not confirms(after, full_error, rounding):
+            continue
+        first = cause[0]
+        cand_op = run.candidate.ops[readers[0] if len(readers) == 1 else first_reads[tids[0]]]
+        ref_op = run.reference.ops[run.reference.first_reads()[run.reference.leaves[first.reference]]]
+        culprit = culprit_without_evidence("leaf", cand_op, ref_op, first.candidate.split(":", 1)[1])
+        culprit.reference_leaf, culprit.layout, culprit.description = first.reference.split(":", 1)[1], first.layout, first.description
+        occurrences = [Recurrence(i, run.candidate.ops[i].op, run.candidate.ops[i].module, run.candidate.ops[i].source, None)
+                       for i in readers] if len(readers) > 1 else []
+        return culprit, Confirmation(readers, after, full_error, True, leaves=len(cause)), occurrences
+    return None
+
+
+def check_reproducible(run: RunRecord, sides: Sides, keep: dict[str, set[int]] | None = None) -> None:
+    """Refuse a model whose unpatched re-run does not reproduce its recording: a random
+    difference (dropout in training mode, random ops) is neither a bug nor rounding. The values of
+    the op outputs `keep` (role -> tids) names that the run lacks are kept (`Trace.fetched`)."""
+    for role in SIDES:
+        trace = run.traces[role]
+        wanted = missing(trace, (keep or {}).get(role, ()))
+        try:
+            trace.fetched.update(sides.run(role, Rerun({}, wanted)).captured)
+        except TraceMismatchError as exc:
+            raise TraceMismatchError(f"{run.model_file}: the {role} side does not reproduce its own outputs when run "
+                                     f"twice, so no verdict can be given: {exc} If the model has dropout, put it in "
+                                     "eval mode (model.eval()) in the model file.") from None
+    if keep:
+        settle_layouts(run.reference, run.candidate, run.alignment)
+
+
+def entry_region(analysis: Analysis, entry: int | None) -> Block | None:
+    """The entry op with the ops without a partner that feed it (through such ops only), on both
+    sides: an activation changed for another, an extra scale, a missing op. None without an entry
+    point, or when every op feeding the entry op has a partner."""
+    if entry is None:
+        return None
+    alignment = analysis.alignment
+    regions = {}
+    for role, index in (("candidate", entry), ("reference", analysis.ops[entry].reference)):
+        trace, aligned = analysis.run.traces[role], alignment.aligned_ops(role)
+        region, pending = {index}, list(trace.ops[index].inputs)
+        while pending:
+            producer = trace.tensors[pending.pop()].producer
+            if producer is not None and producer not in aligned and producer not in region:
+                region.add(producer)
+                pending.extend(trace.ops[producer].inputs)
+        regions[role] = sorted(region)
+    if len(regions["candidate"]) == len(regions["reference"]) == 1:
+        return None
+    return Block(regions["candidate"], regions["reference"], matched=True)
+
+
+def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[OpEvidence]) -> dict[int, np.ndarray | Shift]:
+    """For each op (or block), its own difference taken out of what it hands on: its outputs shifted
+    by (reference output - the candidate op replayed on the reference's inputs). Unlike patching in
+    the reference's values, this leaves what reached the op from upstream in place, so it fixes
+    nothing the op did not add. One op's (or block's) outputs are shifted as recorded, since nothing
+    upstream of it changes (a block's later outputs already carry its earlier ones); the occurrences
+    of one difference are shifted as the re-run computes them, since each takes upstream ones out.
+    Where the op itself made NaN/Inf, the reference's value is what is left."""
+    patches: dict[int, np.ndarray | Shift] = {}
+    for evidence in evidences:
+        local = analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
+        for cand_tid, _ in analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
+            reference = analysis.reference_values_for(cand_tid)
+            if reference is None:
+                continue
+            dtype = host_dtype(run.candidate.tensors[cand_tid].dtype)
+            with np.errstate(invalid="ignore", over="ignore"):
+                shift = Shift((reference - local[cand_tid].reshape(reference.shape)).astype(dtype, copy=False),
+                              reference.astype(dtype, copy=False))
+            patches[cand_tid] = shift if len(evidences) > 1 else shift.applied_to(run.candidate.value(cand_tid))
+    return patches
+
+
+def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float) -> OpEvidence | None:
+    """The op amplifying rounding the most (its output's absolute error the largest multiple of
+    its inputs') among those whose output carries a real share of the outputs' error and whose
+    own rounding reaches the outputs. An op whose kernels agree bitwise (exact) has no rounding of
+    its own and counts only where it makes a model output, as a span head's logits matmul does on
+    CPUs where both frameworks' GEMMs agree: nothing downstream can undo its growth. Elsewhere an exact
+    op's large amplification (a -1e4 mask add, rounded at magnitude 1e4, then zeroed by a softmax)
+    is passed over."""
+    outputs = {pair.candidate for pair in search.run.output_pairs}
+
+    def makes_output(evidence: OpEvidence) -> bool:
+        return search.run.candidate.ops[evidence.candidate].outputs[0] in outputs
+
+    candidates = sorted((e for e in analysis.ops.values()
+                         if (e.verdict == "noise" or (e.verdict == "exact" and makes_output(e)))
+                         and e.output_error.max_rel >= REACH_FRACTION * full_error
+                         and math.isfinite(e.amplification) and e.amplification > 0),
+                        key=lambda e: (-e.amplification, e.candidate))
+    for evidence in candidates[:MAX_REACH_TESTS]:
+        if evidence.verdict == "exact" or search.reach([evidence]) >= NOISE_REACH_FRACTION * full_error:
+            return evidence
+    return None
+
+
+def _bracket(run: RunRecord, analysis: Analysis, cuts: list[int], entry: int | None, why: str = "") -> Bracket:
+    """Where an unconfirmed difference enters: the cut before the entry point and the entry point,
+    and the ops from one to the other (with the entry region's), on both sides. Without an entry
+    point: everything after the last cut. `why`: why the difference is not taken for rounding, where
+    no op's evidence says it."""
+    low = cut_before(cuts, entry)
+    ref_low = analysis.ops[low].reference if low is not None else -1
+    cand_high, ref_high = (entry, analysis.ops[entry].reference) if entry is not None else \
+        (len(run.candidate.ops) - 1, len(run.reference.ops) - 1)
+    region = entry_region(analysis, entry)
+    return bracket(run, list(range((low if low is not None else -1) + 1, cand_high + 1)) + (region.candidate if region else []),
+                   list(range(ref_low + 1, ref_high + 1)) + (region.reference if region else []), low, entry, why)
+
+
+def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culprit:
+    evidence = analysis.with_oracle(evidence)
+    cand_op = run.candidate.ops[evidence.candidate]
+    different_leaves = [analysis.leaves[t] for t in cand_op.inputs
+                        if t in analysis.leaves and analysis.leaves[t].verdict == "different"]
+    leaf = different_leaves[0].candidate.split(":", 1)[1] if different_leaves else None
+    cand_index, ref_index = evidence.candidate, evidence.reference
+    if evidence.block is not None:  # shown where its difference enters, against the reference op it is named after
+        cand_index = entering_op(run.alignment, run.candidate, evidence.block)
+        if evidence.block.reference:
+            ref_index = computing_op(run.reference, evidence.block.reference)
+    block = evidence.block or Block([evidence.candidate], [evidence.reference], matched=True)
+    return Culprit("leaf" if leaf else "op", evidence.op, site(run.candidate.ops[cand_index]),
+                   site(run.reference.ops[ref_index]), leaf,
+                   input_error=evidence.input_error, output_error=evidence.output_error.max_abs,
+                   output_error_rel=evidence.output_error.max_rel, input_error_rel=evidence.input_error_rel,
+                   local_error=evidence.local_error, amplification=evidence.amplification, verdict=evidence.verdict,
+                   fp64=evidence.fp64, block=BlockOps(evidence.block.candidate, evidence.block.reference) if evidence.block else None,
+                   fp64_unavailable=evidence.fp64_unavailable, rewired=_rewired(run, block))
+
+
+def _rewired(run: RunRecord, block: Block) -> Rewired | None:
+    found = rewired_input(run, run.alignment, block.candidate, block.reference)
+    if found is None:
+        return None
+    ref_tid, counterpart, instead = found
+    reads = run.candidate.tensors[instead]
+    return Rewired(site(run.reference.ops[run.reference.tensors[ref_tid].producer]),
+                   site(run.candidate.ops[run.candidate.tensors[counterpart].producer]),
+                   site(run.candidate.ops[reads.producer]) if reads.producer is not None else None,
+                   reads.leaf if reads.producer is None else None)
+
+
+def _profile_row(run: RunRecord, evidence: OpEvidence) -> ProfileRow:
+    return ProfileRow(evidence.candidate, evidence.reference, evidence.op, run.candidate.ops[evidence.candidate].module,
+                      evidence.output_error.max_rel, evidence.output_error.max_abs, evidence.output_error.mean_abs,
+                      evidence.local_error, evidence.verdict, evidence.amplification)

@@ -1,0 +1,103 @@
+"""The whole-model float64 check: is the outputs' difference what rounding makes?
+
+Both sides run once more as float64 copies (parameters, buffers and floating inputs
+upcast). Each side's distance to its own float64 outputs is its
+rounding; their sum is what rounding predicts for the measured difference, which the
+triangle inequality bounds by that prediction plus the difference left in float64.
+The float64 rule (`numerics.rounding_explains`) then says whether rounding explains the
+measured difference or something computes differently.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from ..adapters import CannotUpcast
+from ..measure.leaves import reference_values
+from ..measure.metrics import error_metrics
+from ..measure.numerics import judge_float64
+from ..measure.runrecord import RunRecord
+from ..measure.result import Float64Check
+from ..capture.sides import Float64Gradients, Float64Outputs, Float64Run, Sides
+
+
+def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
+    """Run both sides of a live run in float64 and compare their outputs (see the module docstring)."""
+    error = run.output_error().max_rel
+    if not math.isfinite(error):
+        return Float64Check("skipped", "the candidate's outputs hold NaN/Inf", error)
+    if all(trace.dtype == "float64" for trace in run.traces.values()):
+        return Float64Check("skipped", "both sides already run in float64", error)
+    runs = {}
+    for role, leaf_values in (("reference", {}), ("candidate", rounded_leaf_values(run))):
+        try:
+            runs[role] = sides.run(role, Float64Outputs(leaf_values))
+        except CannotUpcast as exc:
+            return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
+    outputs = {role: float64.values for role, float64 in runs.items()}
+    float64_error = reference_rounding = candidate_rounding = 0.0
+    for pair in run.output_pairs:
+        reference64 = outputs["reference"][pair.key]
+        candidate64 = pair.in_reference_layout(outputs["candidate"][pair.candidate_key], reference64.shape)
+        float64_error = max(float64_error, error_metrics(candidate64, reference64).max_rel)
+        reference_rounding = max(reference_rounding, error_metrics(run.reference.value(pair.reference), reference64).max_rel)
+        candidate32 = pair.in_reference_layout(run.candidate.value(pair.candidate), reference64.shape)
+        candidate_rounding = max(candidate_rounding, error_metrics(candidate32, candidate64).max_rel)
+    check = judge_float64(error, float64_error, reference_rounding, candidate_rounding, [t.dtype for t in run.traces.values()])
+    return _noted(check, run, runs)
+
+
+def rounded_leaf_values(run: RunRecord) -> dict[str, np.ndarray]:
+    """The reference's values (in the candidate's layout) for each candidate leaf that only rounds them:
+    the float64 runs give both sides the same weights, so that their rounding is not taken for a bug."""
+    rounded = [pair for pair in run.alignment.leaves.pairs if pair.status == "rounded"]
+    values = reference_values(run.reference, run.candidate, run.alignment, rounded)
+    return {run.candidate.tensors[tid].leaf: array for tid, array in values.items()}
+
+
+def _noted(check: Float64Check, run: RunRecord, runs: dict[str, Float64Run]) -> Float64Check:
+    """The check with the rounded leaves it gave the reference's values, and the ops that still ran below float64."""
+    rounded = [pair for pair in run.alignment.leaves.pairs if pair.status == "rounded"]
+    if rounded:
+        leaves = run.candidate.leaves
+        dtypes = sorted({run.candidate.tensors[leaves[p.candidate]].dtype for p in rounded})
+        worst = max(p.max_rel or 0.0 for p in rounded)
+        check.rounded_leaves = (f"the candidate's weights are the reference's rounded to {', '.join(dtypes)} ({len(rounded)} "
+                                f"leaves, max rel {worst:.2g}): both sides ran with the reference's values")
+    check.narrow_ops = {role: float64.narrow_ops for role, float64 in runs.items() if float64.narrow_ops}
+    return check
+
+
+def float64_gradient_check(backward: Any, error: float) -> Float64Check:
+    """Both sides' backward passes in float64: is the parameters' gradient error rounding? (`backward`:
+    a `backward.BackwardRun`, not imported here: it imports this module.)"""
+    run = backward.run
+    if not math.isfinite(error):
+        return Float64Check("skipped", "the candidate's gradients hold NaN/Inf", error)
+    runs = {}
+    for role, leaf_values in (("reference", {}), ("candidate", rounded_leaf_values(run))):
+        try:
+            runs[role] = backward.sides.run(role, Float64Gradients(backward.seeds[role], leaf_values))
+        except CannotUpcast as exc:
+            return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
+    grads = {role: float64.values for role, float64 in runs.items()}
+    float64_error = reference_rounding = candidate_rounding = 0.0
+    for cand_tid, pair in backward.leaf_pairs.items():
+        ref_info = run.reference.tensors[pair.reference]
+        reference64, candidate64 = grads["reference"].get(ref_info.leaf), grads["candidate"].get(run.candidate.tensors[cand_tid].leaf)
+        reference32, candidate32 = backward.reference.leaves.get(pair.reference), backward.candidate.leaves.get(cand_tid)
+        if any(g is None for g in (reference64, candidate64, reference32, candidate32)):
+            continue
+        shape = run.candidate.tensors[cand_tid].shape
+        reference64 = pair.reference_in_candidate_layout(reference64, shape)
+        reference32 = pair.reference_in_candidate_layout(reference32, shape)
+        relative = partial(backward.relative, cand_tid)
+        float64_error = max(float64_error, relative(error_metrics(candidate64, reference64).max_abs))
+        reference_rounding = max(reference_rounding, relative(error_metrics(reference32.astype(np.float64), reference64).max_abs))
+        candidate_rounding = max(candidate_rounding, relative(error_metrics(candidate32.astype(np.float64), candidate64).max_abs))
+    check = judge_float64(error, float64_error, reference_rounding, candidate_rounding,
+                          [trace.dtype for trace in run.traces.values()], "gradients")
+    return _noted(check, run, runs)
