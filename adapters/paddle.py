@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ..leafref import LeafRef
 from .base import (API, CALLER, IN_OUT, OUT_IN, PLUMBING, VALUE_READ_METHODS, Adapter, CannotUpcast, ModulePaths, OpListener,
                    Reductions, ReproSnippets)
 
@@ -381,10 +382,10 @@ class PaddleAdapter(Adapter):
         paddle = _paddle()
         if isinstance(model, paddle.nn.Layer):
             for name, tensor in model.named_parameters():
-                yield f"param:{name}", tensor
+                yield str(LeafRef("param", name)), tensor
             for name, tensor in model.named_buffers():
                 if tensor is not None:
-                    yield f"buffer:{name}", tensor
+                    yield str(LeafRef("buffer", name)), tensor
 
     def is_module(self, obj: Any) -> bool:
         paddle = sys.modules.get("paddle")

@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ..leafref import LeafRef
 from .base import (API, CALLER, IN_OUT, OUT_IN, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast, ModulePaths, OpListener,
                    Reductions, ReproSnippets)
 
@@ -125,9 +126,9 @@ class TorchAdapter(Adapter):
         torch = _torch()
         if isinstance(model, torch.nn.Module):
             for name, tensor in model.named_parameters(remove_duplicate=True):
-                yield f"param:{name}", tensor
+                yield str(LeafRef("param", name)), tensor
             for name, tensor in model.named_buffers(remove_duplicate=True):
-                yield f"buffer:{name}", tensor
+                yield str(LeafRef("buffer", name)), tensor
 
     def is_module(self, obj: Any) -> bool:
         torch = sys.modules.get("torch")

@@ -519,10 +519,11 @@ def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bo
 
 
 def measure_backward(reference: str, candidate: str, scratch: Path, repeats: int = 3) -> dict:
-    """Trace the pair once, then search its backward pass (`bisect_backward`, what `--backward` adds)
+    """Trace the pair once, then search its backward pass (`BackwardRules`, what `--backward` adds)
     `repeats` times, each beside plain forward+backward passes of the candidate from the same seeds."""
     import bisectr
-    from bisectr.search.backward import bisect_backward, output_seeds
+    from bisectr.search.backward import BackwardRules, output_seeds
+    from bisectr.search.core import bisect
     from bisectr.capture.recording import output_pairs
 
     out = scratch / f"backward-{reference}-{candidate}"
@@ -543,7 +544,7 @@ def measure_backward(reference: str, candidate: str, scratch: Path, repeats: int
     for _ in range(repeats):
         passes.append(median_time(forward_backward, 5))
         started = time.perf_counter()
-        result = bisect_backward(run, run.sides)
+        result = bisect(BackwardRules(run, run.sides))
         searches.append((time.perf_counter() - started, result))
     shutil.rmtree(out, ignore_errors=True)
     seconds, result = sorted(searches, key=lambda entry: entry[0])[len(searches) // 2]

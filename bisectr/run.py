@@ -19,8 +19,9 @@ from typing import Any, Callable
 from .adapters import input_layout
 from .measure.align import Alignment, align_traces
 from .measure.leaves import pair_leaves
-from .search.backward import bisect_backward
-from .search.forward import bisect_run
+from .search.backward import BackwardRules
+from .search import core as search
+from .search.forward import ForwardRules
 from .errors import ModelFileError, RunDirError
 from .capture.modelfile import build_side, load_module
 from .measure.runrecord import DEFAULT_VALUE_BUDGET, HowTraced, OutputPair, RunRecord, pair_outputs
@@ -64,9 +65,10 @@ class Run(RunRecord):
                           value_budget=self.traced.value_budget, commit=False, **isolation)
             for f in fields(fresh):
                 setattr(self, f.name, getattr(fresh, f.name))
-        result = bisect_run(self, self.sides, tolerance, exhaustive, progress)
+        result = search.bisect(ForwardRules(self, self.sides), tolerance, exhaustive, progress)
         if backward:
-            result.backward = bisect_backward(self, self.sides, tolerance, progress, reference_activations=result.verdict == "divergent")
+            result.backward = search.bisect(BackwardRules(self, self.sides, reference_activations=result.verdict == "divergent"),
+                                     tolerance, progress=progress)
         self.result = result
         return result
 

@@ -50,6 +50,7 @@ from .serial import to_plain
 from .capture.sides import loss_of
 from .capture.structure import map_tensors
 from .capture.trace import is_floating
+from .leafref import leaf_kind, leaf_name
 
 MEASURES = ("loss", "gradient", "update")  # what decides the first semantic step and its stage
 RECORDED = MEASURES + ("moments",)  # compared and shown at every step
@@ -128,7 +129,7 @@ class Trainer:
         built = run_user_code(lambda: factory(self.model), f"{side.model_file}: {side.role}_optimizer() raised")
         self.optimizer, self.scheduler = built if isinstance(built, tuple) else (built, None)
         self.batch = _function(module, side, "batch", required=False)
-        self.parameters = {name: t for name, t in adapter.named_leaves(self.model) if name.startswith("param:")}
+        self.parameters = {name: t for name, t in adapter.named_leaves(self.model) if leaf_kind(name) == "param"}
         self._before: dict[str, np.ndarray] = {}  # each parameter's values before the last step
 
     def settings(self) -> dict[str, Any]:
@@ -255,7 +256,7 @@ def parameter_pairs(run: Run) -> list[tuple[str, str, TensorPair]]:
     pairs = []
     for cand_tid, pair in run.alignment.tensors.items():
         cand_leaf, ref_leaf = run.candidate.tensors[cand_tid].leaf or "", run.reference.tensors[pair.reference].leaf or ""
-        if cand_leaf.startswith("param:") and ref_leaf.startswith("param:"):
+        if leaf_kind(cand_leaf) == leaf_kind(ref_leaf) == "param":
             pairs.append((ref_leaf, cand_leaf, pair))
     if not pairs:
         raise ModelFileError(f"{run.model_file}: no parameter of the candidate is paired with one of the reference: "
@@ -322,7 +323,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         parameter, error = worst
         decays = {role: trainers[role, 32].weight_decays() for role in ("reference", "candidate")}
         what, ref_value, cand_value = _differing_setting(row, settings, _decay_differences(pairs, decays))
-        result.culprit = OptimizerCulprit("optimizer", parameter.split(":", 1)[1], what, ref_value, cand_value, error)
+        result.culprit = OptimizerCulprit("optimizer", leaf_name(parameter), what, ref_value, cand_value, error)
     elif number == 1:
         say(f"searching the {result.stage} pass at the initial weights")
         searched = run.bisect(backward=measure == "gradient")
@@ -361,7 +362,7 @@ def _decay_differences(pairs: list[tuple[str, str, TensorPair]], decays: dict[st
         for role, name, mine, other in (("candidate", candidate, of_candidate, of_reference),
                                         ("reference", reference, of_reference, of_candidate)):
             if mine and not other:
-                decayed_here[role].append(name.split(":", 1)[1])
+                decayed_here[role].append(leaf_name(name))
                 coefficients[role].add(mine)
     for role, exempting in (("candidate", "the reference exempts"), ("reference", "the candidate exempts")):
         names = decayed_here[role]

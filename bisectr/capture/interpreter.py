@@ -30,13 +30,14 @@ from ..errors import TraceMismatchError
 from .ops import UNINITIALISED
 from .structure import call_tensors, iter_tensors, map_tensors
 from .trace import OpNode, Trace, device_reductions, fingerprint, float64_dtype, is_floating
+from ..leafref import leaf_kind
 
 # An unpatched op whose values move by more than this (relative to the tensor's largest
 # magnitude) between recording and re-run is not deterministic: dropout or other randomness.
 VALUE_DRIFT = 1e-3
 
 # The leaves a float64 run upcasts: the model's parameters and buffers, and its inputs.
-UPCAST_LEAVES = ("param:", "buffer:", "input:")
+UPCAST_LEAVES = ("param", "buffer", "input")
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,7 +349,7 @@ class Float64Interpreter(Interpreter):
         if tensor is None:  # a leaf: every op output read later is in `env`
             info = self.trace.tensors[tid]
             tensor = self.leaves[tid][0]
-            if is_floating(info.dtype) and info.leaf.startswith(UPCAST_LEAVES):
+            if is_floating(info.dtype) and leaf_kind(info.leaf) in UPCAST_LEAVES:
                 tensor = self.copies.make(tensor, info.leaf)
             self.env[tid] = tensor
         return tensor

@@ -24,6 +24,7 @@ from .ops import canonical_op
 from .store import TensorWriter
 from .structure import call_tensors, flatten_outputs, map_tensors
 from .trace import OpNode, StatsBatch, TensorInfo, Trace, device_reductions, is_floating, is_model_leaf, reduced_stats
+from ..leafref import LeafRef
 
 _BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
@@ -115,7 +116,7 @@ class Recorder(_Session):
         self._leaf_names: dict[int, tuple[weakref.ref, str]] = {}
         for key, value in inputs:
             if adapter.is_tensor(value):
-                self._leaf_names[id(value)] = (weakref.ref(value), f"input:{key}")
+                self._leaf_names[id(value)] = (weakref.ref(value), str(LeafRef("input", str(key))))
         for name, tensor in adapter.named_leaves(model):
             self._leaf_names.setdefault(id(tensor), (weakref.ref(tensor), name))
         self.options = options
@@ -154,8 +155,8 @@ class Recorder(_Session):
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         self.recording.leaves[tid] = (tensor, self.adapter.version(tensor))
         leaf = self.leaf_name(tensor)
-        kind, _, name = leaf.partition(":")
-        self._refuse_unreadable(tensor, f"its {kind} {name!r} is")
+        ref = LeafRef.parse(leaf)
+        self._refuse_unreadable(tensor, f"its {ref.kind} {ref.name!r} is")
         # Parameters and buffers stay in the model (read live, see `Trace.leaf_reader`): a run keeps their statistics.
         self._describe(tid, tensor, producer=None, leaf=leaf, store=self.options.store_values and not is_model_leaf(leaf))
 
@@ -167,14 +168,14 @@ class Recorder(_Session):
 
     def adopt_root(self, module: Any, prefix: str) -> None:
         for name, tensor in self.adapter.named_leaves(module):
-            kind, _, path = name.partition(":")
-            self._leaf_names.setdefault(id(tensor), (weakref.ref(tensor), f"{kind}:{prefix}.{path}" if prefix else name))
+            ref = LeafRef.parse(name)
+            self._leaf_names.setdefault(id(tensor), (weakref.ref(tensor), str(LeafRef(ref.kind, f"{prefix}.{ref.name}")) if prefix else name))
 
     def leaf_name(self, tensor: Any) -> str:
         entry = self._leaf_names.get(id(tensor))
         if entry is not None and entry[0]() is tensor:
             return entry[1]
-        return f"const:{self.op_count}"
+        return str(LeafRef("const", str(self.op_count)))
 
     def _keeps(self, module: str) -> bool:
         if not self.options.store_values or self._budget_left is not None and self._budget_left < 0:
@@ -216,7 +217,7 @@ class Recorder(_Session):
         complete every tensor's statistics."""
         self._record_outputs(outputs)
         read = set(self.trace.leaves)
-        unread = {name for ref, name in self._leaf_names.values() if name.startswith(("param:", "buffer:"))
+        unread = {name for ref, name in self._leaf_names.values() if is_model_leaf(name)
                   and name not in read and ref() is not None and is_floating(self.adapter.dtype_name(ref()))}
         self.trace.unread_leaves = sorted(unread)
         self._stats.flush()

@@ -26,6 +26,7 @@ from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, out
 from .store import TensorWriter
 from .structure import call_tensors, iter_tensors, map_tensors
 from .trace import OpNode, TensorInfo, Trace, is_floating, read_live
+from ..leafref import LeafRef, leaf_kind
 
 
 # -- what a side is asked ------------------------------------------------------------------
@@ -163,7 +164,7 @@ def intercepted_forward(side: BuiltSide, listener: OpListener, gradients: bool =
 
 
 def _is_input_or_weight(info: TensorInfo) -> bool:
-    return info.leaf is not None and info.leaf.startswith(("input:", "param:", "buffer:"))
+    return leaf_kind(info.leaf) in ("input", "param", "buffer")
 
 
 def _refuse_unrecorded_outputs(side: BuiltSide, trace: Trace) -> None:
@@ -283,7 +284,7 @@ class LocalSide:
         outputs = intercepted_forward(differentiated, listener, gradients=True)
         listener.finish(output_pairs(adapter, outputs))
         leaves = {tid: tensor for tid, tensor in listener.leaves.items()
-                  if (trace.tensors[tid].leaf or "").startswith(("param:", "input:")) and is_floating(trace.tensors[tid].dtype)}
+                  if leaf_kind(trace.tensors[tid].leaf) in ("param", "input") and is_floating(trace.tensors[tid].dtype)}
         grads, loss = _backward(side, outputs, seeds, leaves, listener.patched)
         return Gradients(listener.gradients, grads, loss)
 
@@ -294,8 +295,8 @@ class LocalSide:
         try:
             with adapter.intercept(side.model, listener, gradients=True), adapter.float64_defaults():
                 outputs = upcast.forward()
-            leaves = {name: copy for name, copy in listener.upcast.items() if name.startswith("param:")}
-            leaves.update((f"input:{key}", t) for key, t in upcast.input_items() if adapter.is_tensor(t) and adapter.requires_grad(t))
+            leaves = {name: copy for name, copy in listener.upcast.items() if leaf_kind(name) == "param"}
+            leaves.update((str(LeafRef("input", str(key))), t) for key, t in upcast.input_items() if adapter.is_tensor(t) and adapter.requires_grad(t))
             with adapter.enable_grad():
                 grads, _ = _backward(upcast, outputs, seeds, leaves)
         except UserModelError as exc:
@@ -377,7 +378,7 @@ class Float64Listener:
         return recorded if recorded is not None and recorded.framework_op == name else None
 
     def parameter_names(self) -> list[str]:
-        return [name for name, _ in self.leaves.values() if name.startswith("param:")]
+        return [name for name, _ in self.leaves.values() if leaf_kind(name) == "param"]
 
     def _is_model_leaf(self, obj: Any) -> bool:
         entry = self.leaves.get(id(obj))
@@ -391,7 +392,7 @@ class Float64Listener:
         self._upcasting = True
         try:
             copy = self.copies.make(tensor, name)
-            if self.gradients and name.startswith("param:") and adapter.requires_grad(tensor):
+            if self.gradients and leaf_kind(name) == "param" and adapter.requires_grad(tensor):
                 copy = adapter.gradient_leaf(copy)
         finally:
             self._upcasting = False

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..adapters import Adapter, Reductions
 from ..serial import number, plain_number
+from ..leafref import leaf_kind
 
 FINGERPRINT_SIZE = 16
 
@@ -266,14 +267,14 @@ def is_floating(dtype: str) -> bool:
 
 def is_model_leaf(leaf: str | None) -> bool:
     """A parameter or a buffer (of the model: not an input or a constant the forward made)."""
-    return leaf is not None and leaf.startswith(("param:", "buffer:"))
+    return leaf_kind(leaf) in ("param", "buffer")
 
 
 def read_live(leaf: str | None) -> bool:
     """Does a replay read this leaf where the model holds it, rather than as values? The model's
     parameters: a kernel may update a buffer in place unseen (batch norm's running statistics in
     training mode move no version counter), so buffers are handed to it as copies."""
-    return leaf is not None and leaf.startswith("param:")
+    return leaf_kind(leaf) == "param"
 
 
 def host_dtype(dtype: str) -> str:

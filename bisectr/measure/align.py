@@ -38,6 +38,7 @@ from typing import Callable
 import numpy as np
 
 from ..capture.trace import OpNode, TensorInfo, Trace, fingerprint, is_floating
+from ..leafref import leaf_kind
 
 NEIGHBOURHOOD = 8  # how far apart in a key group two paired occurrences may be
 VALUE_MATCH = 0.1  # the largest value distance at which a tensor is paired on values alone
@@ -352,7 +353,7 @@ def _drop_pairs_whose_parameter_is_read_later(sides: _TracePair, pairs: dict[int
 
 
 def _parameters_read(trace: Trace, index: int) -> set[str]:
-    return {leaf for leaf in (trace.tensors[t].leaf for t in trace.ops[index].inputs) if leaf and leaf.startswith("param:")}
+    return {leaf for leaf in (trace.tensors[t].leaf for t in trace.ops[index].inputs) if leaf_kind(leaf) == "param"}
 
 
 def _first_parameter_readers(trace: Trace) -> dict[str, int]:

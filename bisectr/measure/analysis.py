@@ -31,6 +31,7 @@ from .numerics import coarsest_dtype, judge, noise_floor
 from .runrecord import RunRecord
 from ..capture.sides import Sides
 from ..capture.trace import OpNode, Trace, is_floating
+from ..leafref import leaf_kind
 
 @dataclass
 class OpEvidence:
@@ -87,7 +88,7 @@ class Analysis:
         equal = {(p.candidate, p.reference) for p in self.alignment.leaves.pairs if p.status == "equal" and p.slots is None}
         for tid, pair in self.alignment.tensors.items():
             info = self.candidate.tensors[tid]
-            if info.producer is None and info.leaf and not info.leaf.startswith("input:"):
+            if info.producer is None and info.leaf and leaf_kind(info.leaf) != "input":
                 if (info.leaf, self.reference.tensors[pair.reference].leaf) in equal:  # compared when paired: not read again
                     self._tensor_errors[tid] = EXACT
                 self.leaves[tid] = self._leaf_evidence(pair)

@@ -32,6 +32,7 @@ import numpy as np
 from ..adapters import registered
 from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf, consecutive_runs
 from ..capture.trace import Trace, is_floating, is_model_leaf
+from ..leafref import leaf_kind, leaf_name
 
 # Mantissa bits of the dtypes a cast may round to.
 _MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
@@ -82,7 +83,7 @@ def _summary(candidate: Trace, pairs: list[LeafPair], unpaired: list[UnpairedLea
     rounded = [p for p in pairs if p.status == "rounded"]
     if different:
         first = different[0]
-        return f"{text}; first different: {first.candidate.split(':', 1)[1]} ({first.description})"
+        return f"{text}; first different: {leaf_name(first.candidate)} ({first.description})"
     if rounded:
         leaves = candidate.leaves
         dtypes = sorted({candidate.tensors[leaves[p.candidate]].dtype for p in rounded})
@@ -118,7 +119,7 @@ def describe_pair(reference: Trace, candidate: Trace, pair: TensorPair, how: str
     if leaf.status == "different" and leaf.description.startswith("values differ"):
         other = _holder_of(reference, candidate.value(pair.candidate), exclude=pair.reference)
         if other is not None:
-            leaf.description = f"holds the reference's {other.split(':', 1)[1]}"
+            leaf.description = f"holds the reference's {leaf_name(other)}"
     return leaf
 
 
@@ -672,7 +673,7 @@ def _blocks(held: list[int], read: list[int], rows: int) -> tuple[int, list[int]
 
 def _module_name(leaf: str) -> str:
     """`q_proj` for `param:model.layers.0.self_attn.q_proj.weight`."""
-    return leaf.split(":", 1)[1].rpartition(".")[0].rpartition(".")[2]
+    return leaf_name(leaf).rpartition(".")[0].rpartition(".")[2]
 
 
 def _rows_of(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int, bool, dict[int, list[int]]] | None:
@@ -771,7 +772,7 @@ def _norm_statistics() -> dict[str, str]:
 def _plain_name(leaf: str) -> str:
     """The leaf's name, a BatchNorm statistic named by what it holds (`bn1.mean` for torch's `bn1.running_mean`
     and paddle's `bn1._mean`)."""
-    name = leaf.split(":", 1)[1]
+    name = leaf_name(leaf)
     owner, _, local = name.rpartition(".")
     local = _norm_statistics().get(local, local)
     return f"{owner}.{local}" if owner else local
@@ -779,12 +780,12 @@ def _plain_name(leaf: str) -> str:
 
 def _parent(leaf: str) -> str:
     """The module holding the leaf's module (`h.0.attn` for `param:h.0.attn.q_proj.weight`)."""
-    return leaf.split(":", 1)[1].rpartition(".")[0].rpartition(".")[0]
+    return leaf_name(leaf).rpartition(".")[0].rpartition(".")[0]
 
 
 def _same_kind(a: str, b: str) -> bool:
     """Both parameters or both buffers."""
-    return a.split(":", 1)[0] == b.split(":", 1)[0]
+    return leaf_kind(a) == leaf_kind(b)
 
 
 def cause_key(pair: LeafPair) -> tuple[str, str]:

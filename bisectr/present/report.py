@@ -12,6 +12,7 @@ from rich.text import Text
 
 from ..measure.runrecord import RunRecord
 from ..measure.result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, NotBlamed, ProfileRow, Result, Rewired
+from ..leafref import LeafRef
 
 if TYPE_CHECKING:
     from ..training import TrainingResult
@@ -184,9 +185,11 @@ def rewired_lines(rewired: Rewired) -> list[Line]:
 
 def leaf_text(leaf: str | None) -> str:
     """`the model's input 0` for `input:0`, `parameter h.0.w` for `param:h.0.w`."""
-    kind, _, name = (leaf or "").partition(":")
-    return {"input": f"the model's input {name}", "param": f"parameter {name}", "buffer": f"buffer {name}",
-            "const": f"constant {name}"}.get(kind, leaf or "another tensor")
+    if not leaf:
+        return "another tensor"
+    ref = LeafRef.parse(leaf)
+    return {"input": f"the model's input {ref.name}", "param": f"parameter {ref.name}", "buffer": f"buffer {ref.name}",
+            "const": f"constant {ref.name}"}.get(ref.kind, leaf)
 
 
 def recurrence_lines(result: Result, listed: int | None = None) -> list[Line]:

@@ -28,7 +28,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+from functools import partial
 from typing import Callable, Iterator
 
 import numpy as np
@@ -37,18 +38,19 @@ from ..adapters import CannotUpcast
 from ..measure.align import TensorPair, handed_on
 from ..errors import ModelFileError, OutputMismatchError
 from ..measure.metrics import EXACT, ErrorMetrics, Float64Evidence, OutputError, error_metrics
-from .precision import float64_gradient_check
-from ..measure.numerics import GRADIENT_FLOOR, coarsest_dtype, confirms, judge, magnitude, relative_to
+from .precision import float64_runs, noted
+from ..measure.numerics import GRADIENT_FLOOR, coarsest_dtype, confirms, judge, judge_float64, magnitude, relative_to
 from ..measure.runrecord import RunRecord, output_seeds
 from .window import fetch_all, needs_window
 from ..capture.interpreter import Gradients, Shift
-from ..measure.result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Result
-from .core import SearchPass, bracket, culprit_without_evidence, cut_before, recurrences, search_pass, site
-from ..capture.sides import Backward, ReplayVJP, Sides
+from ..measure.result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow
+from .core import Decided, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before, site
+from ..capture.sides import Backward, Float64Gradients, ReplayVJP, Sides
 from ..measure.analysis import block_name, external_inputs
 from ..capture.trace import OpNode, Trace, is_floating
+from ..leafref import LeafRef, leaf_kind
 
-LEAVES = ("param:", "input:")  # the leaves whose gradients are the backward's outputs (floating inputs: see `Sides.backward`)
+LEAVES = ("param", "input")  # the leaves whose gradients are the backward's outputs (floating inputs: see `Sides.backward`)
 
 
 @dataclass
@@ -88,7 +90,7 @@ class BackwardRun:
                 continue
             if cand_info.producer is not None and ref_info.producer is not None:
                 tensors[cand_tid] = pair
-            elif (cand_info.leaf or "").startswith(LEAVES) and (ref_info.leaf or "").startswith(LEAVES):
+            elif leaf_kind(cand_info.leaf) in LEAVES and leaf_kind(ref_info.leaf) in LEAVES:
                 parameters[cand_tid] = pair
         self.tensor_pairs: dict[int, TensorPair] = tensors
         self.leaf_pairs: dict[int, TensorPair] = parameters
@@ -387,85 +389,127 @@ class BackwardPass(SearchPass):
         return self.backward.leaf_error(self.rerun("candidate", patches)).max_rel, bool(patches)
 
 
-def bisect_backward(run: RunRecord, sides: Sides, tolerance: float = 0.0,
-                    progress: Callable[[str], None] | None = None, reference_activations: bool = False) -> Result:
-    """Run both sides' backward passes and search them (see the module docstring); with
-    `reference_activations`, the candidate's on the reference's forward values (see `BackwardRun`)."""
-    say = progress or (lambda message: None)
-    if needs_window(run):  # the backward's evidence replays ops on their forward values: every op's
-        say("keeping the values of every op")
-        fetch_all(run, sides)
-    say("running each side's backward pass" + (" (the candidate's on the reference's activations)" if reference_activations else ""))
-    backward = BackwardRun(run, sides, reference_activations)
-    if not backward.leaf_pairs:
-        raise OutputMismatchError(f"{run.model_file}: no parameter or floating input of the candidate is paired with one of "
-                                  "the reference, so the backward passes have no gradients to compare")
-    if (backward.reference.loss is None) != (backward.candidate.loss is None):
-        defined, missing = ("reference", "candidate") if backward.candidate.loss is None else ("candidate", "reference")
-        raise ModelFileError(f"{run.model_file}: defines {defined}_loss() but not {missing}_loss(): both sides' backward "
-                             "passes start from their losses, or neither's does")
-    output_error = backward.leaf_error()
-    full_error = output_error.max_rel
-    ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops), "aligned": len(run.alignment.aligned_ops("candidate"))}
-    losses = None
-    if backward.reference.loss is not None or backward.candidate.loss is not None:
-        losses = {"reference": backward.reference.loss, "candidate": backward.candidate.loss}
-    search = BackwardPass(backward)
-    result = Result("match", output_error, None, 0, ops, pass_="backward", losses=losses,
-                    activations="reference" if reference_activations else "own")
+class BackwardRules(PassRules):
+    """What the backward pass decides around the search (see the module docstring): it starts by
+    running each side's backward pass; a gradient one side lacks is named before any float64 run."""
 
-    missing = missing_tensor_gradient(backward) or missing_leaf_gradient(backward)
-    if missing is not None:
-        _name_missing_gradient(result, search, *missing)
-    elif full_error > tolerance:
-        if reference_activations:
-            float64 = result.fp64_check = Float64Check("skipped", "the candidate's backward ran on the reference's activations, "
-                                                       "which a float64 run of its own cannot", full_error)
-        else:
-            say("running both sides' backward passes in float64")
-            float64 = result.fp64_check = float64_gradient_check(backward, full_error)
+    name = "backward"
+
+    def __init__(self, run: RunRecord, sides: Sides, reference_activations: bool = False):
+        super().__init__(run)
+        self.sides = sides
+        self.reference_activations = reference_activations
+        self.search: BackwardPass | None = None
+
+    def start(self, say: Callable[[str], None]) -> OutputError:
+        """`reference_activations`: the candidate's backward on the reference's forward values (see `BackwardRun`)."""
+        run = self.run
+        if needs_window(run):  # the backward's evidence replays ops on their forward values: every op's
+            say("keeping the values of every op")
+            fetch_all(run, self.sides)
+        say("running each side's backward pass" + (" (the candidate's on the reference's activations)" if self.reference_activations else ""))
+        backward = BackwardRun(run, self.sides, self.reference_activations)
+        if not backward.leaf_pairs:
+            raise OutputMismatchError(f"{run.model_file}: no parameter or floating input of the candidate is paired with one of "
+                                      "the reference, so the backward passes have no gradients to compare")
+        if (backward.reference.loss is None) != (backward.candidate.loss is None):
+            defined, missing = ("reference", "candidate") if backward.candidate.loss is None else ("candidate", "reference")
+            raise ModelFileError(f"{run.model_file}: defines {defined}_loss() but not {missing}_loss(): both sides' backward "
+                                 "passes start from their losses, or neither's does")
+        self.search = BackwardPass(backward)
+        self.searched.append(self.search)
+        return backward.leaf_error()
+
+    def lacking(self) -> Decided | None:
+        missing = missing_tensor_gradient(self.search.backward) or missing_leaf_gradient(self.search.backward)
+        return _missing_gradient(self.search, *missing) if missing is not None else None
+
+    def float64_check(self, full_error: float, say: Callable[[str], None]) -> Float64Check:
+        if self.reference_activations:
+            return Float64Check("skipped", "the candidate's backward ran on the reference's activations, "
+                                "which a float64 run of its own cannot", full_error)
+        say("running both sides' backward passes in float64")
+        return _float64_gradient_check(self.search.backward, full_error)
+
+    def searches(self, float64: Float64Check | None, say: Callable[[str], None]) -> Iterator[BackwardPass]:
         say("searching the backward pass")
-        outcome = search_pass(search, full_error, float64, not math.isfinite(full_error), say)
-        finding = outcome.finding
-        result.verdict, result.entry, result.cuts = outcome.verdict, outcome.entry, outcome.trail
-        result.confirmation, result.not_blamed = finding.confirmation, finding.not_blamed
-        result.recurrences = recurrences(run, finding, full_error)
-        culprit_evidence = finding.evidence
-        if result.verdict == "noise" and result.entry is not None:
-            culprit_evidence = search.evidence_of(result.entry)
-        if culprit_evidence is not None:
-            result.culprit = _culprit(run, culprit_evidence)
-        if outcome.bracketed:
-            result.bracket = _bracket(run, backward.op_pairs, result.entry, cut_before(outcome.cuts, result.entry))
-    result.reruns, result.reference_reruns = search.candidate_reruns, search.reference_reruns
-    result.profile = [_profile_row(run, backward, cand, ref, search.evidence.get(cand)) for cand, ref in backward.op_pairs.items()]
-    return result
+        yield self.search
+
+    def culprit(self, search: BackwardPass, evidence: OpGradientEvidence) -> Culprit:
+        return _culprit(self.run, evidence)
+
+    def noise_culprit(self, search: BackwardPass, outcome: Outcome, full_error: float,
+                      float64: Float64Check) -> tuple[OpGradientEvidence | None, str]:
+        """The op at the entry point: where most of the gradient's rounding enters."""
+        return (search.evidence_of(outcome.entry) if outcome.entry is not None else None), ""
+
+    def bracket(self, search: BackwardPass, outcome: Outcome, why: str) -> Bracket:
+        return _bracket(self.run, search.backward.op_pairs, outcome.entry, cut_before(outcome.cuts, outcome.entry))
+
+    def profile(self, search: BackwardPass | None) -> list[ProfileRow]:
+        backward = self.search.backward
+        return [_profile_row(self.run, backward, cand, ref, self.search.evidence.get(cand)) for cand, ref in backward.op_pairs.items()]
+
+    def result_fields(self) -> dict:
+        backward = self.search.backward
+        losses = None
+        if backward.reference.loss is not None or backward.candidate.loss is not None:
+            losses = {"reference": backward.reference.loss, "candidate": backward.candidate.loss}
+        return {"losses": losses, "activations": "reference" if self.reference_activations else "own"}
 
 
-def _name_missing_gradient(result: Result, search: BackwardPass, tid: int, lacking: str) -> None:
+def _missing_gradient(search: BackwardPass, tid: int, lacking: str) -> Decided:
     """`divergent` for a gradient one side lacks: the parameter, or the op cutting the gradient."""
     backward = search.backward
     run = backward.run
     pair = backward.pair(tid)
     has = "reference" if lacking == "candidate" else "candidate"
-    result.verdict = "divergent"
     if tid in backward.leaf_pairs:
-        kind, _, leaf = run.candidate.tensors[tid].leaf.partition(":")
+        kind, leaf = astuple(LeafRef.parse(run.candidate.tensors[tid].leaf))
         cand_op = run.candidate.ops[run.candidate.first_reads()[tid]]
         ref_op = run.reference.ops[run.reference.first_reads()[pair.reference]]
-        result.culprit = culprit_without_evidence("leaf", cand_op, ref_op, leaf)
         what = "parameter" if kind == "param" else "input"
-        result.missing_gradient = f"{what} {leaf} gets no gradient on the {lacking} (frozen there) and one on the {has}"
-        return
+        return Decided(culprit_without_evidence("leaf", cand_op, ref_op, leaf),
+                       missing_gradient=f"{what} {leaf} gets no gradient on the {lacking} (frozen there) and one on the {has}")
     cand_op, ref_op = run.candidate.producer_op(tid), run.reference.producer_op(pair.reference)
     cutting = cand_op if lacking == "candidate" else ref_op
-    result.culprit = culprit_without_evidence("op", cand_op, ref_op, None)
-    result.missing_gradient = (f"the gradient of {cutting.framework_op}'s output in {cutting.module or '(top level)'} reaches "
-                               f"the {has} but not the {lacking}: {cutting.framework_op} cuts the {lacking}'s gradient there")
+    decided = Decided(culprit_without_evidence("op", cand_op, ref_op, None),
+                      missing_gradient=f"the gradient of {cutting.framework_op}'s output in {cutting.module or '(top level)'} "
+                                       f"reaches the {has} but not the {lacking}: {cutting.framework_op} cuts the {lacking}'s gradient there")
     if lacking == "candidate":
         before = backward.leaf_error().max_rel
         after, given = search.error_with_cut_gradient(cand_op)
-        result.confirmation = Confirmation([cand_op.index], after, before, given and confirms(after, before, 0.0), cut=True)
+        decided.confirmation = Confirmation([cand_op.index], after, before, given and confirms(after, before, 0.0), cut=True)
+    return decided
+
+
+def _float64_gradient_check(backward: BackwardRun, error: float) -> Float64Check:
+    """Both sides' backward passes in float64: is the parameters' gradient error rounding? (As the
+    forward's check, `precision.float64_check`, of the leaves' gradients.)"""
+    run = backward.run
+    if not math.isfinite(error):
+        return Float64Check("skipped", "the candidate's gradients hold NaN/Inf", error)
+    runs = float64_runs(run, backward.sides, lambda role, leaf_values: Float64Gradients(backward.seeds[role], leaf_values), error)
+    if isinstance(runs, Float64Check):
+        return runs
+    grads = {role: float64.values for role, float64 in runs.items()}
+    float64_error = reference_rounding = candidate_rounding = 0.0
+    for cand_tid, pair in backward.leaf_pairs.items():
+        ref_info = run.reference.tensors[pair.reference]
+        reference64, candidate64 = grads["reference"].get(ref_info.leaf), grads["candidate"].get(run.candidate.tensors[cand_tid].leaf)
+        reference32, candidate32 = backward.reference.leaves.get(pair.reference), backward.candidate.leaves.get(cand_tid)
+        if any(g is None for g in (reference64, candidate64, reference32, candidate32)):
+            continue
+        shape = run.candidate.tensors[cand_tid].shape
+        reference64 = pair.reference_in_candidate_layout(reference64, shape)
+        reference32 = pair.reference_in_candidate_layout(reference32, shape)
+        relative = partial(backward.relative, cand_tid)
+        float64_error = max(float64_error, relative(error_metrics(candidate64, reference64).max_abs))
+        reference_rounding = max(reference_rounding, relative(error_metrics(reference32.astype(np.float64), reference64).max_abs))
+        candidate_rounding = max(candidate_rounding, relative(error_metrics(candidate32.astype(np.float64), candidate64).max_abs))
+    check = judge_float64(error, float64_error, reference_rounding, candidate_rounding,
+                          [trace.dtype for trace in run.traces.values()], "gradients")
+    return noted(check, run, runs)
 
 
 def _bracket(run: RunRecord, pairs: dict[int, int], entry: int | None, low: int | None) -> Bracket:

@@ -1,6 +1,9 @@
 """One search for both passes: where a difference first enters, which op's own difference it is,
-and the proof. A pass (`forward.ForwardPass`, `backward.BackwardPass`) says what a cut, a patch
-and an op's evidence are for its tensors; everything else is here.
+and the proof, and the one place a verdict becomes a `Result` (`bisect`). A pass says what a cut, a
+patch and an op's evidence are for its tensors (`SearchPass`: `forward.ForwardPass`,
+`backward.BackwardPass`), and what it decides around the search (`PassRules`: how it starts, the
+error it brings down, its float64 check, the causes it names before searching, its culprit, `noise`
+culprit and bracket); everything else is here.
 
 1. **Cut search.** The candidate is re-run with the reference's values handed on at cut k: what
    is left of the error is what the ops past k (in the pass's order) still add, and how far its
@@ -30,11 +33,15 @@ import math
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol
+from dataclasses import replace
+from typing import Callable, Iterator, Literal, Protocol
 
+from ..measure.align import LeafPairing
+from ..measure.metrics import OutputError
 from ..measure.numerics import NOISE_FACTOR, REACH_FRACTION, confirms, noise_floor, past_entry
 from ..measure.runrecord import RunRecord
-from ..measure.result import Bracket, Confirmation, Culprit, Cut, Float64Check, NotBlamed, OpSite, Recurrence
+from ..measure.result import (Bracket, Confirmation, Culprit, Cut, Float64Check, NonFinite, NotBlamed, OpSite, ProfileRow,
+                              Recurrence, Result)
 from ..capture.trace import OpNode
 
 MAX_REACH_TESTS = 8  # suspect groups tested for reach and confirmation
@@ -123,6 +130,135 @@ class Outcome:
     finding: Finding
     verdict: str  # "noise" | "divergent"
     bracketed: bool  # divergent with nothing confirmed: the bracket says where
+
+
+@dataclass
+class Decided:
+    """A difference a pass names without the cut search: differing leaves whose reference values
+    confirm it, a gradient one side lacks."""
+
+    culprit: Culprit
+    confirmation: Confirmation | None = None
+    recurrences: list[Recurrence] = field(default_factory=list)
+    missing_gradient: str | None = None
+
+
+class PassRules(ABC):
+    """What one pass decides around the shared search (see the module docstring)."""
+
+    name: Literal["forward", "backward"]
+
+    def __init__(self, run: RunRecord):
+        self.run = run
+        self.searched: list[SearchPass] = []  # every search made, whose re-runs the result counts
+
+    @abstractmethod
+    def start(self, say: Callable[[str], None]) -> OutputError:
+        """Run or fetch what the pass needs (refusing a run it cannot search): the error it brings down."""
+
+    def lacking(self) -> Decided | None:
+        """A difference no rounding makes, named before any float64 run (a gradient one side lacks)."""
+        return None
+
+    @abstractmethod
+    def float64_check(self, full_error: float, say: Callable[[str], None]) -> Float64Check:
+        """Both sides in float64: whether rounding explains `full_error`."""
+
+    @abstractmethod
+    def searches(self, float64: Float64Check | None, say: Callable[[str], None]) -> Iterator[SearchPass]:
+        """The searches to make in turn, each over the values the run holds by then; the next is made
+        when one neither matches nor confirms (the forward's layer window, then every op)."""
+
+    def obvious_cause(self, search: SearchPass, full_error: float, float64: Float64Check, say: Callable[[str], None]) -> Decided | None:
+        """A cause named before the cut search where the float64 check does not say rounding (differing leaves)."""
+        return None
+
+    def refined(self, search: SearchPass, full_error: float, float64: Float64Check, say: Callable[[str], None]) -> SearchPass:
+        """The search the cut search runs on (the forward's, narrowed to the ops between two layer outputs)."""
+        return search
+
+    @abstractmethod
+    def culprit(self, search: SearchPass, evidence: Evidence) -> Culprit:
+        """The culprit an op's (or block's) evidence names."""
+
+    @abstractmethod
+    def noise_culprit(self, search: SearchPass, outcome: "Outcome", full_error: float,
+                      float64: Float64Check) -> tuple[Evidence | None, str]:
+        """For a `noise` outcome, the op to name, and why rounding does not explain the error where it
+        does not after all ("" where it does)."""
+
+    @abstractmethod
+    def bracket(self, search: SearchPass, outcome: "Outcome", why: str) -> Bracket:
+        """Where an unconfirmed difference enters."""
+
+    @abstractmethod
+    def profile(self, search: SearchPass | None) -> list[ProfileRow]:
+        """Every paired op's evidence, for the error chart."""
+
+    def nonfinite(self, search: SearchPass, full_error: float) -> tuple[bool, NonFinite | None, Culprit | None]:
+        """(whether the candidate's outputs hold NaN/Inf the reference's lack, their summary, the culprit
+        where they start)."""
+        return not math.isfinite(full_error), None, None
+
+    def result_fields(self) -> dict:
+        """The pass's own fields of its results (the backward's losses and activations)."""
+        return {}
+
+    @property
+    def leaves(self) -> LeafPairing | None:
+        """The parameters and buffers, paired and compared, where the pass reports them."""
+        return None
+
+
+def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
+           progress: Callable[[str], None] | None = None) -> Result:
+    """Decide one pass: `match` within `tolerance`, a cause the pass names before searching, else the
+    cut search's verdict, culprit, confirmation and bracket. The only place a `Result` is made."""
+    say = progress or (lambda message: None)
+    output_error = rules.start(say)
+    full_error = output_error.max_rel
+    run = rules.run
+    ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops),
+           "aligned": len(run.alignment.aligned_ops("candidate"))}
+
+    def result(verdict: str, search: SearchPass | None = None, float64: Float64Check | None = None, **found) -> Result:
+        return Result(verdict, output_error, reruns=sum(s.candidate_reruns for s in rules.searched), ops=ops,
+                      reference_reruns=sum(s.reference_reruns for s in rules.searched), fp64_check=float64,
+                      profile=rules.profile(search), pass_=rules.name, leaves=rules.leaves,
+                      **{"culprit": None, **rules.result_fields(), **found})
+
+    lacking = rules.lacking()
+    if lacking is not None:
+        return result("divergent", None, culprit=lacking.culprit, confirmation=lacking.confirmation,
+                      missing_gradient=lacking.missing_gradient)
+    float64 = rules.float64_check(full_error, say) if full_error > tolerance else None
+    decided = None
+    for search in rules.searches(float64, say):
+        if full_error <= tolerance:
+            return result("match", search)
+        nonfinite, nonfinite_found, nonfinite_culprit = rules.nonfinite(search, full_error)
+        if float64.status != "agree":
+            cause = rules.obvious_cause(search, full_error, float64, say)
+            if cause is not None:
+                return result("divergent", search, float64, culprit=cause.culprit, confirmation=cause.confirmation,
+                              recurrences=cause.recurrences, nonfinite=nonfinite_found)
+        search = rules.refined(search, full_error, float64, say)
+        say("searching")
+        outcome = search_pass(search, full_error, float64, nonfinite, say, exhaustive)
+        finding = outcome.finding
+        evidence, unexplained = finding.evidence, ""
+        if outcome.verdict == "noise":
+            evidence, unexplained = rules.noise_culprit(search, outcome, full_error, float64)
+            if unexplained:
+                outcome = replace(outcome, verdict="divergent", bracketed=True)
+        culprit = rules.culprit(search, evidence) if evidence is not None else nonfinite_culprit
+        decided = result(outcome.verdict, search, float64, culprit=culprit, entry=outcome.entry,
+                         recurrences=recurrences(run, finding, full_error), confirmation=finding.confirmation,
+                         not_blamed=finding.not_blamed, cuts=outcome.trail, nonfinite=nonfinite_found,
+                         bracket=rules.bracket(search, outcome, unexplained) if outcome.bracketed else None)
+        if decided.confirmation is not None and decided.confirmation.confirmed:
+            return decided
+    return decided
 
 
 def search_pass(search: SearchPass, full_error: float, float64: Float64Check, nonfinite: bool,

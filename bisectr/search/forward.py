@@ -23,12 +23,11 @@ for the search itself).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Callable, Iterator
 
 import numpy as np
 
-from ..measure.align import Block, settle_layouts
+from ..measure.align import Block, LeafPairing, settle_layouts
 from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, rewired_input
 from ..errors import TraceMismatchError
 from ..measure.leaves import leaf_causes, reference_values
@@ -37,13 +36,15 @@ from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from ..measure.runrecord import RunRecord
 from ..capture.interpreter import Shift
-from ..measure.result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, ProfileRow, Recurrence, Result, Rewired
-from .core import (MAX_REACH_TESTS, SearchPass, bracket, culprit_without_evidence, cut_before, entry_point, recurrences,
-                     search_pass, site)
+from ..measure.metrics import OutputError
+from ..measure.result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, ProfileRow, Recurrence, Rewired
+from .core import (MAX_REACH_TESTS, Decided, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before,
+                   entry_point, site)
 from ..capture.sides import Rerun, Sides
 from ..capture.store import SIDES
 from ..capture.trace import host_dtype, is_floating
 from .window import boundaries, fetch_all, fetch_recurrences, fetch_window, missing, needs_window, window_between
+from ..leafref import leaf_kind, leaf_name
 
 
 class ForwardPass(SearchPass):
@@ -109,7 +110,7 @@ class ForwardPass(SearchPass):
             info = self.run.candidate.tensors[tid]
             position = info.producer if info.producer is not None else first_read.get(tid)
             leaf = self.analysis.leaves.get(tid)
-            if position is None or (info.leaf or "").startswith("input:") or not is_floating(info.dtype) or (leaf and leaf.verdict == "exact"):
+            if position is None or leaf_kind(info.leaf) == "input" or not is_floating(info.dtype) or (leaf and leaf.verdict == "exact"):
                 continue
             patchable.append((position, tid))
         return sorted(patchable)
@@ -190,98 +191,96 @@ class ForwardPass(SearchPass):
         return self.candidate_error(own_difference_patches(self.analysis, self.run, group))
 
 
-def bisect_run(run: RunRecord, sides: Sides, tolerance: float = 0.0, exhaustive: bool = False,
-               progress: Callable[[str], None] | None = None) -> Result:
-    """Check, analyse and search a run's forward pass through its live sides (see the module docstring;
-    a run that did not store every op's values is searched layer window first, see `bisectr.search.window`)."""
-    say = progress or (lambda message: None)
-    windowed = needs_window(run)
-    say("re-running each side unpatched" + (" (and keeping its layer outputs)" if windowed else ""))
-    check_reproducible(run, sides, {role: boundaries(run.traces[role]) for role in SIDES} if windowed else {})
-    if not windowed:
-        return _search(run, sides, tolerance, exhaustive, say)
-    reruns = {"candidate": 0, "reference": 0}
-    float64 = None
-    if run.output_error().max_rel > tolerance:
+class ForwardRules(PassRules):
+    """What the forward pass decides around the search (see the module docstring): it starts by
+    re-running each side unpatched; a run that did not store every op's values is searched in its
+    layer window first (`bisectr.search.window`), and over every op's values when that does not confirm."""
+
+    name = "forward"
+
+    def __init__(self, run: RunRecord, sides: Sides):
+        super().__init__(run)
+        self.sides = sides
+        self.windowed = needs_window(run)
+        self.narrow = False  # searching the layer window, on the layer outputs only
+        self.analysis: Analysis | None = None
+
+    def start(self, say: Callable[[str], None]) -> OutputError:
+        say("re-running each side unpatched" + (" (and keeping its layer outputs)" if self.windowed else ""))
+        check_reproducible(self.run, self.sides, {role: boundaries(self.run.traces[role]) for role in SIDES} if self.windowed else {})
+        return self.run.output_error()
+
+    def float64_check(self, full_error: float, say: Callable[[str], None]) -> Float64Check:
         say("running both sides in float64")
-        float64 = float64_check(run, sides)
-    if float64 is None or float64.status != "agree":  # rounding is judged over every op: no window for it
-        result = _search(run, sides, tolerance, exhaustive, say, narrow=True, float64=float64, reruns=reruns)
-        if result.verdict == "match" or (result.confirmation is not None and result.confirmation.confirmed):
-            return result
-    say("keeping the values of every op")
-    fetch_all(run, sides)
-    return _search(run, sides, tolerance, exhaustive, say, float64=float64, reruns=reruns)
+        return float64_check(self.run, self.sides)
 
+    def searches(self, float64: Float64Check | None, say: Callable[[str], None]) -> Iterator[ForwardPass]:
+        """The layer window first (rounding is judged over every op: none for a float64 check that
+        agrees), then every op's values."""
+        if self.windowed and (float64 is None or float64.status != "agree"):
+            self.narrow = True
+            yield self._search(say)
+        if self.windowed:
+            say("keeping the values of every op")
+            fetch_all(self.run, self.sides)
+        self.narrow = False
+        yield self._search(say)
 
-def _search(run: RunRecord, sides: Sides, tolerance: float, exhaustive: bool, say: Callable[[str], None],
-            narrow: bool = False, float64: Float64Check | None = None, reruns: dict[str, int] | None = None) -> Result:
-    """The forward search on the values the run has (with the `float64` check, where made). With `narrow`,
-    a run holding its layer outputs only: the search fetches the values of the ops of the layers where
-    the difference enters first (see `bisectr.search.window`). `reruns` (role -> count)
-    holds the re-runs of earlier searches of the run; this one's are added, and the result counts all."""
-    reruns = reruns if reruns is not None else {"candidate": 0, "reference": 0}
-    say("replaying ops")
-    analysis = Analysis(run, sides).compute()
-    output_error = run.output_error()
-    full_error = output_error.max_rel
-    ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops),
-           "aligned": len(run.alignment.aligned_ops("candidate"))}
-    profile = [_profile_row(run, e) for e in analysis.in_order()]
-    if full_error <= tolerance:
-        return Result("match", output_error, None, 0, ops, profile=profile)
-    nonfinite = nonfinite_start(run, run.alignment)
-    if float64 is None:
-        say("running both sides in float64")
-        float64 = float64_check(run, sides)
+    def _search(self, say: Callable[[str], None]) -> ForwardPass:
+        say("replaying ops")
+        self.analysis = Analysis(self.run, self.sides).compute()
+        search = ForwardPass(self.run, self.sides, self.analysis)
+        self.searched.append(search)
+        return search
 
-    search = ForwardPass(run, sides, analysis)
-    leaves = run.alignment.leaves
-    if float64.status != "agree":
+    def obvious_cause(self, search: ForwardPass, full_error: float, float64: Float64Check, say: Callable[[str], None]) -> Decided | None:
         say("comparing parameters and buffers")
-        found = _differing_leaves(search, full_error, NOISE_FACTOR * (float64.predicted or 0.0))
-        if found is not None:
-            culprit, confirmation, occurrences = found
-            _count(search, reruns)
-            return Result("divergent", output_error, culprit, reruns["candidate"], ops, recurrences=occurrences,
-                          confirmation=confirmation, fp64_check=float64, profile=profile, leaves=leaves,
-                          nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None)
-    if narrow:
+        return _differing_leaves(search, full_error, NOISE_FACTOR * (float64.predicted or 0.0))
+
+    def refined(self, search: ForwardPass, full_error: float, float64: Float64Check, say: Callable[[str], None]) -> ForwardPass:
+        if not self.narrow:
+            return search
         say("searching between layers")
-        search = _window_search(search, full_error, float64, reruns)
-        analysis = search.analysis
-        profile = [_profile_row(run, e) for e in analysis.in_order()]
-    say("searching")
-    outcome = search_pass(search, full_error, float64, nonfinite is not None, say, exhaustive)
-    finding = outcome.finding
-    culprit_evidence = finding.evidence
-    unexplained = ""
-    if outcome.verdict == "noise":
-        culprit_evidence = _most_amplifying(search, analysis, full_error)
-        if culprit_evidence is None and float64.status != "agree":  # noise only where rounding explains the error
-            outcome = replace(outcome, verdict="divergent", bracketed=True)
-            unexplained = (f"rounding does not explain the outputs' error: the float64 check did not run ({float64.reason}) "
-                           "and no op's own rounding reaches the outputs")
-        elif culprit_evidence is None:
-            culprit_evidence = analysis.ops.get(outcome.entry)
-    culprit = _culprit(run, analysis, culprit_evidence) if culprit_evidence else None
-    if nonfinite is not None and culprit is None:  # NaN/Inf that the reference lacks are not rounding
-        culprit = nonfinite_culprit(run, nonfinite)
-    _count(search, reruns)
-    return Result(outcome.verdict, output_error, culprit, reruns["candidate"], ops, outcome.entry,
-                  recurrences=recurrences(run, finding, full_error), confirmation=finding.confirmation,
-                  not_blamed=finding.not_blamed, cuts=outcome.trail, reference_reruns=reruns["reference"],
-                  nonfinite=nonfinite_summary(run, nonfinite) if nonfinite is not None else None, fp64_check=float64,
-                  bracket=_bracket(run, analysis, outcome.cuts, outcome.entry, unexplained) if outcome.bracketed else None,
-                  profile=profile,
-                  leaves=leaves)
+        fine = _window_search(search, full_error, float64)
+        self.searched.append(fine)
+        self.analysis = fine.analysis
+        return fine
+
+    def culprit(self, search: ForwardPass, evidence: OpEvidence) -> Culprit:
+        return _culprit(self.run, search.analysis, evidence)
+
+    def noise_culprit(self, search: ForwardPass, outcome: Outcome, full_error: float,
+                      float64: Float64Check) -> tuple[OpEvidence | None, str]:
+        """The op amplifying rounding the most whose own rounding reaches the outputs; noise only
+        where rounding explains the error."""
+        evidence = _most_amplifying(search, search.analysis, full_error)
+        if evidence is None and float64.status != "agree":
+            return None, (f"rounding does not explain the outputs' error: the float64 check did not run ({float64.reason}) "
+                          "and no op's own rounding reaches the outputs")
+        return evidence if evidence is not None else search.analysis.ops.get(outcome.entry), ""
+
+    def bracket(self, search: ForwardPass, outcome: Outcome, why: str) -> Bracket:
+        return _bracket(self.run, search.analysis, outcome.cuts, outcome.entry, why)
+
+    def profile(self, search: ForwardPass | None) -> list[ProfileRow]:
+        return [_profile_row(self.run, e) for e in self.analysis.in_order()] if self.analysis is not None else []
+
+    def nonfinite(self, search: ForwardPass, full_error: float) -> tuple[bool, NonFinite | None, Culprit | None]:
+        start = nonfinite_start(self.run, self.run.alignment)
+        if start is None:
+            return False, None, None
+        return True, nonfinite_summary(self.run, start), nonfinite_culprit(self.run, start)
+
+    @property
+    def leaves(self) -> LeafPairing:
+        return self.run.alignment.leaves
 
 
-def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check, reruns: dict[str, int]) -> ForwardPass:
+def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check) -> ForwardPass:
     """The search of the window (see `bisectr.search.window`): the cut search over the layer outputs `coarse`
-    holds brackets the difference (its re-runs are counted in `reruns`), the values of the ops between
-    are fetched, and the pass returned searches between those two cuts, knowing what they gave (patching
-    the ops between changes neither: the layer outputs at a cut stand in for what came before)."""
+    holds brackets the difference, the values of the ops between are fetched, and the pass returned
+    searches between those two cuts, knowing what they gave (patching the ops between changes neither:
+    the layer outputs at a cut stand in for what came before)."""
     run, sides = coarse.run, coarse.sides
     cuts = coarse.cuts()
     entry, trail = entry_point(coarse, cuts, full_error, NOISE_FACTOR * (float64.predicted or 0.0), False,
@@ -290,7 +289,6 @@ def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check
     partner = {index: evidence.reference for index, evidence in coarse.analysis.ops.items()}
     window = window_between(run, partner, low, entry)
     fetch_window(run, sides, window)
-    _count(coarse, reruns)
     analysis = Analysis(run, sides).compute(earlier=coarse.analysis)
     if fetch_recurrences(run, sides, analysis, window):
         analysis = Analysis(run, sides).compute(earlier=analysis)
@@ -298,12 +296,7 @@ def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check
     return ForwardPass(run, sides, analysis, bounds=(low, entry), known_cuts=known)
 
 
-def _count(search: ForwardPass, reruns: dict[str, int]) -> None:
-    reruns["candidate"] += search.candidate_reruns
-    reruns["reference"] += search.reference_reruns
-
-
-def _differing_leaves(search: ForwardPass, full_error: float, rounding: float) -> tuple[Culprit, Confirmation, list[Recurrence]] | None:
+def _differing_leaves(search: ForwardPass, full_error: float, rounding: float) -> Decided | None:
     """The first cause among the leaves that differ (in the order the candidate reads them) whose
     reference values, given to the candidate, take the outputs' error down to rounding: the culprit
     (its first leaf), the confirmation, and every layer holding it where there are several."""
@@ -319,11 +312,11 @@ def _differing_leaves(search: ForwardPass, full_error: float, rounding: float) -
         first = cause[0]
         cand_op = run.candidate.ops[readers[0] if len(readers) == 1 else first_reads[tids[0]]]
         ref_op = run.reference.ops[run.reference.first_reads()[run.reference.leaves[first.reference]]]
-        culprit = culprit_without_evidence("leaf", cand_op, ref_op, first.candidate.split(":", 1)[1])
-        culprit.reference_leaf, culprit.layout, culprit.description = first.reference.split(":", 1)[1], first.layout, first.description
+        culprit = culprit_without_evidence("leaf", cand_op, ref_op, leaf_name(first.candidate))
+        culprit.reference_leaf, culprit.layout, culprit.description = leaf_name(first.reference), first.layout, first.description
         occurrences = [Recurrence(i, run.candidate.ops[i].op, run.candidate.ops[i].module, run.candidate.ops[i].source, None)
                        for i in readers] if len(readers) > 1 else []
-        return culprit, Confirmation(readers, after, full_error, True, leaves=len(cause)), occurrences
+        return Decided(culprit, Confirmation(readers, after, full_error, True, leaves=len(cause)), occurrences)
     return None
 
 
@@ -432,7 +425,7 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culpri
     cand_op = run.candidate.ops[evidence.candidate]
     different_leaves = [analysis.leaves[t] for t in cand_op.inputs
                         if t in analysis.leaves and analysis.leaves[t].verdict == "different"]
-    leaf = different_leaves[0].candidate.split(":", 1)[1] if different_leaves else None
+    leaf = leaf_name(different_leaves[0].candidate) if different_leaves else None
     cand_index, ref_index = evidence.candidate, evidence.reference
     if evidence.block is not None:  # shown where its difference enters, against the reference op it is named after
         cand_index = entering_op(run.alignment, run.candidate, evidence.block)

@@ -10,6 +10,7 @@ from ..measure.runrecord import RunRecord
 from ..measure.result import Culprit, NonFinite, NonFiniteSite
 from .core import culprit_without_evidence, site
 from ..capture.trace import OpNode
+from ..leafref import leaf_name
 
 
 @dataclass
@@ -64,5 +65,5 @@ def nonfinite_culprit(run: RunRecord, start: NonFiniteStart) -> Culprit | None:
     if start.op is None or start.reference_op is None:
         return None
     info = run.candidate.tensors[start.tid]
-    leaf = info.leaf.split(":", 1)[1] if info.producer is None and info.leaf else None
+    leaf = leaf_name(info.leaf) if info.producer is None and info.leaf else None
     return culprit_without_evidence("leaf" if leaf else "op", start.op, start.reference_op, leaf, math.inf)

@@ -1,4 +1,5 @@
-"""The whole-model float64 check: is the outputs' difference what rounding makes?
+"""The whole-model float64 check: is the outputs' difference what rounding makes? (The backward
+pass's, of the gradients, is `backward.BackwardRules.float64_check`, on the same float64 runs.)
 
 Both sides run once more as float64 copies (parameters, buffers and floating inputs
 upcast). Each side's distance to its own float64 outputs is its
@@ -10,8 +11,7 @@ measured difference or something computes differently.
 from __future__ import annotations
 
 import math
-from functools import partial
-from typing import Any
+from typing import Callable
 
 import numpy as np
 
@@ -31,12 +31,9 @@ def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
         return Float64Check("skipped", "the candidate's outputs hold NaN/Inf", error)
     if all(trace.dtype == "float64" for trace in run.traces.values()):
         return Float64Check("skipped", "both sides already run in float64", error)
-    runs = {}
-    for role, leaf_values in (("reference", {}), ("candidate", rounded_leaf_values(run))):
-        try:
-            runs[role] = sides.run(role, Float64Outputs(leaf_values))
-        except CannotUpcast as exc:
-            return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
+    runs = float64_runs(run, sides, lambda role, leaf_values: Float64Outputs(leaf_values), error)
+    if isinstance(runs, Float64Check):
+        return runs
     outputs = {role: float64.values for role, float64 in runs.items()}
     float64_error = reference_rounding = candidate_rounding = 0.0
     for pair in run.output_pairs:
@@ -47,7 +44,20 @@ def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
         candidate32 = pair.in_reference_layout(run.candidate.value(pair.candidate), reference64.shape)
         candidate_rounding = max(candidate_rounding, error_metrics(candidate32, candidate64).max_rel)
     check = judge_float64(error, float64_error, reference_rounding, candidate_rounding, [t.dtype for t in run.traces.values()])
-    return _noted(check, run, runs)
+    return noted(check, run, runs)
+
+
+def float64_runs(run: RunRecord, sides: Sides, request: Callable[[str, dict[str, np.ndarray]], Float64Outputs | Float64Gradients],
+                 error: float) -> dict[str, Float64Run] | Float64Check:
+    """Each side run once in float64 (`request(role, leaf values)`: its outputs, or its gradients), the
+    candidate with the reference's values for the leaves it only rounds; the check skipped where a side cannot."""
+    runs = {}
+    for role, leaf_values in (("reference", {}), ("candidate", rounded_leaf_values(run))):
+        try:
+            runs[role] = sides.run(role, request(role, leaf_values))
+        except CannotUpcast as exc:
+            return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
+    return runs
 
 
 def rounded_leaf_values(run: RunRecord) -> dict[str, np.ndarray]:
@@ -58,7 +68,7 @@ def rounded_leaf_values(run: RunRecord) -> dict[str, np.ndarray]:
     return {run.candidate.tensors[tid].leaf: array for tid, array in values.items()}
 
 
-def _noted(check: Float64Check, run: RunRecord, runs: dict[str, Float64Run]) -> Float64Check:
+def noted(check: Float64Check, run: RunRecord, runs: dict[str, Float64Run]) -> Float64Check:
     """The check with the rounded leaves it gave the reference's values, and the ops that still ran below float64."""
     rounded = [pair for pair in run.alignment.leaves.pairs if pair.status == "rounded"]
     if rounded:
@@ -69,35 +79,3 @@ def _noted(check: Float64Check, run: RunRecord, runs: dict[str, Float64Run]) -> 
                                 f"leaves, max rel {worst:.2g}): both sides ran with the reference's values")
     check.narrow_ops = {role: float64.narrow_ops for role, float64 in runs.items() if float64.narrow_ops}
     return check
-
-
-def float64_gradient_check(backward: Any, error: float) -> Float64Check:
-    """Both sides' backward passes in float64: is the parameters' gradient error rounding? (`backward`:
-    a `backward.BackwardRun`, not imported here: it imports this module.)"""
-    run = backward.run
-    if not math.isfinite(error):
-        return Float64Check("skipped", "the candidate's gradients hold NaN/Inf", error)
-    runs = {}
-    for role, leaf_values in (("reference", {}), ("candidate", rounded_leaf_values(run))):
-        try:
-            runs[role] = backward.sides.run(role, Float64Gradients(backward.seeds[role], leaf_values))
-        except CannotUpcast as exc:
-            return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
-    grads = {role: float64.values for role, float64 in runs.items()}
-    float64_error = reference_rounding = candidate_rounding = 0.0
-    for cand_tid, pair in backward.leaf_pairs.items():
-        ref_info = run.reference.tensors[pair.reference]
-        reference64, candidate64 = grads["reference"].get(ref_info.leaf), grads["candidate"].get(run.candidate.tensors[cand_tid].leaf)
-        reference32, candidate32 = backward.reference.leaves.get(pair.reference), backward.candidate.leaves.get(cand_tid)
-        if any(g is None for g in (reference64, candidate64, reference32, candidate32)):
-            continue
-        shape = run.candidate.tensors[cand_tid].shape
-        reference64 = pair.reference_in_candidate_layout(reference64, shape)
-        reference32 = pair.reference_in_candidate_layout(reference32, shape)
-        relative = partial(backward.relative, cand_tid)
-        float64_error = max(float64_error, relative(error_metrics(candidate64, reference64).max_abs))
-        reference_rounding = max(reference_rounding, relative(error_metrics(reference32.astype(np.float64), reference64).max_abs))
-        candidate_rounding = max(candidate_rounding, relative(error_metrics(candidate32.astype(np.float64), candidate64).max_abs))
-    check = judge_float64(error, float64_error, reference_rounding, candidate_rounding,
-                          [trace.dtype for trace in run.traces.values()], "gradients")
-    return _noted(check, run, runs)
