@@ -10,7 +10,7 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
-from .base import REGISTERED, Adapter, CannotUpcast, OpListener, Reductions
+from .base import REGISTERED, Adapter, Autograd, CannotUpcast, Interception, Layers, OpListener, Reductions, Tensors, Training
 
 
 @lru_cache(maxsize=1)

@@ -512,7 +512,7 @@ def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bo
         "align": traced["align"], "analysis": spent["analysis"], "rerun_time": spent["reruns"],
         "float64": spent["float64"], "reproduce": spent["reproduce"], "leaves": traced["leaves"] + spent["leaf_search"],
         "reruns": result.reruns, "reference_reruns": result.reference_reruns,
-        "ops": result.ops["candidate"], "verdict": result.verdict,
+        "ops": result.ops.candidate, "verdict": result.verdict,
         "culprit_op": culprit and culprit.op, "culprit_module": cand and cand.module, "culprit_index": cand and cand.index,
         "culprit_source": cand and cand.source,
     }
@@ -549,7 +549,7 @@ def measure_backward(reference: str, candidate: str, scratch: Path, repeats: int
     shutil.rmtree(out, ignore_errors=True)
     seconds, result = sorted(searches, key=lambda entry: entry[0])[len(searches) // 2]
     culprit = result.culprit
-    return {"seconds": seconds, "pass": statistics.median(passes), "reruns": result.reruns, "ops": result.ops["candidate"],
+    return {"seconds": seconds, "pass": statistics.median(passes), "reruns": result.reruns, "ops": result.ops.candidate,
             "verdict": result.verdict, "culprit_op": culprit and culprit.op,
             "culprit_module": culprit and culprit.candidate.module}
 

@@ -1,5 +1,10 @@
 """Dataclasses to JSON and back, checked against their type hints: the one codec of every
-document bisectr writes (run files and `--json` alike).
+document bisectr writes (run files and `--json` alike), but for the traces.
+
+A trace (`capture.trace.Trace`) holds a record per op and per tensor, hundreds of thousands in a
+large model: it writes them field by field (`to_json`) and checks them by the set of their types
+(`Trace.check`), since checking each value against its annotation here costs more than parsing the
+JSON (measured on a trace of 20,000 ops and tensors: 4.6x slower to write, 3.4x to read).
 
 `to_plain` turns a dataclass (nested dataclasses, lists, tuples, dicts) into what
 `json.dumps` writes. `from_plain(cls, data)` builds the dataclass again and checks every

@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .adapters import Adapter, adapter_for, adapter_named, registered
+from .adapters import Adapter, Layers, adapter_for, adapter_named, registered
 
 __all__ = ["WeightReport", "torch_to_paddle", "paddle_to_torch", "copy_weights"]
 
@@ -208,7 +208,7 @@ def _pair(src_entries: dict[str, _Entry], dst_entries: dict[str, _Entry], rules:
     return pairs
 
 
-def _state_dict_entries(state: Mapping[str, Any], framework: Adapter, dst_entries: dict[str, _Entry],
+def _state_dict_entries(state: Mapping[str, Any], framework: Layers, dst_entries: dict[str, _Entry],
                         rules: list[tuple[re.Pattern, str]]) -> dict[str, _Entry]:
     """A state dict's entries, each in `framework`'s nn.Linear layout where its destination is a linear
     weight, and named as `framework` names BatchNorm statistics where its destination's owner is a BatchNorm."""

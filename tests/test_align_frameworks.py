@@ -71,9 +71,9 @@ def test_linear_weights_pair_through_a_transpose_decided_by_layer_type(span):
 def test_coverage_is_reported_by_trace(tmp_path):
     run = bisectr.trace(EXAMPLES / "deep_stack.py", out=tmp_path / "run")
     result = run.bisect()
-    assert result.ops["aligned"] == result.ops["candidate"]
+    assert result.ops.aligned == result.ops.candidate
     from bisectr.measure.align import layer_numbers
 
     run_pairs = run.alignment.pairs
-    assert len(run_pairs) > 0.9 * result.ops["candidate"]
+    assert len(run_pairs) > 0.9 * result.ops.candidate
     assert all(layer_numbers(p.evidence.candidate_module) == layer_numbers(p.evidence.reference_module) for p in run_pairs)

@@ -31,7 +31,7 @@ def test_tanh_gelu_block_is_named_on_both_sides(gelu_run):
 def test_search_stays_within_its_rerun_budget_and_agrees_with_exhaustive(gelu_run):
     searched = gelu_run.bisect()
     exhaustive = gelu_run.bisect(exhaustive=True)
-    ops = searched.ops["candidate"]
+    ops = searched.ops.candidate
     assert searched.reruns <= math.ceil(math.log2(ops)) + 3
     assert len(exhaustive.cuts) > 2 * len(searched.cuts)  # every cut up to the entry point
     assert exhaustive.entry == searched.entry

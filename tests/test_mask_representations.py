@@ -17,7 +17,7 @@ def _bisect(candidate: str):
 
 
 def _within_budget(result) -> bool:
-    return result.reruns <= math.ceil(math.log2(result.ops["candidate"])) + 3
+    return result.reruns <= math.ceil(math.log2(result.ops.candidate)) + 3
 
 
 @pytest.mark.parametrize("candidate", ["candidate", "candidate_padded_mask"])

@@ -23,7 +23,7 @@ def _text(run, result) -> str:
 
 
 def _within_budget(result) -> bool:
-    return result.reruns <= math.ceil(math.log2(result.ops["candidate"])) + 3
+    return result.reruns <= math.ceil(math.log2(result.ops.candidate)) + 3
 
 
 @pytest.mark.parametrize("path, candidate", [(EXTRA_OPS, "candidate"), (EVERY_LAYER, "candidate")])

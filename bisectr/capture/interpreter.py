@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..adapters import Adapter, CannotUpcast
+from ..adapters import Adapter, CannotUpcast, Tensors
 from ..errors import TraceMismatchError
 from .ops import UNINITIALISED
 from .structure import call_tensors, iter_tensors, map_tensors
@@ -87,7 +87,7 @@ class Recording:
     # state around the calls (autocast) or data-dependent shapes shaped the forward.
     faithful: bool = True
 
-    def replayable(self, adapter: Adapter) -> bool:
+    def replayable(self, adapter: Tensors) -> bool:
         """Can the recorded calls stand in for the model's code? Not after a value read (a patch
         could change what was read), once a leaf has been changed in place, or once they have
         been found unfaithful."""
@@ -133,7 +133,7 @@ class UnfaithfulReplay(Exception):
     """Executing the recorded calls did not make the tensors the recording made."""
 
 
-def run_op(adapter: Adapter, fn: Callable[..., Any], args: tuple, kwargs: dict,
+def run_op(adapter: Tensors, fn: Callable[..., Any], args: tuple, kwargs: dict,
            inputs: list[Any]) -> tuple[Any, list[Any], set[int]]:
     """Run one framework op on `args` and `kwargs` (whose tensors are `inputs`). Returns its result,
     the tensors it wrote (what it returned, plus the input it changed in place) and the object id of
@@ -192,7 +192,7 @@ def _is_slot(obj: Any) -> bool:
 class Interpreter:
     """Runs recorded calls of one trace in op order; subclasses override `fetch`, `run_node`, `store`."""
 
-    def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call]):
+    def __init__(self, adapter: Tensors, trace: Trace, calls: list[Call]):
         self.adapter = adapter
         self.trace = trace
         self.calls = calls
@@ -696,7 +696,7 @@ class PatchedInterpreter(Interpreter):
         self.patching.check(self.trace.ops[self.trace.tensors[tid].producer], tid, tensor)
 
 
-def live_fingerprint(adapter: Adapter, tensor: Any) -> list[float]:
+def live_fingerprint(adapter: Tensors, tensor: Any) -> list[float]:
     """`fingerprint` of a live tensor, read where it lives (an accelerator's copies only those values)."""
     reductions = device_reductions(adapter, tensor)
     return fingerprint(adapter.to_numpy(tensor)) if reductions is None else reductions.picked

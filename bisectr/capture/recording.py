@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..adapters import Adapter
+from ..adapters import Adapter, Tensors
 from ..adapters.base import API, CALLER
 from ..errors import TraceMismatchError, UnreadableTensorError
 from .interpreter import Call, Patches, Recording, RerunResult, Slot, run_op
@@ -390,5 +390,5 @@ class GradientRerun(PatchedRerun):
         return hook
 
 
-def output_pairs(adapter: Adapter, outputs: Any) -> list[tuple[str, Any]]:
+def output_pairs(adapter: Tensors, outputs: Any) -> list[tuple[str, Any]]:
     return flatten_outputs(outputs, adapter.is_tensor)

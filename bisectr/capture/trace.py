@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 import networkx as nx
 import numpy as np
 
-from ..adapters import Adapter, Reductions
+from ..adapters import Reductions, Tensors
 from ..serial import number, plain_number
 from ..leafref import leaf_kind
 
@@ -329,7 +329,7 @@ def _fits_float32_sums(absmax: float | np.ndarray, size: int | np.ndarray) -> bo
     return absmax * absmax * size < _FLOAT32_SUM_LIMIT
 
 
-def device_reductions(adapter: Adapter, tensor: Any) -> Reductions | None:
+def device_reductions(adapter: Tensors, tensor: Any) -> Reductions | None:
     """`Adapter.reductions` of a non-empty tensor off the host, at the fingerprint's positions; None
     for one on the host (or empty), which numpy describes."""
     size = math.prod(tuple(tensor.shape))

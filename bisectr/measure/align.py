@@ -33,7 +33,7 @@ import itertools
 import re
 from functools import lru_cache
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
 
@@ -136,7 +136,7 @@ class LeafPair:
     reference: str
     layout: str  # how the reference's values are laid out in the candidate's: "as stored", "transposed", "slice ..."
     how: str  # what paired them: "op" (read by paired ops), "block" (read in a matched block), "values", "name"
-    status: str = "unknown"  # "equal" | "rounded" | "different" | "unknown" (values not stored)
+    status: Literal["equal", "rounded", "different", "unknown"] = "unknown"  # "unknown": values not stored
     description: str = ""  # what differs, for a different pair
     max_rel: float | None = None  # max abs difference / max abs of the reference's values
     # A part of a fused candidate parameter (q, k and v in one qkv_proj): the positions along

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..adapters import CannotUpcast
 from .align import LAYOUT_OPS, Alignment, Block, TensorPair
-from .metrics import EXACT, UNKNOWN, ErrorMetrics, Float64Evidence, error_metrics
+from .metrics import EXACT, UNKNOWN, ErrorMetrics, Float64Evidence, OpVerdict, error_metrics
 from .numerics import coarsest_dtype, judge, noise_floor
 from .runrecord import RunRecord
 from ..capture.sides import Sides
@@ -45,7 +45,7 @@ class OpEvidence:
     local_error: float | None  # relative
     fp64: Float64Evidence | None
     amplification: float
-    verdict: str  # exact / noise / different / unknown
+    verdict: OpVerdict
     block: Block | None = None  # set when the evidence is for a matched N:M block
     fp64_unavailable: str | None = None  # why the fp64 oracle could not be replayed (an op without a float64 kernel)
 
@@ -55,8 +55,8 @@ class LeafEvidence:
     candidate: str
     reference: str
     tid: int
-    error: dict[str, float]
-    verdict: str
+    error: ErrorMetrics
+    verdict: OpVerdict
 
 
 class Analysis:

@@ -3,8 +3,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+
+
+# An op's (or a leaf's) own difference, judged: bit for bit, rounding, something computed differently,
+# or not known (values not at hand).
+OpVerdict = Literal["exact", "noise", "different", "unknown"]
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from .metrics import OpVerdict
 from .result import Float64Check
 
 NOISE_FACTOR = 4.0  # an op is rounding while it is within this factor of the reference's own distance to float64
@@ -36,7 +37,7 @@ def coarsest_dtype(dtypes: list[str]) -> str:
     return max(floating, key=lambda d: _EPS[d]) if floating else (dtypes[0] if dtypes else "")
 
 
-def judge(local_error: float, candidate_error: float | None, reference_error: float | None, dtype: str) -> str:
+def judge(local_error: float, candidate_error: float | None, reference_error: float | None, dtype: str) -> OpVerdict:
     """exact / noise / different for one op (or leaf): its local error against the fp64 oracle
     (the candidate's distance to it against the reference's), or against the dtype's floor."""
     if local_error == 0.0:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from .align import LeafPairing
 from ..serial import PlainError, from_plain, to_plain
-from .metrics import Float64Evidence, OutputError
+from .metrics import Float64Evidence, OpVerdict, OutputError
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Rewired:
 
 @dataclass
 class Culprit:
-    kind: str  # "op" | "leaf"
+    kind: Literal["op", "leaf"]
     op: str  # canonical name
     candidate: OpSite
     reference: OpSite
@@ -57,7 +57,7 @@ class Culprit:
     input_error_rel: float | None
     local_error: float | None
     amplification: float | None
-    verdict: str  # the op's own: exact / noise / different
+    verdict: OpVerdict  # the op's own
     fp64: Float64Evidence | None
     block: BlockOps | None = None
     # For kind "leaf": the reference leaf it pairs with, how the reference's values lie in it
@@ -149,15 +149,24 @@ class ProfileRow:
     max_abs: float
     mean_abs: float
     local_error: float | None
-    verdict: str
+    verdict: OpVerdict
     amplification: float
+
+
+@dataclass
+class OpCounts:
+    """How many ops each side recorded, and how many of the candidate's are paired or in matched blocks."""
+
+    reference: int
+    candidate: int
+    aligned: int
 
 
 @dataclass
 class Float64Check:
     """The whole model run in float64 on both sides (see `precision`)."""
 
-    status: str  # "agree" | "disagree" | "skipped"
+    status: Literal["agree", "disagree", "skipped"]
     reason: str  # why it was skipped, or what the numbers say
     error: float | None  # the measured difference (max_rel over the outputs)
     float64_error: float | None = None  # the same with both sides in float64
@@ -181,7 +190,7 @@ class Result:
     output_error: OutputError
     culprit: Culprit | None
     reruns: int  # candidate re-runs
-    ops: dict[str, int]  # reference, candidate, aligned
+    ops: OpCounts
     entry: int | None = None  # the entry point k*
     recurrences: list[Recurrence] = field(default_factory=list)
     confirmation: Confirmation | None = None

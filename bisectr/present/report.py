@@ -214,8 +214,8 @@ def print_result(console: Console, run: RunRecord, result: Result) -> None:
     for line in verdict_lines(result):
         console.print(rich_line(line), highlight=False)
     ops = result.ops
-    console.print(f"aligned: {ops.get('aligned')} of {ops.get('candidate')} candidate ops "
-                  f"({ops.get('reference')} reference ops); candidate re-runs: {result.reruns}", highlight=False)
+    console.print(f"aligned: {ops.aligned} of {ops.candidate} candidate ops "
+                  f"({ops.reference} reference ops); candidate re-runs: {result.reruns}", highlight=False)
     lines = culprit_lines(run, result)
     if result.culprit is not None:
         console.print()

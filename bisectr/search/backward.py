@@ -37,7 +37,7 @@ import numpy as np
 from ..adapters import CannotUpcast
 from ..measure.align import TensorPair, handed_on
 from ..errors import ModelFileError, OutputMismatchError
-from ..measure.metrics import EXACT, ErrorMetrics, Float64Evidence, OutputError, error_metrics
+from ..measure.metrics import EXACT, ErrorMetrics, Float64Evidence, OpVerdict, OutputError, error_metrics
 from .precision import float64_runs, noted
 from ..measure.numerics import GRADIENT_FLOOR, coarsest_dtype, confirms, judge, judge_float64, magnitude, relative_to
 from ..measure.runrecord import RunRecord, output_seeds
@@ -61,10 +61,10 @@ class OpGradientEvidence:
     reference: int
     op: str
     dtype: str
-    gradient_error: dict[str, float]  # of the gradient reaching its first output (propagated)
+    gradient_error: ErrorMetrics  # of the gradient reaching its first output (propagated)
     local_error: float | None  # its backward replayed on the reference's inputs and upstream gradient
     fp64: Float64Evidence | None
-    verdict: str  # exact / noise / different / unknown
+    verdict: OpVerdict
     # Candidate input tid -> what this op's own backward adds to its gradient (candidate minus
     # reference), in the candidate's layout: what a confirmation takes out.
     own_difference: dict[int, np.ndarray] | None = None

@@ -37,11 +37,11 @@ from dataclasses import replace
 from typing import Callable, Iterator, Literal, Protocol
 
 from ..measure.align import LeafPairing
-from ..measure.metrics import OutputError
+from ..measure.metrics import OpVerdict, OutputError
 from ..measure.numerics import NOISE_FACTOR, REACH_FRACTION, confirms, noise_floor, past_entry
 from ..measure.runrecord import RunRecord
-from ..measure.result import (Bracket, Confirmation, Culprit, Cut, Float64Check, NonFinite, NotBlamed, OpSite, ProfileRow,
-                              Recurrence, Result)
+from ..measure.result import (Bracket, Confirmation, Culprit, Cut, Float64Check, NonFinite, NotBlamed, OpCounts, OpSite,
+                              ProfileRow, Recurrence, Result)
 from ..capture.trace import OpNode
 
 MAX_REACH_TESTS = 8  # suspect groups tested for reach and confirmation
@@ -55,7 +55,7 @@ class Evidence(Protocol):
     candidate: int
     reference: int
     op: str
-    verdict: str  # exact / noise / different / unknown
+    verdict: OpVerdict
     local_error: float | None
 
 
@@ -128,7 +128,7 @@ class Outcome:
     entry: int | None
     trail: list[Cut]  # every cut evaluated
     finding: Finding
-    verdict: str  # "noise" | "divergent"
+    verdict: Literal["noise", "divergent"]
     bracketed: bool  # divergent with nothing confirmed: the bracket says where
 
 
@@ -218,8 +218,7 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
     output_error = rules.start(say)
     full_error = output_error.max_rel
     run = rules.run
-    ops = {"reference": len(run.reference.ops), "candidate": len(run.candidate.ops),
-           "aligned": len(run.alignment.aligned_ops("candidate"))}
+    ops = OpCounts(len(run.reference.ops), len(run.candidate.ops), len(run.alignment.aligned_ops("candidate")))
 
     def result(verdict: str, search: SearchPass | None = None, float64: Float64Check | None = None, **found) -> Result:
         return Result(verdict, output_error, reruns=sum(s.candidate_reruns for s in rules.searched), ops=ops,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Literal
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -44,6 +44,8 @@ class BisectrApp(App[int]):
 
     # The op shown everywhere: the table's cursor, the module tree, the preview, an open detail screen.
     current: var[int | None] = var(None, init=False)
+    # The pass whose result is shown: the forward's, or (searched with --backward) the backward's.
+    showing: var[Literal["forward", "backward"]] = var("forward", init=False)
 
     def __init__(self, data: RunData, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -95,7 +97,17 @@ class BisectrApp(App[int]):
         self._show_current()
 
     def watch_current(self) -> None:
+        table = self.query_one(OpTable)
+        if self.current is not None and table.current() != self.current:
+            table.select_op(self.current)  # its highlight sets `current` again, to the same op
         self._show_current()
+
+    def watch_showing(self, showing: str) -> None:
+        self.data = RunData(self.data.run, backward=showing == "backward")
+        shown = self.current
+        self.refresh_views()
+        self.current = self.data.culprit_index if self.data.culprit_index is not None else shown
+        self.notify(f"showing the {showing} pass")
 
     def _show_current(self) -> None:
         index = self.current
@@ -174,13 +186,11 @@ class BisectrApp(App[int]):
 
     # -- navigation --------------------------------------------------------------------------
     def select(self, index: int, show_ops: bool = True) -> None:
-        """Make op `index` the current op (and the table's cursor); show the ops tab unless a detail is open."""
+        """Make op `index` the current op; show the ops tab unless a detail is open."""
         self.current = index
-        table = self.query_one(OpTable)
-        table.select_op(index)
         if not isinstance(self.screen, DetailScreen) and show_ops:
             self.query_one(TabbedContent).active = "ops"
-            table.focus()
+            self.query_one(OpTable).focus()
 
     def action_culprit(self) -> None:
         index = self.data.culprit_index
@@ -225,15 +235,11 @@ class BisectrApp(App[int]):
     def action_detail(self) -> None:
         if isinstance(self.screen, DetailScreen) or self.current is None:
             return
-        self.push_screen(DetailScreen(self.data, self.current))
+        self.push_screen(DetailScreen())
 
     def action_switch_pass(self) -> None:
         """Show the backward pass's result (gradients), or the forward's again."""
-        self.data.backward = not self.data.backward
-        self.data.refresh()
-        self.set_reactive(BisectrApp.current, self.data.culprit_index if self.data.culprit_index is not None else self.current)
-        self.refresh_views()
-        self.notify(f"showing the {'backward' if self.data.backward else 'forward'} pass")
+        self.showing = "forward" if self.showing == "backward" else "backward"
 
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):
@@ -281,9 +287,9 @@ class BisectrApp(App[int]):
     def _bisect_done(self, result: Result) -> None:
         self.query_one(SearchProgress).finish()
         self.data.refresh()  # here, not in the worker: the rows are what the UI reads
-        if self.data.culprit_index is not None:
-            self.set_reactive(BisectrApp.current, self.data.culprit_index)
         self.refresh_views()
+        if self.data.culprit_index is not None:
+            self.current = self.data.culprit_index
         culprit = result.culprit
         where = f", culprit op {culprit.candidate.index} {culprit.op}" if culprit else ""
         self.notify(f"search done: {result.verdict}{where} ({result.reruns} re-runs)")

@@ -164,9 +164,9 @@ def source_context(source: str, lines: int = CONTEXT_LINES) -> list[tuple[int, s
 class RunData:
     """A run, its result and the op pairing, ready for display."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, backward: bool = False):
         self.run = run
-        self.backward = False  # showing the backward pass's result (`has_backward`) instead of the forward's
+        self.backward = backward and self.has_backward  # the backward pass's result shown instead of the forward's
         self.refresh()
 
     @property
@@ -175,8 +175,7 @@ class RunData:
 
     # -- building ---------------------------------------------------------------
     def refresh(self) -> None:
-        """Rebuild what is shown from the run (after a search changed its result, or the pass shown)."""
-        self.backward = self.backward and self.has_backward
+        """Rebuild what is shown from the run (after a search changed its result)."""
         self.result: Result | None = self.run.result.backward if self.backward else self.run.result
         # Pairing evidence on demand (nothing is replayed until asked for).
         self.analysis = Analysis(self.run, self.run.sides)

@@ -82,10 +82,14 @@ class DetailScreen(Screen):
         Binding("r", "patch", "Patch & re-run"),
     ]
 
-    def __init__(self, data: RunData, index: int) -> None:
-        super().__init__()
-        self.data = data
-        self.index = index
+    @property
+    def data(self) -> RunData:
+        return self.app.data  # type: ignore[attr-defined]
+
+    @property
+    def index(self) -> int:
+        """The app's current op, which this screen shows (the app re-shows it when it changes)."""
+        return self.app.current  # type: ignore[attr-defined]
 
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False)
@@ -113,8 +117,7 @@ class DetailScreen(Screen):
         self.show(self.index)
 
     def show(self, index: int) -> None:
-        """Fill every panel for op `index` (also used by f / n / p while the detail is open)."""
-        self.index = index
+        """Fill every panel for op `index` (the app's current op, whenever it changes while the detail is open)."""
         data = self.data
         row = data.by_index[index]
         self.sub_title = f"op {index}"
