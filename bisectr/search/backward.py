@@ -5,7 +5,7 @@
    losses cannot hide one in the backward; or from the model file's `reference_loss(outputs)` and
    `candidate_loss(outputs)`, whose values are then compared too.
 2. **Gradients.** Each side runs forward and backward again through its own code
-   (`Sides.backward`): the gradient reaching every recorded op output, and every parameter's.
+   (the sides' `Backward` request): the gradient reaching every recorded op output, and every parameter's.
 3. **Pairs.** The forward alignment pairs them: the gradients of a paired tensor are a pair, and so
    are a paired parameter's or floating input's (the leaves). The backward's outputs are the
    leaves' gradients; their error (worst max_rel) is what the search brings down.
@@ -50,7 +50,7 @@ from ..measure.analysis import block_name, external_inputs
 from ..capture.trace import OpNode, Trace, is_floating
 from ..leafref import LeafRef, leaf_kind
 
-LEAVES = ("param", "input")  # the leaves whose gradients are the backward's outputs (floating inputs: see `Sides.backward`)
+LEAVES = ("param", "input")  # the leaves whose gradients are the backward's outputs (floating inputs: see `capture.sides.Backward`)
 
 
 @dataclass
