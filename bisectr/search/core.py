@@ -223,8 +223,11 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
     def result(verdict: str, search: SearchPass | None = None, float64: Float64Check | None = None, **found) -> Result:
         return Result(verdict, output_error, reruns=sum(s.candidate_reruns for s in rules.searched), ops=ops,
                       reference_reruns=sum(s.reference_reruns for s in rules.searched), fp64_check=float64,
-                      profile=rules.profile(search), pass_=rules.name, leaves=rules.leaves,
+                      profile=rules.profile(search), pass_=rules.name, leaves=None if verdict == "match" else rules.leaves,
                       **{"culprit": None, **rules.result_fields(), **found})
+
+    def obvious_cause(search: SearchPass) -> Decided | None:
+        return rules.obvious_cause(search, full_error, float64, say) if float64.status != "agree" else None
 
     lacking = rules.lacking()
     if lacking is not None:
@@ -236,12 +239,15 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
         if full_error <= tolerance:
             return result("match", search)
         nonfinite, nonfinite_found, nonfinite_culprit = rules.nonfinite(search, full_error)
-        if float64.status != "agree":
-            cause = rules.obvious_cause(search, full_error, float64, say)
-            if cause is not None:
-                return result("divergent", search, float64, culprit=cause.culprit, confirmation=cause.confirmation,
-                              recurrences=cause.recurrences, nonfinite=nonfinite_found)
-        search = rules.refined(search, full_error, float64, say)
+        cause = obvious_cause(search)
+        if cause is None:
+            refined = rules.refined(search, full_error, float64, say)
+            if refined is not search:  # the values it fetched may show a leaf's layout
+                cause = obvious_cause(refined)
+            search = refined
+        if cause is not None:
+            return result("divergent", search, float64, culprit=cause.culprit, confirmation=cause.confirmation,
+                          recurrences=cause.recurrences, nonfinite=nonfinite_found)
         say("searching")
         outcome = search_pass(search, full_error, float64, nonfinite, say, exhaustive)
         finding = outcome.finding

@@ -30,7 +30,7 @@ import numpy as np
 from ..measure.align import Block, LeafPairing, settle_layouts
 from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, rewired_input
 from ..errors import TraceMismatchError
-from ..measure.leaves import leaf_causes, reference_values
+from ..measure.leaves import leaf_causes, pair_leaves, reference_values
 from ..measure.numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms, noise_floor
 from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
@@ -204,6 +204,7 @@ class ForwardRules(PassRules):
         self.windowed = needs_window(run)
         self.narrow = False  # searching the layer window, on the layer outputs only
         self.analysis: Analysis | None = None
+        self.tested_causes: set[tuple] = set()  # the differing leaves whose reference values were tried
 
     def start(self, say: Callable[[str], None]) -> OutputError:
         say("re-running each side unpatched" + (" (and keeping its layer outputs)" if self.windowed else ""))
@@ -235,7 +236,7 @@ class ForwardRules(PassRules):
 
     def obvious_cause(self, search: ForwardPass, full_error: float, float64: Float64Check, say: Callable[[str], None]) -> Decided | None:
         say("comparing parameters and buffers")
-        return _differing_leaves(search, full_error, NOISE_FACTOR * (float64.predicted or 0.0))
+        return _differing_leaves(search, full_error, NOISE_FACTOR * (float64.predicted or 0.0), self.tested_causes)
 
     def refined(self, search: ForwardPass, full_error: float, float64: Float64Check, say: Callable[[str], None]) -> ForwardPass:
         if not self.narrow:
@@ -289,6 +290,8 @@ def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check
     partner = {index: evidence.reference for index, evidence in coarse.analysis.ops.items()}
     window = window_between(run, partner, low, entry)
     fetch_window(run, sides, window)
+    # Where the candidate's ops read a fused or repeated leaf's rows is read off op values the window now holds.
+    run.alignment = pair_leaves(run.reference, run.candidate, run.alignment)
     analysis = Analysis(run, sides).compute(earlier=coarse.analysis)
     if fetch_recurrences(run, sides, analysis, window):
         analysis = Analysis(run, sides).compute(earlier=analysis)
@@ -296,13 +299,18 @@ def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check
     return ForwardPass(run, sides, analysis, bounds=(low, entry), known_cuts=known)
 
 
-def _differing_leaves(search: ForwardPass, full_error: float, rounding: float) -> Decided | None:
+def _differing_leaves(search: ForwardPass, full_error: float, rounding: float, tested: set[tuple]) -> Decided | None:
     """The first cause among the leaves that differ (in the order the candidate reads them) whose
     reference values, given to the candidate, take the outputs' error down to rounding: the culprit
-    (its first leaf), the confirmation, and every layer holding it where there are several."""
+    (its first leaf), the confirmation, and every layer holding it where there are several. Causes in
+    `tested` (their leaves and layouts) are not tried again; those tried are added."""
     run = search.run
     leaves, first_reads = run.candidate.leaves, run.candidate.first_reads()
     for cause in leaf_causes(run.alignment.leaves, run.candidate)[:MAX_REACH_TESTS]:
+        key = tuple((pair.candidate, pair.reference, tuple(pair.slots or ())) for pair in cause)
+        if key in tested:
+            continue
+        tested.add(key)
         tids = [leaves[pair.candidate] for pair in cause]
         patches = reference_values(run.reference, run.candidate, run.alignment, cause)
         readers = sorted({first_reads[tid] for tid in tids})
