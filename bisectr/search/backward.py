@@ -431,7 +431,8 @@ class BackwardRules(PassRules):
         say("running both sides' backward passes in float64")
         return _float64_gradient_check(self.search.backward, full_error)
 
-    def searches(self, float64: Float64Check | None, say: Callable[[str], None]) -> Iterator[BackwardPass]:
+    def searches(self, float64: Callable[[], Float64Check | None], say: Callable[[str], None]) -> Iterator[BackwardPass]:
+        float64()
         say("searching the backward pass")
         yield self.search
 

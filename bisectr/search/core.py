@@ -165,9 +165,10 @@ class PassRules(ABC):
         """Both sides in float64: whether rounding explains `full_error`."""
 
     @abstractmethod
-    def searches(self, float64: Float64Check | None, say: Callable[[str], None]) -> Iterator[SearchPass]:
+    def searches(self, float64: Callable[[], Float64Check | None], say: Callable[[str], None]) -> Iterator[SearchPass]:
         """The searches to make in turn, each over the values the run holds by then; the next is made
-        when one neither matches nor confirms (the forward's layer window, then every op)."""
+        when one neither matches nor confirms (the forward's layer window, then every op). `float64()`
+        runs the float64 check when first called (None within the tolerance)."""
 
     def obvious_cause(self, search: SearchPass, full_error: float, float64: Float64Check, say: Callable[[str], None]) -> Decided | None:
         """A cause named before the cut search where the float64 check does not say rounding (differing leaves)."""
@@ -233,11 +234,18 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
     if lacking is not None:
         return result("divergent", None, culprit=lacking.culprit, confirmation=lacking.confirmation,
                       missing_gradient=lacking.missing_gradient)
-    float64 = rules.float64_check(full_error, say) if full_error > tolerance else None
+    checked: list[Float64Check | None] = []
+
+    def float64_check() -> Float64Check | None:
+        if not checked:
+            checked.append(rules.float64_check(full_error, say) if full_error > tolerance else None)
+        return checked[0]
+
     decided = None
-    for search in rules.searches(float64, say):
+    for search in rules.searches(float64_check, say):
         if full_error <= tolerance:
             return result("match", search)
+        float64 = float64_check()
         nonfinite, nonfinite_found, nonfinite_culprit = rules.nonfinite(search, full_error)
         cause = obvious_cause(search)
         if cause is None:

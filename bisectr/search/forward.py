@@ -215,10 +215,11 @@ class ForwardRules(PassRules):
         say("running both sides in float64")
         return float64_check(self.run, self.sides)
 
-    def searches(self, float64: Float64Check | None, say: Callable[[str], None]) -> Iterator[ForwardPass]:
+    def searches(self, float64: Callable[[], Float64Check | None], say: Callable[[str], None]) -> Iterator[ForwardPass]:
         """The layer window first (rounding is judged over every op: none for a float64 check that
         agrees), then every op's values."""
-        if self.windowed and (float64 is None or float64.status != "agree"):
+        check = float64() if self.windowed else None
+        if self.windowed and (check is None or check.status != "agree"):
             self.narrow = True
             yield self._search(say)
         if self.windowed:
