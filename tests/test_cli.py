@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import bisectr
-from bisectr import load, report
+from bisectr import load
+from bisectr.present import report
 from bisectr.present.cli import main
 from conftest import EXAMPLES, MODELS
 

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from . import errors
+from .. import errors
 from ..adapters import CannotUpcast, silence_import_warnings
 from ..errors import BisectrError, UserModelError
 from .modelfile import build_side, load_module
