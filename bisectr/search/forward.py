@@ -36,6 +36,7 @@ from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from ..measure.runrecord import RunRecord
 from ..capture.interpreter import Shift
+from ..capture.ops import UNINITIALISED
 from ..measure.metrics import OutputError
 from ..measure.result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, ProfileRow, Recurrence, Rewired
 from .core import (MAX_REACH_TESTS, Decided, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before,
@@ -103,14 +104,17 @@ class ForwardPass(SearchPass):
     def _patchable_tensors(self) -> list[tuple[int, int]]:
         """(op position, tid) of the paired candidate tensors a cut patches, in op order: the op
         that produced or first read each. Only floating tensors are patched (indices, masks and
-        shapes are structure, not values), and no leaf that already holds the reference's values."""
-        first_read = self.run.candidate.first_reads()
+        shapes are structure, not values), no leaf that already holds the reference's values, and no
+        uninitialised memory (`torch.empty`: what an op writes into it later is what counts)."""
+        candidate = self.run.candidate
+        first_read = candidate.first_reads()
         patchable = []
         for tid in self.alignment.tensors:
-            info = self.run.candidate.tensors[tid]
+            info = candidate.tensors[tid]
             position = info.producer if info.producer is not None else first_read.get(tid)
             leaf = self.analysis.leaves.get(tid)
-            if position is None or leaf_kind(info.leaf) == "input" or not is_floating(info.dtype) or (leaf and leaf.verdict == "exact"):
+            if position is None or leaf_kind(info.leaf) == "input" or not is_floating(info.dtype) or (leaf and leaf.verdict == "exact") \
+                    or (info.producer is not None and candidate.ops[info.producer].op in UNINITIALISED):
                 continue
             patchable.append((position, tid))
         return sorted(patchable)
