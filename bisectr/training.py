@@ -1,6 +1,7 @@
 """Training steps (`bisectr train`): both sides trained for N steps, compared step by step.
 
-1. **Sides.** Each side trains a copy of the model its function builds, with its optimizer
+1. **Sides.** Each side trains a copy of the model its function builds, where the model lives
+   (`capture.trainer`, through the side's `TrainStep` requests, as every re-run goes), with its optimizer
    (`reference_optimizer(model)` / `candidate_optimizer(model)`: an optimizer, or (optimizer,
    learning-rate scheduler)), its batches (`reference_batch(step)`, steps counted from 1; default:
    the side's inputs at every step) and its loss (`reference_loss(outputs)`; default: the outputs
@@ -30,26 +31,19 @@
 from __future__ import annotations
 
 import math
-import sys
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from .adapters import CannotUpcast
 from .measure.align import TensorPair
 from .errors import ModelFileError
-from .capture.modelfile import BuiltSide, load_module, module_name, run_user_code
 from .measure.numerics import GRADIENT_FLOOR, coarsest_dtype, magnitude, noise_floor, relative_to, rounding_allowance, rounding_explains
 from .measure.runrecord import output_seeds
-from .capture.recording import output_pairs
 from .measure.result import Culprit
 from .run import Run, trace
 from .serial import to_plain
-from .capture.sides import loss_of
-from .capture.structure import map_tensors
-from .capture.trace import is_floating
+from .capture.sides import Sides, StepValues, TrainerSettings, TrainStep
 from .leafref import leaf_kind, leaf_name
 
 MEASURES = ("loss", "gradient", "update")  # what decides the first semantic step and its stage
@@ -61,19 +55,16 @@ SETTINGS = ("epsilon", "beta1", "beta2", "weight_decay", "weight_decay_kind", "a
 @dataclass
 class StepRecord:
     """What one side's training step computed. A parameter's gradient, update and Adam moments
-    ("gradient", "update", "moment1", "moment2") are read from the trainer one parameter at a time, as
-    float64 arrays, until the trainer's next step: no step keeps a copy of them all."""
+    ("gradient", "update", "moment1", "moment2") are read from the side one parameter at a time
+    (`read`), as float64 arrays, until its next step: no step keeps a copy of them all."""
 
     loss: float
     learning_rate: float
-    trainer: Trainer
+    parameters: list[str]
+    read: Callable[[str, str], np.ndarray | None]  # (measure, parameter) -> its values, None: it has none
 
     def names(self) -> list[str]:
-        return list(self.trainer.parameters)
-
-    def read(self, measure: str, name: str) -> np.ndarray | None:
-        """One parameter's gradient, update or Adam moment (None: it has none, or no such parameter)."""
-        return self.trainer.read(measure, name)
+        return self.parameters
 
 
 @dataclass
@@ -113,89 +104,6 @@ class TrainingResult:
 
     def to_dict(self) -> dict:
         return to_plain(self)
-
-
-class Trainer:
-    """One side trained step by step: a copy of its model (float64 when asked), its optimizer and batches."""
-
-    def __init__(self, side: BuiltSide, module: Any, seeds: dict[str, np.ndarray], float64: bool):
-        self.side, self.float64, self.seeds = side, float64, seeds
-        adapter = side.adapter
-        try:
-            self.model = adapter.float64_model(side.model) if float64 else adapter.copy_model(side.model)
-        except CannotUpcast as exc:
-            raise ModelFileError(f"{side.model_file}: the {side.role} cannot be trained here: {exc}") from None
-        factory = _function(module, side, "optimizer", required=True)
-        built = run_user_code(lambda: factory(self.model), f"{side.model_file}: {side.role}_optimizer() raised")
-        self.optimizer, self.scheduler = built if isinstance(built, tuple) else (built, None)
-        self.batch = _function(module, side, "batch", required=False)
-        self.parameters = {name: t for name, t in adapter.named_leaves(self.model) if leaf_kind(name) == "param"}
-        self._before: dict[str, np.ndarray] = {}  # each parameter's values before the last step
-
-    def settings(self) -> dict[str, Any]:
-        return self.side.adapter.optimizer_settings(self.optimizer)
-
-    def weight_decays(self) -> dict[str, float]:
-        """Each parameter's weight decay coefficient, by leaf name."""
-        return self.side.adapter.weight_decays(self.optimizer, self.parameters)
-
-    def step(self, number: int) -> StepRecord:
-        side, adapter = self.side, self.side.adapter
-        inputs = side.inputs if self.batch is None else \
-            run_user_code(lambda: self.batch(number), f"{side.model_file}: {side.role}_batch({number}) raised")
-        if self.float64:
-            inputs = map_tensors(inputs, adapter.is_tensor,
-                                 lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
-        learning_rate = adapter.learning_rate(self.optimizer)
-        adapter.clear_gradients(self.optimizer)
-        with adapter.enable_grad():
-            outputs = replace(side, model=self.model, inputs=inputs).forward()
-            loss = self._loss(outputs)
-        adapter.backward(loss)
-        self._before = {name: np.array(adapter.to_numpy(t)) for name, t in self.parameters.items()}
-        adapter.optimizer_step(self.optimizer, self.scheduler)
-        return StepRecord(float(adapter.to_numpy(loss).reshape(())), learning_rate, self)
-
-    def read(self, measure: str, name: str) -> np.ndarray | None:
-        """The last step's gradient, update or Adam moment of one parameter (see `StepRecord`)."""
-        adapter, parameter = self.side.adapter, self.parameters.get(name)
-        if parameter is None:
-            return None
-        if measure == "gradient":
-            values = adapter.gradient(parameter)
-        elif measure == "update":
-            values = adapter.to_numpy(parameter).astype(np.float64) - self._before[name]
-        else:
-            values = adapter.optimizer_moments(self.optimizer, parameter).get(measure)
-        return None if values is None else values.astype(np.float64, copy=False)
-
-    def _loss(self, outputs: Any) -> Any:
-        side, adapter = self.side, self.side.adapter
-        if side.loss is not None:
-            return loss_of(side, outputs)
-        total = None
-        for key, tensor in output_pairs(adapter, outputs):
-            if key in self.seeds:
-                term = (tensor * adapter.from_numpy(self.seeds[key], adapter.dtype_name(tensor), adapter.device_name(tensor))).sum()
-                total = term if total is None else total + term
-        if total is None:
-            raise ModelFileError(f"{side.model_file}: the {side.role} model has no floating output to train on")
-        return total
-
-
-def _function(module: Any, side: BuiltSide, what: str, required: bool) -> Callable | None:
-    """The model file's `<side function>_<what>` (`candidate_eps_optimizer` for `--candidate candidate_eps`),
-    else its `<role>_<what>` (`candidate_optimizer`)."""
-    for name in dict.fromkeys((f"{side.function}_{what}", f"{side.role}_{what}")):
-        found = getattr(module, name, None)
-        if found is not None:
-            if not callable(found):
-                raise ModelFileError(f"{side.model_file}: {name} is not a function")
-            return found
-    if required:
-        raise ModelFileError(f"{side.model_file}: defines no function {side.role}_{what}(model) returning the {side.role}'s "
-                             "optimizer (or (optimizer, scheduler)): bisectr train needs one per side")
-    return None
 
 
 @dataclass
@@ -281,11 +189,8 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         raise ModelFileError(f"{model_file}: --steps must be at least 1 (got {steps})")
     say("tracing both sides at their initial weights")
     run = trace(model_file, reference, candidate)
-    sides = {role: run.sides.runners[role].side for role in ("reference", "candidate")}
-    module = sys.modules.get(module_name(Path(model_file))) or load_module(model_file)  # as the trace ran it
     seeds = output_seeds(run)
-    trainers = {(role, width): Trainer(sides[role], module, seeds[role], float64=width == 64)
-                for role in ("reference", "candidate") for width in (32, 64)}
+    trained = [(role, width) for role in ("reference", "candidate") for width in (32, 64)]
     pairs = parameter_pairs(run)
     comparison = StepComparison(pairs, {r: run.reference.tensors[run.reference.leaves[r]].shape for r, _, _ in pairs})
     reference_itself = StepComparison([(r, r, None) for r, _, _ in pairs], comparison.shapes)
@@ -296,7 +201,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
     first: tuple[int, str, tuple[str, float] | None] | None = None  # step, measure, the update that differs most
     for number in range(1, steps + 1):
         say(f"step {number} of {steps}")
-        records = {key: trainer.step(number) for key, trainer in trainers.items()}
+        records = {(role, width): _step(run.sides, role, width, number, seeds[role]) for role, width in trained}
         as_run = comparison.between(records["candidate", 32], records["reference", 32])
         in_float64 = comparison.between(records["candidate", 64], records["reference", 64])
         reference_rounding = reference_itself.between(records["reference", 32], records["reference", 64], same_side=True)
@@ -312,7 +217,8 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         if semantic and first is None:
             worst = _most_different_update(in_float64, pairs) if semantic[0] == "update" else None
             first = (number, semantic[0], worst)
-    settings = {role: trainers[role, 32].settings() for role in ("reference", "candidate")}
+    optimizers = {role: run.sides.run(role, TrainerSettings(32)) for role in ("reference", "candidate")}
+    settings = {role: of_role[0] for role, of_role in optimizers.items()}
     if first is None:
         exact = all(row.error[m] == 0 for row in rows for m in MEASURES)
         return TrainingResult("match" if exact else "noise", rows, settings=settings)
@@ -321,7 +227,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
     result = TrainingResult("divergent", rows, number, STAGES[measure], settings=settings)
     if worst is not None:
         parameter, error = worst
-        decays = {role: trainers[role, 32].weight_decays() for role in ("reference", "candidate")}
+        decays = {role: of_role[1] for role, of_role in optimizers.items()}
         what, ref_value, cand_value = _differing_setting(row, settings, _decay_differences(pairs, decays))
         result.culprit = OptimizerCulprit("optimizer", leaf_name(parameter), what, ref_value, cand_value, error)
     elif number == 1:
@@ -341,6 +247,13 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         result.note = (f"the {result.stage} first differs at step {number}; its search runs at the initial weights only "
                        "(bisectr bisect" + (" --backward" if measure == "gradient" else "") + ")")
     return result
+
+
+def _step(sides: Sides, role: str, width: int, number: int, seeds: dict[str, np.ndarray]) -> StepRecord:
+    """Step `number` of the `role` side's trainer at `width` bits, made where its model lives."""
+    facts = sides.run(role, TrainStep(width, number, seeds))
+    return StepRecord(facts.loss, facts.learning_rate, facts.parameters,
+                      lambda measure, name: sides.run(role, StepValues(width, measure, name)))
 
 
 def _most_different_update(in_float64: Distances, pairs: list[tuple[str, str, TensorPair]]) -> tuple[str, float]:

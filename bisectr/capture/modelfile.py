@@ -15,6 +15,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+import numpy as np
+
 from ..adapters import Adapter, adapter_for, registered
 from ..errors import BisectrError, ModelFileError, UserModelError
 
@@ -164,3 +166,13 @@ def load_sides(model_file: str | os.PathLike, reference: str = "reference", cand
 def _describe(obj: Any) -> str:
     kind = type(obj)
     return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else kind.__qualname__
+
+
+def loss_of(side: BuiltSide, outputs: Any) -> Any:
+    """The side's loss of its `outputs`: what its loss function returns, checked to be one value."""
+    adapter = side.adapter
+    value = run_user_code(lambda: side.loss(outputs), f"{side.model_file}: {side.role}_loss() raised")
+    if not adapter.is_tensor(value) or int(np.prod(value.shape)) != 1:
+        raise ModelFileError(f"{side.model_file}: {side.role}_loss() returned {type(value).__name__}, not a "
+                             f"{adapter.name} tensor holding one value")
+    return value

@@ -2,13 +2,14 @@
 
 A side runner records the forward pass (`record`) and answers requests about it (`run`): a
 re-run with patches, a replay of ops or of their backward, a backward pass, the float64 runs,
-a recorded call. `LocalSide` keeps the model in this process; a runner in another process
+a recorded call, a training step. `LocalSide` keeps the model in this process; a runner in another process
 (`--isolate`) sends the same requests to its worker, so the analysis and the search never know
 where a model lives. `Sides` holds both runners with the traces they recorded; a run record
 (`runrecord.RunRecord`) never does.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -21,9 +22,10 @@ from ..adapters.base import OpListener
 from ..errors import InterceptionFailure, ModelFileError, UnreadableTensorError, UnrecordedOutputError, UserModelError
 from .interpreter import (Float64Calls, Float64Copies, Float64Interpreter, Gradients, Recording, RerunResult, UnfaithfulReplay,
                           ValuesInterpreter, VJPInterpreter, rerun_recorded)
-from .modelfile import BuiltSide, run_user_code
+from .modelfile import BuiltSide, load_module, loss_of, module_name
 from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, output_pairs
 from .store import TensorWriter
+from .trainer import Trainer
 from .structure import call_tensors, iter_tensors, map_tensors
 from .trace import OpNode, TensorInfo, Trace, is_floating, read_live
 from ..leafref import LeafRef, leaf_kind
@@ -106,7 +108,37 @@ class RecordedCall:
     index: int
 
 
-Request = Rerun | Replay | ReplayVJP | Backward | Float64Outputs | Float64Gradients | LeafValue | RecordedCall
+@dataclass
+class TrainStep:
+    """One optimizer step (steps counted from 1) of the side's trainer at `width` bits (32: a copy of
+    the model as built; 64: a float64 copy), made by its first step from the model file's optimizer,
+    batches and loss (the outputs against `seeds`, output key -> gradient, where it defines no loss).
+    -> `StepFacts`"""
+
+    width: int
+    number: int
+    seeds: dict[str, np.ndarray]
+
+
+@dataclass
+class StepValues:
+    """One parameter's gradient, update or Adam moment ("gradient", "update", "moment1", "moment2") after
+    the last step of the trainer at `width`. -> float64 array, or None where it has none"""
+
+    width: int
+    measure: str
+    parameter: str
+
+
+@dataclass
+class TrainerSettings:
+    """The optimizer settings of the trainer at `width`, and each parameter's weight decay. -> (dict, dict)"""
+
+    width: int
+
+
+Request = (Rerun | Replay | ReplayVJP | Backward | Float64Outputs | Float64Gradients | LeafValue | RecordedCall | TrainStep
+           | StepValues | TrainerSettings)
 
 
 class SideRunner(Protocol):
@@ -197,6 +229,7 @@ class LocalSide:
         self.side = side
         self.recording = Recording()
         self.trace: Trace | None = None
+        self.trainers: dict[int, Trainer] = {}  # by width (`TrainStep`)
 
     def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
         self.trace, self.recording = record_side(self.side, writer, options, watch)
@@ -226,7 +259,21 @@ class LocalSide:
                 return adapter.to_numpy(self.recording.leaves[tid][0])
             case RecordedCall(index):
                 return calls[index] if index < len(calls) else None
+            case TrainStep(width, number, seeds):
+                return self._trainer(width, seeds).step(number)
+            case StepValues(width, measure, parameter):
+                return self.trainers[width].read(measure, parameter)
+            case TrainerSettings(width):
+                return self.trainers[width].settings(), self.trainers[width].weight_decays()
         raise TypeError(f"not a side request: {request!r}")
+
+    def _trainer(self, width: int, seeds: dict[str, np.ndarray]) -> Trainer:
+        """The trainer at `width`, made at its first step (from the model file as the side was built from it)."""
+        if width not in self.trainers:
+            side = self.side
+            module = sys.modules.get(module_name(side.model_file)) or load_module(side.model_file)
+            self.trainers[width] = Trainer(side, module, seeds, float64=width == 64)
+        return self.trainers[width]
 
     def rerun(self, patches: dict[int, Any], capture: frozenset[int] = frozenset()) -> RerunResult:
         adapter, recording = self.side.adapter, self.recording
@@ -437,16 +484,6 @@ def _backward(side: BuiltSide, outputs: Any, seeds: dict[str, np.ndarray], param
     for key, grad in zip(reached, adapter.gradients(roots, upstream, [parameters[k] for k in reached])):
         grads[key] = None if grad is None else adapter.to_numpy(grad)
     return grads, loss
-
-
-def loss_of(side: BuiltSide, outputs: Any) -> Any:
-    """The side's loss of its `outputs`: what its loss function returns, checked to be one value."""
-    adapter = side.adapter
-    value = run_user_code(lambda: side.loss(outputs), f"{side.model_file}: {side.role}_loss() raised")
-    if not adapter.is_tensor(value) or int(np.prod(value.shape)) != 1:
-        raise ModelFileError(f"{side.model_file}: {side.role}_loss() returned {type(value).__name__}, not a "
-                             f"{adapter.name} tensor holding one value")
-    return value
 
 
 @dataclass
