@@ -562,7 +562,8 @@ def measure_training(candidate: str, steps: int) -> dict:
     float64, the comparison, a forward trace first) against plain training steps of the candidate
     (its optimizer on a copy of its model), timed side by side."""
     from bisectr.capture.modelfile import build_side, load_module
-    from bisectr.training import Trainer, train
+    from bisectr.capture.trainer import Trainer
+    from bisectr.training import train
 
     module = load_module(TRAINING_MODEL)
     side = build_side(module, TRAINING_MODEL, "candidate", candidate)
