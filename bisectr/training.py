@@ -68,17 +68,33 @@ class StepRecord:
 
 
 @dataclass
+class BySide:
+    reference: float
+    candidate: float
+
+
+@dataclass
+class ByMeasure:
+    """One number for each measure compared at a step (`RECORDED`)."""
+
+    loss: float
+    gradient: float
+    update: float
+    moments: float
+
+
+@dataclass
 class StepRow:
     """One step of the comparison (errors relative, see `StepComparison`)."""
 
     step: int
-    loss: dict[str, float]  # reference, candidate
-    learning_rate: dict[str, float]
-    error: dict[str, float]  # loss, gradient, update, moments: candidate vs reference, as run (the worst parameter's)
+    loss: BySide
+    learning_rate: BySide
+    error: ByMeasure  # candidate vs reference, as run (the worst parameter's)
     # What rounding predicts for each, and candidate vs reference both in float64; for gradients,
     # updates and moments, those of the parameter whose float64 difference rounding explains least.
-    predicted: dict[str, float]
-    float64_error: dict[str, float]
+    predicted: ByMeasure
+    float64_error: ByMeasure
     semantic: bool
 
 
@@ -211,16 +227,17 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         float64_error = {m: error for m, (error, _) in judged.items()}
         predicted = {m: prediction for m, (_, prediction) in judged.items()}
         semantic = [m for m in MEASURES if not rounding_explains(float64_error[m], predicted[m], floor)]
-        rows.append(StepRow(number, {"reference": records["reference", 32].loss, "candidate": records["candidate", 32].loss},
-                            {"reference": records["reference", 32].learning_rate, "candidate": records["candidate", 32].learning_rate},
-                            {m: as_run.worst(m) for m in RECORDED}, predicted, float64_error, bool(semantic)))
+        rows.append(StepRow(number, BySide(records["reference", 32].loss, records["candidate", 32].loss),
+                            BySide(records["reference", 32].learning_rate, records["candidate", 32].learning_rate),
+                            ByMeasure(**{m: as_run.worst(m) for m in RECORDED}), ByMeasure(**predicted),
+                            ByMeasure(**float64_error), bool(semantic)))
         if semantic and first is None:
             worst = _most_different_update(in_float64, pairs) if semantic[0] == "update" else None
             first = (number, semantic[0], worst)
     optimizers = {role: run.sides.run(role, TrainerSettings(32)) for role in ("reference", "candidate")}
     settings = {role: of_role[0] for role, of_role in optimizers.items()}
     if first is None:
-        exact = all(row.error[m] == 0 for row in rows for m in MEASURES)
+        exact = all(getattr(row.error, m) == 0 for row in rows for m in MEASURES)
         return TrainingResult("match" if exact else "noise", rows, settings=settings)
     number, measure, worst = first
     row = rows[number - 1]
@@ -238,7 +255,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
             result.culprit = searched.culprit
         elif measure == "loss":
             result.note = (f"the models' outputs agree ({searched.verdict}: {_error_text(searched)}), the losses do not "
-                           f"(reference {row.loss['reference']:.6g}, candidate {row.loss['candidate']:.6g}): the loss "
+                           f"(reference {row.loss.reference:.6g}, candidate {row.loss.candidate:.6g}): the loss "
                            "functions compute differently")
         else:
             result.note = (f"the backward search at the initial weights finds {searched.verdict} ({_error_text(searched)}): "
@@ -302,8 +319,8 @@ def _differing_setting(row: StepRow, settings: dict[str, dict[str, Any]],
     """What differs between the optimizers at this step: the learning rate, which parameters are
     decayed, a setting, else the update rule."""
     rates = row.learning_rate
-    if not math.isclose(rates["reference"], rates["candidate"], rel_tol=1e-6, abs_tol=0.0):
-        return "learning rate", rates["reference"], rates["candidate"]
+    if not math.isclose(rates.reference, rates.candidate, rel_tol=1e-6, abs_tol=0.0):
+        return "learning rate", rates.reference, rates.candidate
     if decay_difference is not None:
         return decay_difference
     reference, candidate = settings["reference"], settings["candidate"]

@@ -434,7 +434,7 @@ async def test_the_training_tui_shows_the_verdict_both_loss_curves_and_the_steps
         assert verdict.startswith("training verdict: divergent at step 1 of 3 (stage: optimizer)")
         assert "the optimizer's epsilon (reference 1e-08, candidate 1e-06)" in verdict
         curves = list(app.query(Sparkline))
-        assert [list(c.data) for c in curves] == [[row.loss[role] for row in result.steps] for role in ("reference", "candidate")]
+        assert [list(c.data) for c in curves] == [[getattr(row.loss, role) for row in result.steps] for role in ("reference", "candidate")]
         table = app.query_one(DataTable)
         assert table.row_count == 3 and table.cursor_row == 0
         assert table.get_row_at(0)[-1] == "semantic"

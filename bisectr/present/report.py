@@ -498,9 +498,9 @@ TRAINING_COLUMNS = ("step", "loss ref", "loss cand", "loss err", "grad err", "up
 def training_rows(result: TrainingResult) -> list[list[str]]:
     """One row per step (`TRAINING_COLUMNS`); rounding predicts and float64 differ: the update of the
     parameter whose float64 difference rounding explains least (see `StepRow`)."""
-    return [[str(row.step), fmt(row.loss["reference"]), fmt(row.loss["candidate"]), fmt(row.error["loss"]),
-             fmt(row.error["gradient"]), fmt(row.error["update"]), fmt(row.error["moments"]), fmt(row.predicted["update"]),
-             fmt(row.float64_error["update"]), fmt(row.learning_rate["reference"]), fmt(row.learning_rate["candidate"]),
+    return [[str(row.step), fmt(row.loss.reference), fmt(row.loss.candidate), fmt(row.error.loss),
+             fmt(row.error.gradient), fmt(row.error.update), fmt(row.error.moments), fmt(row.predicted.update),
+             fmt(row.float64_error.update), fmt(row.learning_rate.reference), fmt(row.learning_rate.candidate),
              "semantic" if row.semantic else ""] for row in result.steps]
 
 
@@ -509,7 +509,7 @@ def print_training(console: Console, result: TrainingResult) -> None:
     for line in training_lines(result):
         console.print(rich_line(line), highlight=False)
     for role in ("reference", "candidate"):
-        losses = [row.loss[role] for row in result.steps]
+        losses = [getattr(row.loss, role) for row in result.steps]
         console.print(f"loss, {role:9}  {sparkline(losses)}  {fmt(losses[0])} -> {fmt(losses[-1])}", highlight=False, markup=False)
     console.print(_table("Steps (errors relative; rounding predicts and float64 differ: the update of the parameter "
                          "rounding explains least)",

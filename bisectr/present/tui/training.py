@@ -47,7 +47,7 @@ class TrainingApp(App[int]):
         yield Header(show_clock=False)
         yield Static(id="verdict")
         for role in ("reference", "candidate"):
-            yield LossCurve(role, [row.loss[role] for row in self.result.steps], id=f"loss-{role}")
+            yield LossCurve(role, [getattr(row.loss, role) for row in self.result.steps], id=f"loss-{role}")
         yield DataTable(id="steps", zebra_stripes=True, cursor_type="row")
         yield Footer()
 
