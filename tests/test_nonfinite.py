@@ -1,6 +1,7 @@
 """NaN/Inf in the candidate's outputs while the reference's are finite: a divergence, named
 where it starts (tests/models/nonfinite.py: an unclamped `log`, a NaN parameter, a softmax without its max subtracted)."""
 import json
+import math
 
 import pytest
 
@@ -42,16 +43,18 @@ def test_an_overflowing_exp_inside_a_block_is_where_the_nan_starts(candidate, ma
     assert result.nonfinite.nan == 1 and first.index == 2 and first.source == f"{MODEL}:{line_of(MODEL, marker)}"
 
 
-def test_when_the_block_cannot_pair_the_culprit_is_where_the_nan_start():
-    """No replay evidence names anything (the exp/sum/div block is unpaired): the NaN still make the
-    run divergent, and the culprit is the exp they start at, against the reference's softmax."""
+def test_a_block_making_the_model_output_is_judged_and_shown_where_the_nan_start():
+    """The exp/sum/div block hands on the model's output, so it pairs with the reference's softmax
+    output (the outputs pair by key) though no value of it is finite: the block is the culprit,
+    confirmed, shown at the exp the NaN start at."""
     result = bisectr.bisect(MODEL, reference="hotter_reference", candidate="hotter_naive_softmax")
     culprit = result.culprit
-    assert result.verdict == "divergent" and culprit.op == "exp" and culprit.block is None
+    assert result.verdict == "divergent" and culprit.op == "softmax" and len(culprit.block.candidate) == 3
     assert culprit.candidate.source == f"{MODEL}:{line_of(MODEL, '# @exp')}"
     assert culprit.reference.op == "softmax"
     assert culprit.reference.source == f"{MODEL}:{line_of(MODEL, '# @hotter_softmax')}"
-    assert culprit.local_error is None and result.nonfinite.nan == 9
+    assert math.isinf(culprit.local_error) and result.nonfinite.nan == 9
+    assert result.confirmation.confirmed and result.confirmation.output_error == 0
 
 
 def test_a_nan_parameter_is_where_the_nan_starts():

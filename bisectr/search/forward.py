@@ -253,7 +253,8 @@ class ForwardRules(PassRules):
         return fine
 
     def culprit(self, search: ForwardPass, evidence: OpEvidence) -> Culprit:
-        return _culprit(self.run, search.analysis, evidence)
+        start = nonfinite_start(self.run, self.run.alignment)
+        return _culprit(self.run, search.analysis, evidence, start.op.index if start is not None and start.op is not None else None)
 
     def noise_culprit(self, search: ForwardPass, outcome: Outcome, full_error: float,
                       float64: Float64Check) -> tuple[OpEvidence | None, str]:
@@ -433,7 +434,9 @@ def _bracket(run: RunRecord, analysis: Analysis, cuts: list[int], entry: int | N
                    list(range(ref_low + 1, ref_high + 1)) + (region.reference if region else []), low, entry, why)
 
 
-def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culprit:
+def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence, nonfinite_from: int | None = None) -> Culprit:
+    """The culprit an op's (or block's) evidence names; a block is shown at the op where its NaN/Inf
+    start (`nonfinite_from`) when they start inside it, else where its difference enters."""
     evidence = analysis.with_oracle(evidence)
     cand_op = run.candidate.ops[evidence.candidate]
     different_leaves = [analysis.leaves[t] for t in cand_op.inputs
@@ -441,7 +444,8 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence) -> Culpri
     leaf = leaf_name(different_leaves[0].candidate) if different_leaves else None
     cand_index, ref_index = evidence.candidate, evidence.reference
     if evidence.block is not None:  # shown where its difference enters, against the reference op it is named after
-        cand_index = entering_op(run.alignment, run.candidate, evidence.block)
+        inside = nonfinite_from is not None and nonfinite_from in evidence.block.candidate
+        cand_index = nonfinite_from if inside else entering_op(run.alignment, run.candidate, evidence.block)
         if evidence.block.reference:
             ref_index = computing_op(run.reference, evidence.block.reference)
     block = evidence.block or Block([evidence.candidate], [evidence.reference], matched=True)
