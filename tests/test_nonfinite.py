@@ -29,8 +29,8 @@ def test_the_unclamped_log_is_the_culprit_and_where_the_nan_starts(candidate, ma
 
 @pytest.mark.parametrize("candidate, marker", [("naive_softmax", "# @exp"), ("paddle_naive_softmax", "# @paddle_exp")])
 def test_an_overflowing_exp_inside_a_block_is_where_the_nan_starts(candidate, marker):
-    """exp/sum/div against one softmax: the block is judged as one op (the culprit, at the div that
-    completes it), and the NaN are traced back inside it to the exp that overflowed."""
+    """exp/sum/div against one softmax: the block is judged as one op (the culprit), and the NaN are
+    traced back inside it to the exp that overflowed, where the culprit is shown."""
     if candidate.startswith("paddle"):
         pytest.importorskip("paddle")
     result = bisectr.bisect(MODEL, reference="softmax_reference", candidate=candidate)
@@ -38,7 +38,7 @@ def test_an_overflowing_exp_inside_a_block_is_where_the_nan_starts(candidate, ma
     assert result.verdict == "divergent" and culprit.op == "softmax" and culprit.kind == "op"
     assert culprit.block == BlockOps(candidate=[2, 3, 4], reference=[2])
     assert culprit.reference.source == f"{MODEL}:{line_of(MODEL, '# @softmax')}"
-    assert culprit.candidate.source == f"{MODEL}:{line_of(MODEL, marker) + 1}"  # the div
+    assert culprit.candidate.source == f"{MODEL}:{line_of(MODEL, marker)}"  # the exp
     first = result.nonfinite.first
     assert result.nonfinite.nan == 1 and first.index == 2 and first.source == f"{MODEL}:{line_of(MODEL, marker)}"
 
