@@ -64,7 +64,7 @@ def measure(pair: Pair, reference_python: str | None = None) -> tuple[dict, dict
     if result["verdict"] == "noise" and not narrow:
         analysis = Analysis(run)
         outputs = (run.candidate.ops[p.candidate].outputs[0] for p in run.alignment.pairs)
-        errors = (analysis.tensor_error(tid) for tid in outputs if run.candidate.tensors[tid].stats["absmax"] < MASK_MAGNITUDE)
+        errors = (analysis.tensor_error(tid) for tid in outputs if run.candidate.tensors[tid].stats.absmax < MASK_MAGNITUDE)
         contradicted = sum(1 for e in errors if e is not None and e.max_rel > CONTRADICTION)
         if contradicted:
             found.append(f"{contradicted} pairs the values contradict")

@@ -108,6 +108,6 @@ def test_a_run_with_nan_and_inf_is_saved_as_standard_json_and_reads_back_the_sam
         json.loads(document.read_text(), parse_constant=refuse)
     reopened = bisectr.load(tmp_path / "run")
     assert reopened.result.to_dict() == result.to_dict() and reopened.result.output_error.max_rel == float("inf")
-    nan_tensors = [t for t in reopened.candidate.tensors.values() if t.stats["nan"]]
+    nan_tensors = [t for t in reopened.candidate.tensors.values() if t.stats.nan]
     assert nan_tensors and all(any(x != x for x in t.fingerprint) for t in nan_tensors)
     assert [t.to_json() for t in nan_tensors] == [run.candidate.tensors[t.tid].to_json() for t in nan_tensors]

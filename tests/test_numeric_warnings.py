@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from bisectr.measure.metrics import ErrorMetrics, error_metrics
-from bisectr.capture.trace import StatsBatch, TensorInfo
+from bisectr.capture.trace import PENDING_STATS, StatsBatch, TensorInfo
 from conftest import MODELS
 
 LOWEST = np.finfo(np.float32).min
 
 
 def _described(values: np.ndarray) -> dict[str, float]:
-    info = TensorInfo(0, values.shape, "float32", {}, [])
+    info = TensorInfo(0, values.shape, "float32", PENDING_STATS, [])
     batch = StatsBatch()
     batch.add(info, values)
     batch.flush()
@@ -30,10 +30,10 @@ def test_statistics_of_a_float32_mask_of_the_lowest_value(size):
     mask[1] = 1.5
     stats = _described(mask)
     exact = mask.astype(np.float64)
-    assert (stats["min"], stats["max"], stats["absmax"]) == (float(LOWEST), 1.5, -float(LOWEST))
-    assert stats["mean"] == pytest.approx(exact.mean(), rel=1e-12) and stats["mean"] == pytest.approx(-1.7014e38, rel=1e-4)
-    assert stats["std"] == pytest.approx(exact.std(), rel=1e-6)
-    assert stats["nan"] == stats["inf"] == 0
+    assert (stats.min, stats.max, stats.absmax) == (float(LOWEST), 1.5, -float(LOWEST))
+    assert stats.mean == pytest.approx(exact.mean(), rel=1e-12) and stats.mean == pytest.approx(-1.7014e38, rel=1e-4)
+    assert stats.std == pytest.approx(exact.std(), rel=1e-6)
+    assert stats.nan == stats.inf == 0
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
@@ -41,7 +41,7 @@ def test_statistics_whose_float32_squares_sum_past_the_largest_float32():
     """Values of 1e17 square to 1e34; 40000 of those sum to 4e38, past float32's 3.4e38."""
     values = np.tile(np.array([1e17, -1e17], np.float32), 20_000)
     stats = _described(values)
-    assert stats["mean"] == 0.0 and stats["std"] == pytest.approx(1e17, rel=1e-6)
+    assert stats.mean == 0.0 and stats.std == pytest.approx(1e17, rel=1e-6)
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")

@@ -8,7 +8,7 @@ import bisectr
 from bisectr.adapters import registered
 from bisectr.errors import TraceMismatchError, UserModelError
 from bisectr.capture.sides import Rerun
-from bisectr.capture.trace import StatsBatch, TensorInfo, fingerprint, tensor_stats
+from bisectr.capture.trace import PENDING_STATS, StatsBatch, TensorInfo, TensorStats, fingerprint, tensor_stats
 from conftest import EXAMPLES, MODELS, assert_replay_matches_model_rerun, line_of
 
 OPS_FILE = MODELS / "torch_ops.py"
@@ -73,9 +73,9 @@ def test_tensor_statistics_are_recorded(ops_run):
     info = trace.tensors[softmax.outputs[0]]
     values = trace.value(info.tid)
     assert info.shape == (2, 3, 8) and info.dtype == "float32"
-    assert info.stats["max"] == pytest.approx(float(values.max()))
-    assert info.stats["mean"] == pytest.approx(1 / 8, rel=1e-5)  # rows of a softmax average 1/8
-    assert info.stats["nan"] == 0 and info.stats["inf"] == 0
+    assert info.stats.max == pytest.approx(float(values.max()))
+    assert info.stats.mean == pytest.approx(1 / 8, rel=1e-5)  # rows of a softmax average 1/8
+    assert info.stats.nan == 0 and info.stats.inf == 0
 
 
 def test_statistics_and_fingerprints_describe_each_tensor_as_it_was_produced(ops_run):
@@ -88,7 +88,7 @@ def test_statistics_and_fingerprints_describe_each_tensor_as_it_was_produced(ops
     for info in described:
         values = trace.value(info.tid)
         expected = tensor_stats(values)
-        assert info.stats == pytest.approx(expected, rel=1e-5, abs=1e-6), (info.tid, info.leaf)
+        assert info.stats.to_json() == pytest.approx(expected.to_json(), rel=1e-5, abs=1e-6), (info.tid, info.leaf)
         assert info.fingerprint == fingerprint(values), (info.tid, info.leaf)
 
 
@@ -119,7 +119,7 @@ def test_tensors_off_the_host_are_described_where_they_live_and_only_stored_ones
         for tid, info in device.traces[role].tensors.items():
             expected = host.traces[role].tensors[tid]
             assert info.fingerprint == pytest.approx(expected.fingerprint, nan_ok=True)
-            assert info.stats == pytest.approx(expected.stats, rel=1e-5, abs=1e-6)
+            assert info.stats.to_json() == pytest.approx(expected.stats.to_json(), rel=1e-5, abs=1e-6)
             unstored += not info.stored
     assert unstored > 100 and counts["host"] - counts["device"] == unstored
     culprits = [run.bisect().culprit for run in (host, device)]
@@ -131,16 +131,15 @@ def test_statistics_skip_nan_and_inf_and_count_them(size):
     """min/max/mean/std over the finite values only, whether a tensor is described in a batch or alone."""
     values = np.zeros(size, np.float32)
     values[:6] = [1.0, -2.0, np.nan, np.inf, 3.0, -np.inf]
-    info = TensorInfo(0, (size,), "float32", {}, [])
+    info = TensorInfo(0, (size,), "float32", PENDING_STATS, [])
     batch = StatsBatch()
     batch.add(info, values)
     batch.flush()
     finite = np.concatenate([[1.0, -2.0, 3.0], np.zeros(size - 6)])
-    assert info.stats["nan"] == 1 and info.stats["inf"] == 2
-    assert (info.stats["min"], info.stats["max"], info.stats["absmax"]) == (-2.0, 3.0, 3.0)
-    assert info.stats["mean"] == pytest.approx(finite.mean()) and info.stats["std"] == pytest.approx(finite.std())
-    assert tensor_stats(np.full(4, np.nan, np.float32)) == {"min": 0.0, "max": 0.0, "mean": 0.0, "absmax": 0.0,
-                                                            "std": 0.0, "nan": 4, "inf": 0}
+    assert info.stats.nan == 1 and info.stats.inf == 2
+    assert (info.stats.min, info.stats.max, info.stats.absmax) == (-2.0, 3.0, 3.0)
+    assert info.stats.mean == pytest.approx(finite.mean()) and info.stats.std == pytest.approx(finite.std())
+    assert tensor_stats(np.full(4, np.nan, np.float32)) == TensorStats(0.0, 0.0, 0.0, 0.0, 0.0, nan=4, inf=0)
 
 
 def test_recording_twice_gives_the_same_graph(ops_run, tmp_path):

@@ -38,7 +38,7 @@ def test_a_run_holds_no_parameter_values_and_reads_them_from_the_live_model(tmp_
     for trace in (run.reference, run.candidate):
         leaves = [info for info in trace.tensors.values() if (info.leaf or "").startswith(("param:", "buffer:"))]
         assert len(leaves) >= 40 and not any(info.stored for info in leaves)
-        assert all(trace.has_value(info.tid) and info.stats["absmax"] > 0 for info in leaves if info.leaf.endswith(".weight"))
+        assert all(trace.has_value(info.tid) and info.stats.absmax > 0 for info in leaves if info.leaf.endswith(".weight"))
         stored = sum(info.size * np.dtype(host_dtype(info.dtype)).itemsize for info in trace.tensors.values() if info.stored)
         assert stored <= (tmp_path / "run" / trace.side / "tensors.bin").stat().st_size <= stored + 64 * len(trace.tensors)
     result = run.bisect()
@@ -68,8 +68,8 @@ def test_stats_only_keeps_statistics_and_the_outputs(tmp_path):
     with_values = bisectr.trace(OPS_FILE, out=tmp_path / "values").candidate
     for tid, info in run.candidate.tensors.items():  # the same statistics as from the values themselves
         values = with_values.value(tid).astype(np.float64)
-        assert info.stats["absmax"] == pytest.approx(np.abs(values).max(), rel=1e-6)
-        assert info.stats["mean"] == pytest.approx(values.mean(), rel=1e-5, abs=1e-7)
+        assert info.stats.absmax == pytest.approx(np.abs(values).max(), rel=1e-6)
+        assert info.stats.mean == pytest.approx(values.mean(), rel=1e-5, abs=1e-7)
     assert (tmp_path / "run" / "candidate" / "tensors.bin").stat().st_size < 1024
 
 

@@ -608,7 +608,7 @@ class Patches:
         now = live_fingerprint(self.adapter, tensor)
         if len(now) != len(recorded.fingerprint):
             raise self.departure(op.index, op, "produces a tensor of another size")
-        allowed = VALUE_DRIFT * max(recorded.stats["absmax"], 1e-30)
+        allowed = VALUE_DRIFT * max(recorded.stats.absmax, 1e-30)
         # Sixteen numbers: plain Python beats numpy's per-call cost. NaN == NaN counts as reproduced.
         if not all(a == b or abs(a - b) <= allowed or (a != a and b != b) for a, b in zip(now, recorded.fingerprint)):
             raise self.departure(op.index, op, "computes other values from the same inputs")

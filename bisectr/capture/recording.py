@@ -23,7 +23,8 @@ from .interpreter import Call, Patches, Recording, RerunResult, Slot, run_op
 from .ops import canonical_op
 from .store import TensorWriter
 from .structure import call_tensors, flatten_outputs, map_tensors
-from .trace import OpNode, StatsBatch, TensorInfo, Trace, device_reductions, is_floating, is_model_leaf, reduced_stats
+from .trace import (PENDING_STATS, OpNode, StatsBatch, TensorInfo, Trace, device_reductions, is_floating, is_model_leaf,
+                    reduced_stats)
 from ..leafref import LeafRef
 
 _BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -205,7 +206,7 @@ class Recorder(_Session):
         stored = store and (producer is None or self._within_budget(values.nbytes))
         if stored:
             self.writer.write(tid, values)
-        info = TensorInfo(tid, tuple(tensor.shape), self.adapter.dtype_name(tensor), {}, [], producer, leaf, stored)
+        info = TensorInfo(tid, tuple(tensor.shape), self.adapter.dtype_name(tensor), PENDING_STATS, [], producer, leaf, stored)
         self.trace.tensors[tid] = info
         if reductions is None:
             self._stats.add(info, values)

@@ -22,12 +22,40 @@ from ..leafref import leaf_kind
 FINGERPRINT_SIZE = 16
 
 
+@dataclass(slots=True, frozen=True)
+class TensorStats:
+    """A tensor's statistics over its finite values (all 0 where it has none), and its NaN and Inf counts."""
+
+    min: float
+    max: float
+    mean: float
+    absmax: float
+    std: float
+    nan: int = 0
+    inf: int = 0
+
+    def to_json(self) -> dict:
+        data = _shallow_dict(self)
+        if not all(map(math.isfinite, data.values())):
+            data = {key: plain_number(x) for key, x in data.items()}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> TensorStats:
+        if str in set(map(type, data.values())):
+            data = {key: number(x) for key, x in data.items()}
+        return cls(**data)
+
+
+PENDING_STATS = TensorStats(0.0, 0.0, 0.0, 0.0, 0.0)  # a tensor's until its batch is described (`StatsBatch`)
+
+
 @dataclass(slots=True)  # one per tensor of a trace: no per-instance __dict__
 class TensorInfo:
     tid: int
     shape: tuple[int, ...]
     dtype: str
-    stats: dict[str, float]
+    stats: TensorStats
     fingerprint: list[float]
     producer: int | None = None  # op index, None for a leaf
     leaf: str | None = None  # "input:x", "param:blocks.0.w", "buffer:..", "const:..."
@@ -40,23 +68,20 @@ class TensorInfo:
     @property
     def nonfinite(self) -> int:
         """How many of its values are NaN or Inf."""
-        return int(self.stats.get("nan", 0) + self.stats.get("inf", 0))
+        return int(self.stats.nan + self.stats.inf)
 
     def to_json(self) -> dict:
         data = _shallow_dict(self)
         if not all(map(math.isfinite, self.fingerprint)):  # a NaN or Inf among its values
             data["fingerprint"] = [plain_number(x) for x in self.fingerprint]
-        if not all(map(math.isfinite, self.stats.values())):
-            data["stats"] = {key: plain_number(x) for key, x in self.stats.items()}
+        data["stats"] = self.stats.to_json()
         return data
 
     @classmethod
     def from_json(cls, data: dict) -> "TensorInfo":
-        info = cls(**{**data, "shape": tuple(data["shape"])})
+        info = cls(**{**data, "shape": tuple(data["shape"]), "stats": TensorStats.from_json(data["stats"])})
         if type(info.fingerprint) is list and str in set(map(type, info.fingerprint)):
             info.fingerprint = [number(x) for x in info.fingerprint]
-        if type(info.stats) is dict and str in set(map(type, info.stats.values())):
-            info.stats = {key: number(x) for key, x in info.stats.items()}
         return info
 
 
@@ -235,7 +260,7 @@ class Trace:
         for tid, info in self.tensors.items():
             # Values are checked through the set of their types: a Python loop per value costs as much as parsing the JSON.
             if not (info.tid == tid and _are_indices(info.shape) and type(info.dtype) is str and type(info.stored) is bool
-                    and type(info.stats) is dict and _NUMBER_TYPES.issuperset(map(type, info.stats.values()))
+                    and _NUMBER_TYPES.issuperset(map(type, _shallow_dict(info.stats).values()))
                     and type(info.fingerprint) is list and _NUMBER_TYPES.issuperset(map(type, info.fingerprint))
                     and (info.producer is None or type(info.producer) is int and 0 <= info.producer < op_count)
                     and (info.leaf is None or type(info.leaf) is str)):
@@ -290,7 +315,7 @@ def float64_dtype(dtype: str) -> str:
     return "float64" if dtype.startswith(("float", "bfloat")) else dtype
 
 
-def tensor_stats(values: np.ndarray) -> dict[str, float]:
+def tensor_stats(values: np.ndarray) -> TensorStats:
     """min/max/mean/abs-max/std over the finite values, plus NaN and Inf counts.
 
     Runs on every recorded tensor and parameter, so it is kept to four cheap passes: min
@@ -338,7 +363,7 @@ def device_reductions(adapter: Tensors, tensor: Any) -> Reductions | None:
     return adapter.reductions(tensor, fingerprint_positions(size))
 
 
-def reduced_stats(reduced: Reductions) -> dict[str, float]:
+def reduced_stats(reduced: Reductions) -> TensorStats:
     """`tensor_stats` from the reductions a framework computed where the tensor lives."""
     if not reduced.finite:
         return _statistics(0.0, 0.0, 0.0, 0.0, reduced.nan, reduced.inf)
@@ -347,8 +372,8 @@ def reduced_stats(reduced: Reductions) -> dict[str, float]:
     return _statistics(reduced.low, reduced.high, mean, std, reduced.nan, reduced.inf)
 
 
-def _statistics(low: float, high: float, mean: float, std: float, nan: int = 0, inf: int = 0) -> dict[str, float]:
-    return {"min": low, "max": high, "mean": mean, "absmax": max(abs(low), abs(high)), "std": std, "nan": nan, "inf": inf}
+def _statistics(low: float, high: float, mean: float, std: float, nan: int = 0, inf: int = 0) -> TensorStats:
+    return TensorStats(low, high, mean, max(abs(low), abs(high)), std, nan, inf)
 
 
 _SUM_ROW = 1 << 16

@@ -198,7 +198,7 @@ def value_distance(a: TensorInfo, b: TensorInfo) -> float:
     """0 for identical fingerprints, about 1 for unrelated data, 2 for opposite sign."""
     if a.size != b.size or len(a.fingerprint) != len(b.fingerprint):
         return 2.0
-    return fingerprint_distance(a.fingerprint, b.fingerprint, max(a.stats["absmax"], b.stats["absmax"], 1e-30))
+    return fingerprint_distance(a.fingerprint, b.fingerprint, max(a.stats.absmax, b.stats.absmax, 1e-30))
 
 
 def fingerprint_distance(a: list[float], b: list[float], scale: float) -> float:
@@ -741,7 +741,7 @@ def _layout(reference: Trace, candidate: Trace, c_tid: int, r_tid: int) -> tuple
                     if p != identity and tuple(r_info.shape[i] for i in p) == c_info.shape]
     best: tuple[float, Permutation] = (plain, None)
     values = reference.value(r_tid)
-    scale = max(c_info.stats["absmax"], r_info.stats["absmax"], 1e-30)
+    scale = max(c_info.stats.absmax, r_info.stats.absmax, 1e-30)
     for permutation in permutations:
         distance = fingerprint_distance(fingerprint(np.transpose(values, permutation)), c_info.fingerprint, scale)
         best = min(best, (distance, permutation), key=lambda item: item[0])

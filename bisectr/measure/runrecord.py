@@ -196,8 +196,8 @@ def pair_outputs(reference: Trace, candidate: Trace, model_file: Path) -> list[O
         if ref_info.size != cand_info.size:
             raise OutputMismatchError(f"{model_file}: {shapes}")
         if ref_info.nonfinite:
-            raise ModelFileError(f"{model_file}: the reference output {ref_key!r} holds {ref_info.stats['nan']} NaN and "
-                                 f"{ref_info.stats['inf']} Inf values; a trusted reference must be finite")
+            raise ModelFileError(f"{model_file}: the reference output {ref_key!r} holds {ref_info.stats.nan} NaN and "
+                                 f"{ref_info.stats.inf} Inf values; a trusted reference must be finite")
         pair = OutputPair(ref_key, cand_key, ref_tid, cand_tid, {})
         if reference.has_value(ref_tid) and candidate.has_value(cand_tid):
             ref_values, cand_values = reference.value(ref_tid), candidate.value(cand_tid)

@@ -56,7 +56,7 @@ def nonfinite_summary(run: RunRecord, start: NonFiniteStart) -> NonFinite:
     outputs = [run.candidate.tensors[pair.candidate] for pair in run.output_pairs]
     info = run.candidate.tensors[start.tid]
     first = None if start.op is None else NonFiniteSite(**vars(site(start.op)), leaf=info.leaf if info.producer is None else None)
-    return NonFinite(sum(int(o.stats.get("nan", 0)) for o in outputs), sum(int(o.stats.get("inf", 0)) for o in outputs), first)
+    return NonFinite(sum(o.stats.nan for o in outputs), sum(o.stats.inf for o in outputs), first)
 
 
 def nonfinite_culprit(run: RunRecord, start: NonFiniteStart) -> Culprit | None:

@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from ...capture.trace import TensorStats
 from ...measure.align import Alignment
 from ...measure.analysis import Analysis
 from ...errors import BisectrError
@@ -141,7 +142,7 @@ class TensorRow:
     name: str  # leaf name or "op N"
     shape: tuple[int, ...]
     dtype: str
-    stats: dict[str, float]
+    stats: TensorStats
     error: float | None  # max relative error vs the paired tensor (candidate rows)
     stored: bool
 

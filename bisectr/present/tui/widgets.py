@@ -401,7 +401,7 @@ class TensorStats(Static):
         table = Table(box=box.SIMPLE_HEAD, expand=False, pad_edge=False, header_style="bold", show_edge=False,
                       collapse_padding=True)
         rows = data.tensor_rows(index)
-        bad = any((r.stats or {}).get("nan") or (r.stats or {}).get("inf") for r in rows)
+        bad = any(r.stats.nan or r.stats.inf for r in rows)
         dtypes = {r.dtype for r in rows}
         self.border_subtitle = f"all {dtypes.pop()}" if len(dtypes) == 1 else ""
         columns = [("", "left"), ("tensor", "left"), ("shape", "left")] + ([("dtype", "left")] if not self.border_subtitle else []) \
@@ -409,12 +409,12 @@ class TensorStats(Static):
         for column, justify in columns:
             table.add_column(column, justify=justify, no_wrap=True)
         for row in rows:
-            stats = row.stats or {}
+            stats = row.stats
             cells = [f"{'cand' if row.side == 'candidate' else 'ref'} {row.role.replace(' ', '')}", truncate_left(row.name, 16),
                      fmt_shape(row.shape)] + ([] if self.border_subtitle else [DTYPE_SHORT.get(row.dtype, row.dtype)]) + [
-                     fmt(stats.get("min")), fmt(stats.get("max")), fmt(stats.get("mean"))]
+                     fmt(stats.min), fmt(stats.max), fmt(stats.mean)]
             if bad:
-                cells.append(f"{int(stats.get('nan', 0))}/{int(stats.get('inf', 0))}")
+                cells.append(f"{stats.nan}/{stats.inf}")
             cells.append(fmt(row.error) if row.error is not None else "")
             table.add_row(*cells)
         self.update(table)
