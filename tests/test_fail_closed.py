@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import MODELS
+from conftest import EXAMPLES, MODELS
 
 UNSEEN = MODELS / "unseen_sides.py"
 
@@ -76,3 +76,15 @@ def test_noise_is_never_said_where_no_float64_check_ran_and_no_op_explains_the_e
     bracket = result["bracket"]
     assert bracket["why"].startswith("rounding does not explain the outputs' error: the float64 check did not run")
     assert [site["op"] for site in bracket["candidate"]] == ["Tensor.mul"]
+
+
+def test_under_torchrun_every_rank_refuses_instead_of_comparing_its_shard():
+    """torchrun starts bisectr once per rank: each would record its own shards against the reference's
+    whole tensors and write one run directory. Every rank exits 2 saying why, within the time bound."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+                           "-m", "bisectr", "bisect", str(EXAMPLES / "span_head.py")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    for rank in (0, 1):
+        assert f"started by torchrun as rank {rank} of 2 (WORLD_SIZE=2)" in done.stderr
+    assert "verdict" not in done.stdout

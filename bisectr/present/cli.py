@@ -150,6 +150,10 @@ def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> 
     if args.command == "trace" and args.backward and args.stats_only:
         parser.error("--backward searches with stored values: leave out --stats-only")
     silence_import_warnings()
+    launched = _launched_as_rank()
+    if launched and args.command != "view":
+        Console(stderr=True, soft_wrap=True).print(f"[bold red]bisectr: error:[/] {launched}", markup=True, highlight=False)
+        return EXIT_ERROR
     console = Console(soft_wrap=True)
     if not console.is_terminal:
         console.width = UNBOUNDED_WIDTH
@@ -171,6 +175,20 @@ def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> 
         return EXIT_ERROR
     except Exception as exc:  # what bisectr did not expect is its own bug, never a verdict
         return _report_bug(exc)
+
+
+def _launched_as_rank() -> str | None:
+    """Why this process must not search, when a distributed launcher (torchrun, paddle's launch) started
+    it as one rank of several: every rank would record only its own shards, compare them with the
+    reference's whole tensors and write the same run directory."""
+    for launcher, world, rank in (("torchrun", "WORLD_SIZE", "RANK"), ("paddle.distributed.launch", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID")):
+        size = os.environ.get(world, "1")
+        if size.isdigit() and int(size) > 1:
+            return (f"started by {launcher} as rank {os.environ.get(rank, '?')} of {size} ({world}={size}): run bisectr as one "
+                    "process, not under a distributed launcher. Each rank would compare its own shards with the reference's "
+                    "whole tensors; a side that computes on several processes (tensor parallel) cannot be recorded yet: "
+                    "give the candidate a one-process model")
+    return None
 
 
 _interrupt_pending = threading.Event()
