@@ -35,19 +35,28 @@ from ..leafref import leaf_kind
 
 @dataclass
 class OpEvidence:
+    """One paired op's (or matched block's) evidence, in either pass: the error of what it hands on
+    (its outputs forward, the gradients it hands back backward), its own difference replayed on the
+    reference's inputs (`local_error`, relative), the fp64 oracle and the verdict they give."""
+
     candidate: int
     reference: int
     op: str
     dtype: str
-    output_error: ErrorMetrics  # propagated
-    input_error: float  # worst absolute error among paired inputs
-    input_error_rel: float
-    local_error: float | None  # relative
+    output_error: ErrorMetrics  # propagated: of its first output forward, of the gradient reaching it backward
+    local_error: float | None
     fp64: Float64Evidence | None
-    amplification: float
     verdict: OpVerdict
     block: Block | None = None  # set when the evidence is for a matched N:M block
     fp64_unavailable: str | None = None  # why the fp64 oracle could not be replayed (an op without a float64 kernel)
+    # Forward: the worst error among its paired inputs (absolute and relative), and its output's
+    # absolute error as a multiple of it.
+    input_error: float | None = None
+    input_error_rel: float | None = None
+    amplification: float | None = None
+    # Backward: candidate input tid -> what its own backward adds to that input's gradient (candidate
+    # minus reference), in the candidate's layout: what a confirmation takes out.
+    own_difference: dict[int, np.ndarray] | None = None
 
 
 @dataclass
@@ -202,8 +211,8 @@ class Analysis:
         # a block is named by its reference ops; one the reference has no ops in, by the candidate's
         named = [self.reference.ops[i] for i in ref_ops] or [self.candidate.ops[i] for i in cand_ops]
         name = block_name([op.op for op in named]) if block else cand_op.op
-        return OpEvidence(cand_index, ref_index, name, dtype, output_error, input_abs, input_rel, local, fp64, amplification,
-                          verdict, block, fp64_unavailable)
+        return OpEvidence(cand_index, ref_index, name, dtype, output_error, local, fp64, verdict, block, fp64_unavailable,
+                          input_abs, input_rel, amplification)
 
     def compared_outputs(self, cand_index: int, ref_index: int, block: Block | None = None) -> list[tuple[int, int]]:
         """(candidate tid, reference tid) that an op's evidence compares: its first output, or every

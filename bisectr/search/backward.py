@@ -28,7 +28,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import astuple, dataclass
+from dataclasses import astuple
 from functools import partial
 from typing import Callable, Iterator
 
@@ -37,7 +37,7 @@ import numpy as np
 from ..adapters import CannotUpcast
 from ..measure.align import TensorPair, handed_on
 from ..errors import ModelFileError, OutputMismatchError
-from ..measure.metrics import EXACT, ErrorMetrics, Float64Evidence, OpVerdict, OutputError, error_metrics
+from ..measure.metrics import EXACT, ErrorMetrics, Float64Evidence, OutputError, error_metrics
 from .precision import float64_runs, noted
 from ..measure.numerics import GRADIENT_FLOOR, coarsest_dtype, confirms, judge, judge_float64, magnitude, relative_to
 from ..measure.runrecord import RunRecord, output_seeds
@@ -46,29 +46,11 @@ from ..capture.interpreter import Gradients, Shift
 from ..measure.result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow
 from .core import Decided, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before, site
 from ..capture.sides import Backward, Float64Gradients, ReplayVJP, Sides
-from ..measure.analysis import block_name, external_inputs
+from ..measure.analysis import OpEvidence, block_name, external_inputs
 from ..capture.trace import OpNode, Trace, is_floating
 from ..leafref import LeafRef, leaf_kind
 
 LEAVES = ("param", "input")  # the leaves whose gradients are the backward's outputs (floating inputs: see `capture.sides.Backward`)
-
-
-@dataclass
-class OpGradientEvidence:
-    """The backward of one paired op."""
-
-    candidate: int
-    reference: int
-    op: str
-    dtype: str
-    gradient_error: ErrorMetrics  # of the gradient reaching its first output (propagated)
-    local_error: float | None  # its backward replayed on the reference's inputs and upstream gradient
-    fp64: Float64Evidence | None
-    verdict: OpVerdict
-    # Candidate input tid -> what this op's own backward adds to its gradient (candidate minus
-    # reference), in the candidate's layout: what a confirmation takes out.
-    own_difference: dict[int, np.ndarray] | None = None
-    fp64_unavailable: str | None = None  # why the fp64 oracle could not be replayed (an op without a float64 kernel)
 
 
 class BackwardRun:
@@ -207,7 +189,7 @@ def block_outputs(trace: Trace, indices: list[int], readers: dict[int, list[int]
     return [tid for tid in handed_on(trace, indices, readers) if inside.isdisjoint(readers.get(tid, []))]
 
 
-def op_evidence(backward: BackwardRun, cand_index: int) -> OpGradientEvidence:
+def op_evidence(backward: BackwardRun, cand_index: int) -> OpEvidence:
     """The local backward error of one paired op or matched block and its fp64 oracle (see the module docstring)."""
     run, sides = backward.run, backward.sides
     cand_ops, ref_ops = backward.units[cand_index]
@@ -218,7 +200,7 @@ def op_evidence(backward: BackwardRun, cand_index: int) -> OpGradientEvidence:
     cand_outputs = block_outputs(run.candidate, cand_ops, backward.readers["candidate"])
     ref_outputs = block_outputs(run.reference, ref_ops, backward.readers["reference"])
     propagated = backward.tensor_error(cand_op.outputs[0]) or EXACT
-    evidence = OpGradientEvidence(cand_index, ref_index, name, dtype, propagated, None, None, "unknown")
+    evidence = OpEvidence(cand_index, ref_index, name, dtype, propagated, None, None, "unknown")
     if not cand_outputs or not ref_outputs:
         return evidence
     cand_inputs, ref_inputs = external_inputs(run.candidate, cand_ops), external_inputs(run.reference, ref_ops)
@@ -285,7 +267,7 @@ class BackwardPass(SearchPass):
         first_read = backward.run.candidate.first_reads()
         never = len(backward.run.candidate.ops)  # an output nothing reads: its gradient is the seed
         self.patchable = sorted(((first_read.get(t, never), t) for t in backward.tensor_pairs), reverse=True)
-        self.evidence: dict[int, OpGradientEvidence] = {}
+        self.evidence: dict[int, OpEvidence] = {}
 
     def rerun(self, role: str, patches: dict[int, np.ndarray | Shift], parameter_shift: dict[int, np.ndarray] | None = None) -> Gradients:
         """A `role` backward re-run handing on `patches`, its parameters' gradients shifted by `parameter_shift`."""
@@ -327,14 +309,14 @@ class BackwardPass(SearchPass):
         grads = self.rerun("candidate", patches)
         return self.backward.leaf_error(grads).max_rel, self._moved(grads, "candidate")
 
-    def evidence_of(self, index: int) -> OpGradientEvidence | None:
+    def evidence_of(self, index: int) -> OpEvidence | None:
         if index not in self.backward.op_pairs:
             return None
         if index not in self.evidence:
             self.evidence[index] = op_evidence(self.backward, index)
         return self.evidence[index]
 
-    def suspects(self, cuts: list[int], entry: int | None) -> Iterator[OpGradientEvidence]:
+    def suspects(self, cuts: list[int], entry: int | None) -> Iterator[OpEvidence]:
         """From the cut before the entry point down to the entry point (where the cut search says the
         error enters), then on towards the inputs. An op at or past the cut before the entry point
         cannot hold it: the reference's gradients handed on there left most of the error in place."""
@@ -344,17 +326,17 @@ class BackwardPass(SearchPass):
             ops = [i for i in ops if i >= entry] + [i for i in ops if i < entry]
         yield from (self.evidence_of(i) for i in ops)
 
-    def reach(self, group: list[OpGradientEvidence]) -> float:
+    def reach(self, group: list[OpEvidence]) -> float:
         """The reference's backward re-run with these ops' own differences added to the gradients they hand on."""
         patches, shift = self._own_differences(group, "reference")
         return self._moved(self.rerun("reference", patches, shift), "reference")
 
-    def error_without(self, group: list[OpGradientEvidence]) -> float:
+    def error_without(self, group: list[OpEvidence]) -> float:
         """A candidate re-run with these ops' own backward differences taken out of the gradients they hand on."""
         patches, shift = self._own_differences(group, "candidate")
         return self.backward.leaf_error(self.rerun("candidate", patches, shift)).max_rel
 
-    def _own_differences(self, group: list[OpGradientEvidence], side: str) -> tuple[dict[int, Shift], dict[int, np.ndarray]]:
+    def _own_differences(self, group: list[OpEvidence], side: str) -> tuple[dict[int, Shift], dict[int, np.ndarray]]:
         """The group's own differences as shifts of the gradients it hands on and of parameters'
         gradients, by the `side`'s tids: taken out of the candidate's, put into the reference's.
         Where the candidate's op itself made NaN/Inf, the reference's gradient is what is left."""
@@ -436,11 +418,11 @@ class BackwardRules(PassRules):
         say("searching the backward pass")
         yield self.search
 
-    def culprit(self, search: BackwardPass, evidence: OpGradientEvidence) -> Culprit:
+    def culprit(self, search: BackwardPass, evidence: OpEvidence) -> Culprit:
         return _culprit(self.run, evidence)
 
     def noise_culprit(self, search: BackwardPass, outcome: Outcome, full_error: float,
-                      float64: Float64Check) -> tuple[OpGradientEvidence | None, str]:
+                      float64: Float64Check) -> tuple[OpEvidence | None, str]:
         """The op at the entry point: where most of the gradient's rounding enters."""
         return (search.evidence_of(outcome.entry) if outcome.entry is not None else None), ""
 
@@ -522,16 +504,16 @@ def _bracket(run: RunRecord, pairs: dict[int, int], entry: int | None, low: int 
     return bracket(run, list(range(cand_low, cand_high + 1)), list(range(ref_low, ref_high + 1)), low, entry)
 
 
-def _culprit(run: RunRecord, evidence: OpGradientEvidence) -> Culprit:
+def _culprit(run: RunRecord, evidence: OpEvidence) -> Culprit:
     return Culprit("op", evidence.op, site(run.candidate.ops[evidence.candidate]), site(run.reference.ops[evidence.reference]),
-                   None, input_error=None, output_error=evidence.gradient_error.max_abs,
-                   output_error_rel=evidence.gradient_error.max_rel, input_error_rel=None,
+                   None, input_error=None, output_error=evidence.output_error.max_abs,
+                   output_error_rel=evidence.output_error.max_rel, input_error_rel=None,
                    local_error=evidence.local_error, amplification=None, verdict=evidence.verdict, fp64=evidence.fp64,
                    fp64_unavailable=evidence.fp64_unavailable)
 
 
 def _profile_row(run: RunRecord, backward: BackwardRun, cand_index: int, ref_index: int,
-                 evidence: OpGradientEvidence | None = None) -> ProfileRow:
+                 evidence: OpEvidence | None = None) -> ProfileRow:
     op = run.candidate.ops[cand_index]
     error = backward.tensor_error(op.outputs[0]) or EXACT
     return ProfileRow(cand_index, ref_index, op.op, op.module, error.max_rel, error.max_abs, error.mean_abs,

@@ -34,10 +34,11 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from dataclasses import replace
-from typing import Callable, Iterator, Literal, Protocol
+from typing import Callable, Iterator, Literal
 
 from ..measure.align import LeafPairing
-from ..measure.metrics import OpVerdict, OutputError
+from ..measure.analysis import OpEvidence
+from ..measure.metrics import OutputError
 from ..measure.numerics import NOISE_FACTOR, REACH_FRACTION, confirms, noise_floor, past_entry
 from ..measure.runrecord import RunRecord
 from ..measure.result import (Bracket, Confirmation, Culprit, Cut, Float64Check, NonFinite, NotBlamed, OpCounts, OpSite,
@@ -47,16 +48,6 @@ from ..capture.trace import OpNode
 MAX_REACH_TESTS = 8  # suspect groups tested for reach and confirmation
 MAX_SHARES = 24  # occurrences of a group whose own share is measured
 RERUN_SLACK = 3  # candidate re-runs stay within ceil(log2 ops) + this, plus one confirmation per group
-
-
-class Evidence(Protocol):
-    """What the search reads of one paired op's (or block's) evidence in either pass."""
-
-    candidate: int
-    reference: int
-    op: str
-    verdict: OpVerdict
-    local_error: float | None
 
 
 class SearchPass(ABC):
@@ -77,19 +68,19 @@ class SearchPass(ABC):
         it moved from the candidate's own result (relative, as the error)."""
 
     @abstractmethod
-    def suspects(self, cuts: list[int], entry: int | None) -> Iterator[Evidence]:
-        """Evidence of the ops that may hold the difference, in the order they are tested."""
+    def suspects(self, cuts: list[int], entry: int | None) -> Iterator[OpEvidence]:
+        """The evidence of the ops that may hold the difference, in the order they are tested."""
 
     @abstractmethod
-    def evidence_of(self, index: int) -> Evidence | None:
+    def evidence_of(self, index: int) -> OpEvidence | None:
         """The evidence of candidate op `index` (None: not paired)."""
 
     @abstractmethod
-    def reach(self, group: list[Evidence]) -> float:
+    def reach(self, group: list[OpEvidence]) -> float:
         """The error of a reference re-run with only these ops' own differences in it."""
 
     @abstractmethod
-    def error_without(self, group: list[Evidence]) -> float:
+    def error_without(self, group: list[OpEvidence]) -> float:
         """The error of a candidate re-run with only these ops' own differences taken out."""
 
     def likely_entry(self, cuts: list[int]) -> int | None:
@@ -97,7 +88,7 @@ class SearchPass(ABC):
         most likely enters (None: no guess)."""
         return None
 
-    def differing_leaf_kinds(self, evidence: Evidence) -> tuple[str, ...]:
+    def differing_leaf_kinds(self, evidence: OpEvidence) -> tuple[str, ...]:
         """The kinds (last name part) of the differing leaves the op reads; () for none or unknown."""
         return ()
 
@@ -106,13 +97,13 @@ class SearchPass(ABC):
 class Finding:
     """The first group of suspects whose own difference reaches the error (confirmed or not)."""
 
-    group: list[Evidence] = field(default_factory=list)  # in op order: the first occurrence is the culprit
+    group: list[OpEvidence] = field(default_factory=list)  # in op order: the first occurrence is the culprit
     alone: dict[int, float] = field(default_factory=dict)  # candidate op -> the error it makes alone
     confirmation: Confirmation | None = None
     not_blamed: list[NotBlamed] = field(default_factory=list)
 
     @property
-    def evidence(self) -> Evidence | None:
+    def evidence(self) -> OpEvidence | None:
         return self.group[0] if self.group else None
 
     @property
@@ -179,12 +170,12 @@ class PassRules(ABC):
         return search
 
     @abstractmethod
-    def culprit(self, search: SearchPass, evidence: Evidence) -> Culprit:
+    def culprit(self, search: SearchPass, evidence: OpEvidence) -> Culprit:
         """The culprit an op's (or block's) evidence names."""
 
     @abstractmethod
     def noise_culprit(self, search: SearchPass, outcome: "Outcome", full_error: float,
-                      float64: Float64Check) -> tuple[Evidence | None, str]:
+                      float64: Float64Check) -> tuple[OpEvidence | None, str]:
         """For a `noise` outcome, the op to name, and why rounding does not explain the error where it
         does not after all ("" where it does)."""
 
@@ -382,13 +373,13 @@ def first_difference(search: SearchPass, cuts: list[int], entry: int | None, ful
     return finding
 
 
-def confirm(search: SearchPass, group: list[Evidence], full_error: float, rounding: float) -> Confirmation:
+def confirm(search: SearchPass, group: list[OpEvidence], full_error: float, rounding: float) -> Confirmation:
     """A candidate re-run with the group's own differences taken out, judged by `numerics.confirms`."""
     after = search.error_without(group)
     return Confirmation([e.candidate for e in group], after, full_error, confirms(after, full_error, rounding))
 
 
-def occurrences(search: SearchPass, suspect: Evidence) -> list[Evidence]:
+def occurrences(search: SearchPass, suspect: OpEvidence) -> list[OpEvidence]:
     """Every paired op carrying the same difference as `suspect` (itself included), in op order."""
     first = search.run.candidate.ops[suspect.candidate]
     kinds = search.differing_leaf_kinds(suspect)
