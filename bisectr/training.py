@@ -63,9 +63,6 @@ class StepRecord:
     parameters: list[str]
     read: Callable[[str, str], np.ndarray | None]  # (measure, parameter) -> its values, None: it has none
 
-    def names(self) -> list[str]:
-        return self.parameters
-
 
 @dataclass
 class BySide:
@@ -163,7 +160,7 @@ class StepComparison:
 
     @staticmethod
     def _floor(measure: str, record: StepRecord) -> float:
-        return GRADIENT_FLOOR * max((magnitude(record.read(measure, name)) for name in record.names()), default=0.0)
+        return GRADIENT_FLOOR * max((magnitude(record.read(measure, name)) for name in record.parameters), default=0.0)
 
     def _error(self, candidate: np.ndarray | None, reference: np.ndarray | None, pair: TensorPair | None,
                reference_name: str, floor: float) -> float:

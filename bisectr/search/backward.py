@@ -429,7 +429,7 @@ class BackwardRules(PassRules):
     def bracket(self, search: BackwardPass, outcome: Outcome, why: str) -> Bracket:
         return _bracket(self.run, search.backward.op_pairs, outcome.entry, cut_before(outcome.cuts, outcome.entry))
 
-    def profile(self, search: BackwardPass | None) -> list[ProfileRow]:
+    def profile(self) -> list[ProfileRow]:
         backward = self.search.backward
         return [_profile_row(self.run, backward, cand, ref, self.search.evidence.get(cand)) for cand, ref in backward.op_pairs.items()]
 

@@ -184,10 +184,10 @@ class PassRules(ABC):
         """Where an unconfirmed difference enters."""
 
     @abstractmethod
-    def profile(self, search: SearchPass | None) -> list[ProfileRow]:
+    def profile(self) -> list[ProfileRow]:
         """Every paired op's evidence, for the error chart."""
 
-    def nonfinite(self, search: SearchPass, full_error: float) -> tuple[bool, NonFinite | None, Culprit | None]:
+    def nonfinite(self, full_error: float) -> tuple[bool, NonFinite | None, Culprit | None]:
         """(whether the candidate's outputs hold NaN/Inf the reference's lack, their summary, the culprit
         where they start)."""
         return not math.isfinite(full_error), None, None
@@ -212,10 +212,10 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
     run = rules.run
     ops = OpCounts(len(run.reference.ops), len(run.candidate.ops), len(run.alignment.aligned_ops("candidate")))
 
-    def result(verdict: str, search: SearchPass | None = None, float64: Float64Check | None = None, **found) -> Result:
+    def result(verdict: str, float64: Float64Check | None = None, **found) -> Result:
         return Result(verdict, output_error, reruns=sum(s.candidate_reruns for s in rules.searched), ops=ops,
                       reference_reruns=sum(s.reference_reruns for s in rules.searched), fp64_check=float64,
-                      profile=rules.profile(search), pass_=rules.name, leaves=None if verdict == "match" else rules.leaves,
+                      profile=rules.profile(), pass_=rules.name, leaves=None if verdict == "match" else rules.leaves,
                       **{"culprit": None, **rules.result_fields(), **found})
 
     def obvious_cause(search: SearchPass) -> Decided | None:
@@ -223,7 +223,7 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
 
     lacking = rules.lacking()
     if lacking is not None:
-        return result("divergent", None, culprit=lacking.culprit, confirmation=lacking.confirmation,
+        return result("divergent", culprit=lacking.culprit, confirmation=lacking.confirmation,
                       missing_gradient=lacking.missing_gradient)
     checked: list[Float64Check | None] = []
 
@@ -235,9 +235,9 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
     decided = None
     for search in rules.searches(float64_check, say):
         if full_error <= tolerance:
-            return result("match", search)
+            return result("match")
         float64 = float64_check()
-        nonfinite, nonfinite_found, nonfinite_culprit = rules.nonfinite(search, full_error)
+        nonfinite, nonfinite_found, nonfinite_culprit = rules.nonfinite(full_error)
         cause = obvious_cause(search)
         if cause is None:
             refined = rules.refined(search, full_error, float64, say)
@@ -245,7 +245,7 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
                 cause = obvious_cause(refined)
             search = refined
         if cause is not None:
-            return result("divergent", search, float64, culprit=cause.culprit, confirmation=cause.confirmation,
+            return result("divergent", float64, culprit=cause.culprit, confirmation=cause.confirmation,
                           recurrences=cause.recurrences, nonfinite=nonfinite_found)
         say("searching")
         outcome = search_pass(search, full_error, float64, nonfinite, say, exhaustive)
@@ -256,7 +256,7 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
             if unexplained:
                 outcome = replace(outcome, verdict="divergent", bracketed=True)
         culprit = rules.culprit(search, evidence) if evidence is not None else nonfinite_culprit
-        decided = result(outcome.verdict, search, float64, culprit=culprit, entry=outcome.entry,
+        decided = result(outcome.verdict, float64, culprit=culprit, entry=outcome.entry,
                          recurrences=recurrences(run, finding, full_error), confirmation=finding.confirmation,
                          not_blamed=finding.not_blamed, cuts=outcome.trail, nonfinite=nonfinite_found,
                          bracket=rules.bracket(search, outcome, unexplained) if outcome.bracketed else None)

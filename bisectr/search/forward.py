@@ -32,7 +32,7 @@ from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, 
 from ..errors import TraceMismatchError
 from ..measure.leaves import leaf_causes, pair_leaves, reference_values
 from ..measure.numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms, noise_floor
-from .nonfinite import nonfinite_culprit, nonfinite_start, nonfinite_summary
+from .nonfinite import NonFiniteStart, nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from ..measure.runrecord import RunRecord
 from ..capture.interpreter import Shift
@@ -209,6 +209,7 @@ class ForwardRules(PassRules):
         self.narrow = False  # searching the layer window, on the layer outputs only
         self.analysis: Analysis | None = None
         self.tested_causes: set[tuple] = set()  # the differing leaves whose reference values were tried
+        self.nonfinite_from: NonFiniteStart | None = None  # where the candidate's NaN/Inf start (`nonfinite`)
 
     def start(self, say: Callable[[str], None]) -> OutputError:
         say("re-running each side unpatched" + (" (and keeping its layer outputs)" if self.windowed else ""))
@@ -253,7 +254,7 @@ class ForwardRules(PassRules):
         return fine
 
     def culprit(self, search: ForwardPass, evidence: OpEvidence) -> Culprit:
-        start = nonfinite_start(self.run, self.run.alignment)
+        start = self.nonfinite_from
         return _culprit(self.run, search.analysis, evidence, start.op.index if start is not None and start.op is not None else None)
 
     def noise_culprit(self, search: ForwardPass, outcome: Outcome, full_error: float,
@@ -269,11 +270,11 @@ class ForwardRules(PassRules):
     def bracket(self, search: ForwardPass, outcome: Outcome, why: str) -> Bracket:
         return _bracket(self.run, search.analysis, outcome.cuts, outcome.entry, why)
 
-    def profile(self, search: ForwardPass | None) -> list[ProfileRow]:
+    def profile(self) -> list[ProfileRow]:
         return [_profile_row(self.run, e) for e in self.analysis.in_order()] if self.analysis is not None else []
 
-    def nonfinite(self, search: ForwardPass, full_error: float) -> tuple[bool, NonFinite | None, Culprit | None]:
-        start = nonfinite_start(self.run, self.run.alignment)
+    def nonfinite(self, full_error: float) -> tuple[bool, NonFinite | None, Culprit | None]:
+        start = self.nonfinite_from = nonfinite_start(self.run, self.run.alignment)
         if start is None:
             return False, None, None
         return True, nonfinite_summary(self.run, start), nonfinite_culprit(self.run, start)
