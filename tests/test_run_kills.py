@@ -10,7 +10,9 @@ tell which run the traces (and a result's op counts) come from.
 Afterwards RUN is either a complete, consistent run (the previous one or the new one: both traces
 and result.json from the same run, one run id in every file; `bisectr view` exits 1 for its
 `divergent` result, 0 without a result) or refused by `bisectr view` with exit 2 and a message.
-After SIGINT the process exits 2 and says what was kept; after the next successful trace into RUN
+After SIGINT the process exits 2 and says what was kept, unless the signal came once the new run was
+saved and said (its summary on stdout ends "run saved in RUN"): the trace then ends as a complete one,
+exit 1. After the next successful trace into RUN
 no `.<name>.partial-*` or `.<name>.old-*` directory is left. A trace onto a full disk exits 2 about
 the space and leaves the previous run as it was; two writers into one RUN never mix their files.
 Run with `-s` to see what happened at each moment.
@@ -70,15 +72,15 @@ def view(run_dir: Path) -> subprocess.CompletedProcess:
                           text=True, cwd=run_dir.parent, timeout=PROCESS_TIMEOUT_S, env={**os.environ, "TMPDIR": str(run_dir.parent)})
 
 
-def finish(process: subprocess.Popen) -> tuple[int, str]:
-    """Wait for the process; its exit status and stderr."""
+def finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    """Wait for the process; its exit status, stdout and stderr."""
     try:
-        _, stderr = process.communicate(timeout=PROCESS_TIMEOUT_S)
+        stdout, stderr = process.communicate(timeout=PROCESS_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         process.kill()
-        _, stderr = process.communicate()
+        stdout, stderr = process.communicate()
         stderr += f"\n[test: killed after {PROCESS_TIMEOUT_S} s]"
-    return process.returncode, stderr
+    return process.returncode, stdout, stderr
 
 
 def leftovers(run_dir: Path) -> list[str]:
@@ -300,6 +302,12 @@ class KillReport:
         return "\n".join(lines)
 
 
+def finished_before_the_signal(report: KillReport, stdout: str) -> bool:
+    """The new run was saved and its summary printed before SIGINT arrived: the trace is complete."""
+    said_saved = last_line(stdout).startswith("run saved in")
+    return report.exit_status == 1 and said_saved and report.after_kill.layers == NEW_LAYERS and report.after_kill.has_result
+
+
 def check_sigint_message(report: KillReport) -> None:
     """Exit 2, no traceback, and a message saying what was kept that matches what RUN holds."""
     if report.exit_status != 2:
@@ -322,12 +330,12 @@ def test_a_killed_trace_leaves_a_complete_run_or_a_refused_one(tmp_path, complet
     reached = MOMENTS[moment](process, run_dir, previous_manifest)
     if reached:
         process.send_signal(getattr(signal, signal_name))
-    status, stderr = finish(process)
+    status, stdout, stderr = finish(process)
     report = KillReport(signal_name, moment, reached, status, stderr, assess(run_dir, generations), leftovers(run_dir))
     report.problems += report.after_kill.problems
     if report.after_kill.layers == PREVIOUS_LAYERS and not report.after_kill.has_result:
         report.problems.append("the previous run lost its result.json")
-    if reached and signal_name == "SIGINT":
+    if reached and signal_name == "SIGINT" and not finished_before_the_signal(report, stdout):
         check_sigint_message(report)
     if not reached and status != 1:
         report.problems.append(f"ran to the end with exit {status}: {last_line(stderr)}")
@@ -382,10 +390,10 @@ def check_two_writers(first: subprocess.Popen, second: subprocess.Popen, run_dir
     """Both finish; at most one fails, with exit 2 naming the other's pid; RUN is one complete run."""
     outcomes = {"first": (first, *finish(first)), "second": (second, *finish(second))}
     problems = []
-    failed = [name for name, (_, status, _) in outcomes.items() if status not in (0, 1)]
+    failed = [name for name, (_, status, _, _) in outcomes.items() if status not in (0, 1)]
     if len(failed) > 1:
         problems.append("both writers failed")
-    for name, (process, status, stderr) in outcomes.items():
+    for name, (process, status, _, stderr) in outcomes.items():
         other = outcomes["second" if name == "first" else "first"][0]
         if "Traceback" in stderr:
             problems.append(f"{name}: traceback: {last_line(stderr)}")
@@ -400,7 +408,7 @@ def check_two_writers(first: subprocess.Popen, second: subprocess.Popen, run_dir
     if leftover:
         problems.append(f"left beside RUN: {leftover}")
     statuses = ", ".join(f"{name} exit {status} ({last_line(stderr) if status not in (0, 1) else 'ok'})"
-                         for name, (_, status, stderr) in outcomes.items())
+                         for name, (_, status, _, stderr) in outcomes.items())
     text = f"{statuses}; RUN: {state.kind}" + "".join(f"\n    PROBLEM: {p}" for p in problems)
     print("\n" + text)
     return text if problems else ""
