@@ -168,8 +168,33 @@ class Tensors(ABC):
         raise NotImplementedError
 
     @abstractmethod
-    def from_numpy(self, values: np.ndarray, dtype: str, device: str) -> Any:
-        """A new tensor of the given framework dtype name on the given device."""
+    def from_numpy(self, values: np.ndarray, dtype: str, device: str, layout: Any = None) -> Any:
+        """A new tensor of the given framework dtype name on the given device; with a `layout` (see
+        `layout`), spread over the processes as it says, each holding its part of `values`."""
+
+    def layout(self, tensor: Any) -> Any:
+        """How the tensor's values are spread over processes (a DTensor's mesh and placements), for
+        `from_numpy` to make another tensor of the same global shape spread the same way (a partial
+        sum's processes each keep their part of this one, moved by an even share of the difference);
+        None for a tensor held whole."""
+        return None
+
+    def placement(self, tensor: Any) -> str | None:
+        """How a distributed tensor's values are placed over the processes, as the framework writes it
+        ("Shard(dim=0)", "Partial(sum)"); None for a plain tensor."""
+        return None
+
+    def sharded(self, tensor: Any) -> bool:
+        """Does each process hold only a part of the tensor (a shard)?"""
+        return False
+
+    def shared_numpy(self, tensor: Any) -> np.ndarray:
+        """The values every process of a distributed run takes the tensor to hold: a distributed
+        tensor's global values, a plain one's as the first process holds it (each may hold its own:
+        a shard). A collective where there are several processes: every one calls it at the same op.
+        One process: `to_numpy`."""
+        return self.to_numpy(tensor)
+
 
     @abstractmethod
     def dtype_name(self, tensor: Any) -> str:
@@ -305,13 +330,19 @@ class Autograd(ABC):
 
     def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
         """Op `name` as a float64 run makes it: a cast down to float32, bfloat16 or float16 (a cast
-        op, a dtype argument) kept at float64."""
+        op, a dtype argument, also in a dict of options) kept at float64."""
         narrow, float64 = self.narrowing_dtypes()
         dtype_type = type(float64)
-        if not narrow or not any(isinstance(value, dtype_type) for value in (*args, *kwargs.values())):
+
+        def holds_dtype(value: Any) -> bool:
+            return isinstance(value, dtype_type) or isinstance(value, dict) and any(map(holds_dtype, value.values()))
+
+        if not narrow or not any(map(holds_dtype, (*args, *kwargs.values()))):
             return fn, args, kwargs  # the usual op: no dtype argument
 
         def widened(value: Any) -> Any:
+            if isinstance(value, dict):
+                return {key: widened(item) for key, item in value.items()}
             return float64 if isinstance(value, dtype_type) and value in narrow else value
         return fn, tuple(widened(a) for a in args), {key: widened(value) for key, value in kwargs.items()}
 

@@ -356,7 +356,7 @@ class PaddleAdapter(Adapter):
         return Reductions(low, high, total, squares, int(finite_count), int(nan_count),
                           flat.size - int(finite_count) - int(nan_count), numbers[6:])
 
-    def from_numpy(self, values: np.ndarray, dtype: str, device: str) -> Any:
+    def from_numpy(self, values: np.ndarray, dtype: str, device: str, layout: Any = None) -> Any:
         paddle = _paddle()
         with _quiet():  # `to_tensor` copies
             return paddle.to_tensor(np.asarray(values), dtype=dtype, place=device)

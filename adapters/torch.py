@@ -6,6 +6,7 @@ import math
 import os
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -23,6 +24,32 @@ def _torch():
     import torch
 
     return torch
+
+
+def _loaded_class(module: str, name: str) -> type | None:
+    """A class of torch's, once the model has imported its module (never imported here)."""
+    return getattr(sys.modules.get(module), name, None)
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    dtensor = _loaded_class("torch.distributed.tensor", "DTensor")
+    return dtensor is not None and isinstance(tensor, dtensor)
+
+
+def _is_pending_collective(tensor: Any) -> bool:
+    pending = _loaded_class("torch.distributed._functional_collectives", "AsyncCollectiveTensor")
+    return pending is not None and isinstance(tensor, pending)
+
+
+def _whole(tensor: Any) -> Any:
+    """The tensor's global values in one plain tensor: a DTensor's shards gathered (and partial values
+    reduced) on every rank, a collective every rank runs at the same op; a collective's pending
+    result waited for."""
+    if _is_dtensor(tensor):
+        return tensor.detach().full_tensor()
+    if _is_pending_collective(tensor):
+        return tensor.wait()
+    return tensor
 
 
 # Where an op no user code called gets its source line (see `Adapter.frame_role`), by file relative
@@ -50,6 +77,10 @@ _OP_SYNONYMS = {
     "clip": "clamp", "vector_norm": "norm", "zeros": "full", "ones": "full", "zeros_like": "full",
     "ones_like": "full", "invert": "bitwise_not", "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
     "max_pool2d": "max_pool", "avg_pool2d": "pool2d", "adaptive_avg_pool2d": "pool2d",
+    # A DTensor's own plumbing, which leaves its global values as they are: its shards taken out or
+    # wrapped, moved between placements (autograd functions go by their class names).
+    "to_local": "copy", "from_local": "copy", "redistribute": "copy", "full_tensor": "copy",
+    "_FromTorchTensor": "copy", "_ToTorchTensor": "copy", "Redistribute": "copy",
 }
 
 
@@ -74,7 +105,7 @@ class TorchAdapter(Adapter):
         except (RuntimeError, TypeError):
             pass
         torch = _torch()
-        tensor = tensor.detach()
+        tensor = _whole(tensor).detach()
         if tensor.dtype == torch.bfloat16:
             tensor = tensor.float()
         if tensor.is_conj():
@@ -85,6 +116,8 @@ class TorchAdapter(Adapter):
         kind = type(tensor)
         if kind.__torch_dispatch__ is _torch().Tensor.__torch_dispatch__:  # plain tensors, parameters, subclasses of theirs
             return None
+        if _is_dtensor(tensor) or _is_pending_collective(tensor):
+            return None
         return f"{kind.__module__}.{kind.__qualname__} (a tensor subclass)"
 
     def on_host(self, tensor: Any) -> bool:
@@ -92,7 +125,7 @@ class TorchAdapter(Adapter):
 
     def reductions(self, tensor: Any, positions: np.ndarray) -> Reductions:
         torch = _torch()
-        flat = tensor.detach().reshape(-1)
+        flat = _whole(tensor).detach().reshape(-1)
         wide = (flat.abs() if flat.is_complex() else flat).double()
         picked = (flat.real.double() if flat.is_complex() else wide)[torch.as_tensor(positions, device=flat.device)]
         finite = torch.isfinite(wide)
@@ -104,9 +137,30 @@ class TorchAdapter(Adapter):
         return Reductions(low, high, total, squares, int(finite_count), int(nan_count),
                           flat.numel() - int(finite_count) - int(nan_count), numbers[6:])
 
-    def from_numpy(self, values: np.ndarray, dtype: str, device: str) -> Any:
+    def from_numpy(self, values: np.ndarray, dtype: str, device: str, layout: Any = None) -> Any:
         torch = _torch()
-        return torch.from_numpy(np.array(values, copy=True)).to(device=device, dtype=getattr(torch, dtype))
+        tensor = torch.from_numpy(np.array(values, copy=True)).to(device=device, dtype=getattr(torch, dtype))
+        return tensor if layout is None else _distributed(tensor, layout)
+
+    def layout(self, tensor: Any) -> Any:
+        if not _is_dtensor(tensor):
+            return None
+        partial = any(placement.is_partial() for placement in tensor.placements)
+        return _Placement(tensor.device_mesh, tuple(tensor.placements), tensor.detach() if partial else None)
+
+    def placement(self, tensor: Any) -> str | None:
+        return ", ".join(map(repr, tensor.placements)) if _is_dtensor(tensor) else None
+
+    def sharded(self, tensor: Any) -> bool:
+        return _is_dtensor(tensor) and any(placement.is_shard() for placement in tensor.placements)
+
+    def shared_numpy(self, tensor: Any) -> np.ndarray:
+        distributed = sys.modules.get("torch.distributed")
+        if _is_dtensor(tensor) or distributed is None or not distributed.is_initialized() or distributed.get_world_size() == 1:
+            return self.to_numpy(tensor)
+        first = _whole(tensor).detach().clone()
+        distributed.broadcast(first, src=0)
+        return self.to_numpy(first)
 
     def dtype_name(self, tensor: Any) -> str:
         return str(tensor.dtype).removeprefix("torch.")
@@ -120,7 +174,7 @@ class TorchAdapter(Adapter):
     def assign(self, tensor: Any, values: np.ndarray) -> None:
         torch = _torch()
         with torch.no_grad():
-            tensor.copy_(torch.from_numpy(np.array(values, copy=True)))
+            tensor.copy_(self.from_numpy(values, self.dtype_name(tensor), self.device_name(tensor), self.layout(tensor)))
 
     def named_leaves(self, model: Any) -> Iterator[tuple[str, Any]]:
         torch = _torch()
@@ -277,13 +331,48 @@ class TorchAdapter(Adapter):
         function = torch.autograd.function.Function
         apply = function.__dict__["apply"]
         function.apply = _routed_apply(apply.__func__, mode)
+        dtensor = _loaded_class("torch.distributed.tensor", "DTensor")
+        if dtensor is not None:  # without gradients it hands its shard over without an autograd function
+            to_local = dtensor.__dict__["to_local"]
+            dtensor.to_local = _routed_method(to_local, "DTensor.to_local", mode)
         try:
             with (torch.enable_grad() if gradients else torch.no_grad()), mode:
                 yield
         finally:
             function.apply = apply
+            if dtensor is not None:
+                dtensor.to_local = to_local
             pre_hook.remove()
             post_hook.remove()
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """A DTensor's layout (`TorchAdapter.layout`): its mesh and placements, and for a partial sum the
+    tensor whose split over the ranks a new one follows."""
+
+    mesh: Any
+    placements: tuple
+    split_like: Any = None
+
+
+def _distributed(whole: Any, layout: _Placement) -> Any:
+    """A DTensor of global values `whole` (which every rank holds) placed as `layout` says: each rank
+    keeps its own shard; a partial sum is `layout.split_like` moved by an even share of the difference
+    on each rank (any other partial reduction: the value on every rank)."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    if layout.split_like is not None:
+        change = whole - _whole(layout.split_like).to(whole.dtype)
+        return layout.split_like.to(whole.dtype) + _distributed(change, _Placement(layout.mesh, layout.placements))
+    spread = [Replicate() if placement.is_partial() else placement for placement in layout.placements]
+    placed = distribute_tensor(whole, layout.mesh, spread, src_data_rank=None)  # each rank cuts its own shard
+    shares = math.prod(layout.mesh.size(dim) for dim, placement in enumerate(layout.placements)
+                       if placement.is_partial() and placement.reduce_op == "sum")
+    if spread == list(layout.placements):
+        return placed
+    return DTensor.from_local(placed.to_local() / shares, layout.mesh, layout.placements, run_check=False,
+                              shape=whole.shape, stride=whole.stride())
 
 
 def _routed_apply(apply: Callable[..., Any], mode: Any) -> classmethod:
@@ -305,6 +394,21 @@ def _routed_apply(apply: Callable[..., Any], mode: Any) -> classmethod:
             return mode.listener.call(name, run, args, kwargs)
 
     return classmethod(routed)
+
+
+def _routed_method(method: Callable[..., Any], name: str, mode: Any) -> Callable[..., Any]:
+    """`method` routed to the listener as one op `name` while `mode` sees calls (see `_routed_apply`)."""
+    from torch._C import _is_torch_function_enabled
+    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
+
+    def routed(*args, **kwargs):
+        stack = _get_current_function_mode_stack()
+        if not (_is_torch_function_enabled() and stack and stack[-1] is mode):
+            return method(*args, **kwargs)
+        with _pop_mode_temporarily():
+            return mode.listener.call(name, method, args, kwargs)
+
+    return routed
 
 
 def _make_router_class():

@@ -22,8 +22,10 @@ from .measure.leaves import pair_leaves
 from .search.backward import BackwardRules
 from .search import core as search
 from .search.forward import ForwardRules
-from .errors import ModelFileError, RunDirError
+from .errors import BisectrError, ModelFileError, RunDirError
+from .capture.isolate import IsolatedSide
 from .capture.modelfile import build_side, load_module
+from .capture.ranks import RankedSide
 from .measure.runrecord import DEFAULT_VALUE_BUDGET, HowTraced, OutputPair, RunRecord, pair_outputs
 from .capture.recording import RecordOptions
 from .measure.result import Result
@@ -105,7 +107,7 @@ def bisect(model_file: str | os.PathLike, reference: str = "reference", candidat
 def trace(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
           out: str | os.PathLike | None = None, store_values: bool = True, keep_modules: tuple[str, ...] = (),
           value_budget: int | None = DEFAULT_VALUE_BUDGET, isolate: bool = False, reference_python: str | None = None,
-          candidate_python: str | None = None,
+          candidate_python: str | None = None, reference_nproc: int = 1, candidate_nproc: int = 1,
           watch: Callable[[str, Callable[[], int]], None] | None = None, commit: bool = True) -> Run:
     """Record both sides of `model_file`, pair their outputs and align them, into the run
     directory `out` (a temporary one if None). With `commit=False` nothing is moved into
@@ -120,10 +122,16 @@ def trace(model_file: str | os.PathLike, reference: str = "reference", candidate
 
     With `isolate`, each side's model runs in its own worker process (`bisectr.capture.isolate`), started
     with `reference_python` / `candidate_python` (default: this interpreter); naming one implies it.
+    A side with `reference_nproc` / `candidate_nproc` above 1 runs on that many processes started by
+    torchrun (`bisectr.capture.ranks`), as a tensor-parallel model does.
     """
     model_file = Path(model_file)
+    for role, nproc in (("reference", reference_nproc), ("candidate", candidate_nproc)):
+        if nproc < 1:
+            raise BisectrError(f"--{role}-nproc must be at least 1, not {nproc}")
     traced = HowTraced(str(model_file.resolve()), reference, candidate, bool(isolate or reference_python or candidate_python),
-                       reference_python, candidate_python, store_values, list(keep_modules), value_budget)
+                       reference_python, candidate_python, store_values, list(keep_modules), value_budget,
+                       reference_nproc, candidate_nproc)
     run_dir = Path(out) if out is not None else temporary_run_dir(model_file.stem)
     with RunLock(run_dir):  # a run directory another process writes is refused before any model is built
         runners, pins = _start_sides(model_file, traced)
@@ -156,17 +164,30 @@ def record_run(traced: HowTraced, runners: dict[str, SideRunner], pins: dict[str
 
 
 def _start_sides(model_file: Path, traced: HowTraced) -> tuple[dict[str, SideRunner], dict[str, str] | None]:
-    """Each side's runner, and the model file's `ALIGN_MODULES` pins (candidate module -> reference module)."""
+    """Each side's runner, and the model file's `ALIGN_MODULES` pins (candidate module -> reference module).
+    Sides in other processes build their models while this one builds its own; on any failure every
+    process started is stopped."""
     module = load_module(model_file)  # isolated sides build their models in their workers; the pins are read here
     pins = getattr(module, "ALIGN_MODULES", None)
-    if traced.isolate:
-        from .capture.isolate import start_isolated
-
-        return start_isolated(model_file, {"reference": traced.reference_fn, "candidate": traced.candidate_fn},
-                              {"reference": traced.reference_python, "candidate": traced.candidate_python}), pins
-    functions = (traced.reference_fn, traced.candidate_fn)
-    return {role: LocalSide(build_side(module, model_file, role, function))
-            for role, function in zip(SIDES, functions)}, pins
+    functions = {"reference": traced.reference_fn, "candidate": traced.candidate_fn}
+    nprocs = {"reference": traced.reference_nproc, "candidate": traced.candidate_nproc}
+    pythons = {"reference": traced.reference_python, "candidate": traced.candidate_python}
+    started: dict[str, IsolatedSide | RankedSide] = {}
+    try:
+        for role, function in functions.items():
+            if nprocs[role] > 1:
+                started[role] = RankedSide(model_file, role, function, nprocs[role], pythons[role])
+            elif traced.isolate:
+                started[role] = IsolatedSide(model_file, role, function, pythons[role])
+        local = {role: LocalSide(build_side(module, model_file, role, function))
+                 for role, function in functions.items() if role not in started}
+        for runner in started.values():
+            runner.wait_built()
+    except BaseException:
+        for runner in started.values():
+            runner.abandon()
+        raise
+    return {role: started.get(role) or local[role] for role in SIDES}, pins
 
 
 def _align(model_file: Path, pins: dict[str, str] | None, reference: Trace, candidate: Trace) -> Alignment:

@@ -33,13 +33,6 @@ def test_an_output_loaded_from_a_file_is_refused_though_ops_ran_on_it():
     assert "returned 'output', which no recorded op computed from its inputs or parameters (3 ops recorded)" in done.stderr
 
 
-def test_a_dtensor_is_refused_naming_its_class_and_the_op_that_made_it():
-    done = bisect("candidate_dtensor")
-    assert done.returncode == 2, done.stderr
-    assert "op 0 (_FromTorchTensor.apply) returned a torch.distributed.tensor.DTensor (a tensor subclass)" in done.stderr
-    assert "Traceback" not in done.stderr
-
-
 def test_a_model_that_fails_only_under_the_interception_is_bisectrs_failure():
     done = bisect("candidate_hiding_from_modes")
     assert done.returncode == 3, done.stderr

@@ -55,6 +55,7 @@ class Call:
     args: tuple
     kwargs: dict
     device: str = ""  # where its outputs live
+    layouts: tuple = ()  # how each output is spread over processes (`Adapter.layout`), where any is
     # (position, tid) of each slot in the usual call, whose slots are all plain positional
     # arguments (None otherwise): filling them needs no walk through the arguments.
     flat_slots: list[tuple[int, int]] | None = field(default=None, init=False, repr=False, compare=False)
@@ -92,6 +93,16 @@ class Recording:
         could change what was read), once a leaf has been changed in place, or once they have
         been found unfaithful."""
         return self.faithful and not self.value_reads and all(adapter.version(t) == v for t, v in self.leaves.values())
+
+
+@dataclass(frozen=True)
+class PassOn:
+    """A patch that makes a tensor the values of tensor `source` as the re-run computes them (as
+    every process of a distributed run takes them: `Adapter.shared_numpy`): ops the reference lacks,
+    taken out where the reference passes its value on unchanged. `source` is made before the tensor."""
+
+    source: int
+    shape: tuple[int, ...]
 
 
 @dataclass
@@ -222,6 +233,12 @@ class Interpreter:
     def fetch(self, tid: int) -> Any:
         return self.env[tid]
 
+    def layout(self, tid: int) -> Any:
+        """How op output `tid` was spread over processes when recorded (None: held whole, or a leaf)."""
+        producer = self.trace.tensors[tid].producer
+        layouts = self.calls[producer].layouts if producer is not None else ()
+        return layouts[self.trace.ops[producer].outputs.index(tid)] if layouts else None
+
     def run_node(self, index: int, fn: Callable[..., Any], args: tuple, kwargs: dict) -> list[Any]:
         _, produced, _ = run_op(self.adapter, fn, args, kwargs, call_tensors(args, kwargs, self.adapter.is_tensor))
         return produced
@@ -261,7 +278,7 @@ class ValuesInterpreter(Interpreter):
         if values is None:
             return self._live_parameter(tid)
         dtype = self.trace.tensors[tid].dtype
-        return self.adapter.from_numpy(values, float64_dtype(dtype) if self.float64 else dtype, self.trace.device)
+        return self.adapter.from_numpy(values, float64_dtype(dtype) if self.float64 else dtype, self.trace.device, self.layout(tid))
 
     def _live_parameter(self, tid: int) -> Any:
         """The parameter as the model holds it (with `float64`, upcast once per replay)."""
@@ -300,9 +317,10 @@ class VJPInterpreter(Interpreter):
             return self.env[tid]
         dtype = self.trace.tensors[tid].dtype
         if not is_floating(dtype):
-            return self.adapter.from_numpy(self.values[tid], dtype, self.trace.device)
+            return self.adapter.from_numpy(self.values[tid], dtype, self.trace.device, self.layout(tid))
         if tid not in self.leaves:
-            tensor = self.adapter.from_numpy(self.values[tid], float64_dtype(dtype) if self.float64 else dtype, self.trace.device)
+            tensor = self.adapter.from_numpy(self.values[tid], float64_dtype(dtype) if self.float64 else dtype, self.trace.device,
+                                             self.layout(tid))
             self.leaves[tid] = self.adapter.gradient_leaf(tensor)
         return self.leaves[tid]
 
@@ -319,7 +337,7 @@ class VJPInterpreter(Interpreter):
                   if gradient is not None and tid in env and adapter.requires_grad(env[tid])]
         if not seeded or not self.leaves:
             return dict.fromkeys(self.leaves)
-        upstream_tensors = [adapter.from_numpy(g, adapter.dtype_name(t), self.trace.device) for t, g in seeded]
+        upstream_tensors = [adapter.from_numpy(g, adapter.dtype_name(t), self.trace.device, adapter.layout(t)) for t, g in seeded]
         grads = adapter.gradients([t for t, _ in seeded], upstream_tensors, list(self.leaves.values()))
         return {tid: None if g is None else adapter.to_numpy(g) for tid, g in zip(self.leaves, grads)}
 
@@ -387,17 +405,17 @@ class Float64Copies:
         self.leaf_values = leaf_values
         self.reusable: dict[int, tuple[Any, tuple, range]] = {}  # id(copy) -> (copy, its key, its addresses), of live copies
         self.kept: OrderedDict[int, tuple[Any, tuple, int]] = OrderedDict()  # id(copy) -> (copy, its key, its bytes), released in this order
-        self.kept_by_key: dict[tuple, deque[int]] = {}  # (shape, device) -> ids of kept copies, oldest first
+        self.kept_by_key: dict[tuple, deque[int]] = {}  # (shape, device, layout) -> ids of kept copies, oldest first
         self.kept_bytes = self.largest = 0
 
     def make(self, tensor: Any, leaf: str) -> Any:
         """A float64 copy of the leaf `tensor` named `leaf`."""
         adapter = self.adapter
-        key = (tuple(tensor.shape), adapter.device_name(tensor))
+        key = (tuple(tensor.shape), adapter.device_name(tensor), adapter.layout(tensor))
         size = 8 * math.prod(key[0])
         values = self.leaf_values.get(leaf)
         if values is not None:
-            copy = adapter.from_numpy(values.astype(np.float64), "float64", key[1])
+            copy = adapter.from_numpy(values.astype(np.float64), "float64", key[1], key[2])
         else:
             kept = self.kept_by_key.get(key)
             copy = adapter.float64_tensor(tensor, self._take(kept.pop()) if kept else None)
@@ -552,6 +570,7 @@ class Patches:
         self.tainted: set[int] = set(patches)
         self.gradients = gradients
         self._leaves: dict[int, Any] = {}
+        self._passed: dict[int, np.ndarray | None] = {p.source: None for p in patches.values() if isinstance(p, PassOn)}
 
     def leaf(self, tid: int, tensor: Any) -> Any:
         """Leaf `tid` as the run reads it: its patch where it has one (made once, a new tensor)."""
@@ -570,6 +589,8 @@ class Patches:
             self.check(op, tid, tensor)
         if tid in self.patches:
             tensor = self.patched(tid, tensor, in_place, keep_graph=self.gradients)
+        if tid in self._passed:
+            self._passed[tid] = np.array(self.adapter.shared_numpy(tensor))
         if tid in self.capture:  # a copy: a later in-place op may write into the tensor
             self.captured[tid] = np.array(self.adapter.to_numpy(tensor))
         return tensor
@@ -583,7 +604,9 @@ class Patches:
 
     def values(self, tid: int, tensor: Any) -> np.ndarray:
         patch = self.patch(tid, tensor.shape)
-        return patch.applied_to(self.adapter.to_numpy(tensor)) if isinstance(patch, Shift) else patch
+        if isinstance(patch, PassOn):
+            return self._passed[patch.source].reshape(patch.shape)
+        return patch.applied_to(self.adapter.shared_numpy(tensor)) if isinstance(patch, Shift) else patch
 
     def patched(self, tid: int, tensor: Any, in_place: bool, keep_graph: bool) -> Any:
         """`tensor` with the patch for `tid` in it: written into it where an op wrote it in place
@@ -596,8 +619,8 @@ class Patches:
             return tensor
         if keep_graph and adapter.requires_grad(tensor):
             change = values - adapter.to_numpy(tensor)
-            return tensor + adapter.from_numpy(change, adapter.dtype_name(tensor), adapter.device_name(tensor))
-        return adapter.from_numpy(values, adapter.dtype_name(tensor), adapter.device_name(tensor))
+            return tensor + adapter.from_numpy(change, adapter.dtype_name(tensor), adapter.device_name(tensor), adapter.layout(tensor))
+        return adapter.from_numpy(values, adapter.dtype_name(tensor), adapter.device_name(tensor), adapter.layout(tensor))
 
     def check(self, op: OpNode, tid: int, tensor: Any) -> None:
         """An op no patch can have influenced must compute what it computed when recorded (an op
@@ -651,7 +674,7 @@ class PatchedInterpreter(Interpreter):
         return RerunResult(outputs, self.patching.captured)
 
     def plan(self) -> tuple[list[int], dict[int, set[int]]]:
-        replaced = {tid for tid, patch in self.patching.patches.items() if not isinstance(patch, Shift)}
+        replaced = {tid for tid, patch in self.patching.patches.items() if not isinstance(patch, (Shift, PassOn))}
         return execution_plan(self.trace, self.wanted, replaced, self.patching.capture)
 
     def fetch(self, tid: int) -> Any:
@@ -661,7 +684,8 @@ class PatchedInterpreter(Interpreter):
             if info.producer is None:
                 tensor = self.patching.leaf(tid, self.leaves[tid][0])
             else:  # produced by an op that was not run: all its outputs are patched
-                tensor = self.adapter.from_numpy(self.patching.patch(tid, info.shape), info.dtype, self.calls[info.producer].device)
+                tensor = self.adapter.from_numpy(self.patching.patch(tid, info.shape), info.dtype, self.calls[info.producer].device,
+                                                 self.layout(tid))
             self.env[tid] = tensor
         return tensor
 

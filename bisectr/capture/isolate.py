@@ -76,12 +76,12 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-def _send(stream: BinaryIO, message: tuple) -> None:
+def send_message(stream: BinaryIO, message: tuple) -> None:
     _Pickler(stream, protocol=_PROTOCOL).dump(message)
     stream.flush()
 
 
-def _receive(stream: BinaryIO) -> tuple:
+def receive_message(stream: BinaryIO) -> tuple:
     return pickle.Unpickler(stream).load()
 
 
@@ -133,7 +133,7 @@ def _runs_in_the_worker(*args: Any, **kwargs: Any) -> Any:
 # ---------------------------------------------------------------- the worker
 
 
-class _Worker:
+class Worker:
     """Holds one side in the worker process and answers the parent's requests."""
 
     def __init__(self):
@@ -172,13 +172,13 @@ def _error_reply(exc: BaseException) -> tuple:
     return "failed", f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
-def serve(requests: BinaryIO, replies: BinaryIO) -> None:
+def serve(requests: BinaryIO, replies: BinaryIO, worker: Worker | None = None) -> None:
     """The worker's loop: one reply per request, until the parent closes `requests`."""
     silence_import_warnings()  # as the CLI does
-    worker = _Worker()
+    worker = worker or Worker()
     while True:
         try:
-            kind, *args = _receive(requests)
+            kind, *args = receive_message(requests)
         except EOFError:
             return
         try:
@@ -186,7 +186,7 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
         except Exception as exc:
             reply = _error_reply(exc)
         try:
-            _send(replies, reply)
+            send_message(replies, reply)
         except BrokenPipeError:  # the parent stopped listening (it failed elsewhere): leave quietly
             os.dup2(os.open(os.devnull, os.O_WRONLY), replies.fileno())
             return
@@ -244,10 +244,15 @@ class IsolatedSide:
         return Trace.from_json(data)
 
     def run(self, request: Request) -> Any:
-        return self._request(_doing(request), "run", request)
+        return self._request(doing(request), "run", request)
 
     def close(self) -> None:
         self._finalizer()
+
+    def abandon(self) -> None:
+        """Stop the worker now, busy or not."""
+        self.process.kill()
+        self.close()
 
     def _request(self, doing: str, kind: str, *args: Any) -> Any:
         with self._lock:
@@ -256,13 +261,13 @@ class IsolatedSide:
 
     def _send(self, message: tuple) -> None:
         try:
-            _send(self.process.stdin, message)
+            send_message(self.process.stdin, message)
         except (BrokenPipeError, ValueError):  # ValueError: the pipe was closed
             raise self._died(f"sending it a {message[0]} request") from None
 
     def _receive(self, doing: str) -> Any:
         try:
-            reply = _receive(self.process.stdout)
+            reply = receive_message(self.process.stdout)
         except (EOFError, ValueError, pickle.UnpicklingError):
             raise self._died(doing) from None
         status, *body = reply
@@ -271,23 +276,7 @@ class IsolatedSide:
         raise self._reply_error(status, body)
 
     def _reply_error(self, status: str, body: list) -> Exception:
-        if status == "cannot_upcast":
-            return CannotUpcast(body[0])
-        if status == "unusable":
-            return BisectrError(f"the {self.role} side's interpreter {self.python} cannot run bisectr's worker "
-                                f"({body[0]}); install bisectr in that environment, or choose another "
-                                f"interpreter with --{self.role}-python")
-        if status == "failed":
-            summary, worker_traceback = body
-            return RuntimeError(f"{summary} (in the {self.role} side's worker {self.python}; its traceback:\n{worker_traceback})")
-        name, message, user_traceback, lacks_import = body
-        if lacks_import:
-            message += (f" (in the {self.role} side's interpreter {self.python}, which cannot import what the side "
-                        f"needs; choose another with --{self.role}-python)")
-        cls = getattr(errors, name, BisectrError)
-        if not (isinstance(cls, type) and issubclass(cls, BisectrError)):
-            cls = BisectrError
-        return cls(message, user_traceback) if issubclass(cls, UserModelError) else cls(message)
+        return reply_error(status, body, self.role, self.python, "worker")
 
     def _died(self, doing: str) -> BisectrError:
         self.close()
@@ -295,7 +284,28 @@ class IsolatedSide:
                             f"{self.process.returncode} while {doing}; its messages are above")
 
 
-def _doing(request: Request) -> str:
+def reply_error(status: str, body: list, role: str, python: str, worker: str) -> Exception:
+    """The exception a worker's error reply stands for (`worker`: which process, for the message)."""
+    if status == "cannot_upcast":
+        return CannotUpcast(body[0])
+    if status == "unusable":
+        return BisectrError(f"the {role} side's interpreter {python} cannot run bisectr's {worker} "
+                            f"({body[0]}); install bisectr in that environment, or choose another "
+                            f"interpreter with --{role}-python")
+    if status == "failed":
+        summary, worker_traceback = body
+        return RuntimeError(f"{summary} (in the {role} side's {worker} {python}; its traceback:\n{worker_traceback})")
+    name, message, user_traceback, lacks_import = body
+    if lacks_import:
+        message += (f" (in the {role} side's interpreter {python}, which cannot import what the side "
+                    f"needs; choose another with --{role}-python)")
+    cls = getattr(errors, name, BisectrError)
+    if not (isinstance(cls, type) and issubclass(cls, BisectrError)):
+        cls = BisectrError
+    return cls(message, user_traceback) if issubclass(cls, UserModelError) else cls(message)
+
+
+def doing(request: Request) -> str:
     """What the worker is doing while it answers `request`, for the message should it die."""
     match request:
         case Rerun():
@@ -315,21 +325,3 @@ def _doing(request: Request) -> str:
         case LeafValue(tid):
             return f"reading tensor {tid} from the model"
     return type(request).__name__
-
-
-def start_isolated(model_file: str | os.PathLike, functions: dict[str, str],
-                   pythons: dict[str, str | None]) -> dict[str, IsolatedSide]:
-    """One worker per role (role -> function building it, role -> interpreter), built in parallel.
-    On any failure every worker started is stopped, and the first role's error is raised."""
-    sides: dict[str, IsolatedSide] = {}
-    try:
-        for role, function in functions.items():
-            sides[role] = IsolatedSide(model_file, role, function, pythons.get(role))
-        for side in sides.values():
-            side.wait_built()
-    except BaseException:
-        for side in sides.values():
-            side.process.kill()  # it may be busy building: no need to wait for it
-            side.close()
-        raise
-    return sides

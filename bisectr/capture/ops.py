@@ -21,7 +21,8 @@ _REVERSED_DUNDERS = {"radd", "rsub", "rmul", "rtruediv", "rdiv", "rpow", "rmatmu
 @lru_cache(maxsize=None)
 def canonical_op(framework_op: str) -> str:
     if framework_op.endswith(".apply"):  # a custom autograd function: named by its class
-        return framework_op.rsplit(".", 2)[-2]
+        name = framework_op.rsplit(".", 2)[-2]
+        return op_synonyms().get(name, name)
     name = framework_op.removesuffix(".__get__").rsplit(".", 1)[-1]
     if name.startswith("__") and name.endswith("__"):
         name = name[2:-2]

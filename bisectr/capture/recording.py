@@ -23,7 +23,7 @@ from .interpreter import Call, Patches, Recording, RerunResult, Slot, run_op
 from .ops import canonical_op
 from .store import TensorWriter
 from .structure import call_tensors, flatten_outputs, map_tensors
-from .trace import (PENDING_STATS, OpNode, StatsBatch, TensorInfo, Trace, device_reductions, is_floating, is_model_leaf,
+from .trace import (LOCAL_PART, PENDING_STATS, OpNode, StatsBatch, TensorInfo, Trace, device_reductions, is_floating, is_model_leaf,
                     reduced_stats)
 from ..leafref import LeafRef
 
@@ -128,6 +128,7 @@ class Recorder(_Session):
         self._frame_kinds: dict[Any, int] = {}  # code object -> _USER, _STOP, ...
         self._stats = StatsBatch()
         self._budget_left = options.value_budget
+        self._sharded: set[int] = set()  # tids of sharded distributed tensors and local parts
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
@@ -144,14 +145,27 @@ class Recorder(_Session):
         for tensor in produced:
             self._refuse_unreadable(tensor, f"op {index} ({name}) returned")
         output_tids = [self._record_tensor(tensor, index, None, keep) for tensor in produced]
+        self._place(input_tids, output_tids, produced)
         source, library = self._source()
         self.trace.ops.append(OpNode(index, name, canonical_op(name), module, source,
                                      input_tids, output_tids, bool(mutated), library))
         slots = {id(t): Slot(tid) for t, tid in zip(inputs, input_tids)}
         slot = lambda t: slots[id(t)]  # noqa: E731
-        self.recording.calls.append(Call(fn, map_tensors(args, self.adapter.is_tensor, slot),
-                                         map_tensors(kwargs, self.adapter.is_tensor, slot), self.adapter.device_name(produced[0])))
+        layouts = tuple(self.adapter.layout(tensor) for tensor in produced)
+        self.recording.calls.append(Call(fn, map_tensors(args, self.adapter.is_tensor, slot), map_tensors(kwargs, self.adapter.is_tensor, slot),
+                                         self.adapter.device_name(produced[0]), layouts if any(layouts) else ()))
         return result
+
+    def _place(self, input_tids: list[int], output_tids: list[int], produced: list[Any]) -> None:
+        """Note how distributed outputs are placed; a plain output made from a shard is a local part."""
+        from_shard = not self._sharded.isdisjoint(input_tids)
+        for tid, tensor in zip(output_tids, produced):
+            placement = self.adapter.placement(tensor)
+            if placement is None and from_shard:
+                placement = LOCAL_PART
+            if placement == LOCAL_PART or self.adapter.sharded(tensor):
+                self._sharded.add(tid)
+            self.trace.tensors[tid].placement = placement
 
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         self.recording.leaves[tid] = (tensor, self.adapter.version(tensor))
@@ -160,6 +174,7 @@ class Recorder(_Session):
         self._refuse_unreadable(tensor, f"its {ref.kind} {ref.name!r} is")
         # Parameters and buffers stay in the model (read live, see `Trace.leaf_reader`): a run keeps their statistics.
         self._describe(tid, tensor, producer=None, leaf=leaf, store=self.options.store_values and not is_model_leaf(leaf))
+        self._place([], [tid], [tensor])
 
     def _refuse_unreadable(self, tensor: Any, what: str) -> None:
         unreadable = self.adapter.unreadable(tensor)
@@ -378,14 +393,14 @@ class GradientRerun(PatchedRerun):
 
     def _hook(self, tid: int, tensor: Any) -> Callable[[Any], Any]:
         adapter = self.adapter
-        dtype, device = adapter.dtype_name(tensor), adapter.device_name(tensor)
+        dtype, device, layout = adapter.dtype_name(tensor), adapter.device_name(tensor), adapter.layout(tensor)
 
         def hook(gradient: Any) -> Any:
             if gradient is None:  # none reaches it (see `Adapter.add_gradient_hook`)
                 return None
             self.gradients[tid] = adapter.to_numpy(gradient)
             if tid in self.gradient_patches.patches:
-                return adapter.from_numpy(self.gradient_patches.values(tid, gradient), dtype, device)
+                return adapter.from_numpy(self.gradient_patches.values(tid, gradient), dtype, device, layout)
             return None
 
         return hook

@@ -47,6 +47,12 @@ class TensorStats:
         return cls(**data)
 
 
+# A plain tensor made from a shard: each process's own part of a value spread over several (its
+# values are the first process's), never compared with a whole tensor.
+LOCAL_PART = "local part"
+# Any other plain tensor whose values differ from process to process (the first process's are kept).
+RANKS_DIFFER = "differs by rank"
+
 PENDING_STATS = TensorStats(0.0, 0.0, 0.0, 0.0, 0.0)  # a tensor's until its batch is described (`StatsBatch`)
 
 
@@ -60,6 +66,9 @@ class TensorInfo:
     producer: int | None = None  # op index, None for a leaf
     leaf: str | None = None  # "input:x", "param:blocks.0.w", "buffer:..", "const:..."
     stored: bool = False
+    # How a side on several processes held it: a distributed tensor's placements ("Shard(dim=2)"),
+    # or LOCAL_PART; None where one process holds it whole.
+    placement: str | None = None
 
     @property
     def size(self) -> int:

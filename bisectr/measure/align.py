@@ -37,7 +37,7 @@ from typing import Callable, Literal
 
 import numpy as np
 
-from ..capture.trace import OpNode, TensorInfo, Trace, fingerprint, is_floating
+from ..capture.trace import LOCAL_PART, OpNode, TensorInfo, Trace, fingerprint, is_floating
 from ..leafref import leaf_kind
 
 NEIGHBOURHOOD = 8  # how far apart in a key group two paired occurrences may be
@@ -256,7 +256,7 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
         pinned_cand.update(op.index for op in cand_ops)
         pinned_ref.update(op.index for op in ref_ops)
         pairs.update({c: (r, "pin", d) for c, (r, _, d) in _align_sequences(sides, cand_ops, ref_ops, use_layers=False).items()})
-    rest_cand = [op for op in candidate.ops if op.index not in pinned_cand]
+    rest_cand = [op for op in candidate.ops if op.index not in pinned_cand and not _makes_local_parts(candidate, op)]
     rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
     pairs.update(_align_sequences(sides, rest_cand, rest_ref, use_layers=sides.use_layers))
     _follow_data_flow(sides, pairs)
@@ -273,6 +273,11 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
     _pair_op_tensors(sides, alignment, input_layout)
     _form_blocks(sides, alignment)
     return alignment
+
+
+def _makes_local_parts(trace: Trace, op: OpNode) -> bool:
+    """Does the op compute a process's own part of a sharded value (never a whole tensor to pair)?"""
+    return bool(op.outputs) and all(trace.tensors[t].placement == LOCAL_PART for t in op.outputs)
 
 
 # Ops that only move their first input's data (or view it in another shape): two of them
@@ -650,6 +655,9 @@ def _block_for(sides: _TracePair, alignment: Alignment, cand_ops: list[int], pai
     unpartnered: set[int] = set()
     unpaired = set(unpaired_ref)
     for c_tid in handed_on(candidate, cand_ops, sides.readers["candidate"]):
+        if candidate.tensors[c_tid].placement == LOCAL_PART:
+            unpartnered.add(c_tid)
+            continue
         partner = _partner_by_consumer(sides, alignment, c_tid, paired_ref_of) or sides.output_partner.get(c_tid) \
             or _partner_by_value(sides, c_tid, options)
         producer = reference.tensors[partner].producer if partner is not None else None

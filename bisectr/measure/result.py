@@ -45,6 +45,17 @@ class Rewired:
 
 
 @dataclass
+class Placements:
+    """How the culprit's candidate side held what it reads and what it hands on, where that side ran
+    on several processes: a distributed tensor's placements ("Partial(sum)"), a local part (each
+    process's own, the first process's values shown) or "whole"."""
+
+    ranks: int
+    reads: list[str]
+    hands_on: list[str]
+
+
+@dataclass
 class Culprit:
     kind: Literal["op", "leaf"]
     op: str  # canonical name
@@ -67,6 +78,7 @@ class Culprit:
     description: str | None = None
     fp64_unavailable: str | None = None  # why there is no `fp64` evidence: an op without a float64 kernel
     rewired: Rewired | None = None
+    placements: Placements | None = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterator, NoReturn, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 
 from . import report
 from ..adapters import silence_import_warnings
@@ -68,6 +69,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     for role in ("reference", "candidate"):
         parser.add_argument(f"--{role}-python", metavar="PATH",
                             help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate")
+        parser.add_argument(f"--{role}-nproc", type=int, default=1, metavar="N",
+                            help=f"run the {role} side on N processes started by torchrun (tensor parallel; torch.distributed)")
 
 
 def _help_texts(description: str) -> dict:
@@ -163,7 +166,7 @@ def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> 
         return status
     except BisectrError as exc:
         error_console = Console(stderr=True, soft_wrap=True)
-        error_console.print(f"[bold red]bisectr: error:[/] {exc}", markup=True, highlight=False)
+        error_console.print(f"[bold red]bisectr: error:[/] {escape(str(exc))}", markup=True, highlight=False)
         if isinstance(exc, UserModelError) and exc.user_traceback:
             error_console.print(exc.user_traceback, markup=False, highlight=False)
         return EXIT_ERROR
@@ -278,6 +281,7 @@ def _recording_status(console: Console, model_file: str, quiet: bool) -> Iterato
 
 def _trace_options(args: argparse.Namespace) -> dict:
     return {"isolate": args.isolate, "reference_python": args.reference_python, "candidate_python": args.candidate_python,
+            "reference_nproc": args.reference_nproc, "candidate_nproc": args.candidate_nproc,
             "value_budget": round(args.value_budget * 2**20)}
 
 

@@ -11,8 +11,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..measure.runrecord import RunRecord
-from ..measure.result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, NotBlamed, ProfileRow, Result, Rewired
+from ..measure.result import (BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, NotBlamed, Placements, ProfileRow,
+                              Result, Rewired)
 from ..leafref import LeafRef
+from ..capture.trace import LOCAL_PART, RANKS_DIFFER
 
 if TYPE_CHECKING:
     from ..training import TrainingResult
@@ -147,6 +149,8 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
             lines += [source_line(source) for source in block_sources(run, culprit.block) if source != culprit.candidate.source]
         if culprit.rewired:
             lines += rewired_lines(culprit.rewired)
+        if culprit.placements:
+            lines.append([(f"  {placements_text(culprit.placements)}", "")])
         if culprit.kind == "leaf" and culprit.local_error is None and culprit.input_error is None:
             pass  # a leaf compared by its values: no op evidence
         elif backward:
@@ -171,6 +175,16 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
         lines.append([])
         lines += [[(line, "")] for line in bracket_lines(result.bracket)]
     return lines
+
+
+def placements_text(placements: Placements) -> str:
+    """How the candidate's ranks held what the culprit reads and hands on."""
+    def listed(held: list[str]) -> str:
+        return ", ".join(f"{placement} x{held.count(placement)}" if held.count(placement) > 1 else placement
+                         for placement in dict.fromkeys(held)) or "nothing"
+    own = {LOCAL_PART, RANKS_DIFFER} & {*placements.reads, *placements.hands_on}
+    return (f"on {placements.ranks} ranks: reads {listed(placements.reads)}; hands on {listed(placements.hands_on)}"
+            + (" (each rank's own values; rank 0's shown)" if own else ""))
 
 
 def rewired_lines(rewired: Rewired) -> list[Line]:

@@ -27,18 +27,19 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..measure.align import Block, LeafPairing, settle_layouts
-from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, rewired_input
+from ..measure.align import Block, LeafPairing, handed_on, settle_layouts
+from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, external_inputs, rewired_input
 from ..errors import TraceMismatchError
 from ..measure.leaves import leaf_causes, pair_leaves, reference_values
 from ..measure.numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms, noise_floor
 from .nonfinite import NonFiniteStart, nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from ..measure.runrecord import RunRecord
-from ..capture.interpreter import Shift
+from ..capture.interpreter import PassOn, Shift
 from ..capture.ops import UNINITIALISED
 from ..measure.metrics import OutputError
-from ..measure.result import BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, ProfileRow, Recurrence, Rewired
+from ..measure.result import (BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, Placements, ProfileRow, Recurrence,
+                               Rewired)
 from .core import (MAX_REACH_TESTS, Decided, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before,
                    entry_point, site)
 from ..capture.sides import Rerun, Sides
@@ -381,9 +382,17 @@ def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[O
     nothing the op did not add. One op's (or block's) outputs are shifted as recorded, since nothing
     upstream of it changes (a block's later outputs already carry its earlier ones); the occurrences
     of one difference are shifted as the re-run computes them, since each takes upstream ones out.
-    Where the op itself made NaN/Inf, the reference's value is what is left."""
-    patches: dict[int, np.ndarray | Shift] = {}
+    Where the op itself made NaN/Inf, the reference's value is what is left. Ops the reference lacks,
+    where it passes their input's partner on unchanged, hand on their input as the re-run computes it
+    (exact where how they change it depends on more than its values: a sharded tensor's parts)."""
+    patches: dict[int, np.ndarray | Shift | PassOn] = {}
     for evidence in evidences:
+        passed_on = _passed_on(analysis, evidence)
+        if passed_on:
+            for cand_tid, source in passed_on.items():
+                shape = tuple(run.candidate.tensors[cand_tid].shape)
+                patches[cand_tid] = PassOn(source, shape) if len(evidences) > 1 else run.candidate.value(source).reshape(shape)
+            continue
         local = analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
         for cand_tid, _ in analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
             reference = analysis.reference_values_for(cand_tid)
@@ -395,6 +404,24 @@ def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[O
                               reference.astype(dtype, copy=False))
             patches[cand_tid] = shift if len(evidences) > 1 else shift.applied_to(run.candidate.value(cand_tid))
     return patches
+
+
+def _passed_on(analysis: Analysis, evidence: OpEvidence) -> dict[int, int]:
+    """For a block of ops the reference lacks: each tensor it hands on -> its input of the same shape
+    paired with the same reference tensor, the value the reference passes on unchanged ({} if any has none)."""
+    block = evidence.block
+    if block is None or block.reference:
+        return {}
+    candidate, pairs = analysis.candidate, analysis.alignment.tensors
+    inputs = external_inputs(candidate, block.candidate)
+    passed = {}
+    for cand_tid, ref_tid in analysis.compared_outputs(evidence.candidate, evidence.reference, block):
+        source = next((tid for tid in inputs if tid in pairs and pairs[tid].reference == ref_tid and pairs[tid].transform is None
+                       and candidate.tensors[tid].shape == candidate.tensors[cand_tid].shape), None)
+        if source is None or pairs[cand_tid].transform is not None:
+            return {}
+        passed[cand_tid] = source
+    return passed
 
 
 def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float) -> OpEvidence | None:
@@ -456,7 +483,18 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence, nonfinite
                    output_error_rel=evidence.output_error.max_rel, input_error_rel=evidence.input_error_rel,
                    local_error=evidence.local_error, amplification=evidence.amplification, verdict=evidence.verdict,
                    fp64=evidence.fp64, block=BlockOps(evidence.block.candidate, evidence.block.reference) if evidence.block else None,
-                   fp64_unavailable=evidence.fp64_unavailable, rewired=_rewired(run, block))
+                   fp64_unavailable=evidence.fp64_unavailable, rewired=_rewired(run, block), placements=_placements(run, block))
+
+
+def _placements(run: RunRecord, block: Block) -> Placements | None:
+    """How the candidate's ranks held what the culprit reads and hands on (None: one process)."""
+    if run.traced.candidate_nproc == 1:
+        return None
+    candidate = run.candidate
+    floating = [t for t in external_inputs(candidate, block.candidate) if is_floating(candidate.tensors[t].dtype)]
+    handed = handed_on(candidate, block.candidate, candidate.consumers())
+    return Placements(run.traced.candidate_nproc, [candidate.tensors[t].placement or "whole" for t in floating],
+                      [candidate.tensors[t].placement or "whole" for t in handed])
 
 
 def _rewired(run: RunRecord, block: Block) -> Rewired | None:

@@ -4,7 +4,6 @@
   computing half of the output features, and returns what rank 0 gathered: no op of this process
   computes the output.
 - `candidate_from_file`: the forward returns a tensor loaded from a file, scaled by recorded ops.
-- `candidate_dtensor`: the linear runs on a replicated `DTensor` (a one-rank mesh).
 - `candidate_hiding_from_modes`: a model that refuses to run under a torch function mode (as code
   that checks `torch._C._is_torch_function_mode_enabled()` does); it runs on its own, fails under
   bisectr's recording: bisectr's failure, not the model's.
@@ -82,19 +81,6 @@ def candidate_from_file():
     path = os.path.join(folder.name, "output.pt")
     torch.save(torch.from_numpy(INPUT @ WEIGHT.T), path)
     return (lambda x, kept=folder: torch.load(path) * 1.0 + 0.5), (torch.from_numpy(INPUT.copy()),)
-
-
-def candidate_dtensor():
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate
-
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-    mesh = init_device_mesh("cpu", (1,))
-    linear = _linear()
-    return (lambda x: linear(DTensor.from_local(x, mesh, [Replicate()])).to_local()), (torch.from_numpy(INPUT.copy()),)
 
 
 class HidingFromModes:

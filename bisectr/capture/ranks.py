@@ -1,0 +1,305 @@
+"""Ranked sides (`--candidate-nproc N`): one side's model runs on N processes started by torchrun.
+
+A tensor-parallel candidate computes on several processes, each holding a shard of the weights
+and exchanging partial results in collectives. `RankedSide` implements `SideRunner` by starting
+the side under `torch.distributed.run` (torchrun, the launcher users already run) with N
+processes; each rank connects back to this process over a local socket and serves the same
+requests an isolated side's worker serves (`bisectr.capture.isolate`). Every request goes to every
+rank and every rank answers it, so each collective in the model runs on all of them (lockstep).
+
+Each rank records the ops it runs. A DTensor is read whole (`full_tensor()`, a collective every rank
+runs at the same op) and a patch is made into a DTensor placed as the recorded one was (each rank
+takes its shard: `Adapter.layout`), so the trace holds global values that compare with the
+one-device reference, and a reference value swapped in reaches every rank. What a rank holds as a
+plain tensor (after `to_local()`) is its own part: the first rank's is recorded. The ranks must run
+the same ops: where their traces differ, the first op that does is named. A rank that fails is
+named with its traceback, and a rank that stops answering is given up on after a timeout
+(`BISECTR_RANK_TIMEOUT`, seconds; also each rank's process-group timeout), never waited for forever.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..errors import BisectrError
+from .isolate import Worker, doing, receive_message, reply_error, send_message, serve
+from .recording import RecordOptions
+from .sides import Request, Watch
+from .store import TensorWriter
+from .trace import RANKS_DIFFER, Trace
+
+RANK_TIMEOUT_S = float(os.environ.get("BISECTR_RANK_TIMEOUT", "60"))
+_CONNECT_TIMEOUT_S = 120.0  # torchrun's start and each rank's interpreter
+_STOP_TIMEOUT_S = 5.0
+
+# Run by each rank's interpreter (torchrun --no-python): connect back, then serve requests. Needs only
+# the standard library until bisectr is imported, so that an interpreter without it says so.
+_RANK_BOOTSTRAP = """\
+import os, pickle, signal, socket, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+connection = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+requests, replies = connection.makefile("rb"), connection.makefile("wb")
+pickle.dump(("hello", int(os.environ["RANK"])), replies, protocol=4)
+replies.flush()
+try:
+    from bisectr.capture.ranks import serve_rank
+except Exception as exc:
+    pickle.dump(("unusable", f"{type(exc).__name__}: {exc}"), replies, protocol=4)
+    replies.flush()
+    sys.exit(1)
+serve_rank(requests, replies)
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
+"""
+
+
+# ---------------------------------------------------------------- a rank
+
+
+class RankWorker(Worker):
+    """One rank's worker: joins the process group before the model is built; records into a
+    scratch directory unless it is the first rank (every rank reads the same tensors, so that
+    each runs the same collectives)."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        self.rank = rank
+
+    def build(self, model_file: str, role: str, function: str) -> None:
+        _join_process_group()
+        super().build(model_file, role, function)
+
+    def record(self, directory: str | None, options: RecordOptions) -> tuple[dict, dict]:
+        if self.rank == 0 or directory is None:
+            return super().record(directory, options)
+        scratch = tempfile.mkdtemp(prefix=f"bisectr-rank{self.rank}-")
+        try:
+            return super().record(scratch, options)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _join_process_group() -> None:
+    """Start the default process group (gloo, and NCCL for CUDA tensors) with the rank timeout; a
+    model file that starts it itself then finds it started."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend, timeout=timedelta(seconds=RANK_TIMEOUT_S))
+    start = dist.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        if not dist.is_initialized():
+            start(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+
+
+def serve_rank(requests: BinaryIO, replies: BinaryIO) -> None:
+    """A rank's loop (see `isolate.serve`)."""
+    serve(requests, replies, RankWorker(int(os.environ["RANK"])))
+
+
+# ---------------------------------------------------------------- the parent's side
+
+
+class RankedSide:
+    """A side whose model runs on `nproc` ranks that torchrun starts with interpreter `python`."""
+
+    def __init__(self, model_file: str | os.PathLike, role: str, function: str, nproc: int, python: str | None = None):
+        self.role, self.nproc = role, nproc
+        self.python = python or sys.executable
+        self.connections: list[socket.socket] = []
+        self.streams: list[tuple[BinaryIO, BinaryIO]] = []  # by rank: (requests, replies)
+        server = socket.create_server(("127.0.0.1", 0))
+        command = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--no-python",
+                   self.python, "-c", _RANK_BOOTSTRAP, "127.0.0.1", str(server.getsockname()[1])]
+        try:
+            # The ranks' own output (the user's prints, torchrun's) goes to stderr: stdout is bisectr's.
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), start_new_session=True)
+        except OSError as exc:
+            server.close()
+            raise BisectrError(f"cannot start torchrun for the {role} side with {self.python}: {exc.strerror or exc}") from None
+        self._finalizer = weakref.finalize(self, _stop, self.process, self.connections)
+        try:
+            self._accept(server)
+        finally:
+            server.close()
+        self._lock = threading.Lock()
+        self._send_all(("build", str(model_file), role, function))
+
+    def _accept(self, server: socket.socket) -> None:
+        """Wait for every rank to connect and say which rank it is."""
+        by_rank: dict[int, tuple[socket.socket, BinaryIO, BinaryIO]] = {}
+        server.settimeout(0.2)
+        deadline = time.monotonic() + _CONNECT_TIMEOUT_S
+        while len(by_rank) < self.nproc:
+            if self.process.poll() is not None:
+                raise self._died("starting its ranks")
+            if time.monotonic() > deadline:
+                self.close()
+                raise BisectrError(f"the {self.role} side's ranks did not all start within {_CONNECT_TIMEOUT_S:.0f} s "
+                                   f"({len(by_rank)} of {self.nproc} did)")
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            connection.settimeout(None)
+            requests, replies = connection.makefile("wb"), connection.makefile("rb")
+            _, rank = receive_message(replies)
+            by_rank[rank] = (connection, requests, replies)
+        for rank in range(self.nproc):
+            connection, requests, replies = by_rank[rank]
+            self.connections.append(connection)
+            self.streams.append((requests, replies))
+
+    def wait_built(self) -> None:
+        self._collect("building the side")
+
+    def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
+        """As `LocalSide.record`, on every rank; the first rank writes the side's tensors.bin. The
+        ranks must have run the same ops."""
+        directory = None
+        if writer is not None:
+            writer.close()
+            directory = str(writer.path.parent)
+        with self._lock:
+            self._send_all(("record", directory, options))
+            answers = self._collect("recording")
+        traces = [Trace.from_json(data) for data, _ in answers]
+        _refuse_diverging_ranks(self.role, traces)
+        _mark_differing_tensors(traces)
+        if writer is not None:
+            writer.index.update(answers[0][1])
+        return traces[0]
+
+    def run(self, request: Request) -> Any:
+        with self._lock:
+            self._send_all(("run", request))
+            return self._collect(doing(request))[0]
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def abandon(self) -> None:
+        """Stop the ranks now, busy or not."""
+        _kill(self.process)
+        self.close()
+
+    def _send_all(self, message: tuple) -> None:
+        for rank, (requests, _) in enumerate(self.streams):
+            try:
+                send_message(requests, message)
+            except (BrokenPipeError, ConnectionError, ValueError):
+                raise self._died(f"sending rank {rank} a {message[0]} request") from None
+
+    def _collect(self, what: str) -> list[Any]:
+        """Every rank's answer to the request just sent, by rank. A rank's error is raised (naming the
+        rank) as soon as it comes; once one rank has answered, the others have the rank timeout."""
+        answers: queue.Queue = queue.Queue()
+        for rank, (_, replies) in enumerate(self.streams):
+            threading.Thread(target=_read_reply, args=(rank, replies, answers), daemon=True).start()
+        got: dict[int, Any] = {}
+        deadline = None
+        while len(got) < self.nproc:
+            try:
+                rank, reply = answers.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                late = sorted(set(range(self.nproc)) - set(got))
+                self.close()
+                raise BisectrError(f"rank {', '.join(map(str, late))} of the {self.role} side did not answer within "
+                                   f"{RANK_TIMEOUT_S:g} s of rank {min(got)} while {what}: the ranks ran different ops or "
+                                   f"collectives (BISECTR_RANK_TIMEOUT sets the timeout)") from None
+            if reply is None:
+                raise self._died(what, rank)
+            status, *body = reply
+            if status != "ok":
+                self.close()
+                said = 1 if status == "error" else 0  # where the reply holds its message
+                body[said] = f"rank {rank} of the {self.role} side: {body[said]}"
+                raise reply_error(status, body, self.role, self.python, f"rank {rank}") from None
+            got[rank] = body[0]
+            deadline = deadline or time.monotonic() + RANK_TIMEOUT_S
+        return [got[rank] for rank in range(self.nproc)]
+
+    def _died(self, what: str, rank: int | None = None) -> BisectrError:
+        self.close()
+        who = f"rank {rank} of the {self.role} side" if rank is not None else f"torchrun for the {self.role} side"
+        return BisectrError(f"{who} ({self.python}) exited while {what} (torchrun's status {self.process.returncode}); "
+                            "its messages are above")
+
+
+def _read_reply(rank: int, replies: BinaryIO, answers: queue.Queue) -> None:
+    try:
+        answers.put((rank, receive_message(replies)))
+    except Exception:  # the rank exited, or its connection was closed after another failed
+        answers.put((rank, None))
+
+
+def _refuse_diverging_ranks(role: str, traces: list[Trace]) -> None:
+    """Raise where a rank ran other ops than the first rank: the first op that differs, on both."""
+    first = traces[0]
+    for rank, trace in enumerate(traces[1:], start=1):
+        for index in range(max(len(first.ops), len(trace.ops))):
+            mine = trace.ops[index] if index < len(trace.ops) else None
+            theirs = first.ops[index] if index < len(first.ops) else None
+            if mine is None or theirs is None or (mine.framework_op, mine.module) != (theirs.framework_op, theirs.module):
+                raise BisectrError(f"the {role} side's ranks ran different ops: op {index} is "
+                                   f"{_described(mine)} on rank {rank} and {_described(theirs)} on rank 0")
+
+
+def _mark_differing_tensors(traces: list[Trace]) -> None:
+    """Mark the first rank's plain tensors whose values differ on another rank (by their statistics)."""
+    first = traces[0]
+    for tid, info in first.tensors.items():
+        if info.placement is None and any(trace.tensors[tid].stats != info.stats for trace in traces[1:]):
+            info.placement = RANKS_DIFFER
+
+
+def _described(op: Any) -> str:
+    if op is None:
+        return "none (its forward had ended)"
+    return f"{op.framework_op} in {op.module or 'the model'} at {op.source}"
+
+
+def _stop(process: subprocess.Popen, connections: list[socket.socket]) -> None:
+    """Close the connections (each rank then exits by itself); kill torchrun and its ranks if they do not."""
+    for connection in connections:
+        try:
+            connection.shutdown(socket.SHUT_RDWR)  # the readers' files keep the socket open past close()
+            connection.close()
+        except OSError:
+            pass
+    try:
+        process.wait(_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pass
+    _kill(process)
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """Kill torchrun and its ranks (its process group)."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()

@@ -1,0 +1,52 @@
+"""A tiny Hugging Face Llama on one device against itself sharded with `parallelize_module`.
+
+Reference: `transformers.LlamaForCausalLM` from a random seeded config (2 layers, hidden 64, 4 query
+/ 2 key-value heads, eager attention), input_ids (2, 8) from `default_rng(0)`, `use_cache=False`.
+Candidate (run with `--candidate-nproc 2`): the same weights with every layer's q/k/v and gate/up
+projections column-parallel and o/down projections row-parallel, as Megatron and TorchTitan shard
+a decoder: correct, the sharded reductions round differently (`noise`). `TP_BUG=forgotten_reduce`
+plants a bug in the plan: the attention's o_proj is row-parallel but its output is left a partial
+sum on each rank (`output_layouts=Partial()`), the all-reduce forgotten.
+"""
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _hf import hide_broken_torchcodec  # noqa: E402
+
+CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
+
+
+def _llama():
+    hide_broken_torchcodec()
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
+    input_ids = torch.from_numpy(np.random.default_rng(0).integers(0, CONFIG["vocab_size"], (2, 8)))
+    return model, {"input_ids": input_ids, "use_cache": False}
+
+
+def reference():
+    return _llama()
+
+
+def candidate():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    model, inputs = _llama()
+    mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
+    forgotten = os.environ.get("TP_BUG") == "forgotten_reduce"
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh, {
+            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(), "self_attn.v_proj": ColwiseParallel(),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=Partial()) if forgotten else RowwiseParallel(),  # @plan
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel(),
+        })
+    return model, inputs

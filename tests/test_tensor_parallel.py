@@ -1,0 +1,170 @@
+"""One device against tensor parallel: the candidate runs on 2 ranks that torchrun starts (gloo, CPU).
+
+End to end, `bisectr bisect MODEL --candidate-nproc 2 --json` on a small decoder of our own
+(`models/tp_decoder.py`) and on Hugging Face Llama (`models/tp_hf_llama.py`), both sharded with
+`parallelize_module`: a correct plan is `noise`; each planted bug is `divergent` at its first
+layer's module, confirmed; a rank that raises, runs an extra op or waits in a collective the
+others never join is exit 2 naming the rank and the op, within a timeout. Without processes
+(torch's `LocalTensorMode` simulates the ranks): a DTensor is read whole, and a value is made
+into a DTensor placed as a recorded one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import MODELS
+
+DECODER = MODELS / "tp_decoder.py"
+LLAMA = MODELS / "tp_hf_llama.py"
+TIMEOUT_S = 180
+
+
+def bisect_on_two_ranks(model, *options: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(model), "--candidate-nproc", "2", *options],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **env})
+
+
+def result_of(done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def source_line(source: str) -> str:
+    path, line = source.rsplit(":", 1)
+    with open(path) as file:
+        return file.readlines()[int(line) - 1]
+
+
+@pytest.mark.parametrize("model", [DECODER, LLAMA], ids=["decoder", "hf_llama"])
+def test_a_correct_plan_is_noise(model):
+    result = result_of(bisect_on_two_ranks(model, "--json"))
+    assert result["verdict"] == "noise"
+    assert result["output_error"]["max_rel"] < 1e-6
+    check = result["fp64_check"]
+    assert check["status"] == "agree" and check["float64_error"] < 1e-12 and not check["narrow_ops"]  # float64 throughout
+    assert result["ops"]["aligned"] >= 0.95 * result["ops"]["candidate"]
+
+
+# bug -> (module of the culprit, the planted line's tag or the line it shows, op)
+DECODER_BUGS = {
+    "partial": ("layers.0.mlp", "return self.down(", "DTensor.to_local"),
+    "global_heads": ("layers.0.attention", "nn.functional.scaled_dot_product_attention", None),
+    "bias_every_rank": ("layers.0.attention", "+ self.o_proj.bias.to_local()", "Tensor.add"),
+}
+
+
+@pytest.mark.parametrize("bug", list(DECODER_BUGS))
+def test_a_planted_tp_bug_is_divergent_at_its_first_layer_confirmed(bug):
+    result = result_of(bisect_on_two_ranks(DECODER, "--json", TP_BUG=bug))
+    module, line, op = DECODER_BUGS[bug]
+    culprit = result["culprit"]
+    assert result["verdict"] == "divergent", result["bracket"]
+    assert culprit["candidate"]["module"] == module
+    assert line in source_line(culprit["candidate"]["source"])
+    assert op is None or culprit["candidate"]["op"] == op
+    assert result["confirmation"]["confirmed"] and result["confirmation"]["output_error"] < 1e-6
+    layers = [r["module"] for r in result["recurrences"]]  # one difference in every layer
+    assert len(layers) == 2 and all(m.startswith(module.replace(".0.", f".{i}.")) for i, m in enumerate(layers)), layers
+    assert culprit["placements"]["ranks"] == 2
+
+
+def test_a_forgotten_reduce_in_hf_llama_is_named_at_layer_0s_o_proj():
+    done = bisect_on_two_ranks(LLAMA, TP_BUG="forgotten_reduce")
+    assert done.returncode == 1, done.stderr[-3000:]
+    text = done.stdout
+    assert "verdict: divergent" in text and "confirmed: taking out" in text
+    culprit = text.split("culprit (first semantic difference): copy")[1]
+    assert "DTensor.to_local             model.layers.0.self_attn" in culprit
+    assert "attn_output = self.o_proj(attn_output)" in culprit
+    assert "on 2 ranks: reads Partial(sum); hands on differs by rank (each rank's own values; rank 0's shown)" in culprit
+
+
+def test_a_rank_that_raises_is_named_with_its_traceback():
+    done = bisect_on_two_ranks(DECODER, TP_FAULT="raise")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "rank 1 of the candidate side:" in done.stderr and "raised RuntimeError: rank 1 cannot go on" in done.stderr
+    assert 'raise RuntimeError("rank 1 cannot go on")  # @raise' in done.stderr
+    assert not done.stdout
+
+
+def test_a_rank_that_runs_an_extra_op_is_named_with_the_op():
+    done = bisect_on_two_ranks(DECODER, TP_FAULT="extra_op")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert (f"the candidate side's ranks ran different ops: op 1 is Tensor.mul in the model at {DECODER}:" in done.stderr
+            and "on rank 1 and nn.functional.rms_norm in layers.0.attention_norm" in done.stderr)
+
+
+def test_a_rank_waiting_in_a_collective_the_others_skip_ends_within_the_timeout():
+    done = bisect_on_two_ranks(DECODER, TP_FAULT="hang", BISECTR_RANK_TIMEOUT="5")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "rank 1 of the candidate side:" in done.stderr and "torch.distributed.barrier()  # @hang" in done.stderr
+    assert "Timed out" in done.stderr
+
+
+# -- without processes -------------------------------------------------------------------------------
+@pytest.fixture
+def two_simulated_ranks():
+    """A fake process group of 2 ranks and torch's `LocalTensorMode` simulating them in this process."""
+    import torch.distributed as dist
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", world_size=2, rank=0, store=FakeStore())
+    try:
+        with LocalTensorMode(2) as mode:
+            yield mode, init_device_mesh("cpu", (2,))
+    finally:
+        dist.destroy_process_group()
+
+
+WHOLE = np.arange(12, dtype=np.float32).reshape(4, 3)
+
+
+def local_parts(dtensor) -> list[np.ndarray]:
+    local = dtensor.to_local()
+    return [local._local_tensors[rank].numpy() for rank in range(2)] if hasattr(local, "_local_tensors") else [local.numpy()] * 2
+
+
+@pytest.mark.parametrize("placement", ["Shard(dim=0)", "Shard(dim=1)", "Replicate()"])
+def test_a_dtensor_is_read_whole_and_a_value_made_as_it_is_placed(two_simulated_ranks, placement):
+    import torch
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from bisectr.adapters.torch import TorchAdapter
+
+    _, mesh = two_simulated_ranks
+    placed = {"Shard(dim=0)": Shard(0), "Shard(dim=1)": Shard(1), "Replicate()": Replicate()}[placement]
+    adapter = TorchAdapter()
+    dtensor = distribute_tensor(torch.from_numpy(WHOLE), mesh, [placed])
+    assert adapter.placement(dtensor) == placement and adapter.sharded(dtensor) == placed.is_shard()
+    assert np.array_equal(adapter.to_numpy(dtensor), WHOLE)
+    made = adapter.from_numpy(WHOLE + 1, "float32", "cpu", adapter.layout(dtensor))
+    assert np.array_equal(adapter.to_numpy(made), WHOLE + 1)
+    expected = np.array_split(WHOLE + 1, 2, axis=placed.dim) if placed.is_shard() else [WHOLE + 1] * 2
+    for part, wanted in zip(local_parts(made), expected):
+        assert np.array_equal(part, wanted)
+
+
+def test_a_partial_sum_is_read_reduced_and_a_new_value_keeps_each_ranks_part(two_simulated_ranks):
+    import torch
+    from torch.distributed.tensor import DTensor, Partial
+
+    from bisectr.adapters.torch import TorchAdapter
+
+    mode, mesh = two_simulated_ranks
+    adapter = TorchAdapter()
+    parts = mode.rank_map(lambda rank: torch.from_numpy(WHOLE) * (0.25 if rank == 0 else 0.75))
+    dtensor = DTensor.from_local(parts, mesh, [Partial()])
+    assert adapter.placement(dtensor) == "Partial(sum)" and not adapter.sharded(dtensor)
+    assert np.array_equal(adapter.to_numpy(dtensor), WHOLE)
+    made = adapter.from_numpy(WHOLE + 2, "float32", "cpu", adapter.layout(dtensor))
+    assert np.array_equal(adapter.to_numpy(made), WHOLE + 2)
+    first, second = local_parts(made)  # each rank's own part, moved by half the difference
+    assert np.array_equal(first, WHOLE * 0.25 + 1) and np.array_equal(second, WHOLE * 0.75 + 1)
