@@ -46,7 +46,13 @@ def _whole(tensor: Any) -> Any:
     reduced) on every rank, a collective every rank runs at the same op; a collective's pending
     result waited for."""
     if _is_dtensor(tensor):
-        return tensor.detach().full_tensor()
+        # Reducing a masked partial sum (a vocabulary-parallel embedding's output) drops its mask,
+        # which the model's own reduction still needs.
+        masks = [(p.mask_buffer, p.mask_buffer.refcount, p.mask_buffer.data) for p in tensor.placements if hasattr(p, "mask_buffer")]
+        whole = tensor.detach().full_tensor()
+        for mask, refcount, data in masks:
+            mask.refcount, mask.data = refcount, data
+        return whole
     if _is_pending_collective(tensor):
         return tensor.wait()
     return tensor
@@ -100,12 +106,13 @@ class TorchAdapter(Adapter):
     value_reads = TENSOR_VALUE_READS | {"equal", "allclose"}
 
     def to_numpy(self, tensor: Any) -> np.ndarray:
+        whole = _whole(tensor)
         try:  # the usual op output: on the CPU, no grad, a dtype numpy has (runs on every recorded tensor)
-            return tensor.numpy()
+            return whole.numpy()
         except (RuntimeError, TypeError):
             pass
         torch = _torch()
-        tensor = _whole(tensor).detach()
+        tensor = whole.detach()
         if tensor.dtype == torch.bfloat16:
             tensor = tensor.float()
         if tensor.is_conj():
@@ -335,6 +342,10 @@ class TorchAdapter(Adapter):
         if dtensor is not None:  # without gradients it hands its shard over without an autograd function
             to_local = dtensor.__dict__["to_local"]
             dtensor.to_local = _routed_method(to_local, "DTensor.to_local", mode)
+        distributed = sys.modules.get("torch.distributed")
+        collectives = {name: getattr(distributed, name) for name in _IN_PLACE_COLLECTIVES if hasattr(distributed, name)}
+        for name, collective in collectives.items():
+            setattr(distributed, name, _routed_method(_in_place(collective), f"distributed.{name}", mode))
         try:
             with (torch.enable_grad() if gradients else torch.no_grad()), mode:
                 yield
@@ -342,6 +353,8 @@ class TorchAdapter(Adapter):
             function.apply = apply
             if dtensor is not None:
                 dtensor.to_local = to_local
+            for name, collective in collectives.items():
+                setattr(distributed, name, collective)
             pre_hook.remove()
             post_hook.remove()
 
@@ -362,9 +375,10 @@ def _distributed(whole: Any, layout: _Placement) -> Any:
     on each rank (any other partial reduction: the value on every rank)."""
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
-    if layout.split_like is not None:
-        change = whole - _whole(layout.split_like).to(whole.dtype)
-        return layout.split_like.to(whole.dtype) + _distributed(change, _Placement(layout.mesh, layout.placements))
+    if layout.split_like is not None:  # added rank by rank: as DTensors, two partial sums would be reduced first
+        change = _distributed(whole - _whole(layout.split_like).to(whole.dtype), _Placement(layout.mesh, layout.placements))
+        return DTensor.from_local(layout.split_like.to_local().to(whole.dtype) + change.to_local(), layout.mesh, layout.placements,
+                                  run_check=False, shape=whole.shape, stride=whole.stride())
     spread = [Replicate() if placement.is_partial() else placement for placement in layout.placements]
     placed = distribute_tensor(whole, layout.mesh, spread, src_data_rank=None)  # each rank cuts its own shard
     shares = math.prod(layout.mesh.size(dim) for dim, placement in enumerate(layout.placements)
@@ -394,6 +408,24 @@ def _routed_apply(apply: Callable[..., Any], mode: Any) -> classmethod:
             return mode.listener.call(name, run, args, kwargs)
 
     return classmethod(routed)
+
+
+# torch.distributed's collectives on plain tensors that write their result into their first argument.
+_IN_PLACE_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast")
+
+
+def _in_place(collective: Callable[..., Any]) -> Callable[..., Any]:
+    """`collective`, finished before it returns, with the write into its first argument counted in
+    that tensor's version (the backends' own writes are not), as any in-place op's is."""
+    def run(tensor, *args, **kwargs):
+        work = collective(tensor, *args, **kwargs)
+        if work is not None:
+            work.wait()
+        _torch().autograd.graph.increment_version(tensor)
+        return work
+
+    run.__qualname__ = collective.__qualname__
+    return run
 
 
 def _routed_method(method: Callable[..., Any], name: str, mode: Any) -> Callable[..., Any]:

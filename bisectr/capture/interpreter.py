@@ -87,6 +87,13 @@ class Recording:
     # False once executing the calls made tensors of other shapes or dtypes than recorded:
     # state around the calls (autocast) or data-dependent shapes shaped the forward.
     faithful: bool = True
+    # This process's own values of the local parts it recorded (`trace.LOCAL_PART`): the trace holds
+    # the first process's.
+    local_parts: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def own_values(self, values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """`values` with this process's own values for the local parts among them."""
+        return {tid: self.local_parts.get(tid, array) for tid, array in values.items()}
 
     def replayable(self, adapter: Tensors) -> bool:
         """Can the recorded calls stand in for the model's code? Not after a value read (a patch

@@ -15,6 +15,10 @@ from ..adapters import op_synonyms
 # Ops whose outputs are memory left uninitialised, other values on every run: never compared across runs.
 UNINITIALISED = frozenset({"empty", "empty_like", "new_empty", "empty_strided"})
 
+# Collectives that sum what each process holds: what they read is each process's part of a sum
+# (a partial value), never compared with a whole tensor.
+REDUCING_COLLECTIVES = frozenset({"all_reduce", "reduce_scatter_tensor"})
+
 _REVERSED_DUNDERS = {"radd", "rsub", "rmul", "rtruediv", "rdiv", "rpow", "rmatmul", "rfloordiv", "rmod", "rand", "ror", "rxor", "rlshift", "rrshift"}
 
 

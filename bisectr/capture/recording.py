@@ -163,6 +163,8 @@ class Recorder(_Session):
             placement = self.adapter.placement(tensor)
             if placement is None and from_shard:
                 placement = LOCAL_PART
+            if placement == LOCAL_PART:
+                self.recording.local_parts[tid] = np.array(self.adapter.to_numpy(tensor))
             if placement == LOCAL_PART or self.adapter.sharded(tensor):
                 self._sharded.add(tid)
             self.trace.tensors[tid].placement = placement

@@ -241,11 +241,11 @@ class LocalSide:
             case Rerun(patches, capture):
                 return self.rerun(patches, capture)
             case Replay(indices, values, float64):
-                replay = ValuesInterpreter(adapter, trace, calls, values, float64, self.recording.leaves)
+                replay = ValuesInterpreter(adapter, trace, calls, self.recording.own_values(values), float64, self.recording.leaves)
                 replay.run(indices)
                 return {tid: replay.computed[tid] for index in indices for tid in trace.ops[index].outputs}
             case ReplayVJP(indices, values, upstream, float64):
-                vjp = VJPInterpreter(adapter, trace, calls, values, float64)
+                vjp = VJPInterpreter(adapter, trace, calls, self.recording.own_values(values), float64)
                 with adapter.enable_grad():
                     vjp.run(indices)
                 return vjp.gradients(upstream)

@@ -37,7 +37,8 @@ from typing import Callable, Literal
 
 import numpy as np
 
-from ..capture.trace import LOCAL_PART, OpNode, TensorInfo, Trace, fingerprint, is_floating
+from ..capture.ops import REDUCING_COLLECTIVES
+from ..capture.trace import LOCAL_PART, RANKS_DIFFER, OpNode, TensorInfo, Trace, fingerprint, is_floating
 from ..leafref import leaf_kind
 
 NEIGHBOURHOOD = 8  # how far apart in a key group two paired occurrences may be
@@ -227,6 +228,7 @@ class _TracePair:
         self.traces = {"reference": reference, "candidate": candidate}
         self.use_layers = all(any(layer_numbers(op.module) for op in t.ops) for t in self.traces.values())
         self.readers = {side: trace.consumers() for side, trace in self.traces.items()}
+        self.parts = parts_of_values(candidate, self.readers["candidate"])
         self.output_partner = _output_partners(reference, candidate)
 
     def key(self, side: str, op: OpNode) -> tuple:
@@ -256,7 +258,7 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
         pinned_cand.update(op.index for op in cand_ops)
         pinned_ref.update(op.index for op in ref_ops)
         pairs.update({c: (r, "pin", d) for c, (r, _, d) in _align_sequences(sides, cand_ops, ref_ops, use_layers=False).items()})
-    rest_cand = [op for op in candidate.ops if op.index not in pinned_cand and not _makes_local_parts(candidate, op)]
+    rest_cand = [op for op in candidate.ops if op.index not in pinned_cand and not _makes_parts(sides, op)]
     rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
     pairs.update(_align_sequences(sides, rest_cand, rest_ref, use_layers=sides.use_layers))
     _follow_data_flow(sides, pairs)
@@ -275,9 +277,23 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
     return alignment
 
 
-def _makes_local_parts(trace: Trace, op: OpNode) -> bool:
-    """Does the op compute a process's own part of a sharded value (never a whole tensor to pair)?"""
-    return bool(op.outputs) and all(trace.tensors[t].placement == LOCAL_PART for t in op.outputs)
+def _makes_parts(sides: _TracePair, op: OpNode) -> bool:
+    """Does the candidate op compute each process's own part of a value (never a whole tensor to pair)?"""
+    return bool(op.outputs) and all(t in sides.parts for t in op.outputs)
+
+
+def parts_of_values(trace: Trace, readers: dict[int, list[int]]) -> set[int]:
+    """Op outputs that are each process's own part of a value: local parts of a shard, and values that
+    differ by rank and go only into a collective's sum (partial sums, a bias added to one)."""
+    parts: set[int] = set()
+    for op in reversed(trace.ops):  # readers before what they read
+        for tid in op.outputs:
+            placement = trace.tensors[tid].placement
+            summed = placement == RANKS_DIFFER and tid in readers and all(
+                trace.ops[r].op in REDUCING_COLLECTIVES or all(t in parts for t in trace.ops[r].outputs) for r in readers[tid])
+            if placement == LOCAL_PART or summed:
+                parts.add(tid)
+    return parts
 
 
 # Ops that only move their first input's data (or view it in another shape): two of them
@@ -655,7 +671,7 @@ def _block_for(sides: _TracePair, alignment: Alignment, cand_ops: list[int], pai
     unpartnered: set[int] = set()
     unpaired = set(unpaired_ref)
     for c_tid in handed_on(candidate, cand_ops, sides.readers["candidate"]):
-        if candidate.tensors[c_tid].placement == LOCAL_PART:
+        if c_tid in sides.parts:
             unpartnered.add(c_tid)
             continue
         partner = _partner_by_consumer(sides, alignment, c_tid, paired_ref_of) or sides.output_partner.get(c_tid) \

@@ -4,7 +4,8 @@
 them over every rank torchrun started (`--candidate-nproc N`): attention's q/k/v projections and
 the MLP's up projection column-wise, attention's output and the MLP's down projection row-wise,
 so that each layer's attention and MLP run on each rank's heads and columns and end in one
-all-reduce. `TP_BUG` plants one bug a porter makes in a sharding plan or a sharded module:
+all-reduce. `TP_PLAN=sequence` also shards the embedding over the vocabulary and the norms and the
+residual stream over the tokens (sequence parallel). `TP_BUG` plants one bug a porter makes in a sharding plan or a sharded module:
 
 - "" (default): the plan is right; the sharded reductions round differently (verdict `noise`).
 - "partial": the MLP's down projection's output is left `Partial` (`use_local_output=True` on a
@@ -103,15 +104,29 @@ def _decoder(sharded: bool):
 
 
 def _shard(model, world: int, bug: str) -> None:
+    """Attention and MLP sharded over the heads and columns; with `TP_PLAN=sequence` also the
+    embedding over the vocabulary and the norms and residual stream over the tokens (sequence
+    parallel), as TorchTitan shards Llama."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
 
     mesh = init_device_mesh("cpu", (world,))
+    sequence = os.environ.get("TP_PLAN") == "sequence"
+    tokens_out = {"output_layouts": Shard(1)} if sequence else {}
+    if sequence:
+        parallelize_module(model, mesh, {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+                                         "norm": SequenceParallel(),
+                                         "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
     for layer in model.layers:
         plan = {"attention.q_proj": ColwiseParallel(), "attention.k_proj": ColwiseParallel(),
-                "attention.v_proj": ColwiseParallel(), "attention.o_proj": RowwiseParallel(),
+                "attention.v_proj": ColwiseParallel(), "attention.o_proj": RowwiseParallel(**tokens_out),
                 "mlp.up": ColwiseParallel(),
-                "mlp.down": _left_partial() if bug == "partial" else RowwiseParallel()}
+                "mlp.down": _left_partial() if bug == "partial" else RowwiseParallel(**tokens_out)}
+        if sequence:
+            gathered = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            plan |= {"attention_norm": SequenceParallel(), "mlp_norm": SequenceParallel(), "attention": gathered, "mlp": gathered}
         parallelize_module(layer, mesh, plan)
         layer.attention.mesh = mesh
 
