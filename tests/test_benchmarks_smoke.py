@@ -4,6 +4,7 @@ No timing assertions: the figures of a quick run on a shared machine mean little
 """
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,13 @@ def test_profile_names_the_recorders_own_functions():
     for frame in ("record_side", "Recorder.call"):
         assert frame in tree, f"missing {frame!r} in:\n{tree[-3000:]}"
     assert "recording.py" in flat
+
+
+def test_tensor_parallel_benchmark_prints_time_and_each_ranks_memory():
+    assert "python benchmarks/tensor_parallel.py" in (ROOT / "README.md").read_text()
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tensor_parallel.py"), "--forwards", "3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"TP=2 bisect of tensor_parallel.py \(divergent\): [\d.]+ s = \d+ plain TP=2 forwards", done.stdout), done.stdout
+    ratios = [float(r) for r in re.findall(r"in the plain forward \(([\d.]+)x\)", done.stdout)]
+    assert len(ratios) == 2 and all(1.0 <= ratio < 2.0 for ratio in ratios), done.stdout

@@ -189,8 +189,8 @@ def _launched_as_rank() -> str | None:
         if size.isdigit() and int(size) > 1:
             return (f"started by {launcher} as rank {os.environ.get(rank, '?')} of {size} ({world}={size}): run bisectr as one "
                     "process, not under a distributed launcher. Each rank would compare its own shards with the reference's "
-                    "whole tensors; a side that computes on several processes (tensor parallel) cannot be recorded yet: "
-                    "give the candidate a one-process model")
+                    "whole tensors; for a side that computes on several processes (tensor parallel), give bisectr "
+                    "--candidate-nproc N and it starts that side's ranks under torchrun itself")
     return None
 
 

@@ -65,7 +65,9 @@ def print_trace_summary(console: Console, run: RunRecord) -> None:
         sides.add_column(column)
     for role, trace in run.traces.items():
         stored = sum(1 for t in trace.tensors.values() if t.stored)
-        sides.add_row(role, trace.framework, trace.device, trace.dtype, str(len(trace.ops)), str(len(trace.leaves)), str(stored))
+        ranks = getattr(run.traced, f"{role}_nproc")
+        device = f"{trace.device} x {ranks} ranks" if ranks > 1 else trace.device
+        sides.add_row(role, trace.framework, device, trace.dtype, str(len(trace.ops)), str(len(trace.leaves)), str(stored))
     console.print(sides)
 
     outputs = Table(title="Outputs", title_justify="left")
