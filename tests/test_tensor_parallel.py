@@ -3,8 +3,8 @@
 End to end, `bisectr bisect MODEL --candidate-nproc 2 --json` on a small decoder of our own
 (`models/tp_decoder.py`, also sequence parallel with a vocabulary-parallel embedding) and on Hugging
 Face Llama (`models/tp_hf_llama.py`), both sharded with `parallelize_module`: a correct plan is `noise`; each planted bug is `divergent` at its first
-layer's module, confirmed; a rank that raises, runs an extra op or waits in a collective the
-others never join is exit 2 naming the rank and the op, within a timeout. Without processes
+layer's module, confirmed; a rank that raises, runs an extra op, exits or waits in a collective the
+others never join is exit 2 naming the rank (and the op), within a timeout. Without processes
 (torch's `LocalTensorMode` simulates the ranks): a DTensor is read whole, and a value is made
 into a DTensor placed as a recorded one.
 """
@@ -115,6 +115,13 @@ def test_a_rank_that_runs_an_extra_op_is_named_with_the_op():
     assert done.returncode == 2, done.stderr[-3000:]
     assert (f"the candidate side's ranks ran different ops: op 1 is Tensor.mul in the model at {DECODER}:" in done.stderr
             and "on rank 1 and nn.functional.rms_norm in layers.0.attention_norm" in done.stderr)
+
+
+def test_a_rank_whose_process_exits_is_named():
+    done = bisect_on_two_ranks(DECODER, TP_FAULT="die")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "bisectr: error: rank 1 of the candidate side" in done.stderr and "exited while recording" in done.stderr
+    assert "exitcode  : 7" in done.stderr  # torchrun's own report, above
 
 
 def test_a_rank_waiting_in_a_collective_the_others_skip_ends_within_the_timeout():

@@ -15,7 +15,8 @@ residual stream over the tokens (sequence parallel). `TP_BUG` plants one bug a p
   reduction, which then adds it N times.
 
 `TP_FAULT` makes one rank fail: "raise" (rank 1 raises in the forward), "extra_op" (rank 1 runs
-one op more than the others), "hang" (rank 1 waits in a collective the others never join).
+one op more than the others), "die" (rank 1's process exits), "hang" (rank 1 waits in a collective
+the others never join).
 """
 import os
 
@@ -89,6 +90,8 @@ def _decoder(sharded: bool):
                 raise RuntimeError("rank 1 cannot go on")  # @raise
             if on_rank_1 and fault == "extra_op":
                 x = x * 1.0  # @extra_op
+            if on_rank_1 and fault == "die":
+                os._exit(7)  # @die
             if on_rank_1 and fault == "hang":
                 torch.distributed.barrier()  # @hang: a collective the other ranks never join
             for layer in self.layers:
