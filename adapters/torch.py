@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import sys
@@ -389,25 +390,32 @@ def _distributed(whole: Any, layout: _Placement) -> Any:
                               shape=whole.shape, stride=whole.stride())
 
 
-def _routed_apply(apply: Callable[..., Any], mode: Any) -> classmethod:
-    """`autograd.Function.apply` routed to the listener as one op named after the function's class,
-    while `mode` sees calls (not inside another op's call): its backward is the class's own."""
+def _routed(mode: Any, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """`fn(*args, **kwargs)`, routed to the listener as one op `name` while `mode` sees calls (not
+    inside another op's call), with the mode off inside it, as inside `__torch_function__`."""
     from torch._C import _is_torch_function_enabled
     from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
 
+    stack = _get_current_function_mode_stack()
+    if not (_is_torch_function_enabled() and stack and stack[-1] is mode):
+        return fn(*args, **kwargs)
+    with _pop_mode_temporarily():
+        return mode.listener.call(name, fn, args, kwargs)
+
+
+def _routed_apply(apply: Callable[..., Any], mode: Any) -> classmethod:
+    """`autograd.Function.apply` as one op named after the function's class: its backward is the class's own."""
     def routed(cls, *args, **kwargs):
-        stack = _get_current_function_mode_stack()
-        if not (_is_torch_function_enabled() and stack and stack[-1] is mode):
-            return apply(cls, *args, **kwargs)
-
-        def run(*args, **kwargs):
-            return apply(cls, *args, **kwargs)
-
+        run = functools.partial(apply, cls)
         run.__qualname__ = name = f"{cls.__qualname__}.apply"
-        with _pop_mode_temporarily():  # as inside `__torch_function__`: its forward's ops are its own
-            return mode.listener.call(name, run, args, kwargs)
+        return _routed(mode, name, run, args, kwargs)
 
     return classmethod(routed)
+
+
+def _routed_method(method: Callable[..., Any], name: str, mode: Any) -> Callable[..., Any]:
+    """`method` as one op `name`."""
+    return lambda *args, **kwargs: _routed(mode, name, method, args, kwargs)
 
 
 # torch.distributed's collectives on plain tensors that write their result into their first argument.
@@ -426,21 +434,6 @@ def _in_place(collective: Callable[..., Any]) -> Callable[..., Any]:
 
     run.__qualname__ = collective.__qualname__
     return run
-
-
-def _routed_method(method: Callable[..., Any], name: str, mode: Any) -> Callable[..., Any]:
-    """`method` routed to the listener as one op `name` while `mode` sees calls (see `_routed_apply`)."""
-    from torch._C import _is_torch_function_enabled
-    from torch.overrides import _get_current_function_mode_stack, _pop_mode_temporarily
-
-    def routed(*args, **kwargs):
-        stack = _get_current_function_mode_stack()
-        if not (_is_torch_function_enabled() and stack and stack[-1] is mode):
-            return method(*args, **kwargs)
-        with _pop_mode_temporarily():
-            return mode.listener.call(name, method, args, kwargs)
-
-    return routed
 
 
 def _make_router_class():

@@ -29,7 +29,6 @@ import tempfile
 import threading
 import time
 import weakref
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..errors import BisectrError
