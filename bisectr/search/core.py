@@ -389,7 +389,8 @@ def occurrences(search: SearchPass, suspect: OpEvidence) -> list[OpEvidence]:
         if op.index == suspect.candidate or op.op != first.op or not (same or kinds):
             continue
         evidence = search.evidence_of(op.index)
-        if evidence is None or evidence.verdict != "different" or evidence.op != suspect.op:
+        # Blocks ending in the same op of the same line are one piece of code, whatever the reference ops they cover.
+        if evidence is None or evidence.verdict != "different" or (evidence.op != suspect.op and not same_line(op, first)):
             continue
         if same or search.differing_leaf_kinds(evidence) == kinds:
             group.append(evidence)
@@ -400,8 +401,12 @@ def same_place(op: OpNode, other: OpNode) -> bool:
     """Two ops of one piece of code: the same line of user code, or the same module up to numbers
     (`blocks.0.ln1` and `blocks.3.ln2`: instances of one layer class). A library's line alone says
     nothing: it serves every model built from the library."""
-    same_line = bool(op.source) and op.source == other.source and not op.library_source
-    return same_line or (bool(op.module) and _pattern(op.module) == _pattern(other.module))
+    return same_line(op, other) or (bool(op.module) and _pattern(op.module) == _pattern(other.module))
+
+
+def same_line(op: OpNode, other: OpNode) -> bool:
+    """Called from the same line of user code (a library's line serves every model built from the library)."""
+    return bool(op.source) and op.source == other.source and not op.library_source
 
 
 def _pattern(module: str) -> str:
