@@ -133,6 +133,14 @@ def test_a_rank_waiting_in_a_collective_the_others_skip_ends_within_the_timeout(
     assert "Timed out" in done.stderr
 
 
+def test_an_interpreter_without_torch_cannot_start_the_ranks(tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=60)
+    bare = tmp_path / "bare" / "bin" / "python"
+    done = bisect_on_two_ranks(DECODER, "--candidate-python", str(bare))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"torchrun for the candidate side ({bare} -m torch.distributed.run) exited with status 1 before its ranks started" in done.stderr
+
+
 # -- without processes -------------------------------------------------------------------------------
 @pytest.fixture
 def two_simulated_ranks():

@@ -95,8 +95,11 @@ def _join_process_group() -> None:
     model file that starts it itself then finds it started."""
     from datetime import timedelta
 
-    import torch
-    import torch.distributed as dist
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise BisectrError(f"a side on several processes runs on torch.distributed, and this interpreter cannot import it ({exc})") from None
 
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
@@ -152,7 +155,9 @@ class RankedSide:
         deadline = time.monotonic() + _CONNECT_TIMEOUT_S
         while len(by_rank) < self.nproc:
             if self.process.poll() is not None:
-                raise self._died("starting its ranks")
+                self.close()
+                raise BisectrError(f"torchrun for the {self.role} side ({self.python} -m torch.distributed.run) exited with "
+                                   f"status {self.process.returncode} before its ranks started; its messages are above")
             if time.monotonic() > deadline:
                 self.close()
                 raise BisectrError(f"the {self.role} side's ranks did not all start within {_CONNECT_TIMEOUT_S:.0f} s "
