@@ -42,10 +42,11 @@ def source_line(source: str) -> str:
         return file.readlines()[int(line) - 1]
 
 
-@pytest.mark.parametrize("model, plan", [(DECODER, ""), (DECODER, "sequence"), (LLAMA, ""), (MEGATRON, "")],
-                         ids=["decoder", "decoder_sequence_parallel", "hf_llama", "megatron_by_hand"])
-def test_a_correct_plan_is_noise(model, plan):
-    result = result_of(bisect_on_two_ranks(model, "--json", TP_PLAN=plan))
+@pytest.mark.parametrize("model, env", [(DECODER, {}), (DECODER, {"TP_PLAN": "sequence"}), (DECODER, {"TP_QK_NORM": "1"}),
+                                        (LLAMA, {}), (MEGATRON, {})],
+                         ids=["decoder", "decoder_sequence_parallel", "decoder_qk_norm", "hf_llama", "megatron_by_hand"])
+def test_a_correct_plan_is_noise(model, env):
+    result = result_of(bisect_on_two_ranks(model, "--json", **env))
     assert result["verdict"] == "noise"
     assert result["output_error"]["max_rel"] < 1e-6
     check = result["fp64_check"]
@@ -58,12 +59,14 @@ DECODER_BUGS = {
     "partial": ("layers.0.mlp", "return self.down(", "DTensor.to_local"),
     "global_heads": ("layers.0.attention", "nn.functional.scaled_dot_product_attention", None),
     "bias_every_rank": ("layers.0.attention", "+ self.o_proj.bias.to_local()", "Tensor.add"),
+    "qk_norm_on_shard": ("layers.0.attention", "nn.functional.scaled_dot_product_attention", None),
 }
 
 
-@pytest.mark.parametrize("bug, plan", [(bug, "") for bug in DECODER_BUGS] + [("global_heads", "sequence")])
-def test_a_planted_tp_bug_is_divergent_at_its_first_layer_confirmed(bug, plan):
-    result = result_of(bisect_on_two_ranks(DECODER, "--json", TP_BUG=bug, TP_PLAN=plan))
+@pytest.mark.parametrize("bug, env", [(bug, {}) for bug in DECODER_BUGS if bug != "qk_norm_on_shard"]
+                         + [("global_heads", {"TP_PLAN": "sequence"}), ("qk_norm_on_shard", {"TP_QK_NORM": "1"})])
+def test_a_planted_tp_bug_is_divergent_at_its_first_layer_confirmed(bug, env):
+    result = result_of(bisect_on_two_ranks(DECODER, "--json", TP_BUG=bug, **env))
     module, line, op = DECODER_BUGS[bug]
     culprit = result["culprit"]
     assert result["verdict"] == "divergent", result["bracket"]

@@ -13,6 +13,8 @@ residual stream over the tokens (sequence parallel). `TP_BUG` plants one bug a p
 - "global_heads": attention reshapes its local q/k/v with the global head count.
 - "bias_every_rank": the attention output's bias is added to every rank's partial sum before the
   reduction, which then adds it N times.
+- "qk_norm_on_shard" (with `TP_QK_NORM=1`, which gives attention RMSNorms of q and k over the whole
+  width, as OLMo-2 has): each rank normalizes its own columns of q and k instead of gathering them first.
 
 `TP_FAULT` makes one rank fail: "raise" (rank 1 raises in the forward), "extra_op" (rank 1 runs
 one op more than the others), "die" (rank 1's process exits), "hang" (rank 1 waits in a collective
@@ -39,12 +41,16 @@ def _decoder(sharded: bool):
             self.v_proj = nn.Linear(WIDTH, WIDTH, bias=False)
             self.o_proj = nn.Linear(WIDTH, WIDTH)
             self.heads = HEADS if bug == "global_heads" else HEADS // world
+            qk_norm = os.environ.get("TP_QK_NORM") == "1"
+            self.q_norm, self.k_norm = (nn.RMSNorm(WIDTH), nn.RMSNorm(WIDTH)) if qk_norm else (None, None)
             self.mesh = None  # the device mesh, once sharded
 
         def forward(self, x):
             batch, tokens, _ = x.shape
-            q, k, v = (proj(x).view(batch, tokens, self.heads, -1).transpose(1, 2)
-                       for proj in (self.q_proj, self.k_proj, self.v_proj))
+            q, k, v = (proj(x) for proj in (self.q_proj, self.k_proj, self.v_proj))
+            if self.q_norm is not None:
+                q, k = self.normed(self.q_norm, q), self.normed(self.k_norm, k)
+            q, k, v = (t.view(batch, tokens, self.heads, -1).transpose(1, 2) for t in (q, k, v))
             attended = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             merged = attended.transpose(1, 2).reshape(batch, tokens, -1)
             if self.mesh is not None and bug == "bias_every_rank":  # @bias_every_rank
@@ -53,6 +59,17 @@ def _decoder(sharded: bool):
                 partial = nn.functional.linear(merged, self.o_proj.weight.to_local()) + self.o_proj.bias.to_local()
                 return DTensor.from_local(partial, self.mesh, [Partial()]).redistribute(self.mesh, [Replicate()]).to_local()
             return self.o_proj(merged)
+
+        def normed(self, norm, projected):
+            """The q or k projection normalized over the whole width; sharded, this rank's columns of it."""
+            if self.mesh is None:
+                return norm(projected)
+            if bug == "qk_norm_on_shard":
+                return nn.functional.rms_norm(projected, projected.shape[-1:], norm.weight[: projected.shape[-1]])  # @qk_norm_on_shard
+            from torch.distributed.tensor import DTensor, Shard
+
+            whole = DTensor.from_local(projected, self.mesh, [Shard(2)]).full_tensor()
+            return norm(whole).chunk(world, dim=-1)[self.mesh.get_local_rank()]
 
     class Mlp(nn.Module):
         def __init__(self):
