@@ -8,6 +8,9 @@ starts: `up` column-parallel, `down` row-parallel, as Megatron shards an MLP. Th
 `down` `output_layouts=Partial()`, so each rank goes on with its own partial sum of the down
 projection, where the rowwise default reduces them (`candidate_fixed()`).
 
+Measured here (2 ranks, gloo): the outputs differ by 1.02 (0.215 relative); with the plan's reduction
+kept, by 4.8e-07 (1e-07 relative).
+
 bisectr should conclude: verdict `divergent`; culprit the `DTensor.to_local` that hands each rank its
 partial sum in `blocks.0` (read as `Partial(sum)`, handed on as values that differ by rank), every block
 listed, confirmed by handing on the reduced value instead. `candidate_fixed()` is `noise`: the

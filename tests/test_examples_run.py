@@ -62,8 +62,11 @@ CASES = [
     Expect("op_substitution", rel_min=1e-8, rel_max=NOISE, abs_min=1e-5),
 ]
 
-# hf_llama needs another interpreter for its reference (see its docstring): tests/test_hf_llama.py
-EXAMPLE_FILES = sorted(p for p in EXAMPLES.glob("*.py") if not p.name.startswith("_") and p.stem != "hf_llama")
+# Examples whose sides do not both run in this process: hf_llama needs another interpreter for its reference
+# (tests/test_hf_llama.py); tensor_parallel runs its candidate on 2 ranks under torchrun (the README's command,
+# run by tests/test_readme.py).
+ELSEWHERE = {"hf_llama", "tensor_parallel"}
+EXAMPLE_FILES = sorted(p for p in EXAMPLES.glob("*.py") if not p.name.startswith("_") and p.stem not in ELSEWHERE)
 
 
 def load_example(name: str):
