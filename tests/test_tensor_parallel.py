@@ -92,12 +92,14 @@ def test_a_forgotten_reduce_in_hf_llama_is_named_at_layer_0s_o_proj():
 
 def test_megatron_style_bugs_in_the_row_parallel_class_are_named_where_they_enter():
     """Plain tensors and an explicit all-reduce: a partial sum that goes only into the all-reduce is
-    each rank's part, never compared; one that goes on without it is compared, as rank 0 holds it."""
+    each rank's part, never compared; one that goes on without it is compared, as rank 0 holds it, and
+    its own difference is replayed from the paired values that the rank's heads or columns are made from."""
     forgotten = result_of(bisect_on_two_ranks(MEGATRON, "--json", TP_BUG="forgotten_reduce"))
     culprit = forgotten["culprit"]
     assert forgotten["verdict"] == "divergent" and culprit["candidate"]["module"] == "layers.0.attention.o"
     assert "partial = nn.functional.linear(x, self.weight)" in source_line(culprit["candidate"]["source"])
     assert culprit["placements"]["hands_on"] == ["differs by rank"]
+    assert len(forgotten["recurrences"]) == 4 and forgotten["confirmation"]["confirmed"]  # attention.o and down, 2 layers
     twice = bisect_on_two_ranks(MEGATRON, TP_BUG="bias_every_rank")
     assert twice.returncode == 1 and "verdict: divergent" in twice.stdout, twice.stderr[-3000:]
     culprit = twice.stdout.split("culprit (first semantic difference)")[1].split("error by op")[0]

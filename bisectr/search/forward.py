@@ -44,7 +44,7 @@ from .core import (MAX_REACH_TESTS, Decided, Outcome, PassRules, SearchPass, bra
                    entry_point, site)
 from ..capture.sides import Rerun, Sides
 from ..capture.store import SIDES
-from ..capture.trace import host_dtype, is_floating
+from ..capture.trace import LOCAL_PART, RANKS_DIFFER, host_dtype, is_floating
 from .window import boundaries, fetch_all, fetch_recurrences, fetch_window, missing, needs_window, window_between
 from ..leafref import leaf_kind, leaf_name
 
@@ -393,7 +393,8 @@ def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[O
                 shape = tuple(run.candidate.tensors[cand_tid].shape)
                 patches[cand_tid] = PassOn(source, shape) if len(evidences) > 1 else run.candidate.value(source).reshape(shape)
             continue
-        local = analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
+        replayed = evidence.block or _rank_local_region(analysis, evidence.candidate)
+        local = analysis.local_outputs(evidence.candidate, evidence.reference, replayed)
         for cand_tid, _ in analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
             reference = analysis.reference_values_for(cand_tid)
             if reference is None:
@@ -404,6 +405,18 @@ def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[O
                               reference.astype(dtype, copy=False))
             patches[cand_tid] = shift if len(evidences) > 1 else shift.applied_to(run.candidate.value(cand_tid))
     return patches
+
+
+def _rank_local_region(analysis: Analysis, index: int) -> Block | None:
+    """Where an op reads what each rank holds of its own (a rank's heads or columns), which no reference
+    tensor pairs with: the op with the ops that make it from paired values, so that its own difference is
+    replayed from the reference's values and not carried in from the ranks' earlier ones."""
+    candidate = analysis.candidate
+    own = (LOCAL_PART, RANKS_DIFFER)
+    if not any(candidate.tensors[t].producer is not None and candidate.tensors[t].placement in own
+               and analysis.reference_values_for(t) is None for t in candidate.ops[index].inputs):
+        return None
+    return entry_region(analysis, index)
 
 
 def _passed_on(analysis: Analysis, evidence: OpEvidence) -> dict[int, int]:
