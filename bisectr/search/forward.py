@@ -430,6 +430,7 @@ def _passed_on(analysis: Analysis, evidence: OpEvidence) -> dict[int, int]:
     passed = {}
     for cand_tid, ref_tid in analysis.compared_outputs(evidence.candidate, evidence.reference, block):
         source = next((tid for tid in inputs if tid in pairs and pairs[tid].reference == ref_tid and pairs[tid].transform is None
+                       and candidate.tensors[tid].producer is not None  # a re-run hands `PassOn` what ops make
                        and candidate.tensors[tid].shape == candidate.tensors[cand_tid].shape), None)
         if source is None or pairs[cand_tid].transform is not None:
             return {}
