@@ -135,8 +135,9 @@ class RankedSide:
         command = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--no-python",
                    self.python, "-c", _RANK_BOOTSTRAP, "127.0.0.1", str(server.getsockname()[1])]
         try:
-            # The ranks' own output (the user's prints, torchrun's) goes to stderr: stdout is bisectr's.
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), start_new_session=True)
+            # The ranks' own output (the user's prints, torchrun's) goes to file descriptor 2 (also where
+            # Python's sys.stderr is replaced, in a notebook): stdout is bisectr's.
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=2, start_new_session=True)
         except OSError as exc:
             server.close()
             raise BisectrError(f"cannot start torchrun for the {role} side with {self.python}: {exc.strerror or exc}") from None
