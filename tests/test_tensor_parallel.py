@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -132,10 +134,15 @@ def test_a_rank_whose_process_exits_is_named():
 
 
 def test_a_rank_waiting_in_a_collective_the_others_skip_ends_within_the_timeout():
+    """Its collective times out, or fails once another rank's timed out (gloo says either); the rank
+    whose collective fails first is named, with its line (rank 1's barrier, as a rule)."""
+    started = time.monotonic()
     done = bisect_on_two_ranks(DECODER, TP_FAULT="hang", BISECTR_RANK_TIMEOUT="5")
     assert done.returncode == 2, done.stderr[-3000:]
-    assert "rank 1 of the candidate side:" in done.stderr and "torch.distributed.barrier()  # @hang" in done.stderr
-    assert "Timed out" in done.stderr
+    named = re.search(r"bisectr: error: rank ([01]) of the candidate side:", done.stderr)
+    assert named, done.stderr[-3000:]
+    assert named.group(1) == "0" or "torch.distributed.barrier()  # @hang" in done.stderr
+    assert time.monotonic() - started < 60
 
 
 def test_an_interpreter_without_torch_cannot_start_the_ranks(tmp_path):
