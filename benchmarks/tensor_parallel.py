@@ -15,13 +15,14 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "examples" / "tensor_parallel.py"
 
-# Run on each rank by torchrun: build the candidate, time N forwards, print one JSON line.
+# Run on each rank by torchrun: build the candidate, time N forwards, write DIR/rank<R>.json.
 _PLAIN_FORWARD = """\
 import importlib.util, json, os, statistics, sys, time
 import torch
@@ -39,18 +40,21 @@ with torch.no_grad():
         model(*inputs)
         times.append(time.perf_counter() - start)
 peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(json.dumps({"rank": dist.get_rank(), "forward_s": statistics.median(times), "peak_kb": peak}), flush=True)
+with open(os.path.join(sys.argv[3], f"rank{dist.get_rank()}.json"), "w") as out:
+    json.dump({"forward_s": statistics.median(times), "peak_kb": peak}, out)
 """
 
 
 def plain_forward(forwards: int) -> list[dict]:
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python",
-                           sys.executable, "-c", _PLAIN_FORWARD, str(MODEL), str(forwards)],
-                          capture_output=True, text=True, timeout=300)
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or len(rows) != 2:
-        raise SystemExit(f"the plain TP=2 forward failed:\n{done.stderr[-3000:]}")
-    return sorted(rows, key=lambda row: row["rank"])
+    """Each rank's median forward time and peak memory, by rank."""
+    with tempfile.TemporaryDirectory(prefix="bisectr-tp-bench-") as rows:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python",
+                               sys.executable, "-c", _PLAIN_FORWARD, str(MODEL), str(forwards), rows],
+                              capture_output=True, text=True, timeout=300)
+        written = sorted(Path(rows).glob("rank*.json"))
+        if done.returncode != 0 or len(written) != 2:
+            raise SystemExit(f"the plain TP=2 forward failed:\n{done.stderr[-3000:]}")
+        return [json.loads(path.read_text()) for path in written]
 
 
 def rank_peaks_kb(torchrun_pid: int) -> list[int]:
