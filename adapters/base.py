@@ -172,6 +172,10 @@ class Tensors(ABC):
         """A new tensor of the given framework dtype name on the given device; with a `layout` (see
         `layout`), spread over the processes as it says, each holding its part of `values`."""
 
+    def like(self, tensor: Any, values: np.ndarray) -> Any:
+        """A new tensor of `values` held as `tensor` is: its dtype, its device, its spread over processes."""
+        return self.from_numpy(values, self.dtype_name(tensor), self.device_name(tensor), self.layout(tensor))
+
     def layout(self, tensor: Any) -> Any:
         """How the tensor's values are spread over processes (a DTensor's mesh and placements), for
         `from_numpy` to make another tensor of the same global shape spread the same way (a partial

@@ -372,7 +372,7 @@ class PaddleAdapter(Adapter):
         return tensor._inplace_version()
 
     def assign(self, tensor: Any, values: np.ndarray) -> None:
-        source = self.from_numpy(values, self.dtype_name(tensor), self.device_name(tensor))
+        source = self.like(tensor, values)
         paddle = _paddle()
         with _quiet(), paddle.no_grad():
             tensor.copy_(source, True)

@@ -182,7 +182,7 @@ class TorchAdapter(Adapter):
     def assign(self, tensor: Any, values: np.ndarray) -> None:
         torch = _torch()
         with torch.no_grad():
-            tensor.copy_(self.from_numpy(values, self.dtype_name(tensor), self.device_name(tensor), self.layout(tensor)))
+            tensor.copy_(self.like(tensor, values))
 
     def named_leaves(self, model: Any) -> Iterator[tuple[str, Any]]:
         torch = _torch()

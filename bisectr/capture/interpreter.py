@@ -626,8 +626,8 @@ class Patches:
             return tensor
         if keep_graph and adapter.requires_grad(tensor):
             change = values - adapter.to_numpy(tensor)
-            return tensor + adapter.from_numpy(change, adapter.dtype_name(tensor), adapter.device_name(tensor), adapter.layout(tensor))
-        return adapter.from_numpy(values, adapter.dtype_name(tensor), adapter.device_name(tensor), adapter.layout(tensor))
+            return tensor + adapter.like(tensor, change)
+        return adapter.like(tensor, values)
 
     def check(self, op: OpNode, tid: int, tensor: Any) -> None:
         """An op no patch can have influenced must compute what it computed when recorded (an op

@@ -465,17 +465,16 @@ def _backward(side: BuiltSide, outputs: Any, seeds: dict[str, np.ndarray], param
     loss = None
     if side.loss is not None:
         value = loss_of(side, outputs)
-        roots, upstream = [value], [adapter.from_numpy(np.ones(value.shape), adapter.dtype_name(value), adapter.device_name(value), adapter.layout(value))]
+        roots, upstream = [value], [adapter.like(value, np.ones(value.shape))]
         loss = float(adapter.to_numpy(value).reshape(()))
     else:
         seeded = [(key, t) for key, t in output_pairs(adapter, outputs) if key in seeds and adapter.requires_grad(t)]
         roots = [t for _, t in seeded]
-        upstream = [adapter.from_numpy(seeds[key], adapter.dtype_name(t), adapter.device_name(t), adapter.layout(t)) for key, t in seeded]
+        upstream = [adapter.like(t, seeds[key]) for key, t in seeded]
     for tensor in patched:
         if not any(tensor is root for root in roots):  # its zero gradient adds nothing, and paddle refuses a root given twice
             roots.append(tensor)
-            upstream.append(adapter.from_numpy(np.zeros(tensor.shape), adapter.dtype_name(tensor), adapter.device_name(tensor),
-                                              adapter.layout(tensor)))
+            upstream.append(adapter.like(tensor, np.zeros(tensor.shape)))
     reached = [key for key, tensor in parameters.items() if adapter.requires_grad(tensor)]
     if not roots or not reached:
         raise ModelFileError(f"{side.model_file}: no gradient reaches any parameter or input of the {side.role} model "

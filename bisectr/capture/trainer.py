@@ -88,7 +88,7 @@ class Trainer:
         total = None
         for key, tensor in output_pairs(adapter, outputs):
             if key in self.seeds:
-                term = (tensor * adapter.from_numpy(self.seeds[key], adapter.dtype_name(tensor), adapter.device_name(tensor))).sum()
+                term = (tensor * adapter.like(tensor, self.seeds[key])).sum()
                 total = term if total is None else total + term
         if total is None:
             raise ModelFileError(f"{side.model_file}: the {side.role} model has no floating output to train on")
