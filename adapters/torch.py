@@ -6,6 +6,7 @@ import functools
 import math
 import os
 import sys
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -13,8 +14,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..leafref import LeafRef
-from .base import (API, CALLER, IN_OUT, OUT_IN, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast, ModulePaths, OpListener,
-                   Reductions, ReproSnippets)
+from .base import (API, CALLER, COMPILED_OP, IN_OUT, OUT_IN, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast, InCompiled,
+                   ModulePaths, OpListener, Reductions, ReproSnippets)
 
 
 # Tensor methods that cast to a floating dtype below float64.
@@ -206,6 +207,12 @@ class TorchAdapter(Adapter):
         compiled = torch._dynamo.eval_frame.OptimizedModule
         return [path for path, module in model.named_modules() if isinstance(module, compiled)]
 
+    def search_compiled(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> InCompiled | None:
+        if not isinstance(fn, CompiledCall):
+            return None
+        from .torch_compile import search_compiled
+        return search_compiled(fn.eager, fn.settings, args, kwargs)
+
     def linear_class(self) -> type:
         return _torch().nn.Linear
 
@@ -234,6 +241,8 @@ class TorchAdapter(Adapter):
     def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
         if name in _NARROWING_METHODS:
             return _torch().Tensor.double, args[:1], {}
+        if name == COMPILED_OP:
+            return fn.in_float64(), args, kwargs
         return super().float64_call(name, fn, args, kwargs)
 
     @contextmanager
@@ -348,7 +357,7 @@ class TorchAdapter(Adapter):
         for name, collective in collectives.items():
             setattr(distributed, name, _routed_method(_in_place(collective), f"distributed.{name}", mode))
         try:
-            with (torch.enable_grad() if gradients else torch.no_grad()), mode:
+            with (torch.enable_grad() if gradients else torch.no_grad()), mode, _compiled_calls_routed(model, mode, paths.path, listener):
                 yield
         finally:
             function.apply = apply
@@ -416,6 +425,80 @@ def _routed_apply(apply: Callable[..., Any], mode: Any) -> classmethod:
 def _routed_method(method: Callable[..., Any], name: str, mode: Any) -> Callable[..., Any]:
     """`method` as one op `name`."""
     return lambda *args, **kwargs: _routed(mode, name, method, args, kwargs)
+
+
+class CompiledCall:
+    """A compiled module's call, as its recorded op calls it: `eager` (the module as written) compiled
+    with `settings` (dynamo's context: backend and options), run with no module hooks, so that its
+    compiled code, not bisectr's hooks, is what runs. `run(*args, **kwargs)` is the call as the model
+    made it (an `OptimizedModule`'s, or a module's compiled in place by `module.compile()`)."""
+
+    __qualname__ = COMPILED_OP
+
+    def __init__(self, eager: Any, settings: Any, run: Callable[..., Any]):
+        self.eager, self.settings, self.run = eager, settings, run
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        modules = _torch().nn.modules.module
+        hooks = (modules._global_forward_pre_hooks, modules._global_forward_hooks, modules._global_forward_hooks_always_called)
+        held = [dict(hook) for hook in hooks]
+        for hook in hooks:
+            hook.clear()
+        try:
+            return self.run(*args, **kwargs)
+        finally:
+            for hook, entries in zip(hooks, held):
+                hook.update(entries)
+
+    def in_float64(self) -> "CompiledCall":
+        """The call of a float64 copy of the module compiled with the same settings (made once, compiled
+        in float64 at its first call)."""
+        copy64 = _float64_copies.get(self.eager)
+        if copy64 is None:
+            eager64 = copy.deepcopy(self.eager).double()
+            eager64._compiled_call_impl = None
+            compiled64 = _loaded_class("torch._dynamo.eval_frame", "OptimizedModule")(eager64, self.settings)
+            copy64 = _float64_copies[self.eager] = CompiledCall(eager64, self.settings, compiled64)
+        return copy64
+
+
+_float64_copies: "weakref.WeakKeyDictionary[Any, CompiledCall]" = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def _compiled_calls_routed(model: Any, mode: Any, path: Callable[[Any], str], listener: OpListener) -> Iterator[None]:
+    """While active, each compiled module's call is one op `COMPILED_OP` in the compiled module's path:
+    an `OptimizedModule`'s (`torch.compile(module)`), and that of each module of `model` compiled in
+    place (`module.compile()`)."""
+    def routed(module: Any, call: CompiledCall, *args: Any, **kwargs: Any) -> Any:
+        listener.enter_module(path(module))
+        try:
+            return _routed(mode, COMPILED_OP, call, args, kwargs)
+        finally:
+            listener.exit_module()
+
+    compiled_class = _loaded_class("torch._dynamo.eval_frame", "OptimizedModule")
+    if compiled_class is None:
+        yield
+        return
+    optimized_call = compiled_class.__dict__["__call__"]
+
+    def optimized(module, *args, **kwargs):
+        run = functools.partial(optimized_call, module)
+        return routed(module, CompiledCall(module._orig_mod, module.dynamo_ctx, run), *args, **kwargs)
+
+    in_place = ({m: m._compiled_call_impl for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None}
+                if isinstance(model, _torch().nn.Module) else {})
+    for module, compiled in in_place.items():
+        settings = next(cell.cell_contents for cell in compiled.__closure__ if type(cell.cell_contents).__name__ == "OptimizeContext")
+        module._compiled_call_impl = functools.partial(routed, module, CompiledCall(module, settings, compiled))
+    compiled_class.__call__ = optimized
+    try:
+        yield
+    finally:
+        compiled_class.__call__ = optimized_call
+        for module, compiled in in_place.items():
+            module._compiled_call_impl = compiled
 
 
 # torch.distributed's collectives on plain tensors that write their result into their first argument.

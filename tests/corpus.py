@@ -47,6 +47,8 @@ M = "tests/models/"
 
 CORPUS = [
     # bundled examples
+    Pair("examples/compiled_model.py", verdict="divergent", module=""),
+    Pair("examples/compiled_model.py", "candidate_fixed"),
     Pair("examples/correct_port.py"),
     Pair("examples/cube_root_fp64.py", verdict="divergent", module=""),
     Pair("examples/deep_stack.py"),
@@ -97,6 +99,9 @@ CORPUS = [
     Pair(M + "every_layer_ports.py", "candidate_bias_twice", verdict="divergent", module="layers.0"),
     Pair(M + "function_sides.py"),
     Pair(M + "function_sides.py", "candidate_gelu_layer", verdict="divergent", module="layers.1"),
+    Pair(M + "compiled_hf_llama.py", needs=HF),
+    Pair(M + "compiled_hf_resnet.py", needs=HF),
+    Pair(M + "compiled_paddle_reference.py"),
     Pair(M + "hf_llama_activation.py", needs=HF),
     Pair(M + "hf_llama_activation.py", "candidate_gelu_layer", verdict="divergent", module="model.layers.2.mlp", needs=HF),
     Pair(M + "hf_llama_weights.py", "candidate_bf16", needs=HF),

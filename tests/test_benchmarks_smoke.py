@@ -103,3 +103,13 @@ def test_tensor_parallel_benchmark_prints_time_and_each_ranks_memory():
     assert re.search(r"TP=2 bisect of tensor_parallel.py \(divergent\): [\d.]+ s = \d+ plain TP=2 forwards", done.stdout), done.stdout
     ratios = [float(r) for r in re.findall(r"in the plain forward \(([\d.]+)x\)", done.stdout)]
     assert len(ratios) == 2 and all(1.0 <= ratio < 2.0 for ratio in ratios), done.stdout
+
+
+def test_compiled_benchmark_prints_the_search_against_one_compile_and_forward():
+    assert "python benchmarks/compiled.py" in (ROOT / "README.md").read_text()
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compiled.py"), "--model", "hf_resnet"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"bisect of compiled_hf_resnet.py \(noise\): [\d.]+ s\n", done.stdout), done.stdout
+    assert re.search(r"one compile \+ one forward: [\d.]+ s \(compile [\d.]+ s, forward [\d.]+ ms\)", done.stdout), done.stdout
+    assert re.search(r"ratio: [\d.]+x one compile \+ one forward", done.stdout), done.stdout

@@ -145,15 +145,11 @@ def side_of(role: str, built: Any, model_file: Path, function: str, given: str) 
                              f"a {_describe(model)} and inputs {[_describe(v) for v in values]}; "
                              f"expected a {' / '.join(a.module_kind for a in registered())}, or "
                              f"{' / '.join(a.name for a in registered())} tensors as inputs")
-    compiled = adapter.compiled_parts(model)
-    if compiled:
-        what = ", ".join("the whole model" if path == "" else (path if path == "the function" else f"module {path!r}")
-                         for path in compiled)
-        raise ModelFileError(f"{model_file}: the {role} model returned by {function}() is compiled ({what}): bisectr "
-                             "records a forward op by op and cannot see inside a compiled graph. Give it the eager "
-                             "module instead (a compiled module's `._orig_mod`), or leave the compiling out of the "
-                             "model file; to see what compiling changes, compare the compiled model's outputs with "
-                             "its eager self outside bisectr")
+    if "the function" in adapter.compiled_parts(model):
+        raise ModelFileError(f"{model_file}: the {role} model returned by {function}() is a compiled function: bisectr "
+                             "records a compiled module's call as one op and searches inside it, but cannot reach a "
+                             "function's tensors. Compile a module instead (`torch.compile(module)`), or give it the "
+                             "function uncompiled")
     return BuiltSide(role, function, model_file, model, inputs, adapter)
 
 

@@ -137,8 +137,18 @@ class TrainerSettings:
     width: int
 
 
+@dataclass
+class SearchCompiled:
+    """Where the compiled code of op `index`, a compiled module's call, differs from its eager code, the
+    op called on `values` (tid -> array) for the inputs that are no parameter (see
+    `Interception.search_compiled`). -> `InCompiled`, or None where op `index` is no compiled call"""
+
+    index: int
+    values: dict[int, np.ndarray]
+
+
 Request = (Rerun | Replay | ReplayVJP | Backward | Float64Outputs | Float64Gradients | LeafValue | RecordedCall | TrainStep
-           | StepValues | TrainerSettings)
+           | StepValues | TrainerSettings | SearchCompiled)
 
 
 class SideRunner(Protocol):
@@ -265,6 +275,10 @@ class LocalSide:
                 return self.trainers[width].read(measure, parameter)
             case TrainerSettings(width):
                 return self.trainers[width].settings(), self.trainers[width].weight_decays()
+            case SearchCompiled(index, values):
+                replay = ValuesInterpreter(adapter, trace, calls, self.recording.own_values(values), leaves=self.recording.leaves)
+                args, kwargs = calls[index].filled(replay.fetch)
+                return adapter.search_compiled(calls[index].fn, args, kwargs)
         raise TypeError(f"not a side request: {request!r}")
 
     def _trainer(self, width: int, seeds: dict[str, np.ndarray]) -> Trainer:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..adapters import InCompiled
 from .align import LeafPairing
 from ..serial import PlainError, from_plain, to_plain
 from .metrics import Float64Evidence, OpVerdict, OutputError
@@ -79,6 +80,7 @@ class Culprit:
     fp64_unavailable: str | None = None  # why there is no `fp64` evidence: an op without a float64 kernel
     rewired: Rewired | None = None
     placements: Placements | None = None
+    compiled: InCompiled | None = None  # where inside a compiled module's call its compiled code differs from its eager
 
 
 @dataclass

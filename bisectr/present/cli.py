@@ -361,10 +361,12 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
     searched = _search(run, status_console, args.exhaustive, quiet=args.json, backward=args.backward)
     result = searched.to_dict()
     if args.repro:
-        from .repro import write_repro
+        from .repro import NoRepro, write_repro
     if args.repro and searched.culprit is not None:
-        where = write_repro(run, searched.culprit.candidate.index, args.repro, run.sides)
-        result["repro"] = str(where / "repro.py")
+        try:
+            result["repro"] = str(write_repro(run, searched.culprit.candidate.index, args.repro, run.sides) / "repro.py")
+        except NoRepro as exc:
+            result["repro_skipped"] = str(exc)
     backward = searched.backward
     if args.repro and backward is not None and backward.culprit is not None and backward.culprit.kind == "op":
         from .repro import repro_upstream
@@ -385,6 +387,8 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
         report.print_result(console, run, searched)
         if "repro" in result:
             console.print(f"repro written: python {result['repro']}", highlight=False)
+        if "repro_skipped" in result:
+            console.print(f"no repro written: {result['repro_skipped']}", highlight=False)
         if "repro" in (result.get("backward") or {}):
             console.print(f"backward repro written: python {result['backward']['repro']}", highlight=False)
         if substitution is not None:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..adapters import InCompiled
 from ..measure.runrecord import RunRecord
 from ..measure.result import (BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, NotBlamed, Placements, ProfileRow,
                               Result, Rewired)
@@ -140,13 +141,16 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
         leaf = f" (its parameter {culprit.leaf} {'gets a gradient on one side only' if backward else 'differs'})" if culprit.leaf else ""
         if culprit.description:
             leaf = f" (the leaf {culprit.leaf}: {culprit.description}; the reference's {culprit.reference_leaf}, {culprit.layout})"
-        lines.append([(f"culprit ({what}): ", ""), (culprit.op, "bold"), (leaf, "")])
+        name = f"the compiled code of {culprit.candidate.module or 'the model'}" if culprit.compiled else culprit.op
+        lines.append([(f"culprit ({what}): ", ""), (name, "bold"), (leaf, "")])
         for role in ("candidate", "reference"):
             site = getattr(culprit, role)
             lines.append([(f"  {role:9}  op {site.index:<5} {site.op:<28} ", ""), (site.module or "(top level)", "accent")])
             if site.source:  # empty where only bisectr called it (the side's model is a framework function) and in older runs
                 lines.append(source_line(site.source))
-        if culprit.block:
+        if culprit.compiled:
+            lines += compiled_lines(run, culprit.compiled)
+        elif culprit.block:
             lines.append([(f"  block      {block_text(run, culprit.block, culprit.reference.index)}", "")])
             lines += [source_line(source) for source in block_sources(run, culprit.block) if source != culprit.candidate.source]
         if culprit.rewired:
@@ -176,6 +180,34 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
     if result.bracket:
         lines.append([])
         lines += [[(line, "")] for line in bracket_lines(result.bracket)]
+    return lines
+
+
+def compiled_lines(run: RunRecord, found: InCompiled) -> list[Line]:
+    """Where inside the compiled module its compiled code differs: module, op, compiler step, proof."""
+    lines: list[Line] = [[(f"  compiled   by {found.backend}: on the recorded inputs its compiled code differs from its eager "
+                           f"code by {fmt(found.error)}", "")],
+                         [("  module     ", ""), (found.module or "(the whole model)", "accent"),
+                          (f" ({found.module_class}): compiled alone, {fmt(found.module_error)}", "")]]
+    if found.op is not None:
+        eager = (f"; the eager side's op {', '.join(map(str, found.eager_ops[:4]))} at this line"
+                 if found.eager_ops else "")
+        what = ("on a line the eager code never runs: the compiled code takes another path" if found.other_path
+                else f"compiled, {fmt(found.op_error)} from float64{eager}")
+        lines.append([("  op         ", ""), (found.op, "bold"), (f": {what}", "")])
+        if found.source:
+            lines.append(source_line(found.source))
+    else:
+        lines.append([("  op         none found: no op of its graph differs compiled alone, and the graph runs no line its eager "
+                       "code does not", "muted")])
+    lines.append([(f"  step       {found.step}" + (f" ({found.step_detail})" if found.step_detail else ""), "")])
+    if found.eager_modules:
+        listed = ", ".join(found.eager_modules[:3]) + (f" and {len(found.eager_modules) - 3} more" if len(found.eager_modules) > 3 else "")
+        verdict = "confirmed" if found.confirmed else "not confirmed"
+        lines.append([(f"  {verdict}: with every {found.module_class} eager ({listed}), the compiled module's error goes from "
+                       f"{fmt(found.error)} to {fmt(found.confirmed_error)} (its eager rounding {fmt(found.rounding)})",
+                       "" if found.confirmed else "warning")])
+    lines.append([(f"  {found.compiles} compiles, {found.seconds:.0f} s", "muted")])
     return lines
 
 

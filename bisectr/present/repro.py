@@ -97,6 +97,10 @@ def call_expression(framework: str, framework_op: str, inputs: list[int], call: 
     return f"{function}({', '.join(args)}){note}"
 
 
+class NoRepro(Exception):
+    """The culprit has no one reference op to reproduce it against."""
+
+
 def write_repro(run: RunRecord, cand_index: int, directory: str | Path, sides: Sides | None = None,
                 upstream: dict[str, list[np.ndarray | None]] | None = None) -> Path:
     """Write `repro.py` and `inputs.npz` for candidate op `cand_index` and its reference partner
@@ -109,7 +113,10 @@ def write_repro(run: RunRecord, cand_index: int, directory: str | Path, sides: S
         block = next((b for b in alignment.blocks if b.candidate == [cand_index] and len(b.reference) == 1), None)
         ref_index = block.reference[0] if block is not None else None
     if ref_index is None:
-        raise ValueError(f"candidate op {cand_index} has no reference partner to compare with")
+        block = next((b for b in alignment.blocks if cand_index in b.candidate), None)
+        what = (f"it is compared as a block ({len(block.candidate)} candidate op(s) against {len(block.reference)} reference "
+                "ops)" if block is not None else "it has no reference partner")
+        raise NoRepro(f"a repro script replays one op against its reference partner; candidate op {cand_index} has none: {what}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     cand, ref = run.candidate, run.reference

@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..adapters import CannotUpcast
+from ..adapters import COMPILED_OP, CannotUpcast
 from ..measure.align import TensorPair, handed_on
 from ..errors import ModelFileError, OutputMismatchError
 from ..measure.metrics import EXACT, ErrorMetrics, Float64Evidence, OutputError, error_metrics
@@ -392,8 +392,11 @@ class BackwardRules(PassRules):
         say("running each side's backward pass" + (" (the candidate's on the reference's activations)" if self.reference_activations else ""))
         backward = BackwardRun(run, self.sides, self.reference_activations)
         if not backward.leaf_pairs:
+            compiled = any(op.framework_op == COMPILED_OP for op in run.candidate.ops)
             raise OutputMismatchError(f"{run.model_file}: no parameter or floating input of the candidate is paired with one of "
-                                      "the reference, so the backward passes have no gradients to compare")
+                                      "the reference, so the backward passes have no gradients to compare"
+                                      + ("; a compiled module reads its parameters inside its compiled code, where bisectr "
+                                         "does not see them: --backward does not search a compiled side" if compiled else ""))
         if (backward.reference.loss is None) != (backward.candidate.loss is None):
             defined, missing = ("reference", "candidate") if backward.candidate.loss is None else ("candidate", "reference")
             raise ModelFileError(f"{run.model_file}: defines {defined}_loss() but not {missing}_loss(): both sides' backward "

@@ -27,6 +27,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from .compiled import in_compiled
 from ..measure.align import Block, LeafPairing, handed_on, settle_layouts
 from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, external_inputs, rewired_input
 from ..errors import TraceMismatchError
@@ -211,8 +212,10 @@ class ForwardRules(PassRules):
         self.analysis: Analysis | None = None
         self.tested_causes: set[tuple] = set()  # the differing leaves whose reference values were tried
         self.nonfinite_from: NonFiniteStart | None = None  # where the candidate's NaN/Inf start (`nonfinite`)
+        self.say: Callable[[str], None] = lambda message: None
 
     def start(self, say: Callable[[str], None]) -> OutputError:
+        self.say = say
         say("re-running each side unpatched" + (" (and keeping its layer outputs)" if self.windowed else ""))
         check_reproducible(self.run, self.sides, {role: boundaries(self.run.traces[role]) for role in SIDES} if self.windowed else {})
         return self.run.output_error()
@@ -256,7 +259,11 @@ class ForwardRules(PassRules):
 
     def culprit(self, search: ForwardPass, evidence: OpEvidence) -> Culprit:
         start = self.nonfinite_from
-        return _culprit(self.run, search.analysis, evidence, start.op.index if start is not None and start.op is not None else None)
+        culprit = _culprit(self.run, search.analysis, evidence, start.op.index if start is not None and start.op is not None else None)
+        if culprit.verdict == "different":
+            culprit.compiled = in_compiled(self.run, self.sides, culprit.block.candidate if culprit.block else [culprit.candidate.index],
+                                           self.say)
+        return culprit
 
     def noise_culprit(self, search: ForwardPass, outcome: Outcome, full_error: float,
                       float64: Float64Check) -> tuple[OpEvidence | None, str]:

@@ -31,3 +31,22 @@ def seeded_gpt2(model_class: str, config: dict):
             elif ".ln_" in name or name.startswith("ln_f"):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
     return model.eval()
+
+
+TINY_LLAMA = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
+
+
+def tiny_llama():
+    """`(model, inputs)`: `transformers.LlamaForCausalLM` from `TINY_LLAMA` (2 layers, hidden 64, 4 query
+    / 2 key-value heads, eager attention), `torch.manual_seed(0)`, eval; input_ids (2, 8) from
+    `default_rng(0)`, `use_cache=False`."""
+    hide_broken_torchcodec()
+    import numpy as np
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY_LLAMA)).eval()
+    input_ids = torch.from_numpy(np.random.default_rng(0).integers(0, TINY_LLAMA["vocab_size"], (2, 8)))
+    return model, {"input_ids": input_ids, "use_cache": False}

@@ -11,28 +11,12 @@ sum on each rank (`output_layouts=Partial()`), the all-reduce forgotten.
 import os
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _hf import hide_broken_torchcodec  # noqa: E402
-
-CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager")
-
-
-def _llama():
-    hide_broken_torchcodec()
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).eval()
-    input_ids = torch.from_numpy(np.random.default_rng(0).integers(0, CONFIG["vocab_size"], (2, 8)))
-    return model, {"input_ids": input_ids, "use_cache": False}
+from _hf import tiny_llama  # noqa: E402
 
 
 def reference():
-    return _llama()
+    return tiny_llama()
 
 
 def candidate():
@@ -40,7 +24,7 @@ def candidate():
     from torch.distributed.tensor import Partial
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    model, inputs = _llama()
+    model, inputs = tiny_llama()
     mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
     forgotten = os.environ.get("TP_BUG") == "forgotten_reduce"
     for layer in model.model.layers:

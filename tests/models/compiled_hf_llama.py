@@ -1,0 +1,27 @@
+"""A tiny Hugging Face Llama against itself `torch.compile`d (inductor, on the CPU here).
+
+Reference: `transformers.LlamaForCausalLM` from a random seeded config (2 layers, hidden 64, 4 query
+/ 2 key-value heads, eager attention), input_ids (2, 8) from `default_rng(0)`, `use_cache=False`.
+Candidate: the same weights, `torch.compile(model)` as users write it: correct, the compiled code
+fuses and reorders reductions (`noise`). `COMPILE_BUG=mean_decomposition` plants a compiler bug
+the way they arise: a wrong decomposition registered for one op (`aten.mean.dim` dividing by n - 1),
+which every RMSNorm's `pow(2).mean(-1)` goes through once compiled; eager code never sees it.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _hf import tiny_llama  # noqa: E402
+
+
+def reference():
+    return tiny_llama()
+
+
+def candidate():
+    import torch
+
+    if os.environ.get("COMPILE_BUG") == "mean_decomposition":
+        _plant_mean_decomposition()
+    model, inputs = tiny_llama()
+    return torch.compile(model), inputs
