@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import platform
+import sys
 from importlib.metadata import PackageNotFoundError, version
 
 # What is shown -> the distributions that install it, first found wins (paddle's CPU and GPU builds).
@@ -31,3 +32,20 @@ def version_text() -> str:
     lines = [f"bisectr {found.pop('bisectr')}"]
     lines += [f"  {name:<14}{found_version or 'not installed'}" for name, found_version in found.items()]
     return "\n".join(lines)
+
+
+def describe() -> dict[str, str | None]:
+    """`versions()`, and the machine: its CPU's model, and the GPU torch uses where torch is loaded and has one."""
+    found = versions()
+    found["cpu"] = _cpu_model()
+    torch = sys.modules.get("torch")
+    found["gpu"] = torch.cuda.get_device_name(0) if torch is not None and torch.cuda.is_available() else None
+    return found
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.processor())
+    except OSError:
+        return platform.processor() or platform.machine()

@@ -22,6 +22,7 @@ from .measure.leaves import pair_leaves
 from .search.backward import BackwardRules
 from .search import core as search
 from .search.forward import ForwardRules
+from .environment import describe
 from .errors import BisectrError, ModelFileError, RunDirError
 from .capture.isolate import IsolatedSide
 from .capture.modelfile import build_side, load_module
@@ -151,6 +152,7 @@ def record_run(traced: HowTraced, runners: dict[str, SideRunner], pins: dict[str
             traces[role] = runner.record(writer.tensor_writer(role), options, watch and partial(watch, role))
             writer.recorded(role, traces[role])
         reference_trace, candidate_trace = traces["reference"], traces["candidate"]
+        traced.environment = describe()  # once the sides ran: their frameworks are loaded, a GPU found
         sides = Sides(label, runners, traces)  # the traces read parameters from the live models from here on
         output_pairs = pair_outputs(reference_trace, candidate_trace, label)
         alignment = _align(label, pins, reference_trace, candidate_trace)

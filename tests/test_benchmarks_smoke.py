@@ -10,6 +10,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+def documentation() -> str:
+    """The README and every page of docs/, where the benchmarks' commands are given."""
+    return "\n".join(page.read_text() for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+
+
 HEADINGS = [
     "bisectr benchmarks",
     "Recording overhead",
@@ -74,7 +79,7 @@ def test_scale_benchmark_trains_the_one_layer_pair_as_the_readme_quotes(tmp_path
     """`benchmarks/scale.py --layers 1 --train 3`: both pairs find the planted GELU at step 1, in the
     forward; bisectr train's peak stays under 4.5x plain training's (measured 2.8x-3.1x; 5.2x-6.0x when
     every step's gradients, updates and moments were kept as copies)."""
-    assert "python benchmarks/scale.py --layers 1 --train 3" in (ROOT / "README.md").read_text().replace("\n", " ")
+    assert "python benchmarks/scale.py --layers 1 --train 3" in documentation().replace("\n", " ")
     rows, _ = scale(tmp_path, "--train", "3")
     assert [row["pair"] for row in rows] == ["torch vs torch", "torch vs paddle"]
     for row in rows:
@@ -96,7 +101,7 @@ def test_profile_names_the_recorders_own_functions():
 
 
 def test_tensor_parallel_benchmark_prints_time_and_each_ranks_memory():
-    assert "python benchmarks/tensor_parallel.py" in (ROOT / "README.md").read_text()
+    assert "python benchmarks/tensor_parallel.py" in documentation()
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tensor_parallel.py"), "--forwards", "3"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -106,7 +111,7 @@ def test_tensor_parallel_benchmark_prints_time_and_each_ranks_memory():
 
 
 def test_compiled_benchmark_prints_the_search_against_one_compile_and_forward():
-    assert "python benchmarks/compiled.py" in (ROOT / "README.md").read_text()
+    assert "python benchmarks/compiled.py" in documentation()
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compiled.py"), "--model", "hf_resnet"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

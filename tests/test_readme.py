@@ -8,10 +8,13 @@ import pytest
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 
 
 def shell_commands() -> list[str]:
-    return re.findall(r"```bash\n(.*?)\n```", README, re.S)
+    """The README's commands (the set-up commands first), then those of every page of docs/."""
+    pages = [README] + [page.read_text() for page in DOCS]
+    return [command for text in pages for command in re.findall(r"```bash\n(.*?)\n```", text, re.S)]
 
 
 def quoted_output(after: str) -> list[str]:
@@ -128,10 +131,12 @@ def test_the_walkthrough_check_fails_on_other_output(quote, marker, wrong):
         assert_quoted_output_printed(quoted_output(quote), printed)
 
 
-def test_every_other_readme_command_runs():
+def test_every_other_readme_and_docs_command_runs(tmp_path):
     for command in shell_commands()[SETUP_COMMANDS:]:
         program, *args = command.split()
         assert program == "bisectr", command
+        if "--report" in args:  # written into this test's directory, not the work tree
+            args[args.index("--report") + 1] = str(tmp_path / "report")
         done = run_bisectr(*args)
         assert done.returncode in (0, 1), (command, done.stderr)
         if "--substitute rounding" in command:
@@ -149,3 +154,15 @@ def test_every_other_readme_command_runs():
             confirmed = re.search(r"confirmed: .* error from (\S+) to (\S+)", done.stdout)
             assert confirmed and 3e-4 / BAND <= float(confirmed.group(1)) <= 3e-4 * BAND
             assert float(confirmed.group(2)) <= 3e-7 * BAND
+
+
+def test_every_relative_link_of_the_readme_and_docs_leads_to_a_file():
+    for page in [ROOT / "README.md", *DOCS]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists(), (page.name, target)
+
+
+def test_the_readme_is_the_front_door_and_every_docs_page_is_linked_from_it():
+    assert len(README.splitlines()) <= 150
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)\)", README))
+    assert linked == {page.name for page in DOCS}

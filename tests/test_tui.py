@@ -339,6 +339,17 @@ async def test_e_exports_a_repro_that_reproduces_the_op(live, tmp_path):
     assert "=> different: the candidate computes something else" in out.stdout
 
 
+async def test_w_writes_the_run_up_in_its_directory(saved):
+    app = saved_app(saved)
+    async with app.run_test(size=SIZE) as pilot:
+        messages = record_notifications(app)
+        await pilot.press("w")
+        await settle(pilot)
+    report = Path(saved.run_dir) / "report.md"
+    assert any(f"report written: {report}" in m for m in messages), messages
+    assert "### Culprit: `gelu`" in report.read_text() and (Path(saved.run_dir) / "report.html").is_file()
+
+
 async def test_a_matching_run_has_no_culprit(tmp_path):
     run = bisectr.trace(MODEL, candidate="reference", out=tmp_path / "run")
     run.bisect()

@@ -1,7 +1,7 @@
 """What a search concludes, as typed records: built by `search.core.bisect`, written to a run's
 `result.json` by `store`, shown by `report` (text and TUI alike).
 
-`Result.to_dict()` is the JSON contract of `bisectr bisect --json` (the README's "JSON" section);
+`Result.to_dict()` is the JSON contract of `bisectr bisect --json` (docs/json.md);
 `Result.from_dict` reads it back, checking every field (`serial.from_plain`).
 """
 from __future__ import annotations

@@ -43,6 +43,7 @@ class HowTraced:
     value_budget: int | None = None  # bytes of op outputs stored per side (see `trace`)
     reference_nproc: int = 1  # processes torchrun ran the side on (`bisectr.capture.ranks`)
     candidate_nproc: int = 1
+    environment: dict[str, str | None] = field(default_factory=dict)  # `environment.describe()` where it was traced
 
 
 @dataclass

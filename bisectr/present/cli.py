@@ -55,6 +55,10 @@ example:
   bisectr trace examples/span_head.py --no-tui"""
 
 
+REPORT_HELP = ("also write PATH.md (Markdown for an issue) and PATH.html (one self-contained page with the error-by-op "
+               "plot, the op table and the repro script)")
+
+
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_file", metavar="MODEL.py", help="file defining reference() and candidate()")
     parser.add_argument("--reference", default="reference", metavar="NAME", help="function building the reference side")
@@ -106,12 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--ops", action="store_true", help="print every paired op with its mean and max difference")
     trace.add_argument("--format", choices=("table", "tsv"), default="table",
                        help="tsv: print only the --ops or --alignment table, tab-separated (for scripts)")
+    trace.add_argument("--report", metavar="PATH", help=REPORT_HELP)
 
     bisect = commands.add_parser("bisect", help="scripted first-divergence search", **_help_texts("The scripted first-divergence search."))
     _add_model_arguments(bisect)
     bisect.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     bisect.add_argument("--exhaustive", action="store_true", help="patch every op instead of searching")
     bisect.add_argument("--repro", metavar="DIR", help="write a standalone script reproducing the culprit op in both frameworks")
+    bisect.add_argument("--report", metavar="PATH", help=REPORT_HELP)
     bisect.add_argument("--substitute", metavar="OPS",
                         help="re-run the candidate with the reference's implementation of these canonical ops "
                              "(comma-separated; 'rounding' = every op that is not bit-exact) and report the error")
@@ -129,6 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, default=20, metavar="N", help="optimizer steps per side (default 20)")
     train.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     train.add_argument("--no-tui", action="store_true", help="print the text summary even on a terminal")
+    train.add_argument("--report", metavar="PATH", help="also write PATH.md and PATH.html: the result, both loss curves "
+                                                        "and the per-step errors, for an issue")
+
+    written = commands.add_parser("report", help="write a saved run up for an issue: Markdown and an HTML page",
+                                  description="Write a saved run up for an issue: RUN_DIR/report.md (or PATH.md), Markdown "
+                                              "that renders in a GitHub issue, and report.html, one self-contained page "
+                                              "with the error-by-op plot (the 'report' extra: bokeh), the op table and the "
+                                              "culprit's repro script.")
+    written.add_argument("run_dir", metavar="RUN_DIR")
+    written.add_argument("-o", "--out", metavar="PATH", help="write PATH.md and PATH.html (default RUN_DIR/report)")
 
     view = commands.add_parser("view", help="reopen a saved run")
     view.add_argument("run_dir", metavar="RUN_DIR")
@@ -299,6 +315,8 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
             _search(run, console, exhaustive=False, quiet=not console.is_terminal, backward=args.backward)
         _interruption_point()
         run.save()  # traces, alignment and result land together: until here the previous run stays
+        if args.report:
+            _write_report(run, args.report, console)
         status = _show_trace(args, console, run)
         _interruption_point()
         return status
@@ -381,10 +399,14 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
 
         substitution = substitute(run, run.sides, _substituted_ops(args.substitute, searched))
         result["substitution"] = to_plain(substitution)
+    if args.report:
+        result["report"] = [str(path) for path in _write_report(run, args.report, None)]
     if args.json:
         print(json.dumps(result, allow_nan=False))
     else:
         report.print_result(console, run, searched)
+        if "report" in result:
+            console.print(f"report written: {', '.join(result['report'])}", highlight=False)
         if "repro" in result:
             console.print(f"repro written: python {result['repro']}", highlight=False)
         if "repro_skipped" in result:
@@ -403,6 +425,22 @@ def _substituted_ops(spec: str, result) -> list[str]:
         names.remove("rounding")
         names += sorted({row.op for row in result.profile if row.verdict in ("noise", "different")})
     return names
+
+
+def run_report(args: argparse.Namespace, console: Console) -> int:
+    from ..run import load
+
+    _write_report(load(args.run_dir), args.out or Path(args.run_dir) / "report", console)
+    return EXIT_OK
+
+
+def _write_report(run, path: str | Path, console: Console | None) -> list[Path]:
+    from .writeup import write_report
+
+    written = write_report(run, path)
+    if console is not None:
+        console.print(f"report written: {', '.join(map(str, written))}", highlight=False)
+    return written
 
 
 def run_view(args: argparse.Namespace, console: Console) -> int:
@@ -445,10 +483,15 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
 
             TrainingApp(result, args.model_file).run()
         report.print_training(console, result)  # still on the terminal when the TUI closes
+    if args.report:
+        from .writeup import write_training_report
+
+        written = write_training_report(result, args.model_file, args.report)
+        Console(stderr=True).print(f"report written: {', '.join(map(str, written))}", highlight=False)
     return EXIT_DIVERGENT if result.verdict == "divergent" else EXIT_OK
 
 
-COMMANDS = {"trace": run_trace, "bisect": run_bisect, "train": run_train, "view": run_view}
+COMMANDS = {"trace": run_trace, "bisect": run_bisect, "train": run_train, "report": run_report, "view": run_view}
 
 
 if __name__ == "__main__":

@@ -14,6 +14,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _hf import tiny_llama  # noqa: E402
 
 
+def _plant_mean_decomposition():
+    import torch
+    import torch._inductor.config
+    from torch._inductor.decomposition import decompositions
+
+    def unbiased_mean(x, dim, keepdim=False, dtype=None):
+        count = 1
+        for d in dim:
+            count *= x.shape[d]
+        return torch.sum(x, dim, keepdim) / (count - 1)
+
+    decompositions[torch.ops.aten.mean.dim] = unbiased_mean
+    # inductor's cache keys do not include a decomposition registered at run time
+    torch._inductor.config.force_disable_caches = True
+
+
 def reference():
     return tiny_llama()
 

@@ -34,6 +34,7 @@ class BisectrApp(App[int]):
         Binding("enter", "detail", "Detail"),
         Binding("b", "bisect", "Search"),
         Binding("e", "export", "Export"),
+        Binding("w", "write_report", "Report", show=False),
         Binding("g", "switch_pass", "Fwd/Bwd"),
         Binding("s", "sort", "Sort", show=False),
         Binding("1", "tab('overview')", "Overview", show=False),
@@ -309,6 +310,15 @@ class BisectrApp(App[int]):
             return
         self.exported = path
         self.call_from_thread(self._exported, index, path)
+
+    @work(thread=True, group="export", exit_on_error=False)
+    def action_write_report(self) -> None:
+        try:
+            written = self.data.write_report()
+        except Exception as exc:
+            self.call_from_thread(self.notify, f"report failed: {exc}", severity="error")
+            return
+        self.call_from_thread(self.notify, f"report written: {', '.join(map(str, written))}", timeout=10)
 
     def _exported(self, index: int, path) -> None:
         message = f"repro of op {index} written to {path}/repro.py (+ inputs.npz)"

@@ -22,6 +22,7 @@ from ...measure.analysis import Analysis
 from ...errors import BisectrError
 from ...measure.metrics import Float64Evidence
 from ..repro import write_repro
+from ..writeup import write_report
 from ..report import short_source
 from ...measure.result import Result
 from ...run import Run
@@ -377,6 +378,11 @@ class RunData:
         if self.run.run_dir is not None or self.run.writer is not None:
             self.run.save()
         return result
+
+    def write_report(self) -> list[Path]:
+        """`report.md` and `report.html` in the run directory (see `bisectr.present.writeup`)."""
+        base = Path(self.run.run_dir) if self.run.run_dir is not None else Path.cwd()
+        return write_report(self.run, base / "report")
 
     def export_repro(self, index: int, directory: str | os.PathLike | None = None) -> Path:
         """Write `repro.py` and `inputs.npz` for op `index` in both frameworks (see `bisectr.present.repro`)."""

@@ -23,6 +23,7 @@ KEYS = [
     ("r", "in the detail: patch the op with the reference's values, re-run (live runs)"),
     ("b", "run the whole search again, with a progress bar (a saved run asks for its model file)"),
     ("e", "export a repro of the current op (repro.py + inputs.npz)"),
+    ("w", "write the run up for an issue: report.md and report.html in the run directory"),
     ("g", "switch between the forward and the backward pass (runs traced with --backward)"),
     ("1 / 2", "overview / ops tab"),
     ("escape", "close the detail, the filter or this help"),
