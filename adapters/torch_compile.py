@@ -9,7 +9,8 @@ was recorded with, against the same code run eagerly:
   whose children does (the compiled code of several modules together, or of its own code);
 - the op: that module's graphs as dynamo captures them, cut after one node and compiled, in a
   binary search for the first node whose compiled value leaves what rounding makes (its eager
-  float32 value against float64);
+  float32 value against float64); where none does, the graph itself computes otherwise: the first
+  node on a line the eager code never runs;
 - why: `CompilerBisector` (eager -> aot_eager -> aot_eager_decomp_partition -> inductor, then
   inductor's subsystems and passes), for a module compiled by inductor;
 - the proof: the compiled module again, every module of the culprit's class left eager.
@@ -22,12 +23,16 @@ import io
 import re
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from .base import InCompiled
 
 # A probe's difference counts as the module's when it reaches this share of the whole module's.
 _SHARE = 0.1
+# Confirmed: with the culprit's class eager, the compiled module's error within this many times its
+# eager rounding, or below this share of its difference.
+_CONFIRMED_ROUNDING = 10
+_CONFIRMED_SHARE = 0.01
 # A node's compiled value differs where it leaves its eager rounding this many times over.
 _ROUNDING_FACTOR = 100
 _FLOOR = 1e-5
@@ -39,7 +44,7 @@ _BACKEND_STEPS = {"eager": "dynamo's graph capture: the graph it traced computes
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in \S+\n\s*(?P<code>[^\n]*)')
 
 
-def search_compiled(module: Any, settings: Any, args: tuple, kwargs: dict, say: Callable[[str], None] = lambda message: None) -> InCompiled:
+def search_compiled(module: Any, settings: Any, args: tuple, kwargs: dict) -> InCompiled:
     """Where `module` compiled with `settings` (dynamo's context) differs from its eager self, called on `args`/`kwargs`."""
     import torch
 
@@ -47,34 +52,29 @@ def search_compiled(module: Any, settings: Any, args: tuple, kwargs: dict, say: 
     module._compiled_call_impl = None  # `module.compile()`: the module runs eagerly unless the search compiles it
     try:
         with torch.no_grad():
-            return _Search(module, settings, args, kwargs, say).run()
+            return _Search(module, settings, args, kwargs).run()
     finally:
         module._compiled_call_impl = compiled_in_place
 
 
 class _Search:
-    def __init__(self, root: Any, settings: Any, args: tuple, kwargs: dict, say: Callable[[str], None]):
-        self.root, self.settings, self.args, self.kwargs, self.say = root, settings, args, kwargs, say
+    def __init__(self, root: Any, settings: Any, args: tuple, kwargs: dict):
+        self.root, self.settings, self.args, self.kwargs = root, settings, args, kwargs
         self.eager = _floating(root(*args, **kwargs))
         self.compiles = 0
         self.started = time.monotonic()
 
     def run(self) -> InCompiled:
-        import torch
-
         whole = self.error_compiled()
         path, module, module_error = self.culprit_module(whole)
-        op, source, code, op_error, other_path = self.culprit_op(module, module_error)
+        op, source, code, op_error, other_path = self.culprit_op(module)
         step, detail = self.compiler_step(module, module_error)
-        eager_modules = [name for name, m in self.root.named_modules() if type(m) is type(module) and m is not self.root]
-        if module is self.root:
-            eager_modules = []
-        self.say(f"compiling the module again with every {type(module).__name__} eager")
+        eager_modules = [] if module is self.root else [name for name, m in self.root.named_modules() if type(m) is type(module)]
         confirmed_error = self.error_compiled(eager=[self.root.get_submodule(name) for name in eager_modules]) if eager_modules else 0.0
         rounding = self.rounding()
         return InCompiled(path, type(module).__name__, whole, module_error, op, source, code, op_error, other_path, step, detail,
                           eager_modules, confirmed_error, rounding,
-                          confirmed=bool(eager_modules) and confirmed_error <= max(10 * rounding, whole * _SHARE / 10),
+                          confirmed=bool(eager_modules) and confirmed_error <= max(_CONFIRMED_ROUNDING * rounding, _CONFIRMED_SHARE * whole),
                           compiles=self.compiles, seconds=round(time.monotonic() - self.started, 1),
                           backend=_backend_name(self.settings))
 
@@ -90,8 +90,6 @@ class _Search:
     def error_compiled(self, only: str | None = None, eager: list[Any] = ()) -> float:
         """The module's difference from its eager self: compiled whole (`eager` modules kept eager), or
         with only the module at path `only` compiled."""
-        import torch
-
         if only is None:
             with _kept_eager(eager):
                 return _error(_floating(self.compile(self.root)(*self.args, **self.kwargs)), self.eager)
@@ -103,7 +101,6 @@ class _Search:
         path, module, error = "", self.root, whole
         while True:
             for child_path, child in _called_children(module, path):
-                self.say(f"compiling {child_path} alone")
                 child_error = self.error_compiled(only=child_path)
                 if child_error >= _SHARE * whole:
                     path, module, error = child_path, child, child_error
@@ -111,12 +108,11 @@ class _Search:
             else:
                 return path, module, error
 
-    def culprit_op(self, module: Any, module_error: float) -> tuple[str | None, str, str, float | None, bool]:
+    def culprit_op(self, module: Any) -> tuple[str | None, str, str, float | None, bool]:
         """The first node of the module's captured graphs whose compiled value differs beyond rounding;
         else the first on a line its eager run never executes (and True)."""
         import torch
 
-        self.say(f"capturing the graph of {type(module).__name__}")
         graphs: list[tuple[Any, list[Any]]] = []
 
         def capture(gm, example_inputs):
@@ -172,7 +168,6 @@ class _Search:
 
         def error_of(index: int) -> float | None:
             node = nodes[index]
-            self.say(f"compiling the graph up to node {index + 1} of {len(nodes)} ({_node_name(node)})")
             compiled = self.compile(_cut_after(gm, node))(*inputs)
             exact, rounded = eager64[node.name], eager32[node.name]
             rounding = _error([rounded.double()], [exact])
@@ -200,7 +195,6 @@ class _Search:
         backend = _backend_name(self.settings)
         if backend != "inductor":
             return backend, _BACKEND_STEPS.get(backend, "")
-        self.say(f"bisecting the compiler on {type(module).__name__}")
         path = _path_of(self.root, module)
 
         def good() -> bool:

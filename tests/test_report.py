@@ -80,6 +80,14 @@ def test_bisectr_report_writes_both_files_into_the_run_directory(tanh_gelu):
     assert markdown(bisectr.load(tanh_gelu.run_dir)) == written[0].read_text()  # the saved run gives the same write-up
 
 
+def test_a_path_that_cannot_be_written_is_status_2_naming_it(tanh_gelu, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    done = subprocess.run([sys.executable, "-m", "bisectr", "report", str(tanh_gelu.run_dir), "-o", str(blocker / "report")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"{blocker}: cannot write the report" in done.stderr, done.stderr
+
+
 def test_report_on_bisect_and_in_json(tmp_path):
     done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / "wrong_eps.py"), "--json", "--report",
                            str(tmp_path / "eps.md")], capture_output=True, text=True, timeout=300)

@@ -437,7 +437,15 @@ def run_report(args: argparse.Namespace, console: Console) -> int:
 def _write_report(run, path: str | Path, console: Console | None) -> list[Path]:
     from .writeup import write_report
 
-    written = write_report(run, path)
+    return _written(lambda: write_report(run, path), path, console)
+
+
+def _written(write: Callable[[], list[Path]], path: str | Path, console: Console | None) -> list[Path]:
+    """The files `write()` wrote, said on `console`; a path that cannot be written is status 2."""
+    try:
+        written = write()
+    except OSError as exc:
+        raise BisectrError(f"{exc.filename or path}: cannot write the report: {exc.strerror or exc}") from None
     if console is not None:
         console.print(f"report written: {', '.join(map(str, written))}", highlight=False)
     return written
@@ -486,8 +494,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
     if args.report:
         from .writeup import write_training_report
 
-        written = write_training_report(result, args.model_file, args.report)
-        Console(stderr=True).print(f"report written: {', '.join(map(str, written))}", highlight=False)
+        _written(lambda: write_training_report(result, args.model_file, args.report), args.report, Console(stderr=True))
     return EXIT_DIVERGENT if result.verdict == "divergent" else EXIT_OK
 
 

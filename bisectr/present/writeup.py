@@ -42,7 +42,9 @@ def _sections(run: RunRecord) -> tuple[list[str], list[str]]:
     result = run.result
     model = Path(run.traced.model_file).name
     findings = [f"## bisectr: {result.verdict if result else 'traced'} in `{model}`", _sides(run)]
-    if result is not None:
+    if result is None:
+        findings.append("This run holds no search result (traced with `--stats-only`, or not searched yet).")
+    else:
         findings += _pass(run, result)
         if result.backward is not None:
             findings += [f"## Backward pass ({result.backward.activations} activations)", *_pass(run, result.backward)]
