@@ -91,7 +91,7 @@ def test_a_compiled_port_against_a_paddle_reference_answers_as_the_eager_port_do
 
 def test_the_example_names_the_branch_only_compiled_code_takes(tmp_path):
     example = EXAMPLES / "compiled_model.py"
-    result = bisect(example, "--repro", str(tmp_path))
+    result = bisect(example, "--repro", str(tmp_path), "--report", str(tmp_path / "report"))
     assert result["verdict"] == "divergent" and 0.03 < result["output_error"]["max_rel"] < 0.1
     compiled = result["culprit"]["compiled"]
     assert compiled["module"] == "blocks.0.attention" and compiled["op"] == "Tensor.mul" and compiled["other_path"]
@@ -100,6 +100,10 @@ def test_the_example_names_the_branch_only_compiled_code_takes(tmp_path):
     assert compiled["confirmed"] and compiled["eager_modules"] == [f"blocks.{n}.attention" for n in range(4)]
     # a repro script replays one op against one: the compiled call stands for the 132 ops of the reference
     assert result["repro_skipped"].endswith("compared as a block (1 candidate op(s) against 132 reference ops)")
+    written = (tmp_path / "report.md").read_text()  # the write-up says the same, the compiled line in context
+    assert "### Culprit: the compiled code of the model, the first semantic difference" in written
+    assert "- op Tensor.mul: on a line the eager code never runs: the compiled code takes another path" in written
+    assert ">   46                      q = q * self.head_dim ** -0.5  # @compiled_branch" in written
     assert bisect(example, "--candidate", "candidate_fixed")["verdict"] == "noise"
 
 

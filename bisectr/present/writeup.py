@@ -90,11 +90,11 @@ def _culprit(run: RunRecord, result: Result) -> str:
         what = "first op whose backward differs" if result.verdict == "divergent" else "where most gradient error enters"
     else:
         what = "first semantic difference" if result.verdict == "divergent" else "most amplifying op"
-    name = f"the compiled code of {culprit.candidate.module or 'the model'}" if culprit.compiled else culprit.op
+    name = f"the compiled code of {culprit.candidate.module or 'the model'}" if culprit.compiled else f"`{culprit.op}`"
     leaf = f" (its leaf `{culprit.leaf}`)" if culprit.leaf else ""
     rows = [(role, f"{site.index} `{site.op}`", f"`{site.module or '(top level)'}`", f"`{short_source(site.source)}`" if site.source else "")
             for role, site in (("candidate", culprit.candidate), ("reference", culprit.reference))]
-    parts = [f"### Culprit: `{name}`{leaf}, the {what}", _table(("side", "op", "module", "source"), rows)]
+    parts = [f"### Culprit: {name}{leaf}, the {what}", _table(("side", "op", "module", "source"), rows)]
     sources = [("candidate", culprit.candidate.source), ("reference", culprit.reference.source)]
     if culprit.compiled:
         sources.append(("inside the compiled code", culprit.compiled.source))
@@ -131,8 +131,8 @@ def _evidence(run: RunRecord, result: Result) -> str:
                      f"{fmt(culprit.fp64.reference_error)} -> {culprit.verdict}")
     elif culprit.fp64_unavailable:
         items.append(f"vs the fp64 oracle: none ({culprit.fp64_unavailable})")
-    if culprit.compiled:
-        items += [_line_text(line) for line in compiled_lines(run, culprit.compiled)]
+    if culprit.compiled:  # its source line is shown in context above
+        items += [_line_text(line) for line in compiled_lines(run, culprit.compiled) if not any(style == "source" for _, style in line)]
     if culprit.rewired:
         items += [_line_text(line) for line in rewired_lines(culprit.rewired)]
     if culprit.placements:
@@ -144,7 +144,8 @@ def _evidence(run: RunRecord, result: Result) -> str:
 
 
 def _line_text(line: Line) -> str:
-    return "".join(text for text, _ in line).strip()
+    """A text report's line as one sentence (its column padding dropped)."""
+    return " ".join("".join(text for text, _ in line).split())
 
 
 def _recurrences(result: Result) -> str:
