@@ -284,10 +284,9 @@ class Interception(ABC):
     def no_grad(self) -> AbstractContextManager:
         """Gradients off, nothing intercepted: for re-executing recorded calls."""
 
-    def compiled_parts(self, model: Any) -> list[str]:
-        """The parts of `model` a compiler runs as one graph, whose ops cannot be intercepted one by
-        one: module paths ("" for the model itself), or "the function" for a compiled function."""
-        return []
+    def is_compiled_function(self, model: Any) -> bool:
+        """Is `model` a function a compiler runs as one graph (whose tensors bisectr cannot reach)?"""
+        return False
 
     def search_compiled(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> InCompiled | None:
         """Where the compiled code of the recorded op `fn` (called on `args`/`kwargs`) differs from its

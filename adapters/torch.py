@@ -200,12 +200,8 @@ class TorchAdapter(Adapter):
     def named_modules(self, root: Any) -> Iterator[tuple[str, Any]]:
         return root.named_modules(remove_duplicate=False)
 
-    def compiled_parts(self, model: Any) -> list[str]:
-        torch = _torch()
-        if not isinstance(model, torch.nn.Module):
-            return ["the function"] if hasattr(model, "_torchdynamo_orig_callable") else []
-        compiled = torch._dynamo.eval_frame.OptimizedModule
-        return [path for path, module in model.named_modules() if isinstance(module, compiled)]
+    def is_compiled_function(self, model: Any) -> bool:
+        return not isinstance(model, _torch().nn.Module) and hasattr(model, "_torchdynamo_orig_callable")
 
     def search_compiled(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> InCompiled | None:
         if not isinstance(fn, CompiledCall):

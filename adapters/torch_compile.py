@@ -65,12 +65,12 @@ class _Search:
         self.started = time.monotonic()
 
     def run(self) -> InCompiled:
-        whole = self.error_compiled()
+        whole = self.error_alone(self.root)
         path, module, module_error = self.culprit_module(whole)
         op, source, code, op_error, other_path = self.culprit_op(module)
         step, detail = self.compiler_step(module, module_error)
         eager_modules = [] if module is self.root else [name for name, m in self.root.named_modules() if type(m) is type(module)]
-        confirmed_error = self.error_compiled(eager=[self.root.get_submodule(name) for name in eager_modules]) if eager_modules else 0.0
+        confirmed_error = self.error_kept_eager([self.root.get_submodule(name) for name in eager_modules]) if eager_modules else 0.0
         rounding = self.rounding()
         return InCompiled(path, type(module).__name__, whole, module_error, op, source, code, op_error, other_path, step, detail,
                           eager_modules, confirmed_error, rounding,
@@ -87,21 +87,28 @@ class _Search:
         self.compiles += 1
         return torch._dynamo.eval_frame.OptimizedModule(module, self.settings)
 
-    def error_compiled(self, only: str | None = None, eager: list[Any] = ()) -> float:
-        """The module's difference from its eager self: compiled whole (`eager` modules kept eager), or
-        with only the module at path `only` compiled."""
-        if only is None:
-            with _kept_eager(eager):
-                return _error(_floating(self.compile(self.root)(*self.args, **self.kwargs)), self.eager)
-        with _swapped(self.root, only, self.compile(self.root.get_submodule(only))):
-            return _error(_floating(self.root(*self.args, **self.kwargs)), self.eager)
+    def run_with(self, module: Any, replacement: Any) -> list[Any]:
+        """The root's floating outputs with `module` (one of its modules, or itself) replaced by `replacement`."""
+        if module is self.root:
+            return _floating(replacement(*self.args, **self.kwargs))
+        with _swapped(self.root, _path_of(self.root, module), replacement):
+            return _floating(self.root(*self.args, **self.kwargs))
+
+    def error_alone(self, module: Any) -> float:
+        """The root's difference from its eager self with only `module` compiled."""
+        return _error(self.run_with(module, self.compile(module)), self.eager)
+
+    def error_kept_eager(self, eager: list[Any]) -> float:
+        """The root's difference from its eager self compiled whole, `eager` modules kept eager."""
+        with _kept_eager(eager):
+            return self.error_alone(self.root)
 
     def culprit_module(self, whole: float) -> tuple[str, Any, float]:
         """The deepest module whose compiled code alone makes the difference (the root where no child's does)."""
         path, module, error = "", self.root, whole
         while True:
             for child_path, child in _called_children(module, path):
-                child_error = self.error_compiled(only=child_path)
+                child_error = self.error_alone(child)
                 if child_error >= _SHARE * whole:
                     path, module, error = child_path, child, child_error
                     break
@@ -120,12 +127,7 @@ class _Search:
             return gm.forward
 
         torch._dynamo.reset()
-        capturing = torch.compile(module, backend=capture)
-        if module is self.root:
-            capturing(*self.args, **self.kwargs)
-        else:
-            with _swapped(self.root, _path_of(self.root, module), capturing):
-                self.root(*self.args, **self.kwargs)
+        self.run_with(module, torch.compile(module, backend=capture))
         for gm, inputs in graphs:
             found = self.first_differing_node(gm, inputs)
             if found is not None:
@@ -174,10 +176,10 @@ class _Search:
             error = _error([compiled.double()], [exact])
             return error if error > max(_ROUNDING_FACTOR * rounding, _FLOOR) else None
 
-        if not nodes or error_of(len(nodes) - 1) is None:
-            return None
         low, high = 0, len(nodes) - 1  # the first differing node lies in [low, high]; high differs
-        found = error_of(high)
+        found = error_of(high) if nodes else None
+        if found is None:
+            return None
         while low < high:
             middle = (low + high) // 2
             error = error_of(middle)
@@ -195,18 +197,11 @@ class _Search:
         backend = _backend_name(self.settings)
         if backend != "inductor":
             return backend, _BACKEND_STEPS.get(backend, "")
-        path = _path_of(self.root, module)
 
-        def good() -> bool:
+        def good() -> bool:  # compiled as CompilerBisector sets inductor up for this try
             torch._dynamo.reset()
             self.compiles += 1
-            compiled = torch.compile(module)
-            if module is self.root:
-                outputs = compiled(*self.args, **self.kwargs)
-            else:
-                with _swapped(self.root, path, compiled):
-                    outputs = self.root(*self.args, **self.kwargs)
-            return _error(_floating(outputs), self.eager) < _SHARE * module_error
+            return _error(self.run_with(module, torch.compile(module)), self.eager) < _SHARE * module_error
 
         with contextlib.redirect_stdout(io.StringIO()):
             found = CompilerBisector.do_bisect(good)
@@ -225,10 +220,9 @@ class _Search:
 
 # -- helpers -----------------------------------------------------------------------------------------
 def _floating(outputs: Any) -> list[Any]:
-    import torch
     from torch.utils._pytree import tree_leaves
 
-    return [t for t in tree_leaves(outputs) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    return [t for t in tree_leaves(outputs) if _is_floating(t)]
 
 
 def _is_floating(value: Any) -> bool:
@@ -238,10 +232,9 @@ def _is_floating(value: Any) -> bool:
 
 
 def _double(value: Any) -> Any:
-    import torch
     from torch.utils._pytree import tree_map
 
-    return tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, value)
+    return tree_map(lambda t: t.double() if _is_floating(t) else t, value)
 
 
 def _error(outputs: list[Any], expected: list[Any]) -> float:

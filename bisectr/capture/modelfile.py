@@ -145,7 +145,7 @@ def side_of(role: str, built: Any, model_file: Path, function: str, given: str) 
                              f"a {_describe(model)} and inputs {[_describe(v) for v in values]}; "
                              f"expected a {' / '.join(a.module_kind for a in registered())}, or "
                              f"{' / '.join(a.name for a in registered())} tensors as inputs")
-    if "the function" in adapter.compiled_parts(model):
+    if adapter.is_compiled_function(model):
         raise ModelFileError(f"{model_file}: the {role} model returned by {function}() is a compiled function: bisectr "
                              "records a compiled module's call as one op and searches inside it, but cannot reach a "
                              "function's tensors. Compile a module instead (`torch.compile(module)`), or give it the "

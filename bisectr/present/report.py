@@ -132,16 +132,11 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
     lines: list[Line] = []
     backward = result.pass_ == "backward"
     if culprit is not None:
-        if backward and result.missing_gradient:
-            what = "a gradient one side lacks"
-        elif backward:
-            what = "first op whose backward differs" if result.verdict == "divergent" else "where most gradient error enters"
-        else:
-            what = "first semantic difference" if result.verdict == "divergent" else "most amplifying op"
+        what = culprit_role(result)
         leaf = f" (its parameter {culprit.leaf} {'gets a gradient on one side only' if backward else 'differs'})" if culprit.leaf else ""
         if culprit.description:
             leaf = f" (the leaf {culprit.leaf}: {culprit.description}; the reference's {culprit.reference_leaf}, {culprit.layout})"
-        name = f"the compiled code of {culprit.candidate.module or 'the model'}" if culprit.compiled else culprit.op
+        name = compiled_code_name(culprit) if culprit.compiled else culprit.op
         lines.append([(f"culprit ({what}): ", ""), (name, "bold"), (leaf, "")])
         for role in ("candidate", "reference"):
             site = getattr(culprit, role)
@@ -181,6 +176,20 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
         lines.append([])
         lines += [[(line, "")] for line in bracket_lines(result.bracket)]
     return lines
+
+
+def culprit_role(result: Result) -> str:
+    """What the culprit is to its pass: "first semantic difference", "most amplifying op", ..."""
+    if result.pass_ == "backward" and result.missing_gradient:
+        return "a gradient one side lacks"
+    if result.pass_ == "backward":
+        return "first op whose backward differs" if result.verdict == "divergent" else "where most gradient error enters"
+    return "first semantic difference" if result.verdict == "divergent" else "most amplifying op"
+
+
+def compiled_code_name(culprit: Culprit) -> str:
+    """A compiled module's call named as the culprit."""
+    return f"the compiled code of {culprit.candidate.module or 'the model'}"
 
 
 def compiled_lines(run: RunRecord, found: InCompiled) -> list[Line]:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from ..environment import LIBRARIES, describe
 from ..measure.result import Result
 from ..measure.runrecord import RunRecord
-from .report import (HEADLINE, TRAINING_COLUMNS, Line, bracket_lines, compiled_lines, confirmation_text, float64_text, fmt,
-                     fmt_amplification, measured, nonfinite_text, not_blamed_text, op_rows, placements_text, rewired_lines,
+from .report import (HEADLINE, TRAINING_COLUMNS, Line, bracket_lines, compiled_code_name, compiled_lines, confirmation_text,
+                     culprit_role, float64_text, fmt, fmt_amplification, measured, nonfinite_text, not_blamed_text, op_rows, placements_text, rewired_lines,
                      short_source, training_lines, training_rows)
 from .repro import NoRepro, write_repro
 
@@ -86,15 +86,13 @@ def _pass(run: RunRecord, result: Result) -> list[str]:
 
 def _culprit(run: RunRecord, result: Result) -> str:
     culprit = result.culprit
-    if result.pass_ == "backward":
-        what = "first op whose backward differs" if result.verdict == "divergent" else "where most gradient error enters"
-    else:
-        what = "first semantic difference" if result.verdict == "divergent" else "most amplifying op"
-    name = f"the compiled code of {culprit.candidate.module or 'the model'}" if culprit.compiled else f"`{culprit.op}`"
+    role = culprit_role(result)
+    what = role if role.startswith(("a ", "where ")) else f"the {role}"
+    name = compiled_code_name(culprit) if culprit.compiled else f"`{culprit.op}`"
     leaf = f" (its leaf `{culprit.leaf}`)" if culprit.leaf else ""
     rows = [(role, f"{site.index} `{site.op}`", f"`{site.module or '(top level)'}`", f"`{short_source(site.source)}`" if site.source else "")
             for role, site in (("candidate", culprit.candidate), ("reference", culprit.reference))]
-    parts = [f"### Culprit: {name}{leaf}, the {what}", _table(("side", "op", "module", "source"), rows)]
+    parts = [f"### Culprit: {name}{leaf}, {what}", _table(("side", "op", "module", "source"), rows)]
     sources = [("candidate", culprit.candidate.source), ("reference", culprit.reference.source)]
     if culprit.compiled:
         sources.append(("inside the compiled code", culprit.compiled.source))
