@@ -31,6 +31,10 @@ class TraceMismatchError(BisectrError):
     """A re-run executed a different op sequence than the recording."""
 
 
+class PathDeparture(TraceMismatchError):
+    """A re-run took another path than the recording: other ops, or other shapes from patched values."""
+
+
 class OutputMismatchError(BisectrError):
     """The two sides' outputs cannot be paired."""
 

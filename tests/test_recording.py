@@ -188,13 +188,23 @@ def test_dropout_in_training_mode_is_reported_not_mis_patched(models, tmp_path):
         run.sides.runners["candidate"].rerun_model({dropped: values})
 
 
-def test_data_dependent_control_flow_is_detected(models, tmp_path):
+def test_a_patch_that_takes_the_code_down_another_branch_runs_it(models, tmp_path):
+    """A patched value decides a branch the recording never took: the re-run leaves the recorded path there
+    and computes the other branch (a router's top-k after patched inputs, in a mixture of experts)."""
     run = bisectr.trace(models / "torch_data_dependent.py", out=tmp_path / "run")
     recording = run.sides.runners["candidate"].recording
     assert recording.value_reads == 1 and not recording.replayable(run.sides.runners["candidate"].side.adapter)
     doubled = run.candidate.ops[0].outputs[0]
+    result = run.sides.run("candidate", Rerun({doubled: -np.ones(4, np.float32)}))
+    np.testing.assert_allclose(next(iter(result.outputs.values())), np.tanh(-1.0) + 1, rtol=1e-6)
+
+
+def test_a_patch_ahead_of_another_branch_still_wants_its_capture(models, tmp_path):
+    """Where a tensor asked for lies past the branch, the re-run cannot number it: it departs, saying where."""
+    run = bisectr.trace(models / "torch_data_dependent.py", out=tmp_path / "run")
+    doubled, exponential = run.candidate.ops[0].outputs[0], run.candidate.ops[-1].outputs[0]
     with pytest.raises(TraceMismatchError, match="at op 2 .*calls Tensor.tanh where the recording called Tensor.exp"):
-        run.sides.run("candidate", Rerun({doubled: -np.ones(4, np.float32)}))
+        run.sides.run("candidate", Rerun({doubled: -np.ones(4, np.float32)}, frozenset({exponential})))
 
 
 def test_a_value_read_made_from_integers_only_keeps_the_recorded_calls(tmp_path):

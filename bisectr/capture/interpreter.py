@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ..adapters import Adapter, CannotUpcast, Tensors
-from ..errors import TraceMismatchError
+from ..errors import PathDeparture, TraceMismatchError
 from .ops import UNINITIALISED
 from .structure import call_tensors, iter_tensors, map_tensors
 from .trace import OpNode, Trace, device_reductions, fingerprint, float64_dtype, is_floating
@@ -575,6 +575,7 @@ class Patches:
         self.capture = set(capture)
         self.captured: dict[int, np.ndarray] = {}
         self.tainted: set[int] = set(patches)
+        self.applied: set[int] = set()  # the tids whose patch went into the run
         self.gradients = gradients
         self._leaves: dict[int, Any] = {}
         self._passed: dict[int, np.ndarray | None] = {p.source: None for p in patches.values() if isinstance(p, PassOn)}
@@ -621,6 +622,7 @@ class Patches:
         tensor of its dtype and device."""
         adapter = self.adapter
         values = self.values(tid, tensor)
+        self.applied.add(tid)
         if in_place:
             adapter.assign(tensor, values)
             return tensor
@@ -643,14 +645,17 @@ class Patches:
         if not all(a == b or abs(a - b) <= allowed or (a != a and b != b) for a, b in zip(now, recorded.fingerprint)):
             raise self.departure(op.index, op, "computes other values from the same inputs")
 
-    def departure(self, index: int, op: OpNode | None, what: str) -> TraceMismatchError:
+    def departure(self, index: int, op: OpNode | None, what: str, path: bool = False) -> TraceMismatchError:
+        """The error for a re-run that departs from its recording at op `index`: a `PathDeparture` where it
+        took another path (`path`), else one that computed other values."""
         where = "" if op is None else \
             f" ({op.framework_op} in {op.module or '(top level)'}" + (f" at {op.source})" if op.source else ")")
         cause = "The forward is not deterministic (dropout or randomness in training mode? data-dependent control flow?)"
         if self.gradients:
             cause = ("The forward is not deterministic, or takes another path with gradients on than without (a reentrant "
                      "gradient checkpoint that applies only with gradients on: use use_reentrant=False)")
-        return TraceMismatchError(f"the {self.trace.side} re-run departed from its recording at op {index}{where}: it {what}. {cause}")
+        error = PathDeparture if path else TraceMismatchError
+        return error(f"the {self.trace.side} re-run departed from its recording at op {index}{where}: it {what}. {cause}")
 
 
 class PatchedInterpreter(Interpreter):

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..adapters import Adapter, Tensors
 from ..adapters.base import API, CALLER
-from ..errors import TraceMismatchError, UnreadableTensorError
+from ..errors import PathDeparture, TraceMismatchError, UnreadableTensorError
 from .interpreter import Call, Patches, Recording, RerunResult, Slot, run_op
 from .ops import canonical_op
 from .store import TensorWriter
@@ -295,7 +295,12 @@ class Recorder(_Session):
 
 class PatchedRerun(_Session):
     """Listener for a re-run of the model's code that follows a recorded trace, op for op, and
-    hands each op's outputs to `Patches` (patched, checked, captured; see `interpreter.Patches`)."""
+    hands each op's outputs to `Patches` (patched, checked, captured; see `interpreter.Patches`).
+
+    A patch may change a data-dependent decision (a router's top-k, a mask made from values) so that the
+    code takes another path than recorded. Once every tensor asked for is captured, nothing ahead needs the
+    recording's numbering: the run goes on free (`free`), patched leaves still swapped in where read, op
+    output patches ahead left out, and its outputs are read by key."""
 
     with_gradients = False  # the recording ran without gradients; a re-run with them may take another path
 
@@ -303,20 +308,38 @@ class PatchedRerun(_Session):
         super().__init__(adapter)
         self.trace = trace
         self.patching = Patches(adapter, trace, patches, capture, gradients=self.with_gradients)
+        self.free = False
 
     def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if self.free:
+            return self._free_call(fn, args, kwargs)
         inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
-        input_tids = self.input_tids(inputs)
+        try:
+            input_tids = self.input_tids(inputs)
+        except PathDeparture:
+            self._go_free()
+            return self._free_call(fn, args, kwargs)
         if any(tid in self.patching.patches for tid in input_tids):
             args, kwargs, inputs = self._patch_leaves(args, kwargs, inputs, input_tids)
         result, produced, mutated = run_op(self.adapter, fn, args, kwargs, inputs)
         if not produced:
             return result
+        try:
+            return self._follow(name, result, produced, mutated, input_tids)
+        except PathDeparture:
+            self._go_free()
+            return result
+
+    def _follow(self, name: str, result: Any, produced: list[Any], mutated: set[int], input_tids: list[int]) -> Any:
+        """Hand what the op produced to `Patches` as the recording's op at this point (departures raise)."""
         expected = self._expected_op(name)
         self.op_count += 1
         if len(produced) != len(expected.outputs):
-            raise self.patching.departure(expected.index, expected, f"{len(produced)} outputs instead of {len(expected.outputs)}")
+            raise self.patching.departure(expected.index, expected, f"{len(produced)} outputs instead of {len(expected.outputs)}",
+                                          path=True)
         reached = not self.patching.tainted.isdisjoint(input_tids)
+        if reached and any(tuple(t.shape) != tuple(self.trace.tensors[tid].shape) for t, tid in zip(produced, expected.outputs)):
+            raise self.patching.departure(expected.index, expected, "makes a tensor of another shape from patched values", path=True)
         replacements: dict[int, Any] = {}
         for tensor, tid in zip(produced, expected.outputs):
             went_on = self.patching.output(expected, tid, tensor, reached, check=True, in_place=id(tensor) in mutated)
@@ -328,12 +351,33 @@ class PatchedRerun(_Session):
             result = map_tensors(result, self.adapter.is_tensor, lambda t: replacements.get(id(t), t))
         return result
 
+    def _go_free(self) -> None:
+        """Leave the recorded path (see the class docstring), or re-raise the departure where the run may not."""
+        if not self._may_go_free():
+            raise
+        self.free = True
+
+    def _may_go_free(self) -> bool:
+        """Can the run leave the recorded path: a patch took it there, and no tensor asked for is still ahead?
+        Op output patches still ahead are not placed: the ops there compute from the patched values before them."""
+        patching = self.patching
+        return not self.with_gradients and bool(patching.applied) and patching.capture <= patching.captured.keys()
+
+    def _free_call(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """An op off the recorded path: run as called, patched leaves swapped in where read."""
+        inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
+        tids = [self.ids.lookup(t) for t in inputs]
+        if any(tid in self.patching.patches for tid in tids if tid is not None):
+            known = [(t, tid) for t, tid in zip(inputs, tids) if tid is not None]
+            args, kwargs, inputs = self._patch_leaves(args, kwargs, [t for t, _ in known], [tid for _, tid in known])
+        return run_op(self.adapter, fn, args, kwargs, inputs)[0]
+
     def on_output(self, tid: int, tensor: Any) -> None:
         """An op of the re-run produced `tensor`, recorded as `tid` (patched already, if asked)."""
 
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         if tid not in self.trace.tensors or self.trace.tensors[tid].producer is not None:
-            raise self.patching.departure(self.op_count, None, "reads a tensor the recording did not read at this point")
+            raise self.patching.departure(self.op_count, None, "reads a tensor the recording did not read at this point", path=True)
 
     def _patch_leaves(self, args: tuple, kwargs: dict, inputs: list[Any], tids: list[int]):
         leaves = {tid for tid in tids if tid in self.patching.patches and self.trace.tensors[tid].producer is None}
@@ -347,14 +391,15 @@ class PatchedRerun(_Session):
 
     def _expected_op(self, name: str) -> OpNode:
         if self.op_count >= len(self.trace.ops):
-            raise self.patching.departure(self.op_count, None, "runs more ops than the recording")
+            raise self.patching.departure(self.op_count, None, "runs more ops than the recording", path=True)
         expected = self.trace.ops[self.op_count]
         if expected.framework_op != name:
-            raise self.patching.departure(expected.index, expected, f"calls {name} where the recording called {expected.framework_op}")
+            raise self.patching.departure(expected.index, expected, f"calls {name} where the recording called {expected.framework_op}",
+                                          path=True)
         return expected
 
     def finish(self, outputs: list[tuple[str, Any]]) -> RerunResult:
-        if self.op_count != len(self.trace.ops):
+        if not self.free and self.op_count != len(self.trace.ops):
             raise TraceMismatchError(
                 f"the {self.trace.side} re-run ran {self.op_count} ops, the recording {len(self.trace.ops)}: "
                 "the forward is not deterministic (dropout in training mode? data-dependent control flow?)"

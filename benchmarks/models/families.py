@@ -1,0 +1,98 @@
+"""Hugging Face model families for the seeded-bug benchmark, each from a tiny random config.
+
+`build(name)` returns `(model, inputs)`: the family's model class from its config (3 layers, hidden 64,
+4 query / 2 key-value heads where the family has them, eager attention), `torch.manual_seed(0)`, then
+weights drawn at the scale trained models have (`draw_weights`), eval. Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "models"))
+from _hf import hide_broken_torchcodec  # noqa: E402
+
+HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB = 64, 3, 4, 2, 128
+HEAD_DIM = HIDDEN // HEADS
+BATCH, SEQUENCE, PADDED = 2, 12, 3  # the second row of an encoder's batch ends in PADDED padding tokens
+ATTENTIONLESS = ("mamba",)
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
+              num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=64,
+              attn_implementation="eager", pad_token_id=0, bos_token_id=1, eos_token_id=2,
+              initializer_range=HIDDEN ** -0.5, tie_word_embeddings=False)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    config: str  # the `transformers` config class
+    model: str  # the `transformers` model class
+    inputs: Literal["ids", "padded_ids", "pixels"]
+    settings: dict = field(default_factory=dict)  # beyond COMMON
+
+
+FAMILIES = {family.name: family for family in [
+    Family("llama", "LlamaConfig", "LlamaForCausalLM", "ids"),
+    Family("qwen2", "Qwen2Config", "Qwen2ForCausalLM", "ids"),
+    # Mixtral's experts run torch._grouped_mm as transformers runs them by default (no float64 kernel on CPU);
+    # Qwen2-MoE's run a loop over experts ("eager").
+    Family("qwen2_moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM", "ids",
+           dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                experts_implementation="eager")),
+    Family("mixtral", "MixtralConfig", "MixtralForCausalLM", "ids", dict(num_local_experts=4, num_experts_per_tok=2)),
+    Family("gpt_neox", "GPTNeoXConfig", "GPTNeoXForCausalLM", "ids"),
+    Family("gpt2", "GPT2Config", "GPT2LMHeadModel", "ids", dict(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64)),
+    Family("opt", "OPTConfig", "OPTForCausalLM", "ids", dict(ffn_dim=2 * HIDDEN, word_embed_proj_dim=HIDDEN)),
+    Family("gemma2", "Gemma2Config", "Gemma2ForCausalLM", "ids", dict(head_dim=HEAD_DIM)),
+    Family("phi3", "Phi3Config", "Phi3ForCausalLM", "ids"),
+    Family("granite", "GraniteConfig", "GraniteForCausalLM", "ids",
+           dict(embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=2.0, attention_multiplier=HEAD_DIM ** -0.5)),
+    Family("bert", "BertConfig", "BertModel", "padded_ids"),
+    Family("roberta", "RobertaConfig", "RobertaModel", "padded_ids"),
+    Family("vit", "ViTConfig", "ViTModel", "pixels", dict(image_size=16, patch_size=4, num_channels=3)),
+    Family("mamba", "MambaConfig", "MambaForCausalLM", "ids", dict(state_size=8, expand=2)),
+]}
+
+
+def draw_weights(model) -> None:
+    """Biases 0.1 N(0, 1) and norm weights 1 + 0.1 N(0, 1) (0.1 N(0, 1) where the norm adds the 1 itself, as
+    Gemma's), so that a misplaced or missing one shows; the rest keep their init at `initializer_range`."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() != 1 or "A_log" in name or name.endswith(".D") or "dt_proj" in name:
+                continue
+            if torch.all(p == 1):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            elif torch.all(p == 0):
+                p.copy_(0.1 * torch.randn_like(p))
+
+
+def build(name: str, attention: str = "eager"):
+    """`(model, inputs)` of family `name`: seeded, trained-scale weights, eval, inputs from `default_rng(0)`;
+    its attention run by `attention` ("eager": matmul and softmax ops, "sdpa": one fused call)."""
+    hide_broken_torchcodec()
+    import numpy as np
+    import torch
+    import transformers
+
+    family = FAMILIES[name]
+    config = getattr(transformers, family.config)(**{**COMMON, "attn_implementation": attention, **family.settings})
+    torch.manual_seed(0)
+    model = getattr(transformers, family.model)(config)
+    draw_weights(model)
+    model.eval()
+    rng = np.random.default_rng(0)
+    if family.inputs == "pixels":
+        return model, {"pixel_values": torch.from_numpy(rng.standard_normal((BATCH, 3, 16, 16), dtype=np.float32))}
+    ids = torch.from_numpy(rng.integers(3, VOCAB, size=(BATCH, SEQUENCE)))
+    if family.inputs == "ids":
+        return model, ({"input_ids": ids} if name == "mamba" else {"input_ids": ids, "use_cache": False})
+    mask = torch.ones_like(ids)
+    mask[1, -PADDED:] = 0
+    ids[1, -PADDED:] = config.pad_token_id
+    return model, {"input_ids": ids, "attention_mask": mask}

@@ -1,0 +1,69 @@
+"""bisectr model file for one case of the seeded-bug benchmark (`benchmarks/mutants.py`), named in the
+environment: `BISECTR_MUTANT=FAMILY:OPERATOR:SEED[:FORM]`, e.g. `llama:rows_permuted:3:sdpa`.
+
+- `reference()`: the family's Hugging Face model (`families.build`), eager attention.
+- `candidate()`: the same class built again (FORM `copy`, the default), or with its attention run by
+  `scaled_dot_product_attention` (FORM `sdpa`: another op graph, with fused attention), its weights handed
+  over from the reference's state dict by a converter (a plain copy), then OPERATOR planted at a site drawn by
+  `random.Random(SEED)` (`mutations.OPERATORS`). The controls plant nothing: `none` (the copy as it is),
+  `bfloat16` (the copy run in bfloat16, its outputs cast back to float32).
+
+    BISECTR_MUTANT=gpt2:transposed:0 bisectr bisect benchmarks/models/mutant_pair.py
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from families import build  # noqa: E402
+from mutations import OPERATORS, Site  # noqa: E402
+
+CONTROLS = ("none", "bfloat16")
+FORMS = ("copy", "sdpa")
+
+
+def spec() -> tuple[str, str, int, str]:
+    family, operator, seed, *form = os.environ["BISECTR_MUTANT"].split(":")
+    return family, operator, int(seed), (form or ["copy"])[0]
+
+
+def reference():
+    return build(spec()[0])
+
+
+def mutant(family: str, operator: str, seed: int, form: str = "copy"):
+    """`(model, inputs, site)`: the candidate of this case (`site` None for a control)."""
+    model, inputs = build(family)
+    state = model.state_dict()
+    candidate_model, _ = build(family, "sdpa" if form == "sdpa" else "eager")
+    candidate_model.load_state_dict({name: values.clone() for name, values in state.items()})
+    if operator == "bfloat16":
+        return _in_bfloat16(candidate_model), inputs, None
+    if operator == "none":
+        return candidate_model, inputs, None
+    site: Site = OPERATORS[operator].apply(candidate_model, random.Random(seed))
+    return candidate_model, inputs, site
+
+
+def _in_bfloat16(model):
+    import torch
+
+    class InBfloat16(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner.to(torch.bfloat16)
+
+        def forward(self, **inputs):
+            inputs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and torch.is_floating_point(v) else v
+                      for k, v in inputs.items()}
+            out = self.inner(**inputs)
+            return {k: v.float() for k, v in out.items() if torch.is_tensor(v)}
+
+    return InBfloat16(model)
+
+
+def candidate():
+    model, inputs, _ = mutant(*spec())
+    return model, inputs

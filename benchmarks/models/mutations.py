@@ -1,0 +1,476 @@
+"""Bugs planted where porters make them, each at a site drawn at random: the operators of the seeded-bug benchmark.
+
+An operator takes the candidate (a model of one of `families.py`'s families, its weights already handed over
+from the reference by the converter) and a `random.Random`, changes one site in place and returns the `Site`
+it changed, or raises `NotApplicable` when the family has no such site. Two kinds:
+
+- `weight` operators are converter mistakes: they change what the converter hands the candidate (rows or
+  blocks permuted, a fused weight's parts swapped or laid out per head, a weight transposed, left at init,
+  taken from the next layer, a bias dropped, a norm's `1 + w` applied twice, experts swapped, a buffer
+  computed with another rotary base). The site is the parameter or buffer.
+- `op` operators change what one module computes (its norm's eps or variance, its activation, a scale, a
+  soft-cap, a residual or embedding multiplier, its attention mask or position ids, the router's top-k
+  normalisation). The site is that module.
+
+Every operator draws its layer (head, expert, block) at random: a bug is never always in layer 0.
+"""
+from __future__ import annotations
+
+import random
+import re
+import types
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from families import HEAD_DIM, HEADS, HIDDEN
+
+LAYER = re.compile(r"\.(\d+)\.")
+FUSED_QKV = ("qkv_proj", "query_key_value", "c_attn")
+FUSED_TWO = ("gate_up_proj", "in_proj")
+ROTARY_FAMILIES = ("llama", "qwen2", "qwen2_moe", "mixtral", "gemma2", "phi3", "granite", "gpt_neox")
+
+
+class NotApplicable(Exception):
+    """The family has no site this operator changes."""
+
+
+@dataclass(frozen=True)
+class Site:
+    module: str  # the candidate module the culprit must be at (or under)
+    leaf: str | None  # the parameter or buffer changed (weight operators), else None
+    what: str  # one line: what was changed
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    kind: Literal["weight", "op"]
+    apply: Callable[[object, random.Random], Site]
+
+
+def _layer(name: str) -> int | None:
+    found = LAYER.search("." + name + ".")
+    return int(found.group(1)) if found else None
+
+
+def _pick(rng: random.Random, names: list[str]) -> str:
+    if not names:
+        raise NotApplicable
+    return rng.choice(sorted(names))
+
+
+def _parent(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+def _output_axis(model, parameter: str) -> int:
+    """The axis of `parameter` that indexes its module's outputs (GPT-2's Conv1D stores [in, out])."""
+    return 1 if type(model.get_submodule(_parent(parameter))).__name__ == "Conv1D" else 0
+
+
+def _layer_weights(model, select: Callable[[str, object], bool]) -> list[str]:
+    return [name for name, p in model.named_parameters() if _layer(name) is not None and select(name, p)]
+
+
+def _projection(name: str, p) -> bool:
+    """A 2-D weight of a Linear or Conv1D projection."""
+    return p.dim() == 2 and name.endswith(".weight") and "embed" not in name and "conv" not in name
+
+
+def _blocks(values, axis: int, count: int):
+    import torch
+
+    return list(torch.chunk(values, count, dim=axis))
+
+
+def _set(model, name: str, values) -> None:
+    import torch
+
+    with torch.no_grad():
+        model.get_parameter(name).copy_(values.clone())
+
+
+# weight operators: converter mistakes
+
+
+def rows_permuted(model, rng):
+    """Blocks of a projection's outputs handed over in another order (heads, where it has heads)."""
+    import torch
+
+    name = _pick(rng, _layer_weights(model, lambda n, p: _projection(n, p) and p.shape[_output_axis(model, n)] % HEAD_DIM == 0
+                                      and p.shape[_output_axis(model, n)] >= 2 * HEAD_DIM))
+    axis, values = _output_axis(model, name), model.get_parameter(name).detach()
+    blocks = _blocks(values, axis, values.shape[axis] // HEAD_DIM)
+    order = list(range(len(blocks)))
+    while order == sorted(order):
+        rng.shuffle(order)
+    _set(model, name, torch.cat([blocks[i] for i in order], dim=axis))
+    return Site(_parent(name), name, f"{name}: blocks of {HEAD_DIM} along axis {axis} in order {order}")
+
+
+def transposed(model, rng):
+    """A square projection handed over without its transpose."""
+    name = _pick(rng, _layer_weights(model, lambda n, p: _projection(n, p) and p.shape[0] == p.shape[1]))
+    _set(model, name, model.get_parameter(name).detach().t())
+    return Site(_parent(name), name, f"{name}: transposed")
+
+
+def fused_parts_swapped(model, rng):
+    """Two parts of a fused weight (q/k/v, gate/up, an expert stack's gate/up) swapped."""
+    import torch
+
+    name = _pick(rng, _layer_weights(model, lambda n, p: any(f in n for f in FUSED_QKV + FUSED_TWO)
+                                      and p.dim() >= 2 and n.endswith(("weight", "proj"))))
+    values = model.get_parameter(name).detach()
+    axis = (1 if values.dim() == 3 else _output_axis(model, name))
+    if any(f in name for f in FUSED_QKV):
+        q, kv = HEADS * HEAD_DIM, values.shape[axis] - HEADS * HEAD_DIM
+        parts = list(torch.split(values, [q, kv // 2, kv // 2], dim=axis))
+        first, second = (1, 2) if kv // 2 != q else tuple(rng.sample(range(3), 2))
+    else:
+        parts, (first, second) = _blocks(values, axis, 2), (0, 1)
+    parts[first], parts[second] = parts[second], parts[first]
+    if values.dim() == 3:  # one expert of the stack
+        expert = rng.randrange(values.shape[0])
+        swapped = values.clone()
+        swapped[expert] = torch.cat(parts, dim=axis)[expert]
+        _set(model, name, swapped)
+        return Site(_parent(name), name, f"{name}: expert {expert}'s parts {first} and {second} swapped")
+    _set(model, name, torch.cat(parts, dim=axis))
+    return Site(_parent(name), name, f"{name}: parts {first} and {second} along axis {axis} swapped")
+
+
+def fused_layout(model, rng):
+    """A fused q/k/v weight laid out per head ([q_h, k_h, v_h] per head) where blocked ([Q; K; V]) is
+    read, or the other way round."""
+    import torch
+
+    name = _pick(rng, _layer_weights(model, lambda n, p: any(f in n for f in FUSED_QKV) and _projection(n, p)
+                                      and p.shape[_output_axis(model, n)] == 3 * HIDDEN))
+    axis, values = _output_axis(model, name), model.get_parameter(name).detach()
+    per_head = "query_key_value" in name
+    moved = values.movedim(axis, 0)
+    tail = moved.shape[1:]
+    if per_head:  # rows [h][qkv][d] read as [qkv][h][d]
+        laid = moved.reshape(HEADS, 3, HEAD_DIM, *tail).transpose(0, 1).reshape(moved.shape)
+    else:
+        laid = moved.reshape(3, HEADS, HEAD_DIM, *tail).transpose(0, 1).reshape(moved.shape)
+    _set(model, name, laid.movedim(0, axis))
+    return Site(_parent(name), name, f"{name}: {'per-head' if per_head else 'blocked'} q/k/v re-laid the other way")
+
+
+def heads_repeated(model, rng):
+    """One head's rows of a q/k/v projection handed over in place of another's (h0 h0 for h0 h1)."""
+    import torch
+
+    name = _pick(rng, _layer_weights(model, lambda n, p: _projection(n, p) and re.search(r"\.(q|k|v)_proj\.|\.(query|key|value)\.", n)))
+    values = model.get_parameter(name).detach()
+    blocks = _blocks(values, 0, values.shape[0] // HEAD_DIM)
+    source, target = rng.sample(range(len(blocks)), 2)
+    blocks[target] = blocks[source]
+    _set(model, name, torch.cat(blocks))
+    return Site(_parent(name), name, f"{name}: head {source}'s rows also in head {target}'s place")
+
+
+def rotary_rows_interleaved(model, rng):
+    """q or k rows of every head reordered for the interleaved rotary convention (as a Meta <-> Hugging Face
+    conversion does) where the model rotates half-split pairs."""
+    if model.config.model_type not in ROTARY_FAMILIES:
+        raise NotApplicable
+    name = _pick(rng, _layer_weights(model, lambda n, p: re.search(r"\.(q|k)_proj\.weight$", n)))
+    values = model.get_parameter(name).detach()
+    heads = values.shape[0] // HEAD_DIM
+    _set(model, name, values.unflatten(0, (heads, 2, HEAD_DIM // 2)).transpose(1, 2).flatten(0, 2))
+    return Site(_parent(name), name, f"{name}: rows of each head interleaved (0, 8, 1, 9, ...)")
+
+
+def left_at_init(model, rng):
+    """A projection the converter never wrote: the candidate's own random init."""
+    import torch
+
+    name = _pick(rng, _layer_weights(model, _projection))
+    values = model.get_parameter(name).detach()
+    generator = torch.Generator().manual_seed(rng.randrange(2 ** 31))
+    _set(model, name, torch.randn(values.shape, generator=generator, dtype=values.dtype) * HIDDEN ** -0.5)
+    return Site(_parent(name), name, f"{name}: left at init")
+
+
+def off_by_one_layer(model, rng):
+    """A layer's parameter handed over from the next layer."""
+    name = _pick(rng, _layer_weights(model, lambda n, p: _layer(n) + 1 < model.config.num_hidden_layers))
+    layer = _layer(name)
+    source = name.replace(f".{layer}.", f".{layer + 1}.", 1)
+    _set(model, name, model.get_parameter(source).detach())
+    return Site(_parent(name), name, f"{name}: holds layer {layer + 1}'s")
+
+
+def norm_plus_one(model, rng):
+    """A norm's weight handed over as 1 + w (the Gemma convention applied twice)."""
+    name = _pick(rng, _layer_weights(model, lambda n, p: p.dim() == 1 and n.endswith("weight")
+                                      and "norm" in type(model.get_submodule(_parent(n))).__name__.lower()))
+    _set(model, name, 1 + model.get_parameter(name).detach())
+    return Site(_parent(name), name, f"{name}: 1 + w")
+
+
+def bias_missing(model, rng):
+    """A bias the converter dropped (the candidate's zeros)."""
+    name = _pick(rng, _layer_weights(model, lambda n, p: n.endswith(".bias") and "norm" not in n.lower() and "conv" not in n))
+    _set(model, name, 0 * model.get_parameter(name).detach())
+    return Site(_parent(name), name, f"{name}: zeros")
+
+
+def experts_swapped(model, rng):
+    """Two experts of a 3-D expert stack handed over in each other's place."""
+    name = _pick(rng, _layer_weights(model, lambda n, p: p.dim() == 3 and "expert" in n))
+    values = model.get_parameter(name).detach().clone()
+    first, second = rng.sample(range(values.shape[0]), 2)
+    values[[first, second]] = values[[second, first]]
+    _set(model, name, values)
+    return Site(_parent(name), name, f"{name}: experts {first} and {second} swapped")
+
+
+def rope_base(model, rng):
+    """The rotary frequencies computed with another base (theta)."""
+    import torch
+
+    names = [n for n, _ in model.named_buffers() if n.endswith("inv_freq") and "original" not in n]
+    name = _pick(rng, names)
+    buffer = model.get_buffer(name)
+    theta = rng.choice([5000.0, 20000.0, 500000.0])
+    dim = 2 * buffer.numel()
+    with torch.no_grad():
+        buffer.copy_(1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    return Site(_parent(name), name, f"{name}: base {theta:g}")
+
+
+# op operators: what one module computes
+
+
+def _modules(model, select: Callable[[str, object], bool], in_layer: bool = True) -> list[str]:
+    return [name for name, m in model.named_modules() if name and (not in_layer or _layer(name) is not None) and select(name, m)]
+
+
+def _is_norm(name: str, module) -> bool:
+    return "norm" in type(module).__name__.lower() and any(hasattr(module, a) for a in ("eps", "variance_epsilon"))
+
+
+def _eps_attribute(module) -> str:
+    return "eps" if hasattr(module, "eps") else "variance_epsilon"
+
+
+def eps(model, rng):
+    """A norm with another epsilon."""
+    name = _pick(rng, _modules(model, _is_norm))
+    module = model.get_submodule(name)
+    attribute = _eps_attribute(module)
+    setattr(module, attribute, max(getattr(module, attribute) * 1e4, 1e-2))
+    return Site(name, None, f"{name}: {attribute} {getattr(module, attribute):g}")
+
+
+def _unbiased_norm_forward(self, x):
+    import torch
+
+    n = x.shape[-1]
+    epsilon = getattr(self, _eps_attribute(self))
+    if isinstance(self, torch.nn.LayerNorm):
+        centered = x - x.mean(-1, keepdim=True)
+        variance = centered.pow(2).sum(-1, keepdim=True) / (n - 1)
+        return centered * torch.rsqrt(variance + epsilon) * self.weight + self.bias
+    variance = x.pow(2).sum(-1, keepdim=True) / (n - 1)
+    scale = (1 + self.weight) if "Gemma" in type(self).__name__ else self.weight
+    return (x * torch.rsqrt(variance + epsilon)) * scale
+
+
+def norm_variance(model, rng):
+    """A norm written with the unbiased variance (divides by n - 1)."""
+    import torch
+
+    name = _pick(rng, _modules(model, lambda n, m: _is_norm(n, m) and (isinstance(m, torch.nn.LayerNorm) or hasattr(m, "weight"))))
+    module = model.get_submodule(name)
+    module.forward = types.MethodType(_unbiased_norm_forward, module)
+    return Site(name, None, f"{name}: unbiased variance")
+
+
+def activation(model, rng):
+    """An MLP's activation replaced by a variant (exact <-> tanh GELU, SiLU -> GELU, ReLU -> leaky)."""
+    import torch
+
+    def is_activation(name, module):
+        return type(module).__module__ in ("transformers.activations", "torch.nn.modules.activation") \
+            and not isinstance(module, (torch.nn.Tanh, torch.nn.Softmax)) and "mixer" not in name
+
+    name = _pick(rng, _modules(model, is_activation))
+    old = model.get_submodule(name)
+    kind = type(old).__name__.lower()
+    if "tanh" in kind or "new" in kind or "fast" in kind:
+        new = torch.nn.GELU()
+    elif "gelu" in kind:
+        new = torch.nn.GELU(approximate="tanh")
+    elif "relu" in kind:
+        new = torch.nn.LeakyReLU(0.1)
+    else:
+        new = torch.nn.GELU()
+    parent, _, attribute = name.rpartition(".")
+    setattr(model.get_submodule(parent), attribute, new)
+    return Site(parent, None, f"{name}: {type(old).__name__} -> {type(new).__name__}")
+
+
+def _scaled_output_forward(self, *args, **kwargs):
+    out = type(self).forward(self, *args, **kwargs)
+    if isinstance(out, tuple):
+        return (out[0] * self.mutant_scale, *out[1:])
+    return out * self.mutant_scale
+
+
+def _wrap_output(module, scale: float) -> None:
+    module.mutant_scale = scale
+    module.forward = types.MethodType(_scaled_output_forward, module)
+
+
+def extra_scale(model, rng):
+    """An attention (or mixer) block whose output is scaled once more (head_dim^-0.5 applied twice)."""
+    name = _pick(rng, _modules(model, lambda n, m: re.search(r"(attention|attn|mixer)$", n) is not None
+                               and not re.search(r"\.(self|output)$", n)))
+    _wrap_output(model.get_submodule(name), HEAD_DIM ** 0.25)
+    return Site(name, None, f"{name}: output x {HEAD_DIM ** 0.25:g}")
+
+
+def _residual_scaled_forward(self, hidden_states, *args, **kwargs):
+    out = type(self).forward(self, hidden_states, *args, **kwargs)
+    first = out[0] if isinstance(out, tuple) else out
+    scaled = hidden_states + (first - hidden_states) * self.mutant_scale
+    return (scaled, *out[1:]) if isinstance(out, tuple) else scaled
+
+
+def residual_multiplier(model, rng):
+    """A layer whose residual branch is multiplied once more (a residual multiplier applied twice)."""
+    import torch
+
+    names = _modules(model, lambda n, m: re.search(r"\.\d+$", n) is not None and not isinstance(m, torch.nn.ModuleList)
+                     and re.search(r"(layers?|h|blocks?)\.\d+$", n) is not None)
+    name = _pick(rng, names)
+    module = model.get_submodule(name)
+    module.mutant_scale = 1.5
+    module.forward = types.MethodType(_residual_scaled_forward, module)
+    return Site(name, None, f"{name}: residual branch x 1.5")
+
+
+def embedding_multiplier(model, rng):
+    """The token embedding's normaliser missing (Gemma's sqrt(hidden)) or added where the model has none."""
+    import torch
+
+    embedding = model.get_input_embeddings()
+    name = _pick(rng, [n for n, m in model.named_modules() if m is embedding])
+    module = model.get_submodule(name)
+    if torch.is_tensor(getattr(module, "embed_scale", None)):
+        with torch.no_grad():
+            module.embed_scale.fill_(1.0)
+        return Site(name, f"{name}.embed_scale", f"{name}: sqrt(hidden) normaliser missing")
+    _wrap_output(module, HIDDEN ** 0.5)
+    return Site(name, None, f"{name}: output x sqrt(hidden)")
+
+
+def _soft_capped_forward(self, *args, **kwargs):
+    import torch
+
+    out = type(self).forward(self, *args, **kwargs)
+    return torch.tanh(out / self.mutant_cap) * self.mutant_cap
+
+
+def soft_cap(model, rng):
+    """The final logit soft-cap left out (where the model has one) or added (where it has none)."""
+    if getattr(model.config, "final_logit_softcapping", None):
+        model.config.final_logit_softcapping = None
+        return Site("", None, "final logit soft-cap left out")
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        raise NotApplicable
+    name = _pick(rng, [n for n, m in model.named_modules() if m is head])
+    head.mutant_cap = 10.0
+    head.forward = types.MethodType(_soft_capped_forward, head)
+    return Site(name, None, f"{name}: soft-cap 10 added")
+
+
+def _mask_shifted_forward(self, *args, **kwargs):
+    import torch
+
+    mask = kwargs.get("attention_mask")
+    if mask is not None:
+        kwargs["attention_mask"] = torch.cat([mask[..., :1], mask[..., :-1]], dim=-1)
+    return type(self).forward(self, *args, **kwargs)
+
+
+def mask_off_by_one(model, rng):
+    """An attention's mask shifted by one key position (a causal mask that shows the next token, a
+    padding mask that shows one padded position)."""
+    import inspect
+
+    name = _pick(rng, _modules(model, lambda n, m: "attention_mask" in inspect.signature(type(m).forward).parameters
+                               and re.search(r"(attention|attn|self)$", n) is not None
+                               and not hasattr(m, "self")))
+    module = model.get_submodule(name)
+    module.forward = types.MethodType(_mask_shifted_forward, module)
+    return Site(name, None, f"{name}: attention mask shifted by one key")
+
+
+def _positions_shifted_forward(self, positions, *args, **kwargs):
+    return type(self).forward(self, positions + 1, *args, **kwargs)
+
+
+def position_offset(model, rng):
+    """Positions off by one where a learned position embedding reads them (under rotary embeddings a shift
+    of every position changes nothing)."""
+    import torch
+
+    name = _pick(rng, _modules(model, lambda n, m: type(m) is torch.nn.Embedding and "position" in n, in_layer=False))
+    module = model.get_submodule(name)
+    module.forward = types.MethodType(_positions_shifted_forward, module)
+    return Site(name, None, f"{name}: positions + 1")
+
+
+def _router_forward(self, hidden_states):
+    import torch
+    import torch.nn.functional as F
+
+    hidden_states = hidden_states.reshape(-1, self.weight.shape[1])
+    logits = F.linear(hidden_states, self.weight)
+    probabilities = torch.softmax(logits, dim=-1, dtype=torch.float)
+    top, indices = torch.topk(probabilities, self.top_k, dim=-1)
+    if self.mutant_renormalize:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top.to(logits.dtype), indices
+
+
+def router_topk_norm(model, rng):
+    """A router that renormalises its top-k weights where the reference does not, or the other way round."""
+    name = _pick(rng, _modules(model, lambda n, m: "router" in type(m).__name__.lower()))
+    module = model.get_submodule(name)
+    module.mutant_renormalize = not getattr(module, "norm_topk_prob", True)
+    module.forward = types.MethodType(_router_forward, module)
+    return Site(name, None, f"{name}: top-k {'renormalised' if module.mutant_renormalize else 'not renormalised'}")
+
+
+OPERATORS = {operator.name: operator for operator in [
+    Operator("rows_permuted", "weight", rows_permuted),
+    Operator("transposed", "weight", transposed),
+    Operator("fused_parts_swapped", "weight", fused_parts_swapped),
+    Operator("fused_layout", "weight", fused_layout),
+    Operator("heads_repeated", "weight", heads_repeated),
+    Operator("rotary_rows_interleaved", "weight", rotary_rows_interleaved),
+    Operator("left_at_init", "weight", left_at_init),
+    Operator("off_by_one_layer", "weight", off_by_one_layer),
+    Operator("norm_plus_one", "weight", norm_plus_one),
+    Operator("bias_missing", "weight", bias_missing),
+    Operator("experts_swapped", "weight", experts_swapped),
+    Operator("rope_base", "weight", rope_base),
+    Operator("eps", "op", eps),
+    Operator("norm_variance", "op", norm_variance),
+    Operator("activation", "op", activation),
+    Operator("extra_scale", "op", extra_scale),
+    Operator("residual_multiplier", "op", residual_multiplier),
+    Operator("embedding_multiplier", "op", embedding_multiplier),
+    Operator("soft_cap", "op", soft_cap),
+    Operator("mask_off_by_one", "op", mask_off_by_one),
+    Operator("position_offset", "op", position_offset),
+    Operator("router_topk_norm", "op", router_topk_norm),
+]}

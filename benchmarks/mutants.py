@@ -1,0 +1,363 @@
+"""The seeded-bug benchmark: bugs planted at random sites of many model families, and whether bisectr names them.
+
+    python benchmarks/mutants.py [--sites N] [--seed S] [--families A,B] [--operators X,Y] [--forms copy,sdpa]
+                                 [--sample N] [--workers N] [--json PATH] [--only FAMILY:OPERATOR:SEED[:FORM]]
+
+Each case is a Hugging Face model from a tiny random config (`benchmarks/models/families.py`: 14 families,
+decoders, encoders, a vision transformer and Mamba) against a copy of it through a converter (form `copy`:
+the same op graph) or against the same class with fused attention (form `sdpa`: another op graph), with one bug
+planted by an operator of `benchmarks/models/mutations.py` at a site drawn at random (`--sites` draws per
+family and operator), or with nothing planted (the controls: the copy as it is and the copy in bfloat16).
+
+A mutant counts only once checked: its candidate repeats itself bit for bit, and with both sides in float64 its
+outputs differ from the reference's by at least 10x the float32 rounding of the pair (the reference's own
+float32 distance from its float64 outputs, or the unmutated copy's float32 error if larger; where an op has
+no float64 kernel, float32 errors against float32's epsilon): a mutation that float32 rounding would hide is
+no mutant. Every checked mutant then counts: one bisectr cannot localize is
+a miss, never an exclusion.
+
+A mutant is right when `bisect` says `divergent`, its culprit is at the planted site (the changed parameter as
+the culprit leaf, or an op of the changed module) and the confirmation holds; a control is right when it is
+`noise` or `match`. Printed: right by family and by operator, `noise` on any mutant, `divergent` on any
+control, and re-runs against ceil(log2 ops) + 3. Exit status 1 when a case is wrong.
+
+`--sample N` runs a stratified sample of N cases (every operator and every family at least once, with the
+controls): what CI runs. `--only` runs one case and prints its row (`bisectr bisect
+benchmarks/models/mutant_pair.py` with `BISECTR_MUTANT` set to the case prints bisectr's report of it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MODELS = Path(__file__).resolve().parent / "models"
+sys.path.insert(0, str(MODELS))
+MODEL_FILE = MODELS / "mutant_pair.py"
+CASE_TIMEOUT = 600  # seconds for one case
+VISIBLE = 10.0  # a mutant's float64 error must be this many times the pair's float32 rounding
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    operator: str  # an operator of mutations.OPERATORS, or a control (mutant_pair.CONTROLS)
+    seed: int
+    form: str = "copy"  # how the candidate is built (mutant_pair.FORMS)
+
+    @property
+    def key(self) -> str:
+        return f"{self.family}:{self.operator}:{self.seed}:{self.form}"
+
+    @classmethod
+    def parse(cls, key: str) -> "Case":
+        family, operator, seed, *form = key.split(":")
+        return cls(family, operator, int(seed), *form)
+
+    @property
+    def is_control(self) -> bool:
+        from mutant_pair import CONTROLS
+
+        return self.operator in CONTROLS
+
+
+@dataclass
+class Row:
+    case: str
+    family: str
+    operator: str
+    form: str
+    control: bool
+    site: str | None = None  # what was planted
+    expected_module: str | None = None
+    expected_leaf: str | None = None
+    rounding: float | None = None  # relative: the pair's float32 rounding
+    float64_error: float | None = None  # relative: the mutant's outputs against the reference's, both in float64
+    excluded: str | None = None  # why the case is no mutant (invisible, not deterministic)
+    verdict: str | None = None
+    culprit: str | None = None
+    confirmed: bool = False
+    reruns: int = 0
+    budget: int = 0
+    right: bool = False
+    problem: str | None = None
+    seconds: float = 0.0
+
+
+def plant(families: list[str], operators: list[str], sites: int, seed: int, forms: list[str]) -> list[Case]:
+    """Every case: per family and form, `sites` draws of each operator that applies to it (distinct sites
+    only), and the controls. The `sdpa` form only where the family has attention."""
+    from families import ATTENTIONLESS
+    from mutant_pair import CONTROLS
+
+    cases = []
+    for form in forms:
+        for family in families:
+            if form == "sdpa" and family in ATTENTIONLESS:
+                continue
+            cases += [Case(family, control, 0, form) for control in CONTROLS]
+            cases += [Case(family, operator, case_seed, form) for operator in operators
+                      for case_seed in _sites(family, operator, sites, f"{seed}:{form}")]
+    return cases
+
+
+def _sites(family: str, operator: str, sites: int, seed: str) -> list[int]:
+    """Up to `sites` seeds at which `operator` plants at distinct sites of `family` (none where it has none)."""
+    from families import build
+    from mutations import OPERATORS, NotApplicable
+
+    seeds, seen = [], set()
+    for draw in range(sites * 3):
+        if len(seen) == sites:
+            break
+        case_seed = random.Random(f"{seed}:{family}:{operator}:{draw}").randrange(10 ** 6)
+        model, _ = build(family)
+        try:
+            site = OPERATORS[operator].apply(model, random.Random(case_seed))
+        except NotApplicable:
+            break
+        if site.what not in seen:
+            seen.add(site.what)
+            seeds.append(case_seed)
+    return seeds
+
+
+def sample(cases: list[Case], size: int, seed: int) -> list[Case]:
+    """A stratified sample: one case of every operator (controls included) in every form, each in a family
+    drawn at random, then cases of the families seen least, up to `size`."""
+    rng = random.Random(seed)
+    pool = list(cases)
+    rng.shuffle(pool)
+    chosen = list({(c.operator, c.form): c for c in reversed(pool)}.values())
+    seen = defaultdict(int)
+    for c in chosen:
+        seen[c.family] += 1
+    rest = [c for c in pool if c not in chosen]
+    while len(chosen) < size and rest:
+        least = min(rest, key=lambda c: seen[c.family])
+        rest.remove(least)
+        chosen.append(least)
+        seen[least.family] += 1
+    return chosen
+
+
+def _outputs(model, inputs) -> "torch.Tensor":
+    import torch
+
+    with torch.no_grad():
+        out = model(**inputs)
+    first = out if torch.is_tensor(out) else next(v for v in (out.values() if hasattr(out, "values") else out)
+                                                   if torch.is_tensor(v))
+    return first.double()
+
+
+def _relative(a, b) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def check(case: Case, row: Row) -> None:
+    """Fill `row`'s site and validity: deterministic, and visible above float32 rounding."""
+    import torch
+    from families import build
+    from mutant_pair import mutant
+
+    reference, inputs = build(case.family)
+    candidate, _, site = mutant(case.family, case.operator, case.seed, case.form)
+    if site is not None:
+        row.site, row.expected_module, row.expected_leaf = site.what, site.module, site.leaf
+    if case.is_control:
+        return
+    first = _outputs(candidate, inputs)
+    if not torch.equal(first, _outputs(candidate, inputs)):
+        row.excluded = "not deterministic"
+        return
+    reference32 = _outputs(reference, inputs)
+    copy, _, _ = mutant(case.family, "none", 0, case.form)
+    inputs64 = {k: v.double() if torch.is_tensor(v) and torch.is_floating_point(v) else v for k, v in inputs.items()}
+    copy_error = _relative(_outputs(copy, inputs), reference32)
+    try:
+        reference64 = _outputs(reference.double(), inputs64)
+        row.rounding = max(_relative(reference32, reference64), copy_error)
+        row.float64_error = _relative(_outputs(candidate.double(), inputs64), reference64)
+    except RuntimeError:  # an op without a float64 kernel (torch._grouped_mm): the float32 errors judge
+        row.rounding = max(copy_error, float(torch.finfo(torch.float32).eps))
+        row.float64_error = _relative(first, reference32)
+    if not row.float64_error >= VISIBLE * row.rounding:
+        row.excluded = f"float64 error {row.float64_error:.2g} < {VISIBLE:g}x float32 rounding {row.rounding:.2g}"
+
+
+def judge(row: Row, result: dict) -> None:
+    """Fill `row` from `bisect --json`'s result."""
+    culprit = result.get("culprit") or {}
+    row.verdict = result["verdict"]
+    row.confirmed = bool((result.get("confirmation") or {}).get("confirmed"))
+    row.reruns = result["reruns"]
+    row.budget = math.ceil(math.log2(max(result["ops"]["candidate"], 2))) + 3
+    if culprit:
+        row.culprit = f"{culprit.get('leaf') or culprit['op']} at {culprit['candidate'].get('module')!r}"
+    if row.control:
+        row.right = row.verdict in ("match", "noise")
+        row.problem = None if row.right else f"{row.verdict} on a control"
+        return
+    module = (culprit.get("candidate") or {}).get("module")
+    at_site = culprit and (culprit.get("leaf") is not None and culprit.get("leaf") == row.expected_leaf
+                           or module is not None and _under(module, row.expected_module))
+    if row.verdict != "divergent":
+        row.problem = f"{row.verdict} on a mutant"
+    elif not at_site:
+        row.problem = "culprit elsewhere"
+    elif not row.confirmed:
+        row.problem = "not confirmed"
+    row.right = row.problem is None
+
+
+def _under(module: str, prefix: str) -> bool:
+    return prefix == "" or module == prefix or module.startswith(prefix + ".")
+
+
+def _alarm(signum, frame):
+    raise TimeoutError(f"over {CASE_TIMEOUT} s")
+
+
+def evaluate(key: str) -> dict:
+    """One case, end to end (runs in a worker process): check it, then `bisect` it unless excluded."""
+    import bisectr
+
+    case = Case.parse(key)
+    row = Row(case.key, case.family, case.operator, case.form, case.is_control)
+    started = time.perf_counter()
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(CASE_TIMEOUT)
+    try:
+        check(case, row)
+        if row.excluded is None:
+            os.environ["BISECTR_MUTANT"] = case.key
+            with tempfile.TemporaryDirectory() as out:
+                run = bisectr.trace(MODEL_FILE, out=Path(out) / "run")
+                judge(row, run.bisect().to_dict())
+    except Exception as exc:  # a crash or a refusal is a wrong answer, never an exclusion
+        row.problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    finally:
+        signal.alarm(0)
+    row.seconds = time.perf_counter() - started
+    return asdict(row)
+
+
+def _quiet() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def run_cases(cases: list[Case], workers: int, progress) -> list[dict]:
+    keys = [c.key for c in cases]
+    if workers <= 1:
+        _quiet()
+        return [progress(evaluate(key)) for key in keys]
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers, initializer=_quiet, maxtasksperchild=10) as pool:
+        return [progress(row) for row in pool.imap_unordered(evaluate, keys)]
+
+
+def _share(rows: list[dict]) -> str:
+    right = sum(r["right"] for r in rows)
+    return f"{right}/{len(rows)} ({right / len(rows):.0%})" if rows else "-"
+
+
+def table(rows: list[dict]) -> tuple[str, bool]:
+    """The printed summary and whether every target holds."""
+    counted = [r for r in rows if r["excluded"] is None]
+    mutants = [r for r in counted if not r["control"]]
+    controls = [r for r in counted if r["control"]]
+    lines = []
+    for heading, field in (("family", "family"), ("operator", "operator"), ("form", "form")):
+        groups = defaultdict(list)
+        for r in mutants:
+            groups[r[field]].append(r)
+        lines.append(f"\nright by {heading}:")
+        width = max((len(k) for k in groups), default=8)
+        for name in sorted(groups):
+            lines.append(f"  {name:<{width}}  {_share(groups[name])}")
+    noise_on_mutants = [r for r in mutants if r["verdict"] in ("noise", "match")]
+    divergent_controls = [r for r in controls if r["verdict"] == "divergent"]
+    over_budget = [r for r in mutants if r["reruns"] > r["budget"]]
+    by_operator = defaultdict(list)
+    for r in mutants:
+        by_operator[r["operator"]].append(r)
+    worst = min((sum(r["right"] for r in g) / len(g), op) for op, g in by_operator.items()) if by_operator else (1.0, "-")
+    right = sum(r["right"] for r in mutants) / max(len(mutants), 1)
+    excluded = [r for r in rows if r["excluded"] is not None]
+    lines += [
+        "",
+        f"mutants: {len(mutants)} counted ({len(excluded)} excluded before the search: invisible or not deterministic)",
+        f"controls: {_share(controls)} right",
+        f"mutants right: {_share(mutants)}",
+        f"worst operator: {worst[1]} {worst[0]:.0%}",
+        f"noise/match on a mutant: {len(noise_on_mutants)}; divergent on a control: {len(divergent_controls)}",
+        f"re-runs over ceil(log2 ops)+3: {len(over_budget)}",
+    ]
+    wrong = [r for r in counted if not r["right"]]
+    if wrong:
+        lines.append("\nwrong:")
+        lines += [f"  {r['case']:<36} {r['problem']}: {r['verdict']}, culprit {r['culprit']}; planted {r['site']}"
+                  for r in sorted(wrong, key=lambda r: r["case"])]
+    holds = right >= 0.95 and worst[0] >= 0.9 and not noise_on_mutants and not divergent_controls and not over_budget
+    return "\n".join(lines), holds
+
+
+def main(argv: list[str] | None = None) -> int:
+    from families import FAMILIES
+    from mutant_pair import FORMS
+    from mutations import OPERATORS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sites", type=int, default=2, help="random sites per family and operator")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--operators", default=",".join(OPERATORS))
+    parser.add_argument("--forms", default=",".join(FORMS), help="how candidates are built: copy, sdpa")
+    parser.add_argument("--sample", type=int, default=0, help="a stratified sample of this many cases")
+    parser.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    parser.add_argument("--json", type=Path, help="write every row here")
+    parser.add_argument("--only", help="one case, FAMILY:OPERATOR:SEED[:FORM]: print its row")
+    args = parser.parse_args(argv)
+    _quiet()
+    if args.only:
+        row = evaluate(args.only)
+        print(json.dumps(row, indent=1))
+        return 0 if row["right"] else 1
+    cases = plant(args.families.split(","), args.operators.split(","), args.sites, args.seed, args.forms.split(","))
+    if args.sample:
+        cases = sample(cases, args.sample, args.seed)
+    print(f"{len(cases)} cases ({sum(c.is_control for c in cases)} controls), {args.workers} workers", flush=True)
+    started = time.perf_counter()
+
+    def progress(row: dict) -> dict:
+        mark = "excluded" if row["excluded"] else ("ok" if row["right"] else f"WRONG ({row['problem']})")
+        print(f"  {row['case']:<36} {row['seconds']:6.1f} s  {mark}", flush=True)
+        return row
+
+    rows = run_cases(cases, args.workers, progress)
+    summary, holds = table(rows)
+    print(summary)
+    print(f"\n{time.perf_counter() - started:.0f} s; targets {'hold' if holds else 'do not hold'}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0 if all(r["right"] for r in rows if r["excluded"] is None) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
