@@ -45,8 +45,9 @@ def source_line(source: str) -> str:
 
 
 @pytest.mark.parametrize("model, env", [(DECODER, {}), (DECODER, {"TP_PLAN": "sequence"}), (DECODER, {"TP_QK_NORM": "1"}),
-                                        (LLAMA, {}), (MEGATRON, {})],
-                         ids=["decoder", "decoder_sequence_parallel", "decoder_qk_norm", "hf_llama", "megatron_by_hand"])
+                                        (LLAMA, {}), (LLAMA, {"TP_PLAN": "torchtitan"}), (MEGATRON, {})],
+                         ids=["decoder", "decoder_sequence_parallel", "decoder_qk_norm", "hf_llama", "hf_llama_torchtitan_plan",
+                              "megatron_by_hand"])
 def test_a_correct_plan_is_noise(model, env):
     result = result_of(bisect_on_two_ranks(model, "--json", **env))
     assert result["verdict"] == "noise"
@@ -81,8 +82,9 @@ def test_a_planted_tp_bug_is_divergent_at_its_first_layer_confirmed(bug, env):
     assert culprit["placements"]["ranks"] == 2
 
 
-def test_a_forgotten_reduce_in_hf_llama_is_named_at_layer_0s_o_proj():
-    done = bisect_on_two_ranks(LLAMA, TP_BUG="forgotten_reduce")
+@pytest.mark.parametrize("plan", ["layers", "torchtitan"])
+def test_a_forgotten_reduce_in_hf_llama_is_named_at_layer_0s_o_proj(plan):
+    done = bisect_on_two_ranks(LLAMA, TP_BUG="forgotten_reduce", TP_PLAN=plan)
     assert done.returncode == 1, done.stderr[-3000:]
     text = done.stdout
     assert "verdict: divergent" in text and "confirmed: taking out" in text

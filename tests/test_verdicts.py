@@ -88,9 +88,11 @@ def test_the_corpus_benchmark_prints_a_row_per_pair_and_writes_them(tmp_path):
                            "--json", str(rows_file)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(rows_file.read_text())
-    assert [(r["pair"], r["verdict"], r["culprit"], r["confirmed"], r["problems"]) for r in rows] == [
-        ("paddle_conv_bias:candidate", "noise", "conv2d+add at conv2", False, []),
-        ("paddle_conv_bias:candidate_wrong_bias", "divergent", "conv2d at conv2", True, [])]
+    assert [(r["pair"], r["verdict"], r["confirmed"], r["problems"]) for r in rows] == [
+        ("paddle_conv_bias:candidate", "noise", False, []), ("paddle_conv_bias:candidate_wrong_bias", "divergent", True, [])]
+    # The op amplifying rounding the most: of two that amplify about as much, which depends on the CPU's kernels.
+    assert rows[0]["culprit"] in ("conv2d+add at conv2", "linear at fc")
+    assert rows[1]["culprit"] == "conv2d at conv2"
     assert rows[0]["contradicted"] == 0 and all(r["coverage"] == 1.0 and r["reruns"] <= r["budget"] for r in rows)
     assert len(done.stdout.splitlines()) == 2
 

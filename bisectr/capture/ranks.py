@@ -217,32 +217,40 @@ class RankedSide:
                 raise self._died(f"sending rank {rank} a {message[0]} request") from None
 
     def _collect(self, what: str) -> list[Any]:
-        """Every rank's answer to the request just sent, by rank. A rank's error is raised (naming the
-        rank) as soon as it comes; once one rank has answered, the others have the rank timeout."""
+        """Every rank's answer to the request just sent, by rank. Once one rank has answered, the others have
+        the rank timeout. A rank's error is raised naming the rank; where every rank answered, the ranks are
+        still in lockstep and serve the next request (a float64 run every rank refuses), else they are stopped."""
         answers: queue.Queue = queue.Queue()
         for rank, (_, replies) in enumerate(self.streams):
             threading.Thread(target=_read_reply, args=(rank, replies, answers), daemon=True).start()
         got: dict[int, Any] = {}
+        failed: dict[int, tuple] = {}
         deadline = None
-        while len(got) < self.nproc:
+        while len(got) + len(failed) < self.nproc:
             try:
                 rank, reply = answers.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                late = sorted(set(range(self.nproc)) - set(got))
+                late = sorted(set(range(self.nproc)) - set(got) - set(failed))
                 self.close()
+                if failed:
+                    break
                 raise BisectrError(f"rank {', '.join(map(str, late))} of the {self.role} side did not answer within "
                                    f"{RANK_TIMEOUT_S:g} s of rank {min(got)} while {what}: the ranks ran different ops or "
                                    f"collectives (BISECTR_RANK_TIMEOUT sets the timeout)") from None
             if reply is None:
                 raise self._died(what, rank)
             status, *body = reply
-            if status != "ok":
-                self.close()
-                said = 1 if status == "error" else 0  # where the reply holds its message
-                body[said] = f"rank {rank} of the {self.role} side: {body[said]}"
-                raise reply_error(status, body, self.role, self.python, f"rank {rank}") from None
-            got[rank] = body[0]
+            if status == "ok":
+                got[rank] = body[0]
+            else:
+                failed[rank] = (status, body)
             deadline = deadline or time.monotonic() + RANK_TIMEOUT_S
+        if failed:
+            rank = min(failed)
+            status, body = failed[rank]
+            said = 1 if status == "error" else 0  # where the reply holds its message
+            body[said] = f"rank {rank} of the {self.role} side: {body[said]}"
+            raise reply_error(status, body, self.role, self.python, f"rank {rank}") from None
         return [got[rank] for rank in range(self.nproc)]
 
     def _died(self, what: str, rank: int | None = None) -> BisectrError:

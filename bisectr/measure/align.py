@@ -264,6 +264,7 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
     _follow_data_flow(sides, pairs)
     _drop_layout_pairs_that_cannot_correspond(sides, pairs)
     _drop_pairs_whose_parameter_is_read_later(sides, pairs)
+    _drop_output_pairs_that_outputs_contradict(sides, pairs)
 
     alignment = Alignment()
     for cand_index in sorted(pairs):
@@ -371,6 +372,18 @@ def _drop_pairs_whose_parameter_is_read_later(sides: _TracePair, pairs: dict[int
             if any(first_reader[side].get(name, -1) > ops[side] for name in read[other] - read[side]):
                 del pairs[c]
                 break
+
+
+def _drop_output_pairs_that_outputs_contradict(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
+    """Unpair an op making a candidate output from a reference op that does not make the reference output it
+    is compared with: the reference goes on computing (a final soft-cap the candidate lacks), and the op
+    belongs in a block with the reference's ops up to that output."""
+    candidate, reference = sides.traces["candidate"], sides.traces["reference"]
+    for cand_index, (ref_index, _, _) in list(pairs.items()):
+        cand_outputs, ref_outputs = candidate.ops[cand_index].outputs, reference.ops[ref_index].outputs
+        partners = [sides.output_partner[t] for t in cand_outputs if t in sides.output_partner]
+        if partners and not set(partners) <= set(ref_outputs):
+            del pairs[cand_index]
 
 
 def _parameters_read(trace: Trace, index: int) -> set[str]:

@@ -6,7 +6,10 @@ Candidate (run with `--candidate-nproc 2`): the same weights with every layer's 
 projections column-parallel and o/down projections row-parallel, as Megatron and TorchTitan shard
 a decoder: correct, the sharded reductions round differently (`noise`). `TP_BUG=forgotten_reduce`
 plants a bug in the plan: the attention's o_proj is row-parallel but its output is left a partial
-sum on each rank (`output_layouts=Partial()`), the all-reduce forgotten.
+sum on each rank (`output_layouts=Partial()`), the all-reduce forgotten. `TP_PLAN=torchtitan` shards the
+embedding and the head too, as TorchTitan's Llama plan does: the embedding row-parallel over a replicated
+input (`RowwiseParallel(input_layouts=Replicate())`: each rank looks up the rows of its vocabulary half, the
+output an all-reduce), the head column-parallel gathered whole (`ColwiseParallel(output_layouts=Replicate())`).
 """
 import os
 import sys
@@ -21,12 +24,15 @@ def reference():
 
 def candidate():
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor import Partial, Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     model, inputs = tiny_llama()
     mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
     forgotten = os.environ.get("TP_BUG") == "forgotten_reduce"
+    if os.environ.get("TP_PLAN") == "torchtitan":
+        parallelize_module(model, mesh, {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+                                         "lm_head": ColwiseParallel(output_layouts=Replicate())})
     for layer in model.model.layers:
         parallelize_module(layer, mesh, {
             "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(), "self_attn.v_proj": ColwiseParallel(),
