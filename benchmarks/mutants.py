@@ -81,6 +81,7 @@ class Row:
     site: str | None = None  # what was planted
     expected_module: str | None = None
     expected_leaf: str | None = None
+    expected_aten: str | None = None
     rounding: float | None = None  # relative: the pair's float32 rounding
     float64_error: float | None = None  # relative: the mutant's outputs against the reference's, both in float64
     excluded: str | None = None  # why the case is no mutant (invisible, not deterministic)
@@ -96,9 +97,11 @@ class Row:
 
 def plant(families: list[str], operators: list[str], sites: int, seed: int, forms: list[str]) -> list[Case]:
     """Every case: per family and form, `sites` draws of each operator that applies to it (distinct sites
-    only), and the controls. The `sdpa` form only where the family has attention."""
+    only), and the controls. The `sdpa` form only where the family has attention; the `compiled` form holds
+    the `compile` operators (compiler bugs) and the other forms the rest."""
     from families import ATTENTIONLESS
     from mutant_pair import CONTROLS
+    from mutations import OPERATORS
 
     cases = []
     for form in forms:
@@ -106,7 +109,8 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
             if form == "sdpa" and family in ATTENTIONLESS:
                 continue
             cases += [Case(family, control, 0, form) for control in CONTROLS]
-            cases += [Case(family, operator, case_seed, form) for operator in operators
+            fitting = [o for o in operators if (OPERATORS[o].kind == "compile") == (form == "compiled")]
+            cases += [Case(family, operator, case_seed, form) for operator in fitting
                       for case_seed in _sites(family, operator, sites, f"{seed}:{form}")]
     return cases
 
@@ -172,19 +176,21 @@ def check(case: Case, row: Row) -> None:
     from mutant_pair import mutant
 
     reference, inputs = build(case.family)
+    reference32 = _outputs(reference, inputs)
+    if not case.is_control:  # the unmutated copy first: a compiler bug is planted for the whole process
+        copy, _, _ = mutant(case.family, "none", 0, case.form)
+        copy_error = _relative(_outputs(copy, inputs), reference32)
+        torch._dynamo.reset()  # compiled code is cached by code object: the mutant's must be compiled anew
     candidate, _, site = mutant(case.family, case.operator, case.seed, case.form)
     if site is not None:
-        row.site, row.expected_module, row.expected_leaf = site.what, site.module, site.leaf
+        row.site, row.expected_module, row.expected_leaf, row.expected_aten = site.what, site.module, site.leaf, site.aten
     if case.is_control:
         return
     first = _outputs(candidate, inputs)
     if not torch.equal(first, _outputs(candidate, inputs)):
         row.excluded = "not deterministic"
         return
-    reference32 = _outputs(reference, inputs)
-    copy, _, _ = mutant(case.family, "none", 0, case.form)
     inputs64 = {k: v.double() if torch.is_tensor(v) and torch.is_floating_point(v) else v for k, v in inputs.items()}
-    copy_error = _relative(_outputs(copy, inputs), reference32)
     try:
         reference64 = _outputs(reference.double(), inputs64)
         row.rounding = max(_relative(reference32, reference64), copy_error)
@@ -205,13 +211,21 @@ def judge(row: Row, result: dict) -> None:
     row.budget = math.ceil(math.log2(max(result["ops"]["candidate"], 2))) + 3
     if culprit:
         row.culprit = f"{culprit.get('leaf') or culprit['op']} at {culprit['candidate'].get('module')!r}"
+        if culprit.get("compiled"):
+            inside = culprit["compiled"]
+            row.culprit += f", inside: {inside['op']} in {inside['module']!r}, {inside['step']} {inside['step_detail']}"
     if row.control:
         row.right = row.verdict in ("match", "noise")
         row.problem = None if row.right else f"{row.verdict} on a control"
         return
     module = (culprit.get("candidate") or {}).get("module")
-    at_site = culprit and (culprit.get("leaf") is not None and culprit.get("leaf") == row.expected_leaf
-                           or module is not None and _under(module, row.expected_module))
+    compiled = culprit.get("compiled") or {}
+    if row.expected_aten is not None:  # a wrong decomposition: named as the compiler step applied to that op
+        at_site = f"aten.{row.expected_aten}" in (compiled.get("step_detail") or "")
+    else:
+        at_site = culprit and (culprit.get("leaf") is not None and culprit.get("leaf") == row.expected_leaf
+                               or module is not None and _under(module, row.expected_module)
+                               or bool(compiled) and _under(compiled.get("module") or "", row.expected_module))
     if row.verdict != "divergent":
         row.problem = f"{row.verdict} on a mutant"
     elif not at_site:
@@ -263,13 +277,19 @@ def _quiet() -> None:
 
 
 def run_cases(cases: list[Case], workers: int, progress) -> list[dict]:
-    keys = [c.key for c in cases]
+    """Each case's row, from `workers` processes; a compiled case in a process of its own (a wrong
+    decomposition is registered for the whole process)."""
     if workers <= 1:
         _quiet()
-        return [progress(evaluate(key)) for key in keys]
+        return [progress(evaluate(c.key)) for c in cases]
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_quiet, maxtasksperchild=10) as pool:
-        return [progress(row) for row in pool.imap_unordered(evaluate, keys)]
+    rows = []
+    for compiled, per_process in ((False, 10), (True, 1)):
+        keys = [c.key for c in cases if (c.form == "compiled") == compiled]
+        if keys:
+            with context.Pool(workers, initializer=_quiet, maxtasksperchild=per_process) as pool:
+                rows += [progress(row) for row in pool.imap_unordered(evaluate, keys)]
+    return rows
 
 
 def _share(rows: list[dict]) -> str:
@@ -328,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--operators", default=",".join(OPERATORS))
-    parser.add_argument("--forms", default=",".join(FORMS), help="how candidates are built: copy, sdpa")
+    parser.add_argument("--forms", default="copy,sdpa", help=f"how candidates are built: {', '.join(FORMS)}")
     parser.add_argument("--sample", type=int, default=0, help="a stratified sample of this many cases")
     parser.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     parser.add_argument("--json", type=Path, help="write every row here")

@@ -5,7 +5,8 @@ environment: `BISECTR_MUTANT=FAMILY:OPERATOR:SEED[:FORM]`, e.g. `llama:rows_perm
 - `candidate()`: the same class built again (FORM `copy`, the default), or with its attention run by
   `scaled_dot_product_attention` (FORM `sdpa`: another op graph, with fused attention), its weights handed
   over from the reference's state dict by a converter (a plain copy), then OPERATOR planted at a site drawn by
-  `random.Random(SEED)` (`mutations.OPERATORS`). The controls plant nothing: `none` (the copy as it is),
+  `random.Random(SEED)` (`mutations.OPERATORS`); FORM `compiled` then `torch.compile`s it (inductor), for
+  the compiler bugs of the `compile` operators. The controls plant nothing: `none` (the copy as it is),
   `bfloat16` (the copy run in bfloat16, its outputs cast back to float32).
 
     BISECTR_MUTANT=gpt2:transposed:0 bisectr bisect benchmarks/models/mutant_pair.py
@@ -21,7 +22,7 @@ from families import build  # noqa: E402
 from mutations import OPERATORS, Site  # noqa: E402
 
 CONTROLS = ("none", "bfloat16")
-FORMS = ("copy", "sdpa")
+FORMS = ("copy", "sdpa", "compiled")
 
 
 def spec() -> tuple[str, str, int, str]:
@@ -38,13 +39,20 @@ def mutant(family: str, operator: str, seed: int, form: str = "copy"):
     model, inputs = build(family)
     state = model.state_dict()
     candidate_model, _ = build(family, "sdpa" if form == "sdpa" else "eager")
+    compiled = form == "compiled"
     candidate_model.load_state_dict({name: values.clone() for name, values in state.items()})
+    site: Site | None = None
     if operator == "bfloat16":
-        return _in_bfloat16(candidate_model), inputs, None
-    if operator == "none":
-        return candidate_model, inputs, None
-    site: Site = OPERATORS[operator].apply(candidate_model, random.Random(seed))
-    return candidate_model, inputs, site
+        candidate_model = _in_bfloat16(candidate_model)
+    elif operator != "none":
+        site = OPERATORS[operator].apply(candidate_model, random.Random(seed))
+    return (_compiled(candidate_model) if compiled else candidate_model), inputs, site
+
+
+def _compiled(model):
+    import torch
+
+    return torch.compile(model)
 
 
 def _in_bfloat16(model):

@@ -11,6 +11,10 @@ it changed, or raises `NotApplicable` when the family has no such site. Two kind
 - `op` operators change what one module computes (its norm's eps or variance, its activation, a scale, a
   soft-cap, a residual or embedding multiplier, its attention mask or position ids, the router's top-k
   normalisation). The site is that module.
+- `compile` operators plant a compiler bug for a candidate that is then `torch.compile`d: a wrong
+  decomposition registered for one aten op (every use of it in the compiled graph goes through it; eager
+  code never does), or a branch only compiled code takes (`torch.compiler.is_compiling()`) in one module.
+  The site is the aten op (`Site.aten`), or the module.
 
 Every operator draws its layer (head, expert, block) at random: a bug is never always in layer 0.
 """
@@ -39,12 +43,13 @@ class Site:
     module: str  # the candidate module the culprit must be at (or under)
     leaf: str | None  # the parameter or buffer changed (weight operators), else None
     what: str  # one line: what was changed
+    aten: str | None = None  # the aten op whose decomposition is wrong (compile operators)
 
 
 @dataclass(frozen=True)
 class Operator:
     name: str
-    kind: Literal["weight", "op"]
+    kind: Literal["weight", "op", "compile"]
     apply: Callable[[object, random.Random], Site]
 
 
@@ -450,6 +455,125 @@ def router_topk_norm(model, rng):
     return Site(name, None, f"{name}: top-k {'renormalised' if module.mutant_renormalize else 'not renormalised'}")
 
 
+# compile operators: compiler bugs
+
+
+def _tanh_gelu(x, approximate="none"):
+    import math
+
+    import torch
+
+    if approximate == "tanh":  # the bug: the other formula of the two
+        return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _unbiased_mean(x, dim, keepdim=False, dtype=None):
+    import torch
+
+    count = 1
+    for d in dim:
+        count *= x.shape[d]
+    return torch.sum(x, dim, keepdim) / (count - 1)
+
+
+def _quick_silu(x):
+    import torch
+
+    return x * torch.sigmoid(1.702 * x)
+
+
+def _softmax_max_in_numerator_only(x, dim, half_to_float):
+    import torch
+
+    shifted = torch.exp(x - torch.amax(x, dim, keepdim=True))
+    return shifted / torch.sum(torch.exp(x), dim, keepdim=True)
+
+
+def _var_mean_unbiased(x, dim=None, *, correction=None, keepdim=False):
+    import torch
+
+    mean = torch.mean(x, dim, keepdim=True)
+    count = x.numel() // mean.numel()
+    var = torch.sum((x - mean) ** 2, dim, keepdim=keepdim) / (count - 1)
+    return var, (mean if keepdim else mean.squeeze(dim))
+
+
+def _half_tanh(x):
+    import torch
+
+    return 2 * torch.sigmoid(x) - 1
+
+
+def _pow_through_log(x, exponent):
+    import torch
+
+    return torch.exp(exponent * torch.log(torch.abs(x)))
+
+
+def _addmm_bias_twice(bias, mat1, mat2, beta=1, alpha=1):
+    import torch
+
+    return 2 * beta * bias + alpha * torch.mm(mat1, mat2)
+
+
+def _sigmoid_sign(x):
+    import torch
+
+    return 1 / (1 + torch.exp(x))
+
+
+WRONG_DECOMPOSITIONS = {  # aten op -> a wrong decomposition of it
+    "gelu.default": _tanh_gelu,
+    "mean.dim": _unbiased_mean,
+    "silu.default": _quick_silu,
+    "_softmax.default": _softmax_max_in_numerator_only,
+    "var_mean.correction": _var_mean_unbiased,
+    "tanh.default": _half_tanh,
+    "pow.Tensor_Scalar": _pow_through_log,
+    "addmm.default": _addmm_bias_twice,
+    "sigmoid.default": _sigmoid_sign,
+}
+
+
+def _decomposition(aten: str) -> Callable[[object, random.Random], Site]:
+    def plant(model, rng):
+        import torch
+        import torch._inductor.config
+        from torch._inductor import decomposition
+
+        packet, overload = aten.split(".")
+        decomposition.decompositions[getattr(getattr(torch.ops.aten, packet), overload)] = WRONG_DECOMPOSITIONS[aten]
+        decomposition.fast_random_decomps.cache_clear()  # the table inductor reads, copied at its first compile
+        torch._inductor.config.force_disable_caches = True  # its cache keys do not include a decomposition added at run time
+        return Site("", None, f"aten.{aten}: {WRONG_DECOMPOSITIONS[aten].__name__.strip('_').replace('_', ' ')}", aten)
+
+    plant.__doc__ = f"A wrong decomposition of aten.{aten} ({WRONG_DECOMPOSITIONS[aten].__name__})."
+    return plant
+
+
+def _compiling_branch_forward(self, *args, **kwargs):
+    import torch
+
+    out = type(self).forward(self, *args, **kwargs)
+    if torch.compiler.is_compiling():  # @compiled_branch
+        return _scaled(out, 1.25)
+    return out
+
+
+def _scaled(out, scale):
+    return (out[0] * scale, *out[1:]) if isinstance(out, tuple) else out * scale
+
+
+def compiled_branch(model, rng):
+    """A module that scales its output once more in a branch only compiled code takes."""
+    name = _pick(rng, _modules(model, lambda n, m: re.search(r"(attention|attn|mixer|mlp)$", n) is not None
+                               and not re.search(r"\.(self|output)$", n)))
+    module = model.get_submodule(name)
+    module.forward = types.MethodType(_compiling_branch_forward, module)
+    return Site(name, None, f"{name}: output x 1.25 under torch.compiler.is_compiling()")
+
+
 OPERATORS = {operator.name: operator for operator in [
     Operator("rows_permuted", "weight", rows_permuted),
     Operator("transposed", "weight", transposed),
@@ -473,4 +597,6 @@ OPERATORS = {operator.name: operator for operator in [
     Operator("mask_off_by_one", "op", mask_off_by_one),
     Operator("position_offset", "op", position_offset),
     Operator("router_topk_norm", "op", router_topk_norm),
+    Operator("compiled_branch", "compile", compiled_branch),
+    *(Operator(f"decomposition_{aten.split('.')[0].strip('_')}", "compile", _decomposition(aten)) for aten in WRONG_DECOMPOSITIONS),
 ]}
