@@ -97,16 +97,16 @@ class Row:
 
 def plant(families: list[str], operators: list[str], sites: int, seed: int, forms: list[str]) -> list[Case]:
     """Every case: per family and form, `sites` draws of each operator that applies to it (distinct sites
-    only), and the controls. The `sdpa` form only where the family has attention; the `compiled` form holds
+    only), and the controls. The `sdpa` form only where the family runs it; the `compiled` form holds
     the `compile` operators (compiler bugs) and the other forms the rest."""
-    from families import ATTENTIONLESS
+    from families import runs_attention
     from mutant_pair import CONTROLS
     from mutations import OPERATORS
 
     cases = []
     for form in forms:
         for family in families:
-            if form == "sdpa" and family in ATTENTIONLESS:
+            if form == "sdpa" and not runs_attention(family, "sdpa"):
                 continue
             cases += [Case(family, control, 0, form) for control in CONTROLS]
             fitting = [o for o in operators if (OPERATORS[o].kind == "compile") == (form == "compiled")]
@@ -294,7 +294,7 @@ def run_cases(cases: list[Case], workers: int, progress) -> list[dict]:
 
 def _share(rows: list[dict]) -> str:
     right = sum(r["right"] for r in rows)
-    return f"{right}/{len(rows)} ({right / len(rows):.0%})" if rows else "-"
+    return f"{right}/{len(rows)} ({right / len(rows):.1%})" if rows else "-"
 
 
 def table(rows: list[dict]) -> tuple[str, bool]:

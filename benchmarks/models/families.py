@@ -17,7 +17,6 @@ from _hf import hide_broken_torchcodec  # noqa: E402
 HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB = 64, 3, 4, 2, 128
 HEAD_DIM = HIDDEN // HEADS
 BATCH, SEQUENCE, PADDED = 2, 12, 3  # the second row of an encoder's batch ends in PADDED padding tokens
-ATTENTIONLESS = ("mamba",)
 
 COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
               num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=64,
@@ -96,3 +95,12 @@ def build(name: str, attention: str = "eager"):
     mask[1, -PADDED:] = 0
     ids[1, -PADDED:] = config.pad_token_id
     return model, {"input_ids": ids, "attention_mask": mask}
+
+
+def runs_attention(name: str, attention: str) -> bool:
+    """Can family `name` run its attention with `attention` (Mamba has none; Gemma-2 refuses "sdpa")?"""
+    try:
+        model, _ = build(name, attention)
+    except ValueError:
+        return False
+    return model.config._attn_implementation == attention
