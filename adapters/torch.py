@@ -446,6 +446,11 @@ class CompiledCall:
             for hook, entries in zip(hooks, held):
                 hook.update(entries)
 
+    def inner_dtypes(self) -> list[str]:
+        """The floating dtypes of the module's parameters and buffers, which its compiled code reads."""
+        tensors = [*self.eager.parameters(), *self.eager.buffers()]
+        return sorted({str(t.dtype).removeprefix("torch.") for t in tensors if t.is_floating_point()})
+
     def in_float64(self) -> "CompiledCall":
         """The call of a float64 copy of the module compiled with the same settings (made once, compiled
         in float64 at its first call)."""

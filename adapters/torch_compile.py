@@ -165,7 +165,10 @@ class _Search:
 
     def first_differing_node(self, gm: Any, inputs: list[Any]) -> tuple[Any, float] | None:
         eager32 = _node_values(gm, inputs)
-        eager64 = _node_values(copy.deepcopy(gm).double(), [_double(t) for t in inputs])
+        try:
+            eager64 = _node_values(copy.deepcopy(gm).double(), [_double(t) for t in inputs])
+        except RuntimeError:  # a dtype the graph fixes (a cast to float32) meets float64 values: the floor judges
+            eager64 = {name: _double(value) for name, value in eager32.items()}
         nodes = [n for n in gm.graph.nodes if n.op != "placeholder" and _is_floating(eager32.get(n.name))]
 
         def error_of(index: int) -> float | None:

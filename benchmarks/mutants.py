@@ -3,7 +3,7 @@
     python benchmarks/mutants.py [--sites N] [--seed S] [--families A,B] [--operators X,Y] [--forms copy,sdpa]
                                  [--sample N] [--workers N] [--json PATH] [--only FAMILY:OPERATOR:SEED[:FORM]]
 
-Each case is a Hugging Face model from a tiny random config (`benchmarks/models/families.py`: 14 families,
+Each case is a Hugging Face model from a tiny random config (`benchmarks/models/families.py`: 15 families,
 decoders, encoders, a vision transformer and Mamba) against a copy of it through a converter (form `copy`:
 the same op graph) or against the same class with fused attention (form `sdpa`: another op graph), with one bug
 planted by an operator of `benchmarks/models/mutations.py` at a site drawn at random (`--sites` draws per

@@ -76,3 +76,11 @@ def test_a_wrong_gelu_decomposition_in_compiled_bert_is_named_at_its_compiler_st
     assert row["right"], row
     assert "nn.functional.gelu in 'encoder.layer.0.intermediate" in row["culprit"]
     assert "decomposition applied to aten.gelu.default" in row["culprit"]
+
+
+def test_compiled_bfloat16_bert_whose_dtype_only_its_compiled_code_shows_is_noise():
+    """The bfloat16 copy compiled whole: one recorded op, `compiled`, whose tensors are the ids and the float32
+    outputs, and whose float64 run keeps the float32 cast it compiled. Its local error (2.5e-2) is judged
+    at the bfloat16 floor its parameters set (`OpNode.inner_dtypes`), and it is the noise culprit."""
+    row = only("bert:bfloat16:0:compiled")
+    assert row["verdict"] == "noise", row

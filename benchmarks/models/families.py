@@ -46,6 +46,9 @@ FAMILIES = {family.name: family for family in [
     Family("gpt2", "GPT2Config", "GPT2LMHeadModel", "ids", dict(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=64)),
     Family("opt", "OPTConfig", "OPTForCausalLM", "ids", dict(ffn_dim=2 * HIDDEN, word_embed_proj_dim=HIDDEN)),
     Family("gemma2", "Gemma2Config", "Gemma2ForCausalLM", "ids", dict(head_dim=HEAD_DIM)),
+    # Gemma-3: sliding-window layers with their own rotary base beside a full-attention one.
+    Family("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", "ids",
+           dict(head_dim=HEAD_DIM, sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
     Family("phi3", "Phi3Config", "Phi3ForCausalLM", "ids"),
     Family("granite", "GraniteConfig", "GraniteForCausalLM", "ids",
            dict(embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=2.0, attention_multiplier=HEAD_DIM ** -0.5)),

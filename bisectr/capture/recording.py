@@ -147,8 +147,9 @@ class Recorder(_Session):
         output_tids = [self._record_tensor(tensor, index, None, keep) for tensor in produced]
         self._place(input_tids, output_tids, produced)
         source, library = self._source()
+        inner = getattr(fn, "inner_dtypes", None)  # see `OpNode.inner_dtypes`
         self.trace.ops.append(OpNode(index, name, canonical_op(name), module, source,
-                                     input_tids, output_tids, bool(mutated), library))
+                                     input_tids, output_tids, bool(mutated), library, inner() if inner else []))
         slots = {id(t): Slot(tid) for t, tid in zip(inputs, input_tids)}
         slot = lambda t: slots[id(t)]  # noqa: E731
         layouts = tuple(self.adapter.layout(tensor) for tensor in produced)

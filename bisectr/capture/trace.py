@@ -107,6 +107,9 @@ class OpNode:
     # True where no user code called the op and `source` is the framework's line that did
     # (a layer's forward): a model that is one framework layer. False in traces written before.
     library_source: bool = False
+    # Floating dtypes the op computes in that its tensors do not show: a compiled module's parameters
+    # and buffers, read inside its compiled code (its rounding is theirs).
+    inner_dtypes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return _shallow_dict(self)

@@ -458,11 +458,12 @@ def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float)
     def makes_output(evidence: OpEvidence) -> bool:
         return search.run.candidate.ops[evidence.candidate].outputs[0] in outputs
 
-    candidates = sorted((e for e in analysis.ops.values()
-                         if (e.verdict == "noise" or (e.verdict == "exact" and makes_output(e)))
-                         and e.output_error.max_rel >= REACH_FRACTION * full_error
-                         and math.isfinite(e.amplification) and e.amplification > 0),
-                        key=lambda e: (-e.amplification, e.candidate))
+    carrying = [e for e in analysis.ops.values()
+                if (e.verdict == "noise" or (e.verdict == "exact" and makes_output(e)))
+                and e.output_error.max_rel >= REACH_FRACTION * full_error and e.amplification > 0]
+    # An op on exact inputs amplifies nothing: it is named only where no op amplifies (a compiled model, one op).
+    candidates = sorted((e for e in carrying if math.isfinite(e.amplification)), key=lambda e: (-e.amplification, e.candidate)) \
+        or sorted(carrying, key=lambda e: e.candidate)
     for evidence in candidates[:MAX_REACH_TESTS]:
         if evidence.verdict == "exact" or search.reach([evidence]) >= NOISE_REACH_FRACTION * full_error:
             return evidence
