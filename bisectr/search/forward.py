@@ -32,7 +32,7 @@ from ..measure.align import Block, LeafPairing, handed_on, settle_layouts
 from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, external_inputs, rewired_input
 from ..errors import TraceMismatchError
 from ..measure.leaves import leaf_causes, pair_leaves, reference_values
-from ..measure.numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, confirms, noise_floor
+from ..measure.numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, coarsest_dtype, confirms, noise_floor
 from .nonfinite import NonFiniteStart, nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from ..measure.runrecord import RunRecord
@@ -45,7 +45,7 @@ from .core import (MAX_REACH_TESTS, Decided, Outcome, PassRules, SearchPass, bra
                    entry_point, site)
 from ..capture.sides import Rerun, Sides
 from ..capture.store import SIDES
-from ..capture.trace import LOCAL_PART, RANKS_DIFFER, host_dtype, is_floating
+from ..capture.trace import LOCAL_PART, RANKS_DIFFER, OpNode, host_dtype, is_floating
 from .window import boundaries, fetch_all, fetch_recurrences, fetch_window, missing, needs_window, window_between
 from ..leafref import leaf_kind, leaf_name
 
@@ -461,13 +461,19 @@ def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float)
     carrying = [e for e in analysis.ops.values()
                 if (e.verdict == "noise" or (e.verdict == "exact" and makes_output(e)))
                 and e.output_error.max_rel >= REACH_FRACTION * full_error and e.amplification > 0]
-    # An op on exact inputs amplifies nothing: it is named only where no op amplifies (a compiled model, one op).
+    # An op on exact inputs amplifies nothing. Where no op amplifies, one is named only if the precision it
+    # computes in is one the user chose below its tensors' (a compiled bfloat16 model, one op).
     candidates = sorted((e for e in carrying if math.isfinite(e.amplification)), key=lambda e: (-e.amplification, e.candidate)) \
-        or sorted(carrying, key=lambda e: e.candidate)
+        or [e for e in carrying if _computes_narrower(search.run.candidate.ops[e.candidate])]
     for evidence in candidates[:MAX_REACH_TESTS]:
         if evidence.verdict == "exact" or search.reach([evidence]) >= NOISE_REACH_FRACTION * full_error:
             return evidence
     return None
+
+
+def _computes_narrower(op: OpNode) -> bool:
+    """Does `op` compute in a dtype coarser than float32 that none of its tensors shows (`OpNode.inner_dtypes`)?"""
+    return bool(op.inner_dtypes) and noise_floor(coarsest_dtype(op.inner_dtypes)) > noise_floor("float32")
 
 
 def _bracket(run: RunRecord, analysis: Analysis, cuts: list[int], entry: int | None, why: str = "") -> Bracket:
