@@ -317,8 +317,8 @@ class PatchedRerun(_Session):
         inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
         try:
             input_tids = self.input_tids(inputs)
-        except PathDeparture:
-            self._go_free()
+        except PathDeparture as departure:
+            self._go_free(departure)
             return self._free_call(fn, args, kwargs)
         if any(tid in self.patching.patches for tid in input_tids):
             args, kwargs, inputs = self._patch_leaves(args, kwargs, inputs, input_tids)
@@ -327,8 +327,8 @@ class PatchedRerun(_Session):
             return result
         try:
             return self._follow(name, result, produced, mutated, input_tids)
-        except PathDeparture:
-            self._go_free()
+        except PathDeparture as departure:
+            self._go_free(departure)
             return result
 
     def _follow(self, name: str, result: Any, produced: list[Any], mutated: set[int], input_tids: list[int]) -> Any:
@@ -352,10 +352,10 @@ class PatchedRerun(_Session):
             result = map_tensors(result, self.adapter.is_tensor, lambda t: replacements.get(id(t), t))
         return result
 
-    def _go_free(self) -> None:
-        """Leave the recorded path (see the class docstring), or re-raise the departure where the run may not."""
+    def _go_free(self, departure: PathDeparture) -> None:
+        """Leave the recorded path (see the class docstring), or raise `departure` where the run may not."""
         if not self._may_go_free():
-            raise
+            raise departure
         self.free = True
 
     def _may_go_free(self) -> bool:
