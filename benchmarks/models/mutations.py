@@ -321,10 +321,12 @@ def activation(model, rng):
 
 
 def _scaled_output_forward(self, *args, **kwargs):
-    out = type(self).forward(self, *args, **kwargs)
-    if isinstance(out, tuple):
-        return (out[0] * self.mutant_scale, *out[1:])
-    return out * self.mutant_scale
+    return _scaled(type(self).forward(self, *args, **kwargs), self.mutant_scale)
+
+
+def _scaled(out, scale):
+    """A forward's output (its first item, where it returns a tuple) times `scale`."""
+    return (out[0] * scale, *out[1:]) if isinstance(out, tuple) else out * scale
 
 
 def _wrap_output(module, scale: float) -> None:
@@ -559,10 +561,6 @@ def _compiling_branch_forward(self, *args, **kwargs):
     if torch.compiler.is_compiling():  # @compiled_branch
         return _scaled(out, 1.25)
     return out
-
-
-def _scaled(out, scale):
-    return (out[0] * scale, *out[1:]) if isinstance(out, tuple) else out * scale
 
 
 def compiled_branch(model, rng):

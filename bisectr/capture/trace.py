@@ -168,6 +168,11 @@ class Trace:
         return (self.value_reader is not None and info.stored) or tid in self.fetched or \
             (self.leaf_reader is not None and is_model_leaf(info.leaf))
 
+    def dtypes_of(self, indices: list[int]) -> list[str]:
+        """The dtypes ops `indices` compute in: their tensors' and those only their code shows (`OpNode.inner_dtypes`)."""
+        return [self.tensors[t].dtype for i in indices for t in self.ops[i].inputs + self.ops[i].outputs] \
+            + [d for i in indices for d in self.ops[i].inner_dtypes]
+
     def first_reads(self) -> dict[int, int]:
         """tid -> the index of the first op reading it."""
         first: dict[int, int] = {}

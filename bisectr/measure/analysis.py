@@ -200,9 +200,7 @@ class Analysis:
         out_tid = cand_op.outputs[0]
         cand_ops, ref_ops = self.covered_ops(cand_index, ref_index, block)
         inputs = external_inputs(self.candidate, cand_ops)
-        dtype = coarsest_dtype([self.candidate.tensors[t].dtype for i in cand_ops
-                                for t in self.candidate.ops[i].inputs + self.candidate.ops[i].outputs]
-                               + [d for i in cand_ops for d in self.candidate.ops[i].inner_dtypes])
+        dtype = coarsest_dtype(self.candidate.dtypes_of(cand_ops))
         output_error = self.tensor_error(out_tid) or UNKNOWN
         input_errors = [e for e in (self.tensor_error(t) for t in inputs) if e is not None]
         input_abs = max((e.max_abs for e in input_errors), default=0.0)

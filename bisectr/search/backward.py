@@ -195,7 +195,7 @@ def op_evidence(backward: BackwardRun, cand_index: int) -> OpEvidence:
     cand_ops, ref_ops = backward.units[cand_index]
     ref_index = backward.op_pairs[cand_index]
     cand_op = run.candidate.ops[cand_index]
-    dtype = coarsest_dtype([run.candidate.tensors[t].dtype for i in cand_ops for t in run.candidate.ops[i].inputs + run.candidate.ops[i].outputs])
+    dtype = coarsest_dtype(run.candidate.dtypes_of(cand_ops))
     name = block_name([run.reference.ops[i].op for i in ref_ops]) if len(ref_ops) > 1 or len(cand_ops) > 1 else cand_op.op
     cand_outputs = block_outputs(run.candidate, cand_ops, backward.readers["candidate"])
     ref_outputs = block_outputs(run.reference, ref_ops, backward.readers["reference"])
