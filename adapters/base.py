@@ -242,6 +242,10 @@ class Tensors(ABC):
         """A counter that changes when the tensor is modified in place."""
 
     @abstractmethod
+    def data_address(self, tensor: Any) -> int:
+        """The address of the tensor's first element: a view's lies inside the memory of what it views."""
+
+    @abstractmethod
     def assign(self, tensor: Any, values: np.ndarray) -> None:
         """Overwrite the tensor's values in place."""
 
@@ -357,10 +361,6 @@ class Autograd(ABC):
         """`tensor` as the dtype named `dtype` (a new tensor, gradients passing through the cast): what a
         float64 run's op that runs at its recorded dtypes reads and gives (`interpreter.Float64Calls`)."""
         raise CannotUpcast(f"the {self.name} adapter cannot run models in float64")
-
-    @abstractmethod
-    def data_address(self, tensor: Any) -> int:
-        """The address of the tensor's first element: a view's lies inside the memory of what it views."""
 
     def narrowing_dtypes(self) -> tuple[tuple[Any, ...], Any]:
         """(its dtype objects below float64: float32, float16, bfloat16; its float64), for `float64_call`."""

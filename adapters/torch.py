@@ -502,18 +502,21 @@ def _compiled_calls_routed(model: Any, mode: Any, path: Callable[[Any], str], li
             module._compiled_call_impl = compiled
 
 
-# torch.distributed's collectives on plain tensors that write their result into their first argument.
-_IN_PLACE_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast")
+# torch.distributed's collectives on plain tensors that write their result into their first argument
+# (a tensor, or a list of tensors).
+_IN_PLACE_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast", "all_gather", "all_to_all")
 
 
 def _in_place(collective: Callable[..., Any]) -> Callable[..., Any]:
-    """`collective`, finished before it returns, with the write into its first argument counted in
-    that tensor's version (the backends' own writes are not), as any in-place op's is."""
-    def run(tensor, *args, **kwargs):
-        work = collective(tensor, *args, **kwargs)
+    """`collective`, finished before it returns, with the write into its first argument (each
+    tensor of it, for a list) counted in that tensor's version (the backends' own writes are not),
+    as any in-place op's is."""
+    def run(written, *args, **kwargs):
+        work = collective(written, *args, **kwargs)
         if work is not None:
             work.wait()
-        _torch().autograd.graph.increment_version(tensor)
+        for tensor in written if isinstance(written, (list, tuple)) else [written]:
+            _torch().autograd.graph.increment_version(tensor)
         return work
 
     run.__qualname__ = collective.__qualname__

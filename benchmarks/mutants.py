@@ -95,37 +95,44 @@ class Row:
     seconds: float = 0.0
 
 
+# The kind of operator each form holds: the compiler's bugs for the compiled form, the widening
+# converter's for the widened one, the rest for the others.
+FORM_KINDS = {"compiled": ("compile",), "kv_widened": ("widen",)}
+OTHER_KINDS = ("weight", "op")
+
+
 def plant(families: list[str], operators: list[str], sites: int, seed: int, forms: list[str]) -> list[Case]:
     """Every case: per family and form, `sites` draws of each operator that applies to it (distinct sites
-    only), and the controls. The `sdpa` form only where the family runs it; the `compiled` form holds
-    the `compile` operators (compiler bugs) and the other forms the rest."""
-    from families import runs_attention
+    only), and the controls. The `sdpa` form only where the family runs it, the `kv_widened` form only
+    where it has grouped key-value heads; each form holds the operators of its kind (`FORM_KINDS`)."""
+    from families import has_grouped_kv_heads, runs_attention
     from mutant_pair import CONTROLS
     from mutations import OPERATORS
 
     cases = []
     for form in forms:
         for family in families:
-            if form == "sdpa" and not runs_attention(family, "sdpa"):
+            if (form == "sdpa" and not runs_attention(family, "sdpa")) or (form == "kv_widened" and not has_grouped_kv_heads(family)):
                 continue
             cases += [Case(family, control, 0, form) for control in CONTROLS]
-            fitting = [o for o in operators if (OPERATORS[o].kind == "compile") == (form == "compiled")]
+            fitting = [o for o in operators if OPERATORS[o].kind in FORM_KINDS.get(form, OTHER_KINDS)]
             cases += [Case(family, operator, case_seed, form) for operator in fitting
-                      for case_seed in _sites(family, operator, sites, f"{seed}:{form}")]
+                      for case_seed in _sites(family, operator, sites, seed, form)]
     return cases
 
 
-def _sites(family: str, operator: str, sites: int, seed: str) -> list[int]:
-    """Up to `sites` seeds at which `operator` plants at distinct sites of `family` (none where it has none)."""
-    from families import build
+def _sites(family: str, operator: str, sites: int, seed: int, form: str) -> list[int]:
+    """Up to `sites` seeds at which `operator` plants at distinct sites of `family`'s candidate in `form`
+    (none where it has none)."""
+    from mutant_pair import mutant
     from mutations import OPERATORS, NotApplicable
 
     seeds, seen = [], set()
     for draw in range(sites * 3):
         if len(seen) == sites:
             break
-        case_seed = random.Random(f"{seed}:{family}:{operator}:{draw}").randrange(10 ** 6)
-        model, _ = build(family)
+        case_seed = random.Random(f"{seed}:{form}:{family}:{operator}:{draw}").randrange(10 ** 6)
+        model, _, _ = mutant(family, "none", 0, "kv_widened" if form == "kv_widened" else "copy")
         try:
             site = OPERATORS[operator].apply(model, random.Random(case_seed))
         except NotApplicable:

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 from .adapters import input_layout
@@ -25,7 +26,7 @@ from .search.forward import ForwardRules
 from .environment import describe
 from .errors import BisectrError, ModelFileError, RunDirError
 from .capture.isolate import IsolatedSide
-from .capture.modelfile import build_side, load_module
+from .capture.modelfile import build_side, declared_nproc, load_module
 from .capture.ranks import RankedSide
 from .measure.runrecord import DEFAULT_VALUE_BUDGET, HowTraced, OutputPair, RunRecord, pair_outputs
 from .capture.recording import RecordOptions
@@ -108,7 +109,7 @@ def bisect(model_file: str | os.PathLike, reference: str = "reference", candidat
 def trace(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
           out: str | os.PathLike | None = None, store_values: bool = True, keep_modules: tuple[str, ...] = (),
           value_budget: int | None = DEFAULT_VALUE_BUDGET, isolate: bool = False, reference_python: str | None = None,
-          candidate_python: str | None = None, reference_nproc: int = 1, candidate_nproc: int = 1,
+          candidate_python: str | None = None, reference_nproc: int | None = None, candidate_nproc: int | None = None,
           watch: Callable[[str, Callable[[], int]], None] | None = None, commit: bool = True) -> Run:
     """Record both sides of `model_file`, pair their outputs and align them, into the run
     directory `out` (a temporary one if None). With `commit=False` nothing is moved into
@@ -124,18 +125,22 @@ def trace(model_file: str | os.PathLike, reference: str = "reference", candidate
     With `isolate`, each side's model runs in its own worker process (`bisectr.capture.isolate`), started
     with `reference_python` / `candidate_python` (default: this interpreter); naming one implies it.
     A side with `reference_nproc` / `candidate_nproc` above 1 runs on that many processes started by
-    torchrun (`bisectr.capture.ranks`), as a tensor-parallel model does.
+    torchrun (`bisectr.capture.ranks`), as a tensor-parallel model does; None: as many as the model
+    file's `NPROC` gives its function (`{"candidate": 2}`), else 1.
     """
     model_file = Path(model_file)
-    for role, nproc in (("reference", reference_nproc), ("candidate", candidate_nproc)):
+    module = load_module(model_file)
+    nprocs = {role: declared_nproc(module, model_file, function) if nproc is None else nproc
+              for role, function, nproc in (("reference", reference, reference_nproc), ("candidate", candidate, candidate_nproc))}
+    for role, nproc in nprocs.items():
         if nproc < 1:
             raise BisectrError(f"--{role}-nproc must be at least 1, not {nproc}")
     traced = HowTraced(str(model_file.resolve()), reference, candidate, bool(isolate or reference_python or candidate_python),
                        reference_python, candidate_python, store_values, list(keep_modules), value_budget,
-                       reference_nproc, candidate_nproc)
+                       nprocs["reference"], nprocs["candidate"])
     run_dir = Path(out) if out is not None else temporary_run_dir(model_file.stem)
     with RunLock(run_dir):  # a run directory another process writes is refused before any model is built
-        runners, pins = _start_sides(model_file, traced)
+        runners, pins = _start_sides(module, model_file, traced)
         return record_run(traced, runners, pins, run_dir, model_file, watch, commit)
 
 
@@ -165,11 +170,10 @@ def record_run(traced: HowTraced, runners: dict[str, SideRunner], pins: dict[str
     return run
 
 
-def _start_sides(model_file: Path, traced: HowTraced) -> tuple[dict[str, SideRunner], dict[str, str] | None]:
+def _start_sides(module: ModuleType, model_file: Path, traced: HowTraced) -> tuple[dict[str, SideRunner], dict[str, str] | None]:
     """Each side's runner, and the model file's `ALIGN_MODULES` pins (candidate module -> reference module).
-    Sides in other processes build their models while this one builds its own; on any failure every
-    process started is stopped."""
-    module = load_module(model_file)  # isolated sides build their models in their workers; the pins are read here
+    Sides in other processes build their models while this one builds its own (from `module`, the
+    loaded model file); on any failure every process started is stopped."""
     pins = getattr(module, "ALIGN_MODULES", None)
     functions = {"reference": traced.reference_fn, "candidate": traced.candidate_fn}
     nprocs = {"reference": traced.reference_nproc, "candidate": traced.candidate_nproc}

@@ -1,6 +1,7 @@
 """One device against tensor parallel: a sharding plan that leaves a partial sum unreduced.
 
-Run the candidate on 2 ranks: `bisectr bisect examples/tensor_parallel.py --candidate-nproc 2`.
+The candidate runs on 2 ranks that bisectr starts under torchrun (`NPROC` below; `--candidate-nproc N` overrides
+it): `bisectr bisect examples/tensor_parallel.py`.
 
 Reference: 4 residual MLP blocks (RMSNorm, up projection, GELU, down projection) on one device.
 Candidate: the same weights sharded with torch's `parallelize_module` on every rank torchrun
@@ -19,6 +20,7 @@ ranks' partial sums add up in another order than one device's matmul.
 import os
 
 WIDTH, HIDDEN, BLOCKS = 32, 64, 4
+NPROC = {"candidate": 2, "candidate_fixed": 2}
 
 
 def _mlp():

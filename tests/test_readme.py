@@ -142,7 +142,7 @@ def test_every_other_readme_and_docs_command_runs(tmp_path):
         if "--substitute rounding" in command:
             replayed = re.search(r"outputs' error 0 \(replayed as it is: (\S+)\)", done.stdout)
             assert replayed and 2.17e-07 / BAND <= float(replayed.group(1)) <= 2.17e-07 * BAND
-        if "--candidate-nproc 2" in command:
+        if "tensor_parallel.py" in command:
             assert "DTensor.to_local             blocks.0" in done.stdout, done.stdout
             assert "on 2 ranks: reads Partial(sum); hands on differs by rank" in done.stdout
             assert "the same difference in 4 places" in done.stdout and "confirmed: taking out" in done.stdout

@@ -519,10 +519,9 @@ def watched_as(place: Place) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def saved_result(run: Any) -> dict | None:
-    """The run's saved search result as a dict (`Run.result`, or `Run.saved_result` before it)."""
-    result = getattr(run, "result", None) if hasattr(run, "result") else getattr(run, "saved_result", None)
-    return result.to_dict() if hasattr(result, "to_dict") else result
+def saved_result(run: bisectr.Run) -> dict | None:
+    """The run's saved search result as a dict (None: the run was never searched)."""
+    return None if run.result is None else run.result.to_dict()
 
 
 def touch_like_a_viewer(run_dir: Path) -> dict[tuple[str, int], np.ndarray]:
@@ -535,8 +534,7 @@ def touch_like_a_viewer(run_dir: Path) -> dict[tuple[str, int], np.ndarray]:
         _ = [(op.index, op.op, op.module, op.source, op.inputs, op.outputs) for op in trace.ops]
         _ = dict(trace.outputs), trace.graph.number_of_nodes()
     values = {key: np.array(values, copy=True) for key, values in stored_values(run)}
-    pairs = getattr(run, "output_pairs", None)
-    _ = pairs() if callable(pairs) else pairs
+    _ = run.output_pairs
     json.dumps(saved_result(run), default=str)
     data = RunData(run)
     data.counts()

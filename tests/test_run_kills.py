@@ -166,10 +166,9 @@ def assess(run_dir: Path, generations: Generations) -> State:
     return state
 
 
-def saved_result(run: object) -> dict | None:
-    """The run's saved search result as a dict (`Run.result`, or `Run.saved_result` before it)."""
-    result = getattr(run, "result", None) if hasattr(run, "result") else getattr(run, "saved_result", None)
-    return result.to_dict() if hasattr(result, "to_dict") else result
+def saved_result(run: bisectr.Run) -> dict | None:
+    """The run's saved search result as a dict (None: the run was never searched)."""
+    return None if run.result is None else run.result.to_dict()
 
 
 # -- fixtures ------------------------------------------------------------------------------------

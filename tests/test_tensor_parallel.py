@@ -25,6 +25,7 @@ from conftest import MODELS
 DECODER = MODELS / "tp_decoder.py"
 LLAMA = MODELS / "tp_hf_llama.py"
 MEGATRON = MODELS / "tp_megatron.py"
+MEGATRON_LLAMA = MODELS / "tp_megatron_llama.py"
 TIMEOUT_S = 180
 
 
@@ -45,9 +46,9 @@ def source_line(source: str) -> str:
 
 
 @pytest.mark.parametrize("model, env", [(DECODER, {}), (DECODER, {"TP_PLAN": "sequence"}), (DECODER, {"TP_QK_NORM": "1"}),
-                                        (LLAMA, {}), (LLAMA, {"TP_PLAN": "torchtitan"}), (MEGATRON, {})],
+                                        (LLAMA, {}), (LLAMA, {"TP_PLAN": "torchtitan"}), (MEGATRON, {}), (MEGATRON_LLAMA, {})],
                          ids=["decoder", "decoder_sequence_parallel", "decoder_qk_norm", "hf_llama", "hf_llama_torchtitan_plan",
-                              "megatron_by_hand"])
+                              "megatron_by_hand", "hf_llama_against_megatron_fused_port"])
 def test_a_correct_plan_is_noise(model, env):
     result = result_of(bisect_on_two_ranks(model, "--json", **env))
     assert result["verdict"] == "noise"
@@ -113,6 +114,32 @@ def test_megatron_style_bugs_in_the_row_parallel_class_are_named_where_they_ente
     assert "the same difference in 4 places" in culprit and "confirmed: taking out" in culprit
 
 
+# bug -> (the culprit's module, the line it shows, a line among its block's)
+MEGATRON_LLAMA_BUGS = {
+    "gate_up_as_stored": ("layers.0.mlp.down", "dist.all_reduce(partial)", "gate, up = self.gate_up(x).chunk(2, dim=-1)"),
+    "head_gathered_wrong_dim": ("(top level)", "# @head_gathered_wrong_dim", "dist.all_gather(parts, local)"),
+}
+
+
+@pytest.mark.parametrize("bug", MEGATRON_LLAMA_BUGS)
+def test_bugs_of_a_megatron_port_of_hf_llama_with_fused_weights_are_named_where_they_enter(bug):
+    """Hugging Face Llama against a hand port on 2 ranks with fused qkv and gate_up, a vocabulary-parallel
+    embedding and head (NPROC in the model file: no flag): the converter's gate_up sharded as stored is
+    the first layer's MLP, its all-reduce completing it; the head's halves gathered along the wrong dim
+    the stack that interleaves them. The residual adds pair the MLP's output, not the norm's copy of the
+    residual, and the halves `all_gather` writes are its outputs, not the empty tensors it fills."""
+    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MEGATRON_LLAMA)], capture_output=True, text=True,
+                          timeout=TIMEOUT_S, env={**os.environ, "TP_BUG": bug})
+    assert done.returncode == 1, done.stderr[-3000:]
+    module, line, among = MEGATRON_LLAMA_BUGS[bug]
+    assert re.search(r"^verdict: divergent {3}outputs differ", done.stdout, re.M), done.stdout
+    culprit = done.stdout.split("culprit (first semantic difference)")[1].split("error by op")[0]
+    site = culprit.split("\n")[1:3]
+    assert site[0].rstrip().endswith(f"  {module}") and line in site[1], culprit
+    assert among in culprit and "on 2 ranks" in culprit
+    assert "confirmed: taking out" in culprit
+
+
 def test_a_rank_that_raises_is_named_with_its_traceback():
     done = bisect_on_two_ranks(DECODER, TP_FAULT="raise")
     assert done.returncode == 2, done.stderr[-3000:]
@@ -145,6 +172,18 @@ def test_a_rank_waiting_in_a_collective_the_others_skip_ends_within_the_timeout(
     assert named, done.stderr[-3000:]
     assert named.group(1) == "0" or "torch.distributed.barrier()  # @hang" in done.stderr
     assert time.monotonic() - started < 60
+
+
+def test_a_side_that_needs_ranks_started_on_one_process_is_told_the_flag():
+    """The example declares NPROC; overriding it with one process is the mistake a user makes without it."""
+    example = MODELS.parent.parent / "examples" / "tensor_parallel.py"
+    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(example), "--candidate-nproc", "1"],
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().count("\n") == 0, done.stderr
+    assert ("candidate() builds a side on several ranks (reads WORLD_SIZE, which a launcher sets for each rank) but "
+            "the candidate side runs on one process: pass --candidate-nproc N, or declare it in the model file: "
+            "NPROC = {'candidate': N}") in done.stderr
 
 
 def test_an_interpreter_without_torch_cannot_start_the_ranks(tmp_path):

@@ -74,16 +74,18 @@ def draw_weights(model) -> None:
                 p.copy_(0.1 * torch.randn_like(p))
 
 
-def build(name: str, attention: str = "eager"):
+def build(name: str, attention: str = "eager", kv_heads: int | None = None):
     """`(model, inputs)` of family `name`: seeded, trained-scale weights, eval, inputs from `default_rng(0)`;
-    its attention run by `attention` ("eager": matmul and softmax ops, "sdpa": one fused call)."""
+    its attention run by `attention` ("eager": matmul and softmax ops, "sdpa": one fused call), with
+    `kv_heads` key-value heads where given."""
     hide_broken_torchcodec()
     import numpy as np
     import torch
     import transformers
 
     family = FAMILIES[name]
-    config = getattr(transformers, family.config)(**{**COMMON, "attn_implementation": attention, **family.settings})
+    widened = {} if kv_heads is None else {"num_key_value_heads": kv_heads}
+    config = getattr(transformers, family.config)(**{**COMMON, "attn_implementation": attention, **family.settings, **widened})
     torch.manual_seed(0)
     model = getattr(transformers, family.model)(config)
     draw_weights(model)
@@ -98,6 +100,15 @@ def build(name: str, attention: str = "eager"):
     mask[1, -PADDED:] = 0
     ids[1, -PADDED:] = config.pad_token_id
     return model, {"input_ids": ids, "attention_mask": mask}
+
+
+def has_grouped_kv_heads(name: str) -> bool:
+    """Do family `name`'s layers share key-value heads among query heads (grouped-query attention): are its
+    key projections (or the key part of a fused q/k/v one) narrower than its query projections?"""
+    model, _ = build(name)
+    rows = {parameter.rpartition(".")[0].rpartition(".")[2]: p.shape[0] for parameter, p in model.named_parameters()
+            if parameter.endswith("proj.weight")}
+    return rows.get("k_proj", HIDDEN) < rows.get("q_proj", HIDDEN) or rows.get("qkv_proj", 3 * HIDDEN) < 3 * HIDDEN
 
 
 def runs_attention(name: str, attention: str) -> bool:

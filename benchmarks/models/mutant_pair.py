@@ -6,7 +6,10 @@ environment: `BISECTR_MUTANT=FAMILY:OPERATOR:SEED[:FORM]`, e.g. `llama:rows_perm
   `scaled_dot_product_attention` (FORM `sdpa`: another op graph, with fused attention), its weights handed
   over from the reference's state dict by a converter (a plain copy), then OPERATOR planted at a site drawn by
   `random.Random(SEED)` (`mutations.OPERATORS`); FORM `compiled` then `torch.compile`s it (inductor), for
-  the compiler bugs of the `compile` operators. The controls plant nothing: `none` (the copy as it is),
+  the compiler bugs of the `compile` operators. FORM `kv_widened` (families with grouped-query attention):
+  the class built with a key-value head per query head, the converter repeating each key-value head's
+  rows in place (h0 h0 h1 h1), as a port without grouped-query attention loads a checkpoint with it;
+  for the `widen` operators, converter mistakes in that widening. The controls plant nothing: `none` (the copy as it is),
   `bfloat16` (the copy run in bfloat16, its outputs cast back to float32).
 
     BISECTR_MUTANT=gpt2:transposed:0 bisectr bisect benchmarks/models/mutant_pair.py
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -22,7 +26,7 @@ from families import build  # noqa: E402
 from mutations import OPERATORS, Site  # noqa: E402
 
 CONTROLS = ("none", "bfloat16")
-FORMS = ("copy", "sdpa", "compiled")
+FORMS = ("copy", "sdpa", "compiled", "kv_widened")
 
 
 def spec() -> tuple[str, str, int, str]:
@@ -38,15 +42,42 @@ def mutant(family: str, operator: str, seed: int, form: str = "copy"):
     """`(model, inputs, site)`: the candidate of this case (`site` None for a control)."""
     model, inputs = build(family)
     state = model.state_dict()
-    candidate_model, _ = build(family, "sdpa" if form == "sdpa" else "eager")
+    if form == "kv_widened":
+        candidate_model, _ = build(family, kv_heads=model.config.num_attention_heads)
+        candidate_model.load_state_dict(widened_kv(state, model.config))
+        candidate_model.kv_heads_widened_from = model.config.num_key_value_heads  # for the `widen` operators
+    else:
+        candidate_model, _ = build(family, "sdpa" if form == "sdpa" else "eager")
+        candidate_model.load_state_dict({name: values.clone() for name, values in state.items()})
     compiled = form == "compiled"
-    candidate_model.load_state_dict({name: values.clone() for name, values in state.items()})
     site: Site | None = None
     if operator == "bfloat16":
         candidate_model = _in_bfloat16(candidate_model)
     elif operator != "none":
         site = OPERATORS[operator].apply(candidate_model, random.Random(seed))
     return (_compiled(candidate_model) if compiled else candidate_model), inputs, site
+
+
+def widened_kv(state: dict, config) -> dict:
+    """The state dict with every key-value head's rows repeated in place, one copy per query head of its
+    group (k_proj and v_proj weights and biases; the k and v parts of Phi-3's fused qkv_proj)."""
+    import torch
+
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = config.hidden_size // heads
+
+    def widen(rows):
+        return rows.unflatten(0, (kv_heads, head_dim)).repeat_interleave(heads // kv_heads, dim=0).flatten(0, 1)
+
+    widened = {}
+    for name, values in state.items():
+        if re.search(r"\.(k|v)_proj\.(weight|bias)$", name):
+            values = widen(values)
+        elif name.endswith("qkv_proj.weight"):
+            q, k, v = values.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim])
+            values = torch.cat([q, widen(k), widen(v)])
+        widened[name] = values.clone()
+    return widened
 
 
 def _compiled(model):

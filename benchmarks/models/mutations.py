@@ -11,6 +11,9 @@ it changed, or raises `NotApplicable` when the family has no such site. Two kind
 - `op` operators change what one module computes (its norm's eps or variance, its activation, a scale, a
   soft-cap, a residual or embedding multiplier, its attention mask or position ids, the router's top-k
   normalisation). The site is that module.
+- `widen` operators are mistakes of a converter that widens a weight for a port laid out otherwise (the
+  `kv_widened` form: a key-value head per query head): the widened key-value heads tiled (h0 h1 h0 h1)
+  where each is repeated in place (h0 h0 h1 h1). The site is the parameter.
 - `compile` operators plant a compiler bug for a candidate that is then `torch.compile`d: a wrong
   decomposition registered for one aten op (every use of it in the compiled graph goes through it; eager
   code never does), or a branch only compiled code takes (`torch.compiler.is_compiling()`) in one module.
@@ -49,7 +52,7 @@ class Site:
 @dataclass(frozen=True)
 class Operator:
     name: str
-    kind: Literal["weight", "op", "compile"]
+    kind: Literal["weight", "op", "widen", "compile"]
     apply: Callable[[object, random.Random], Site]
 
 
@@ -232,6 +235,23 @@ def experts_swapped(model, rng):
     values[[first, second]] = values[[second, first]]
     _set(model, name, values)
     return Site(_parent(name), name, f"{name}: experts {first} and {second} swapped")
+
+
+def kv_heads_tiled(model, rng):
+    """A k or v projection of a `kv_widened` candidate (weight and bias) with its key-value heads tiled
+    (h0 h1 h0 h1), so that query heads read another group's keys or values."""
+    groups = getattr(model, "kv_heads_widened_from", None)
+    if groups is None:
+        raise NotApplicable
+    name = _pick(rng, _layer_weights(model, lambda n, p: re.search(r"\.(k|v)_proj\.weight$", n)))
+    module = model.get_submodule(_parent(name))
+    for parameter in ("weight", "bias"):
+        values = getattr(module, parameter, None)
+        if values is not None:
+            heads = values.shape[0] // HEAD_DIM
+            each = values.detach().unflatten(0, (groups, heads // groups, HEAD_DIM))[:, 0]
+            _set(model, f"{_parent(name)}.{parameter}", each.repeat(heads // groups, *([1] * (each.dim() - 1))).flatten(0, 1))
+    return Site(_parent(name), name, f"{_parent(name)}: key-value heads tiled (h0 h1 h0 h1) where repeated in place")
 
 
 def rope_base(model, rng):
@@ -585,6 +605,7 @@ OPERATORS = {operator.name: operator for operator in [
     Operator("bias_missing", "weight", bias_missing),
     Operator("experts_swapped", "weight", experts_swapped),
     Operator("rope_base", "weight", rope_base),
+    Operator("kv_heads_tiled", "widen", kv_heads_tiled),
     Operator("eps", "op", eps),
     Operator("norm_variance", "op", norm_variance),
     Operator("activation", "op", activation),

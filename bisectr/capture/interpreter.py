@@ -154,10 +154,9 @@ class UnfaithfulReplay(Exception):
 def run_op(adapter: Tensors, fn: Callable[..., Any], args: tuple, kwargs: dict,
            inputs: list[Any]) -> tuple[Any, list[Any], set[int]]:
     """Run one framework op on `args` and `kwargs` (whose tensors are `inputs`). Returns its result,
-    the tensors it wrote (what it returned, plus the input it changed in place) and the object id of
-    the one changed in place. Views share their base's version counter, so only the first changed
-    input counts as written. What the op raises is marked as the op's (the user's or the framework's
-    error), so that it is not mistaken for a failure of bisectr itself."""
+    the tensors it wrote (what it returned, plus the inputs it changed in place: see `_written`) and
+    the object ids of those changed in place. What the op raises is marked as the op's (the user's
+    or the framework's error), so that it is not mistaken for a failure of bisectr itself."""
     versions = [adapter.version(t) for t in inputs]
     try:
         result = fn(*args, **kwargs)
@@ -168,14 +167,32 @@ def run_op(adapter: Tensors, fn: Callable[..., Any], args: tuple, kwargs: dict,
         produced = [result]
     else:
         produced = list({id(t): t for t in iter_tensors(result, adapter.is_tensor)}.values())
-    if not inputs:
-        return result, produced, set()
-    written = next((t for t, v in zip(inputs, versions) if adapter.version(t) != v), None)
-    if written is None:
-        return result, produced, set()
-    if all(written is not t for t in produced):
-        produced.append(written)
-    return result, produced, {id(written)}
+    written = _written(adapter, inputs, versions)
+    produced += [t for t in written if all(t is not p for p in produced)]
+    return result, produced, {id(t) for t in written}
+
+
+# Bytes per element, for telling a view from another tensor (1 for any dtype not named).
+_ITEM_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2}
+
+
+def _written(adapter: Tensors, inputs: list[Any], versions: list[int]) -> list[Any]:
+    """The inputs an op changed in place: those whose version moved, less the views of one before
+    them (a view shares its base's version counter: the write is one). A collective that fills a
+    list of tensors (`all_gather`) writes each of them."""
+    changed = [t for t, v in zip(inputs, versions) if adapter.version(t) != v]
+    if len(changed) < 2:
+        return changed
+    written: list[Any] = []
+    spans: list[tuple[int, int]] = []
+    for tensor in changed:
+        start = adapter.data_address(tensor)
+        end = start + max(math.prod(tensor.shape), 1) * _ITEM_BYTES.get(adapter.dtype_name(tensor), 1)
+        if any(tensor is t for t in written) or any(first < end and start < last for first, last in spans):
+            continue
+        written.append(tensor)
+        spans.append((start, end))
+    return written
 
 
 def execution_plan(trace: Trace, wanted: set[int], replaced: set[int] = frozenset(),

@@ -2,7 +2,8 @@
 
 A model file defines zero-argument functions (by default `reference()` and
 `candidate()`), each returning `(model, inputs)`; `inputs` is a tuple of
-positional arguments or a dict of keyword arguments.
+positional arguments or a dict of keyword arguments. Its `NPROC` (function name ->
+N) says which functions build a side that runs on N ranks.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
@@ -115,7 +117,7 @@ def build_side(module: ModuleType, model_file: Path, role: str, function: str) -
                              f" (functions defined: {', '.join(defined) or 'none'})")
     if not callable(factory):
         raise ModelFileError(f"{model_file}: {function} is not a function")
-    built = run_user_code(factory, f"{model_file}: {function}() raised")
+    built = run_user_code(partial(_built_on_ranks_or_not, factory, model_file, role, function), f"{model_file}: {function}() raised")
     side = side_of(role, built, model_file, function, f"{function}() returned")
     name = next((n for n in (f"{function}_loss", f"{role}_loss") if hasattr(module, n)), None)
     if name is not None:
@@ -123,6 +125,39 @@ def build_side(module: ModuleType, model_file: Path, role: str, function: str) -
         if not callable(side.loss):
             raise ModelFileError(f"{model_file}: {name} is not a function")
     return side
+
+
+def declared_nproc(module: ModuleType, model_file: Path, function: str) -> int:
+    """How many ranks the model file's `NPROC` gives `function` (1 where it names none)."""
+    declared = getattr(module, "NPROC", {})
+    if not isinstance(declared, dict):
+        raise ModelFileError(f"{model_file}: NPROC is a {_describe(declared)}, not a dict from function name to a number of ranks")
+    nproc = declared.get(function, 1)
+    if not isinstance(nproc, int) or isinstance(nproc, bool):
+        raise ModelFileError(f"{model_file}: NPROC[{function!r}] is {nproc!r}, not a number of ranks")
+    return nproc
+
+
+# What a launcher (torchrun, paddle.distributed.launch) sets for each rank, and what a distributed
+# framework says where no launcher started the process.
+_RANK_VARIABLES = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                             "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS"})
+_NO_PROCESS_GROUP = ("Default process group has not been initialized", "environment variable MASTER_ADDR expected")
+
+
+def _built_on_ranks_or_not(factory: Callable[[], Any], model_file: Path, role: str, function: str) -> Any:
+    """`factory()`; where it fails for want of the ranks a launcher would have started, a one-line
+    error naming the flag that starts them."""
+    try:
+        return factory()
+    except Exception as exc:
+        missing = exc.args[0] if isinstance(exc, KeyError) and exc.args and exc.args[0] in _RANK_VARIABLES else None
+        if missing is None and not any(text in str(exc) for text in _NO_PROCESS_GROUP):
+            raise
+        what = f"reads {missing}, which a launcher sets for each rank" if missing else "needs a process group"
+        raise ModelFileError(f"{model_file}: {function}() builds a side on several ranks ({what}) but the {role} side "
+                             f"runs on one process: pass --{role}-nproc N, or declare it in the model file: "
+                             f"NPROC = {{{function!r}: N}}") from None
 
 
 def side_of(role: str, built: Any, model_file: Path, function: str, given: str) -> BuiltSide:

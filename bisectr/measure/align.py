@@ -336,17 +336,24 @@ def _follow_data_flow(sides: _TracePair, pairs: dict[int, tuple[int, str, float]
         cand_of[moved.index], cand_of[current.index] = c, other
 
 
+# Ops that move or select their first input's data (layout ops, slices, casts): two of them are the
+# same step only if they take and make the same shapes from the same data.
+DATA_MOVING_OPS = LAYOUT_OPS | {"getitem", "cast"}
+
+
 def _drop_layout_pairs_that_cannot_correspond(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
-    """Unpair layout ops that cannot be the same step: the shapes they take and make differ, or
-    their inputs come from ops paired elsewhere. `k.transpose(-1, -2)` of a hand-written attention
-    is not `nn.MultiheadAttention`'s batch-first transpose of the layer's input, whatever their
-    names and sizes. In candidate order, so that a dropped pair's readers are judged without it."""
+    """Unpair data-moving ops (`DATA_MOVING_OPS`) that cannot be the same step: the shapes they take
+    and make differ, or their inputs come from ops paired elsewhere. `k.transpose(-1, -2)` of a
+    hand-written attention is not `nn.MultiheadAttention`'s batch-first transpose of the layer's
+    input, whatever their names and sizes; a port's `positions.float()` is not the reference's
+    `inv_freq.to(float32)`; the rotary's slice of 4 key heads is not the slice that repeats 2 of them.
+    In candidate order, so that a dropped pair's readers are judged without it."""
     candidate, reference = sides.traces["candidate"], sides.traces["reference"]
     cand_of = {r: c for c, (r, _, _) in pairs.items()}
     for c in sorted(pairs):
         r = pairs[c][0]
         cand_op, ref_op = candidate.ops[c], reference.ops[r]
-        if cand_op.op not in LAYOUT_OPS or not cand_op.inputs or not ref_op.inputs:
+        if cand_op.op not in DATA_MOVING_OPS or not cand_op.inputs or not ref_op.inputs:
             continue
         cand_in, ref_in = candidate.tensors[cand_op.inputs[0]], reference.tensors[ref_op.inputs[0]]
         same_shapes = cand_in.shape == ref_in.shape and \
@@ -713,7 +720,8 @@ COMMUTATIVE_OPS = frozenset({"add", "mul", "maximum", "minimum"})
 def _partner_by_consumer(sides: _TracePair, alignment: Alignment, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
     """The reference tensor in the same argument position of a paired op that reads `c_tid` (any
     position of a commutative op: `x + attn` against `attn + x`, the closest in values), not one
-    that another argument of that op is paired with already."""
+    that another argument of that op is paired with already, nor a copy of one (Hugging Face's
+    `hidden_states.to(torch.float32)` of a float32 residual holds the residual's values)."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     info = candidate.tensors[c_tid]
     for reader in sides.readers["candidate"].get(c_tid, []):
@@ -721,6 +729,8 @@ def _partner_by_consumer(sides: _TracePair, alignment: Alignment, c_tid: int, pa
             continue
         cand_inputs, ref_inputs = candidate.ops[reader].inputs, reference.ops[paired_ref_of[reader]].inputs
         taken = {alignment.tensors[t].reference for t in cand_inputs if t != c_tid and t in alignment.tensors}
+        copies = {(reference.tensors[t].shape, tuple(reference.tensors[t].fingerprint)) for t in taken}
+        taken |= {t for t in ref_inputs if (reference.tensors[t].shape, tuple(reference.tensors[t].fingerprint)) in copies}
         for position, tid in enumerate(cand_inputs):
             if tid != c_tid:
                 continue

@@ -201,6 +201,18 @@ def compare(reference: np.ndarray, candidate: np.ndarray, candidate_dtype: str, 
     return "different", _difference(reference, candidate, candidate_dtype, max_rel), max_rel
 
 
+def rounded_to(values: np.ndarray, dtype: str) -> np.ndarray:
+    """`values` rounded to the nearest of `dtype` (ties to even), as float32: what a cast to a
+    narrower dtype leaves of them (unchanged for float32 and wider)."""
+    if dtype == "float16":
+        return values.astype(np.float16).astype(np.float32)
+    if dtype != "bfloat16":
+        return values
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32)
+
+
 def half_ulp(values: np.ndarray, dtype: str) -> np.ndarray:
     """Half a unit in the last place of `dtype` at each of `values` (what rounding to it may move them)."""
     _, exponent = np.frexp(values)
@@ -369,7 +381,7 @@ class _Pairer:
             nearby = place + [t for t in self.reference_leaves if t not in place and _parent(reference.tensors[t].leaf) in parents]
             options = [t for t in nearby if t not in taken and reference.has_value(t)
                        and reference.tensors[t].size < values.size and _same_kind(reference.tensors[t].leaf, candidate.tensors[cand_tid].leaf)]
-            laid_out = _rows_of(values, {t: reference.value(t) for t in options})
+            laid_out = _rows_of(values, {t: reference.value(t) for t in options}, candidate.tensors[cand_tid].dtype)
             if laid_out is not None:
                 found[cand_tid] = laid_out
                 taken.update(laid_out[2])
@@ -403,21 +415,35 @@ class _Pairer:
 
     def _fill_unread(self, found: dict[int, tuple[int, bool, dict[int, list[int]]]],
                      reads: dict[int, dict[int, list[int]] | None]) -> None:
-        """Leaves whose ops do not say where they are read take the read order of a leaf holding its
-        rows at the same positions: first one of the same module's parent (the k projection, whose
-        rotary embedding mixes values before the heads are repeated, read as the v projection next
-        to it), then one of the same name up to layer numbers (the later layers, whose inputs already
-        differ, read as the first)."""
+        """Leaves whose ops do not say where they are read take the read order of another: first of one
+        of the same module's parent holding its rows at the same positions (the k projection, whose
+        rotary embedding mixes values before the heads are repeated, read as the v projection next to
+        it), then of one of the same name up to layer numbers made of as many rows of as many leaves,
+        wherever it holds them (the later layers, whose inputs already differ, read as the first; a
+        layer whose converter laid its heads out otherwise than the others is read as they are)."""
         candidate = self.traces["candidate"]
         names = {tid: candidate.tensors[tid].leaf for tid in found}
-        for same_place in (lambda a, b: _parent(a) == _parent(b), lambda a, b: re.sub(r"\d+", "#", a) == re.sub(r"\d+", "#", b)):
-            for tid, (_, _, held) in found.items():
-                if reads[tid] is not None:
-                    continue
-                for other, read in list(reads.items()):
-                    if read is not None and same_place(names[tid], names[other]) and list(found[other][2].values()) == list(held.values()):
-                        reads[tid] = dict(zip(held, read.values()))
-                        break
+
+        def held_alike(a: dict[int, list[int]], b: dict[int, list[int]]) -> bool:
+            return list(a.values()) == list(b.values())
+
+        def sized_alike(a: dict[int, list[int]], b: dict[int, list[int]]) -> bool:
+            return [len(p) for p in a.values()] == [len(p) for p in b.values()]
+
+        rules = ((lambda a, b: _parent(a) == _parent(b), held_alike),
+                 (lambda a, b: re.sub(r"\d+", "#", a) == re.sub(r"\d+", "#", b), sized_alike))
+        filled = True
+        while filled:  # a read order taken by one rule may be the one another rule gives on
+            filled = False
+            for same_place, alike in rules:
+                for tid, (_, _, held) in found.items():
+                    if reads[tid] is not None:
+                        continue
+                    for other, read in list(reads.items()):
+                        if read is not None and same_place(names[tid], names[other]) and alike(found[other][2], held):
+                            reads[tid] = dict(zip(held, read.values()))
+                            filled = True
+                            break
 
     def _read_slots(self, cand_tid: int, axis: int, transposed: bool, held: dict[int, list[int]]) -> dict[int, list[int]] | None:
         """Where the candidate's own ops read each reference leaf's rows in the fused leaf: position c
@@ -676,12 +702,14 @@ def _module_name(leaf: str) -> str:
     return leaf_name(leaf).rpartition(".")[0].rpartition(".")[2]
 
 
-def _rows_of(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int, bool, dict[int, list[int]]] | None:
+def _rows_of(values: np.ndarray, options: dict[int, np.ndarray], dtype: str) -> tuple[int, bool, dict[int, list[int]]] | None:
     """(axis, transposed, reference tid -> positions) when the reference leaves' rows (slices along
-    one axis, each leaf as stored or transposed) are found among the candidate's, at least one
-    leaf's completely; leaves with no row found fill the positions left, in order, when they fit.
-    A leaf whose every row the candidate holds k times (kv heads repeated for grouped-query
-    attention) has k positions a row: its rows' first copies, then their second copies, and so on."""
+    one axis, each leaf as stored or transposed) are found among the candidate's (of `dtype`: the
+    reference's rows rounded to it, where it is narrower), at least one leaf's completely; leaves
+    with no row found fill the positions left, in order, when they fit. A leaf whose every row the
+    candidate holds k times (kv heads repeated for grouped-query attention) has k positions a row:
+    its rows' first copies, then their second copies, and so on."""
+    options = {tid: rounded_to(ref_values, dtype) for tid, ref_values in options.items()}
     for axis in range(values.ndim):
         held: dict[bytes, list[int]] = {}
         for i in range(values.shape[axis]):

@@ -73,8 +73,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     for role in ("reference", "candidate"):
         parser.add_argument(f"--{role}-python", metavar="PATH",
                             help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate")
-        parser.add_argument(f"--{role}-nproc", type=int, default=1, metavar="N",
-                            help=f"run the {role} side on N processes started by torchrun (tensor parallel; torch.distributed)")
+        parser.add_argument(f"--{role}-nproc", type=int, metavar="N",
+                            help=f"run the {role} side on N processes started by torchrun (tensor parallel; torch.distributed); "
+                                 "default: the model file's NPROC for the side's function, else 1")
 
 
 def _help_texts(description: str) -> dict:
