@@ -1,12 +1,13 @@
 """The seeded-bug benchmark: bugs planted at random sites of many model families, and whether bisectr names them.
 
-    python benchmarks/mutants.py [--sites N] [--seed S] [--families A,B] [--operators X,Y] [--forms copy,sdpa]
+    python benchmarks/mutants.py [--sites N] [--seed S] [--families A,B] [--operators X,Y] [--forms copy,sdpa,kv_widened]
                                  [--sample N] [--workers N] [--json PATH] [--only FAMILY:OPERATOR:SEED[:FORM]]
 
 Each case is a Hugging Face model from a tiny random config (`benchmarks/models/families.py`: 15 families,
 decoders, encoders, a vision transformer and Mamba) against a copy of it through a converter (form `copy`:
-the same op graph) or against the same class with fused attention (form `sdpa`: another op graph), with one bug
-planted by an operator of `benchmarks/models/mutations.py` at a site drawn at random (`--sites` draws per
+the same op graph), against the same class with fused attention (form `sdpa`: another op graph) or, where the
+family shares key-value heads, against the class with a key-value head per query head (form `kv_widened`: the
+converter widens k and v, their weights of another shape), with one bug planted by an operator of `benchmarks/models/mutations.py` at a site drawn at random (`--sites` draws per
 family and operator), or with nothing planted (the controls: the copy as it is and the copy in bfloat16).
 
 A mutant counts only once checked: its candidate repeats itself bit for bit, and with both sides in float64 its
@@ -355,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--operators", default=",".join(OPERATORS))
-    parser.add_argument("--forms", default="copy,sdpa", help=f"how candidates are built: {', '.join(FORMS)}")
+    parser.add_argument("--forms", default="copy,sdpa,kv_widened", help=f"how candidates are built: {', '.join(FORMS)}")
     parser.add_argument("--sample", type=int, default=0, help="a stratified sample of this many cases")
     parser.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     parser.add_argument("--json", type=Path, help="write every row here")

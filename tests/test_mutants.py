@@ -31,7 +31,7 @@ def test_a_stratified_sample_meets_the_targets(tmp_path):
     assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(rows_file.read_text())
     assert {r["operator"] for r in rows} >= {name for name, operator in OPERATORS.items() if operator.kind != "compile"}
-    assert {r["form"] for r in rows} == {"copy", "sdpa"}
+    assert {r["form"] for r in rows} == {"copy", "sdpa", "kv_widened"}
     counted = [r for r in rows if r["excluded"] is None]
     mutated = [r for r in counted if not r["control"]]
     assert len(mutated) >= 30

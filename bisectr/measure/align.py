@@ -140,13 +140,19 @@ class LeafPair:
     status: Literal["equal", "rounded", "different", "unknown"] = "unknown"  # "unknown": values not stored
     description: str = ""  # what differs, for a different pair
     max_rel: float | None = None  # max abs difference / max abs of the reference's values
-    # A part of a fused candidate parameter (q, k and v in one qkv_proj): the positions along
-    # `axis` of the candidate's values that hold the reference leaf's rows, in its order (the
-    # reference's values transposed first where `transposed`); where the candidate holds each row
-    # k times (kv heads repeated), k * rows positions: every row's first copy, then every second.
+    # A part of a fused candidate parameter (q, k and v in one qkv_proj; a rank's shard of them):
+    # the positions along `axis` of the candidate's values that hold rows of the reference leaf (its
+    # values transposed first where `transposed`), and the reference row each holds (`rows`; a row
+    # held at several positions where the candidate repeats it, kv heads for grouped-query attention;
+    # None in runs saved before: position i holds row i modulo the reference's row count).
     slots: list[int] | None = None
     axis: int = 0
     transposed: bool = False
+    rows: list[int] | None = None
+
+    def reference_rows(self, reference_count: int) -> list[int]:
+        """The reference row each of `slots` holds."""
+        return self.rows if self.rows is not None else [i % reference_count for i in range(len(self.slots or []))]
 
 
 @dataclass

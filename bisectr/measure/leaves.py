@@ -37,6 +37,8 @@ from ..leafref import leaf_kind, leaf_name
 # Mantissa bits of the dtypes a cast may round to.
 _MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
 AS_STORED, TRANSPOSED = "as stored", "transposed"
+# Where a fused candidate leaf holds a reference leaf's rows: position along its axis -> reference row.
+Placed = dict[int, int]
 UNREAD = "no op of the forward reads it"
 
 
@@ -140,33 +142,34 @@ def reference_values(reference: Trace, candidate: Trace, alignment: Alignment, p
             filled = values[tid] = np.array(candidate.value(tid), copy=True)
         index = [slice(None)] * filled.ndim
         index[pair.axis] = pair.slots
-        filled[tuple(index)] = _in_slots(ref_values.T if pair.transposed else ref_values, pair.axis, len(pair.slots))
+        oriented = ref_values.T if pair.transposed else ref_values
+        filled[tuple(index)] = np.take(oriented, pair.reference_rows(oriented.shape[pair.axis]), axis=pair.axis)
     return values
 
 
 def _fused_part(reference: Trace, candidate: Trace, cand_tid: int, ref_tid: int, axis: int, transposed: bool,
-                slots: list[int]) -> LeafPair:
+                placed: Placed) -> LeafPair:
     cand_info, ref_info = candidate.tensors[cand_tid], reference.tensors[ref_tid]
-    rows = _row_count(ref_info.shape, axis, transposed)
-    copies = f", each row {len(slots) // rows} times" if len(slots) > rows else ""
-    layout = f"rows {_ranges(slots)}{copies} of axis {axis} of the candidate's {list(cand_info.shape)}" + (", transposed" if transposed else "")
-    leaf = LeafPair(cand_info.leaf, ref_info.leaf, layout, "block", slots=slots, axis=axis, transposed=transposed)
+    slots = sorted(placed)
+    rows = [placed[p] for p in slots]
+    count = _row_count(ref_info.shape, axis, transposed)
+    copies = {rows.count(r) for r in set(rows)}
+    held = "" if len(set(rows)) == count else f" (the reference's rows {_ranges(sorted(set(rows)))} of {count})"
+    repeated = "" if copies == {1} else f", each row {copies.pop()} times" if len(copies) == 1 else ", some rows repeated"
+    layout = (f"rows {_ranges(slots)}{held}{repeated} of axis {axis} of the candidate's {list(cand_info.shape)}"
+              + (", transposed" if transposed else ""))
+    leaf = LeafPair(cand_info.leaf, ref_info.leaf, layout, "block", slots=slots, axis=axis, transposed=transposed, rows=rows)
     if reference.has_value(ref_tid) and candidate.has_value(cand_tid):
         ref_values = reference.value(ref_tid)
-        expected = _in_slots(ref_values.T if transposed else ref_values, axis, len(slots))
-        held = np.take(candidate.value(cand_tid), slots, axis=axis)
-        leaf.status, leaf.description, leaf.max_rel = compare(expected, held, cand_info.dtype, ref_info.dtype)
+        expected = np.take(ref_values.T if transposed else ref_values, rows, axis=axis)
+        values = np.take(candidate.value(cand_tid), slots, axis=axis)
+        leaf.status, leaf.description, leaf.max_rel = compare(expected, values, cand_info.dtype, ref_info.dtype)
     return leaf
 
 
 def _row_count(shape: tuple[int, ...], axis: int, transposed: bool) -> int:
     """How many rows a reference leaf of `shape` has along `axis` (of its transpose, where `transposed`)."""
     return shape[::-1 if transposed else 1][axis]
-
-
-def _in_slots(rows: np.ndarray, axis: int, slots: int) -> np.ndarray:
-    """A reference leaf's rows along `axis` once per copy the candidate holds (`slots` of them in all)."""
-    return np.take(rows, np.arange(slots) % rows.shape[axis], axis=axis)
 
 
 def _ranges(positions: list[int]) -> str:
@@ -371,7 +374,7 @@ class _Pairer:
         naively, kv heads tiled where the ops repeat them in place) are different, described by both."""
         reference, candidate = self.traces["reference"], self.traces["candidate"]
         taken = {m.reference for m in matches.values()}
-        found: dict[int, tuple[int, bool, dict[int, list[int]]]] = {}
+        found: dict[int, tuple[int, bool, dict[int, Placed]]] = {}
         for cand_tid in self.candidate_leaves:
             if cand_tid in matches or not candidate.has_value(cand_tid):
                 continue
@@ -380,7 +383,7 @@ class _Pairer:
             parents = {_parent(reference.tensors[t].leaf) for t in place}
             nearby = place + [t for t in self.reference_leaves if t not in place and _parent(reference.tensors[t].leaf) in parents]
             options = [t for t in nearby if t not in taken and reference.has_value(t)
-                       and reference.tensors[t].size < values.size and _same_kind(reference.tensors[t].leaf, candidate.tensors[cand_tid].leaf)]
+                       and reference.tensors[t].size <= values.size and _same_kind(reference.tensors[t].leaf, candidate.tensors[cand_tid].leaf)]
             laid_out = _rows_of(values, {t: reference.value(t) for t in options}, candidate.tensors[cand_tid].dtype)
             if laid_out is not None:
                 found[cand_tid] = laid_out
@@ -390,7 +393,7 @@ class _Pairer:
         fused: dict[int, list[LeafPair]] = {}
         for cand_tid, (axis, transposed, held) in found.items():
             read = reads[cand_tid] or held
-            parts = [_fused_part(reference, candidate, cand_tid, t, axis, transposed, positions) for t, positions in read.items()]
+            parts = [_fused_part(reference, candidate, cand_tid, t, axis, transposed, placed) for t, placed in read.items()]
             if read != held:
                 text = self._misread(held, read, axis, transposed)
                 for part in parts:
@@ -399,22 +402,20 @@ class _Pairer:
             fused[cand_tid] = parts
         return fused
 
-    def _misread(self, held: dict[int, list[int]], read: dict[int, list[int]], axis: int, transposed: bool) -> str:
+    def _misread(self, held: dict[int, Placed], read: dict[int, Placed], axis: int, transposed: bool) -> str:
         """How a fused or repeated leaf holds its reference leaves' rows in another order than its ops read them."""
         reference = self.traces["reference"]
-        rows = {t: _row_count(reference.tensors[t].shape, axis, transposed) for t in read}
         if len(read) == 1:
-            (tid, positions), = read.items()
-            size, held_blocks, read_blocks = _blocks(held[tid], positions, rows[tid])
-            how = "repeated" if len(positions) > rows[tid] else "permuted"
+            (tid, placed), = read.items()
+            size, held_blocks, read_blocks = _blocks(held[tid], placed, _row_count(reference.tensors[tid].shape, axis, transposed))
+            how = "repeated" if len(placed) > len(set(placed.values())) else "permuted"
             return (f"blocks {how} along axis {axis}: holds the reference's blocks of {size} in order {held_blocks} "
                     f"where its ops read them in order {read_blocks}")
         names = {t: _module_name(reference.tensors[t].leaf) for t in read}
-        return (f"blocks permuted along axis {axis}: holds {_layout_text(held, names, rows)} "
-                f"where its ops read {_layout_text(read, names, rows)}")
+        return (f"blocks permuted along axis {axis}: holds {_layout_text(held, names)} "
+                f"where its ops read {_layout_text(read, names)}")
 
-    def _fill_unread(self, found: dict[int, tuple[int, bool, dict[int, list[int]]]],
-                     reads: dict[int, dict[int, list[int]] | None]) -> None:
+    def _fill_unread(self, found: dict[int, tuple[int, bool, dict[int, Placed]]], reads: dict[int, dict[int, Placed] | None]) -> None:
         """Leaves whose ops do not say where they are read take the read order of another: first of one
         of the same module's parent holding its rows at the same positions (the k projection, whose
         rotary embedding mixes values before the heads are repeated, read as the v projection next to
@@ -424,10 +425,10 @@ class _Pairer:
         candidate = self.traces["candidate"]
         names = {tid: candidate.tensors[tid].leaf for tid in found}
 
-        def held_alike(a: dict[int, list[int]], b: dict[int, list[int]]) -> bool:
+        def held_alike(a: dict[int, Placed], b: dict[int, Placed]) -> bool:
             return list(a.values()) == list(b.values())
 
-        def sized_alike(a: dict[int, list[int]], b: dict[int, list[int]]) -> bool:
+        def sized_alike(a: dict[int, Placed], b: dict[int, Placed]) -> bool:
             return [len(p) for p in a.values()] == [len(p) for p in b.values()]
 
         rules = ((lambda a, b: _parent(a) == _parent(b), held_alike),
@@ -445,7 +446,7 @@ class _Pairer:
                             filled = True
                             break
 
-    def _read_slots(self, cand_tid: int, axis: int, transposed: bool, held: dict[int, list[int]]) -> dict[int, list[int]] | None:
+    def _read_slots(self, cand_tid: int, axis: int, transposed: bool, held: dict[int, Placed]) -> dict[int, Placed] | None:
         """Where the candidate's own ops read each reference leaf's rows in the fused leaf: position c
         holds row r of a reference leaf when a tensor the candidate copies out of the fused op's
         output (by reshapes, splits, transposes, repeats) holds column c where the paired reference
@@ -459,7 +460,7 @@ class _Pairer:
             return None
         rows = {t: _row_count(reference.tensors[t].shape, axis, transposed) for t in held}
         part_outs = {t: _output_columns(reference, self.readers["reference"], t, rows[t]) for t in held}
-        read: dict[int, list[int]] = {}
+        read: dict[int, Placed] = {}
         for copy in self._copies(fused_out):
             pair = self.alignment.tensors.get(copy.tid)
             if pair is None or pair.part is not None or not reference.has_value(pair.reference):
@@ -472,14 +473,13 @@ class _Pairer:
                 if wanted is None:
                     continue
                 holding = part_out.columns_of(candidate.value(copy.tid))
-                votes = _row_per_position(copy.columns, wanted, holding, held[ref_tid], rows[ref_tid])
-                slots = None if votes is None else _slots_of(votes, rows[ref_tid], len(held[ref_tid]))
-                if slots is not None:
-                    read[ref_tid] = slots
+                votes = _row_per_position(copy.columns, wanted, holding, held[ref_tid])
+                if votes is not None and len(votes) == len(held[ref_tid]) and max(votes.values()) < rows[ref_tid]:
+                    read[ref_tid] = votes
         if not read:
             return None
-        read = _with_the_rest(read, {t: len(positions) for t, positions in held.items() if t not in read}, candidate.tensors[cand_tid].shape[axis])
-        positions = [p for slots in read.values() for p in slots]
+        read = _with_the_rest(read, {t: len(placed) for t, placed in held.items() if t not in read}, candidate.tensors[cand_tid].shape[axis])
+        positions = [p for placed in read.values() for p in placed]
         if len(read) != len(held) or len(set(positions)) != len(positions):
             return None
         return {t: read[t] for t in held}
@@ -540,7 +540,8 @@ class _Pairer:
         return _Match(options[0], _shape_transform(self.traces["reference"].tensors[options[0]].shape, cand_info.shape), None, "block")
 
     def _anywhere_by_values(self, cand_tid: int, taken: set[int]) -> _Match | None:
-        """A reference leaf anywhere holding the same values in some order (its layout then decided by shape)."""
+        """A reference leaf anywhere holding the same values in some order (its layout then decided by
+        shape), else one a slice of which they are (a rank's rows of a vocabulary-parallel embedding)."""
         candidate, reference = self.traces["candidate"], self.traces["reference"]
         cand_info = candidate.tensors[cand_tid]
         if not candidate.has_value(cand_tid):
@@ -555,6 +556,11 @@ class _Pairer:
             if np.array_equal(np.sort(reference.value(ref_tid), axis=None), wanted):
                 match = self._by_values(cand_tid, ref_tid, "values")
                 return match or _Match(ref_tid, _shape_transform(ref_info.shape, cand_info.shape), None, "values")
+        for ref_tid in self.reference_leaves:
+            if ref_tid not in taken and reference.tensors[ref_tid].size > cand_info.size and reference.has_value(ref_tid):
+                match = self._by_values(cand_tid, ref_tid, "values")
+                if match is not None:
+                    return match
         return None
 
     def _by_name(self, cand_tid: int, taken: set[int]) -> _Match | None:
@@ -629,16 +635,14 @@ def _output_columns(trace: Trace, readers: dict[int, list[int]], leaf: int, rows
     return None
 
 
-def _row_per_position(columns: np.ndarray, wanted: np.ndarray, holding: np.ndarray | None,
-                      held: list[int], rows: int) -> dict[int, int] | None:
+def _row_per_position(columns: np.ndarray, wanted: np.ndarray, holding: np.ndarray | None, held: Placed) -> Placed | None:
     """Fused leaf position -> the reference row the ops read there, from a copy's elements: `columns`
     (the position each came from, -1 where its value sits at several), `wanted` (the reference row
     the paired reference element came from) and `holding` (the reference row whose value each
     holds). A known position takes the row nine in ten of its elements want. The elements holding a
-    row the leaf holds at several positions (`held[row::rows]`) want one row at all of them, or
-    as many rows as there are positions, taken in the order they first appear. None where the
-    elements say neither."""
-    votes: dict[int, int] = {}
+    row the leaf holds at several positions (`held`) want one row at all of them, or as many rows as
+    there are positions, taken in the order they first appear. None where the elements say neither."""
+    votes: Placed = {}
     known = (columns >= 0) & (wanted >= 0)
     for position in np.unique(columns[known]):
         want = wanted[known & (columns == position)]
@@ -650,7 +654,7 @@ def _row_per_position(columns: np.ndarray, wanted: np.ndarray, holding: np.ndarr
         return votes
     ambiguous = (columns < 0) & (wanted >= 0) & (holding >= 0)
     for row in np.unique(holding[ambiguous]):
-        positions = held[int(row)::rows]
+        positions = sorted(p for p, r in held.items() if r == row)
         values, first, counts = np.unique(wanted[ambiguous & (holding == row)], return_index=True, return_counts=True)
         common = counts >= 0.1 * counts.max()
         in_order = [int(v) for v in values[common][np.argsort(first[common])]]
@@ -663,23 +667,9 @@ def _row_per_position(columns: np.ndarray, wanted: np.ndarray, holding: np.ndarr
     return votes
 
 
-def _slots_of(votes: dict[int, int], rows: int, count: int) -> list[int] | None:
-    """`votes` (position -> reference row) as slots (every row's first position, then every second, ...),
-    when they place each of the `rows` rows the same number of times, `count` positions in all."""
-    at: list[list[int]] = [[] for _ in range(rows)]
-    for position, row in sorted(votes.items()):
-        if row >= rows:
-            return None
-        at[row].append(position)
-    copies = {len(positions) for positions in at}
-    if len(copies) != 1 or copies.pop() * rows != count:
-        return None
-    return [positions[copy] for copy in range(count // rows) for positions in at]
-
-
-def _layout_text(slots: dict[int, list[int]], names: dict[int, str], rows: dict[int, int]) -> str:
+def _layout_text(slots: dict[int, Placed], names: dict[int, str]) -> str:
     """'q_proj 0:64, k_proj 0:32, ...': which reference rows the positions hold, in position order."""
-    at = sorted((position, tid, i % rows[tid]) for tid, positions in slots.items() for i, position in enumerate(positions))
+    at = sorted((position, tid, row) for tid, placed in slots.items() for position, row in placed.items())
     runs: list[tuple[int, int, int]] = []  # (tid, first row, last row)
     for _, tid, row in at:
         if runs and runs[-1][0] == tid and runs[-1][2] == row - 1:
@@ -689,10 +679,9 @@ def _layout_text(slots: dict[int, list[int]], names: dict[int, str], rows: dict[
     return ", ".join(f"{names[tid]} {first}:{last + 1}" for tid, first, last in runs)
 
 
-def _blocks(held: list[int], read: list[int], rows: int) -> tuple[int, list[int], list[int]]:
-    """(block size, the reference's blocks in position order as held, as read) for one leaf's slots."""
-    row_at = [{position: i % rows for i, position in enumerate(slots)} for slots in (held, read)]
-    orders = [[at[p] for p in sorted(at)] for at in row_at]
+def _blocks(held: Placed, read: Placed, rows: int) -> tuple[int, list[int], list[int]]:
+    """(block size, the reference's blocks in position order as held, as read) for one leaf's rows."""
+    orders = [[placed[p] for p in sorted(placed)] for placed in (held, read)]
     size = math.gcd(rows, *(len(run) for order in orders for run in consecutive_runs(order)))
     return size, *([order[k] // size for k in range(0, len(order), size)] for order in orders)
 
@@ -702,44 +691,50 @@ def _module_name(leaf: str) -> str:
     return leaf_name(leaf).rpartition(".")[0].rpartition(".")[2]
 
 
-def _rows_of(values: np.ndarray, options: dict[int, np.ndarray], dtype: str) -> tuple[int, bool, dict[int, list[int]]] | None:
-    """(axis, transposed, reference tid -> positions) when the reference leaves' rows (slices along
-    one axis, each leaf as stored or transposed) are found among the candidate's (of `dtype`: the
-    reference's rows rounded to it, where it is narrower), at least one leaf's completely; leaves
-    with no row found fill the positions left, in order, when they fit. A leaf whose every row the
-    candidate holds k times (kv heads repeated for grouped-query attention) has k positions a row:
-    its rows' first copies, then their second copies, and so on."""
+def _rows_of(values: np.ndarray, options: dict[int, np.ndarray], dtype: str) -> tuple[int, bool, dict[int, Placed]] | None:
+    """(axis, transposed, reference tid -> where its rows are) when the reference leaves' rows (slices
+    along one axis, each leaf as stored or transposed) are found among the candidate's (of `dtype`:
+    the reference's rows rounded to it, where it is narrower): at least one leaf's completely, or
+    every row of the candidate (a rank's shard of a fused weight); a leaf with no row found fills the
+    positions left, in order, where it fits. A row the candidate holds several times (kv heads
+    repeated for grouped-query attention) is placed at each of them."""
     options = {tid: rounded_to(ref_values, dtype) for tid, ref_values in options.items()}
     for axis in range(values.ndim):
         held: dict[bytes, list[int]] = {}
         for i in range(values.shape[axis]):
             held.setdefault(np.take(values, i, axis=axis).astype(np.float32).tobytes(), []).append(i)
         for transposed in (False, True) if values.ndim == 2 else (False,):
-            slots: dict[int, list[int]] = {}
+            slots: dict[int, Placed] = {}
+            complete = False
             missing: list[int] = []
             for tid, ref_values in options.items():
                 rows = ref_values.T if transposed else ref_values
                 if rows.ndim != values.ndim or any(r != v for i, (r, v) in enumerate(zip(rows.shape, values.shape)) if i != axis):
                     continue
-                where = [held.get(np.take(rows, j, axis=axis).astype(np.float32).tobytes()) for j in range(rows.shape[axis])]
-                if None not in where and _informative(rows):
-                    copies = {len(w) for w in where}
-                    slots[tid] = [w[copy] for copy in range(copies.pop() if len(copies) == 1 else 1) for w in where]
-                elif all(w is None for w in where):
+                where = {j: held.get(np.take(rows, j, axis=axis).astype(np.float32).tobytes()) for j in range(rows.shape[axis])}
+                found = {j: at for j, at in where.items() if at is not None}
+                if len(found) < len(where):  # a part of a leaf only by rows that tell leaves apart (not single numbers)
+                    found = {j: at for j, at in found.items() if _informative(np.take(rows, j, axis=axis))}
+                if found and _informative(rows):
+                    slots[tid] = {position: j for j, at in found.items() for position in at}
+                    complete |= len(found) == len(where)
+                elif all(at is None for at in where.values()):
                     missing.append(tid)
-            if not slots:
+            covered = len({p for placed in slots.values() for p in placed}) == values.shape[axis]
+            if not (complete or covered):
                 continue
             sizes = {t: (options[t].T if transposed else options[t]).shape[axis] for t in missing}
             return axis, transposed, _with_the_rest(slots, sizes, values.shape[axis])
     return None
 
 
-def _with_the_rest(slots: dict[int, list[int]], missing: dict[int, int], positions: int) -> dict[int, list[int]]:
-    """`slots` (reference tid -> positions in a fused leaf of `positions` rows), and the one leaf of
-    `missing` (tid -> its row count) given the positions no other holds, where it is one and fits."""
-    free = sorted(set(range(positions)) - {p for rows in slots.values() for p in rows})
+def _with_the_rest(slots: dict[int, Placed], missing: dict[int, int], positions: int) -> dict[int, Placed]:
+    """`slots` (reference tid -> where its rows are in a fused leaf of `positions` rows), and the one
+    leaf of `missing` (tid -> its row count) given the positions no other holds, in order, where it is
+    one and fits."""
+    free = sorted(set(range(positions)) - {p for placed in slots.values() for p in placed})
     if len(missing) == 1 and next(iter(missing.values())) == len(free):
-        return {**slots, next(iter(missing)): free}
+        return {**slots, next(iter(missing)): {p: row for row, p in enumerate(free)}}
     return slots
 
 
