@@ -47,6 +47,7 @@ SAME_LAYOUT = 1e-3  # tensors of equal shapes this close are taken to share thei
 CLEARLY_CLOSER = 0.1  # an out-of-order occurrence wins only when this many times closer in value
 MAX_PERMUTED_DIMS = 5
 MAX_GAP_CELLS = 250_000  # gap DP size above which gaps are matched greedily
+SAME_MODULE = 0.5  # what a gap's pairing gains for two ops of the same module path, beside their similarity
 _LAYER_NUMBER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 # A layout transform: the permutation that turns the reference tensor's values into
@@ -552,22 +553,28 @@ def _match_gap(sides: _TracePair, gap_cand: list[int], gap_ref: list[int]) -> li
             return None
         return 2.0 - value_distance(a, b)
 
+    def gain(c: OpNode, r: OpNode) -> float | None:
+        """What pairing c with r adds: one, its similarity, and a share for the same module (of two
+        multiplies where the reference has one, the one in the module the reference's is in)."""
+        s = similarity(c, r)
+        return None if s is None else 1.0 + s + (SAME_MODULE if c.module == r.module else 0.0)
+
     n, m = len(cand_ops), len(ref_ops)
     if n * m > MAX_GAP_CELLS:
         return _match_gap_greedy(cand_ops, ref_ops, similarity)
     score = np.zeros((n + 1, m + 1))
     for i in range(1, n + 1):
         for j in range(1, m + 1):
-            s = similarity(cand_ops[i - 1], ref_ops[j - 1])
+            g = gain(cand_ops[i - 1], ref_ops[j - 1])
             best = max(score[i - 1, j], score[i, j - 1])
-            if s is not None:
-                best = max(best, score[i - 1, j - 1] + 1.0 + s)
+            if g is not None:
+                best = max(best, score[i - 1, j - 1] + g)
             score[i, j] = best
     matches = []
     i, j = n, m
     while i > 0 and j > 0:
         s = similarity(cand_ops[i - 1], ref_ops[j - 1])
-        if s is not None and np.isclose(score[i, j], score[i - 1, j - 1] + 1.0 + s):
+        if s is not None and np.isclose(score[i, j], score[i - 1, j - 1] + gain(cand_ops[i - 1], ref_ops[j - 1])):
             matches.append((cand_ops[i - 1].index, ref_ops[j - 1].index, 2.0 - s))
             i, j = i - 1, j - 1
         elif score[i - 1, j] >= score[i, j - 1]:
