@@ -9,7 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Torch's own machinery (torch.compile, torchrun's ranks, signals) or the benchmarks: the first CI
+# environment runs these, the PaddleFormers one (numpy 1.26) does not (see .ci/run).
+pytestmark = pytest.mark.once
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
 def documentation() -> str:
     """The README and every page of docs/, where the benchmarks' commands are given."""
     return "\n".join(page.read_text() for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])

@@ -69,6 +69,7 @@ def test_bfloat16_mixtral_whose_grouped_mm_stays_narrow_in_float64_is_noise():
     assert row["verdict"] == "noise", row
 
 
+@pytest.mark.once  # torch.compile's machinery: the first CI environment only
 def test_a_wrong_gelu_decomposition_in_compiled_bert_is_named_at_its_compiler_step():
     """BERT compiled with aten.gelu decomposed as the tanh formula (what a compiled BERT's exact GELU lowered
     as tanh looks like): `divergent`, inside the compiled code the first GELU, the compiler step named."""
@@ -78,6 +79,7 @@ def test_a_wrong_gelu_decomposition_in_compiled_bert_is_named_at_its_compiler_st
     assert "decomposition applied to aten.gelu.default" in row["culprit"]
 
 
+@pytest.mark.once  # torch.compile's machinery: the first CI environment only
 def test_compiled_bfloat16_bert_whose_dtype_only_its_compiled_code_shows_is_noise():
     """The bfloat16 copy compiled whole: one recorded op, `compiled`, whose tensors are the ids and the float32
     outputs, and whose float64 run keeps the float32 cast it compiled. Its local error (2.5e-2) is judged

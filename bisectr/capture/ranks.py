@@ -41,6 +41,9 @@ from .trace import RANKS_DIFFER, Trace
 RANK_TIMEOUT_S = float(os.environ.get("BISECTR_RANK_TIMEOUT", "60"))
 _CONNECT_TIMEOUT_S = 120.0  # torchrun's start and each rank's interpreter
 _STOP_TIMEOUT_S = 5.0
+# Once a rank has failed, how long the others have to answer: those that fail the same way answer at
+# once; the rest wait in a collective the failed rank never joins.
+_AFTER_FAILURE_S = 5.0
 
 # Run by each rank's interpreter (torchrun --no-python): connect back, then serve requests. Needs only
 # the standard library until bisectr is imported, so that an interpreter without it says so.
@@ -218,8 +221,9 @@ class RankedSide:
 
     def _collect(self, what: str) -> list[Any]:
         """Every rank's answer to the request just sent, by rank. Once one rank has answered, the others have
-        the rank timeout. A rank's error is raised naming the rank; where every rank answered, the ranks are
-        still in lockstep and serve the next request (a float64 run every rank refuses), else they are stopped."""
+        the rank timeout, and once one has failed, a few seconds. A rank's error is raised naming the rank;
+        where every rank answered, the ranks are still in lockstep and serve the next request (a float64 run
+        every rank refuses), else they are stopped."""
         answers: queue.Queue = queue.Queue()
         for rank, (_, replies) in enumerate(self.streams):
             threading.Thread(target=_read_reply, args=(rank, replies, answers), daemon=True).start()
@@ -245,6 +249,8 @@ class RankedSide:
             else:
                 failed[rank] = (status, body)
             deadline = deadline or time.monotonic() + RANK_TIMEOUT_S
+            if failed:
+                deadline = min(deadline, time.monotonic() + _AFTER_FAILURE_S)
         if failed:
             rank = min(failed)
             status, body = failed[rank]
