@@ -366,8 +366,10 @@ def _drop_layout_pairs_that_cannot_correspond(sides: _TracePair, pairs: dict[int
         same_shapes = cand_in.shape == ref_in.shape and \
             candidate.tensors[cand_op.outputs[0]].shape == reference.tensors[ref_op.outputs[0]].shape
         cand_from, ref_from = cand_in.producer, ref_in.producer
+        # A slice or a cast may read what an op the reference lacks made (an extra scale before a norm's cast):
+        # only a candidate input made by an op paired elsewhere rules it out.
         paired_elsewhere = (cand_from is not None and cand_from in pairs and pairs[cand_from][0] != ref_from) or \
-                           (ref_from is not None and ref_from in cand_of and cand_of[ref_from] != cand_from)
+                           (cand_op.op in LAYOUT_OPS and ref_from is not None and ref_from in cand_of and cand_of[ref_from] != cand_from)
         if paired_elsewhere or not same_shapes:
             del pairs[c]
             del cand_of[r]
