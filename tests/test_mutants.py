@@ -1,7 +1,7 @@
 """The seeded-bug benchmark (`benchmarks/mutants.py`) on a stratified sample, and cases it found wrong once.
 
-The sample holds every operator and both forms at least once, plus controls; the full run (`python
-benchmarks/mutants.py`, ~900 cases) is a benchmark, its table in docs/benchmarks.md.
+The sample holds every operator in every form it applies to at least once, plus controls; the full run (`python
+benchmarks/mutants.py`, ~930 cases) is a benchmark, its table in docs/third-party-models.md.
 """
 import json
 import os
