@@ -2,6 +2,7 @@
 
     python benchmarks/mutants.py [--sites N] [--seed S] [--families A,B] [--operators X,Y] [--forms copy,sdpa,kv_widened]
                                  [--sample N] [--workers N] [--json PATH] [--only FAMILY:OPERATOR:SEED[:FORM]]
+                                 [--device cuda]
 
 Each case is a Hugging Face model from a tiny random config (`benchmarks/models/families.py`: 15 families,
 decoders, encoders, a vision transformer and Mamba) against a copy of it through a converter (form `copy`:
@@ -25,6 +26,8 @@ control, and re-runs against ceil(log2 ops) + 3. Exit status 1 when a case is wr
 `--sample N` runs a stratified sample of N cases (every operator and every family at least once, with the
 controls): what CI runs. `--only` runs one case and prints its row (`bisectr bisect
 benchmarks/models/mutant_pair.py` with `BISECTR_MUTANT` set to the case prints bisectr's report of it).
+`--device cuda` runs every candidate on the GPU (the reference stays on the CPU): the controls are then CPU against
+GPU rounding.
 """
 from __future__ import annotations
 
@@ -170,7 +173,7 @@ def _outputs(model, inputs) -> "torch.Tensor":
         out = model(**inputs)
     first = out if torch.is_tensor(out) else next(v for v in (out.values() if hasattr(out, "values") else out)
                                                    if torch.is_tensor(v))
-    return first.double()
+    return first.double().cpu()
 
 
 def _relative(a, b) -> float:
@@ -181,15 +184,16 @@ def check(case: Case, row: Row) -> None:
     """Fill `row`'s site and validity: deterministic, and visible above float32 rounding."""
     import torch
     from families import build
-    from mutant_pair import mutant
+    from mutant_pair import mutant, on_candidate_device
 
     reference, inputs = build(case.family)
     reference32 = _outputs(reference, inputs)
     if not case.is_control:  # the unmutated copy first: a compiler bug is planted for the whole process
         copy, _, _ = mutant(case.family, "none", 0, case.form)
-        copy_error = _relative(_outputs(copy, inputs), reference32)
+        copy_error = _relative(_outputs(*on_candidate_device(copy, inputs)), reference32)
         torch._dynamo.reset()  # compiled code is cached by code object: the mutant's must be compiled anew
     candidate, _, site = mutant(case.family, case.operator, case.seed, case.form)
+    candidate, inputs = on_candidate_device(candidate, inputs)
     if site is not None:
         row.site, row.expected_module, row.expected_leaf, row.expected_aten = site.what, site.module, site.leaf, site.aten
     if case.is_control:
@@ -200,7 +204,7 @@ def check(case: Case, row: Row) -> None:
         return
     inputs64 = {k: v.double() if torch.is_tensor(v) and torch.is_floating_point(v) else v for k, v in inputs.items()}
     try:
-        reference64 = _outputs(reference.double(), inputs64)
+        reference64 = _outputs(reference.double(), {k: v.cpu() if torch.is_tensor(v) else v for k, v in inputs64.items()})
         row.rounding = max(_relative(reference32, reference64), copy_error)
         row.float64_error = _relative(_outputs(candidate.double(), inputs64), reference64)
     except RuntimeError:  # an op without a float64 kernel (torch._grouped_mm): the float32 errors judge
@@ -348,7 +352,7 @@ def table(rows: list[dict]) -> tuple[str, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     from families import FAMILIES
-    from mutant_pair import FORMS
+    from mutant_pair import DEVICE, FORMS
     from mutations import OPERATORS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -361,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--only", help="one case, FAMILY:OPERATOR:SEED[:FORM]: print its row")
+    parser.add_argument("--device", default="cpu", help="where the candidates run (cuda: on the GPU)")
     args = parser.parse_args(argv)
+    os.environ[DEVICE] = args.device  # read by each case's model file, in every worker
     _quiet()
     if args.only:
         row = evaluate(args.only)
@@ -370,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = plant(args.families.split(","), args.operators.split(","), args.sites, args.seed, args.forms.split(","))
     if args.sample:
         cases = sample(cases, args.sample, args.seed)
-    print(f"{len(cases)} cases ({sum(c.is_control for c in cases)} controls), {args.workers} workers", flush=True)
+    print(f"{len(cases)} cases ({sum(c.is_control for c in cases)} controls), {args.workers} workers, candidates on "
+          f"{args.device}", flush=True)
     started = time.perf_counter()
 
     def progress(row: dict) -> dict:

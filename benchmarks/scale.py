@@ -2,6 +2,7 @@
 """bisectr at seed 000's size: the CTRL-sized pair (benchmarks/models/ctrl.py), plain against bisect.
 
     python benchmarks/scale.py [--layers N] [--pairs torch,paddle] [--value-budget MB] [--isolate] [--train STEPS] [--json PATH]
+                               [--device cuda] [--dtype bfloat16]
 
 For each pair (torch vs torch: `candidate`; torch vs paddle: `candidate_paddle`), two subprocesses,
 one after the other on the same machine:
@@ -16,6 +17,8 @@ the bytes of both sides' weights, the search (`Run.bisect()`) in forwards of bot
 each stage of the bisect. Targets (issue 29): peak <= 1.5x plain, time <= 5x plain, the search <= 10x
 one forward of both sides. `--isolate` runs each side of the bisect in its own worker process, as
 `bisectr bisect --isolate` does; its peak is then the largest process's (each worker holds one model).
+`--device` and `--dtype` put the torch candidate on another device (`cuda`) and in another dtype (`bfloat16`);
+the reference stays float32 on the CPU. The peak is the host's memory, not the GPU's.
 
 `--train STEPS` measures `bisectr train` instead: **plain** builds both models and trains each STEPS
 AdamW steps (both held at once, the loss the sum of the outputs); **train** is `bisectr.training.train`
@@ -132,8 +135,10 @@ def main() -> int:
     parser.add_argument("--isolate", action="store_true", help="each side of the bisect in its own process")
     parser.add_argument("--train", type=int, metavar="STEPS", help="measure bisectr train over STEPS steps")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--device", default="cpu", help="where the torch candidate runs")
+    parser.add_argument("--dtype", default="float32", help="the torch candidate's dtype")
     args = parser.parse_args()
-    os.environ["BISECTR_CTRL_LAYERS"] = str(args.layers)
+    os.environ.update(BISECTR_CTRL_LAYERS=str(args.layers), BISECTR_CTRL_DEVICE=args.device, BISECTR_CTRL_DTYPE=args.dtype)
     rows = train_rows(args) if args.train else bisect_rows(args)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
@@ -148,7 +153,8 @@ def bisect_rows(args: argparse.Namespace) -> list[dict]:
         with tempfile.TemporaryDirectory() as scratch:
             bisect, bisect_peak = measured(BISECT, str(MODEL_FILE), function, str(Path(scratch) / "run"), args.value_budget,
                                            "isolate" if args.isolate else "in-process")
-        rows.append({"pair": f"torch vs {pair}", "layers": args.layers, "isolate": args.isolate, "plain_seconds": plain["seconds"],
+        label = f"torch vs {pair}" + (f" ({args.device}, {args.dtype})" if pair == "torch" else "")
+        rows.append({"pair": label, "layers": args.layers, "isolate": args.isolate, "plain_seconds": plain["seconds"],
                      "plain_peak": plain_peak, "weights": plain["weights"], **{f"bisect_{k}": v for k, v in bisect.items()},
                      "bisect_peak": bisect_peak, "peak_ratio": bisect_peak / plain_peak,
                      "time_ratio": bisect["seconds"] / plain["seconds"], "run_dir_ratio": bisect["run_dir"] / plain["weights"],

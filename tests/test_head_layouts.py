@@ -42,6 +42,22 @@ def test_kv_heads_tiled_by_the_converter_are_the_k_and_v_weights_of_every_layer(
     assert _within_budget(result)
 
 
+def test_kv_heads_tiled_are_named_where_no_value_equals_the_references_bit_for_bit():
+    # As a GPU candidate against a CPU reference: the port's norm rounds otherwise, so the k projection's
+    # outputs hold the reference's values only to rounding, and which row each position holds is read
+    # from values near the reference's.
+    result = bisect(GQA, "candidate_kv_heads_tiled_rounded_otherwise")
+    culprit, confirmation = result["culprit"], result["confirmation"]
+    assert result["verdict"] == "divergent" and culprit["leaf"] == "model.layers.0.self_attn.k_proj.weight"
+    assert culprit["description"] == ("blocks repeated along axis 0: holds the reference's blocks of 16 in order "
+                                      "[0, 1, 0, 1] where its ops read them in order [0, 0, 1, 1]")
+    assert len(result["recurrences"]) == 6
+    assert confirmation["confirmed"] and confirmation["leaves"] == 12 and confirmation["output_error"] < 1e-5
+    correct = bisect(GQA, "candidate_kv_heads_expanded_rounded_otherwise")
+    assert correct["verdict"] == "noise" and 1e-7 < correct["output_error"]["max_rel"] < 1e-5
+    assert correct["leaves"]["summary"].startswith("40 leaves paired (40 equal)")
+
+
 def test_q_and_k_rows_permuted_for_the_other_rotary_convention_say_which_row_each_holds():
     result = bisect(GQA, "candidate_rotary_rows_permuted")
     culprit = result["culprit"]

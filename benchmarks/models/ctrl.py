@@ -7,7 +7,9 @@ side's build needs the other's model): weights 0.02 * N(0, 1), biases 0.1 * N(0,
 1 + 0.1 * N(0, 1).
 
 - `reference()`: `transformers.GPT2Model`, tanh GELU ("gelu_new", GPT-2's) in every layer.
-- `candidate()`: the same model with the exact GELU in layer `planted_layer()` (`h.N.mlp.act`).
+- `candidate()`: the same model with the exact GELU in layer `planted_layer()` (`h.N.mlp.act`), on the device
+  `BISECTR_CTRL_DEVICE` names (default `cpu`; `cuda` for the GPU) in the dtype `BISECTR_CTRL_DTYPE` names
+  (default `float32`; `bfloat16` for the bfloat16 port of a float32 reference).
 - `candidate_paddle()`: a PaddlePaddle port of it (paddle `Linear` stores the weight as HF's `Conv1D`
   does, (in, out): weights converted as stored), the exact GELU in the same layer.
 
@@ -45,7 +47,7 @@ def _input_ids() -> np.ndarray:
     return np.random.default_rng(1).integers(0, VOCAB, size=(1, TOKENS))
 
 
-def _torch_model(exact_gelu_layer: int | None):
+def _torch_model(exact_gelu_layer: int | None, device: str = "cpu", dtype: str = "float32"):
     hide_broken_torchcodec()
     import torch
     from transformers import GPT2Config, GPT2Model
@@ -60,7 +62,8 @@ def _torch_model(exact_gelu_layer: int | None):
             p.copy_(torch.from_numpy(_value(name, tuple(p.shape))))
     if exact_gelu_layer is not None:
         model.h[exact_gelu_layer].mlp.act = ACT2FN["gelu"]
-    return model, {"input_ids": torch.from_numpy(_input_ids()), "use_cache": False}
+    model = model.to(device=device, dtype=getattr(torch, dtype))
+    return model, {"input_ids": torch.from_numpy(_input_ids()).to(device), "use_cache": False}
 
 
 def reference():
@@ -68,7 +71,8 @@ def reference():
 
 
 def candidate():
-    return _torch_model(planted_layer())
+    return _torch_model(planted_layer(), os.environ.get("BISECTR_CTRL_DEVICE", "cpu"),
+                        os.environ.get("BISECTR_CTRL_DTYPE", "float32"))
 
 
 def candidate_paddle():

@@ -12,6 +12,8 @@ environment: `BISECTR_MUTANT=FAMILY:OPERATOR:SEED[:FORM]`, e.g. `llama:rows_perm
   for the `widen` operators, converter mistakes in that widening. The controls plant nothing: `none` (the copy as it is),
   `bfloat16` (the copy run in bfloat16, its outputs cast back to float32).
 
+`BISECTR_MUTANT_DEVICE` (default `cpu`) is where the candidate runs, e.g. `cuda`: the reference stays on the CPU.
+
     BISECTR_MUTANT=gpt2:transposed:0 bisectr bisect benchmarks/models/mutant_pair.py
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ from families import build  # noqa: E402
 from mutations import OPERATORS, Site  # noqa: E402
 
 CONTROLS = ("none", "bfloat16")
+DEVICE = "BISECTR_MUTANT_DEVICE"
 FORMS = ("copy", "sdpa", "compiled", "kv_widened")
 
 
@@ -103,6 +106,14 @@ def _in_bfloat16(model):
     return InBfloat16(model)
 
 
+def on_candidate_device(model, inputs: dict):
+    """`(model, inputs)` moved to the candidate's device (`BISECTR_MUTANT_DEVICE`)."""
+    import torch
+
+    device = os.environ.get(DEVICE, "cpu")
+    return model.to(device), {k: v.to(device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+
 def candidate():
     model, inputs, _ = mutant(*spec())
-    return model, inputs
+    return on_candidate_device(model, inputs)

@@ -33,6 +33,7 @@ from ..adapters import registered
 from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf, consecutive_runs
 from ..capture.trace import Trace, is_floating, is_model_leaf
 from ..leafref import leaf_kind, leaf_name
+from .numerics import SAME_VALUE_REACH
 
 # Mantissa bits of the dtypes a cast may round to.
 _MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
@@ -472,7 +473,7 @@ class _Pairer:
                 wanted = part_out.columns_of(ref_values)
                 if wanted is None:
                     continue
-                holding = part_out.columns_of(candidate.value(copy.tid))
+                holding = part_out.columns_near(candidate.value(copy.tid))
                 votes = _row_per_position(copy.columns, wanted, holding, held[ref_tid])
                 if votes is not None and len(votes) == len(held[ref_tid]) and max(votes.values()) < rows[ref_tid]:
                     read[ref_tid] = votes
@@ -613,6 +614,11 @@ class _Columns:
         in_one_column = lowest == highest  # a value repeated down one column (a repeated token) still names it
         self.all_keys = unique
         self.keys, self.columns = unique[in_one_column], columns[first][in_one_column]
+        self.sorted_values = unique.view(np.float32).astype(np.float64)
+        order = np.argsort(self.sorted_values)
+        self.sorted_values = self.sorted_values[order]
+        self.sorted_columns = np.where(in_one_column, columns[first], -1)[order]
+        self.scale = float(np.abs(self.sorted_values).max(initial=0.0))
 
     def columns_of(self, values: np.ndarray) -> np.ndarray | None:
         """Per element of `values`, its column here (-1 where ambiguous); None unless every value is one of these."""
@@ -623,6 +629,28 @@ class _Columns:
             return np.full(keys.size, -1)
         at = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
         return np.where(self.keys[at] == keys, self.columns[at], -1)
+
+
+    def columns_near(self, values: np.ndarray, tolerance: float = SAME_VALUE_REACH) -> np.ndarray | None:
+        """As `columns_of`, for values computed again elsewhere (another device, another kernel): each value
+        may lie within `tolerance` times the largest value here of one of these. A value within reach of
+        values of several columns is ambiguous (-1); None unless every value is within reach of one."""
+        exact = self.columns_of(values)
+        if exact is not None:
+            return exact
+        flat = np.asarray(values, dtype=np.float64).ravel()
+        if flat.size == 0 or self.sorted_values.size == 0:
+            return None
+        reach = tolerance * self.scale
+        low = np.searchsorted(self.sorted_values, flat - reach, side="left")
+        high = np.searchsorted(self.sorted_values, flat + reach, side="right")
+        if np.any(high == low):
+            return None
+        found = self.sorted_columns[np.minimum(low, self.sorted_values.size - 1)].copy()
+        for at in np.flatnonzero(high - low > 1):
+            near = self.sorted_columns[low[at]:high[at]]
+            found[at] = near[0] if np.all(near == near[0]) else -1
+        return found
 
 
 def _output_columns(trace: Trace, readers: dict[int, list[int]], leaf: int, rows: int) -> _Columns | None:

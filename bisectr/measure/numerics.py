@@ -16,6 +16,9 @@ _EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "bfloat16": 2.0**-7, "float16"
 FLOOR_EPS = 16  # a dtype's noise floor, in units of its machine epsilon
 ROUNDING_SHARE = 0.1  # float64 results agree when they differ by at most this share of what rounding predicts
 GRADIENT_FLOOR = 1e-3  # a gradient or update is compared at no less than this share of the largest one
+# A value computed again elsewhere (another device or kernel) is taken for one of a tensor's values
+# within this share of the tensor's largest value (telling which row of a weight an output holds).
+SAME_VALUE_REACH = 1e-4
 
 # The search (`search`, `past_entry`): the entry point is the first cut that moves the outputs by
 # this share of the error (beyond what rounding explains); for a run that is rounding, where

@@ -19,6 +19,10 @@ Its weights come from the reference's state dict through `convert`, which may gi
 - `candidate_kv_heads_tiled()`: the same port; the converter tiles the kv heads (`repeat`: h0 h1 h0 h1),
   so query heads 1 and 2 read the other group's keys and values, in every layer (the line tagged
   `@tiled`). The candidate's k/v projections are 64 wide where the reference's are 32.
+- `candidate_kv_heads_tiled_rounded_otherwise()` / `candidate_kv_heads_expanded_rounded_otherwise()`: the
+  same two converters into a port whose RMSNorm divides by the root where Hugging Face multiplies by its
+  reciprocal: from the first norm on, no value equals the reference's bit for bit, as with a CPU reference
+  and a GPU candidate (the line tagged `@divides`).
 - `candidate_rotary_rows_permuted()`: 2 kv heads; the converter permutes every q/k weight's and bias's
   rows within each head for the interleaved rotary convention (rows 0, 8, 1, 9, ... of a head of 16, as
   a Hugging Face -> Meta conversion script does), while the port rotates half-split pairs, in every
@@ -87,7 +91,7 @@ def reference():
     return _qwen2(), {"input_ids": _inputs(), "use_cache": False}
 
 
-def _port(kv_heads: int):
+def _port(kv_heads: int, norm_divides: bool = False):
     """The hand port, with `kv_heads` key-value heads (module names as Hugging Face's)."""
     import torch
     import torch.nn.functional as F
@@ -102,6 +106,8 @@ def _port(kv_heads: int):
 
         def forward(self, x):
             variance = x.pow(2).mean(-1, keepdim=True)
+            if norm_divides:
+                return self.weight * (x / torch.sqrt(variance + eps))  # @divides
             return self.weight * (x * torch.rsqrt(variance + eps))
 
     def rotate_half(x):
@@ -212,8 +218,8 @@ def convert(state: dict, expand_kv=None, rotary_rows=None) -> dict:
     return converted
 
 
-def _ported(kv_heads: int = KV_HEADS, **conversion):
-    port = _port(kv_heads)
+def _ported(kv_heads: int = KV_HEADS, norm_divides: bool = False, **conversion):
+    port = _port(kv_heads, norm_divides)
     port.load_state_dict(convert(_qwen2().state_dict(), **conversion))
     return port.eval(), {"input_ids": _inputs()}
 
@@ -228,6 +234,14 @@ def candidate_kv_heads_expanded():
 
 def candidate_kv_heads_tiled():
     return _ported(HEADS, expand_kv=tile_kv_heads)
+
+
+def candidate_kv_heads_tiled_rounded_otherwise():
+    return _ported(HEADS, norm_divides=True, expand_kv=tile_kv_heads)
+
+
+def candidate_kv_heads_expanded_rounded_otherwise():
+    return _ported(HEADS, norm_divides=True, expand_kv=interleave_kv_heads)
 
 
 def candidate_rotary_rows_permuted():
