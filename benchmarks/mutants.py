@@ -2,7 +2,7 @@
 
     python benchmarks/mutants.py [--sites N] [--seed S] [--families A,B] [--operators X,Y] [--forms copy,sdpa,kv_widened]
                                  [--sample N] [--workers N] [--json PATH] [--only FAMILY:OPERATOR:SEED[:FORM]]
-                                 [--device cuda]
+                                 [--device cuda] [--paddle-python PATH]
 
 Each case is a Hugging Face model from a tiny random config (`benchmarks/models/families.py`: 15 families,
 decoders, encoders, a vision transformer and Mamba) against a copy of it through a converter (form `copy`:
@@ -26,6 +26,10 @@ control, and re-runs against ceil(log2 ops) + 3. Exit status 1 when a case is wr
 `--sample N` runs a stratified sample of N cases (every operator and every family at least once, with the
 controls): what CI runs. `--only` runs one case and prints its row (`bisectr bisect
 benchmarks/models/mutant_pair.py` with `BISECTR_MUTANT` set to the case prints bisectr's report of it).
+`--paddle-python PATH` (an interpreter of an environment with PaddleFormers, which cannot import transformers'
+torch models) adds the form `paddle`: the family's PaddleFormers port (Llama; Qwen2, whose q/k/v and gate/up it
+fuses) loaded from the copy's checkpoint with a converter's mistake (`weight` operators) in it
+(`benchmarks/models/paddle_ports.py`); its `bfloat16` control is that checkpoint rounded to bfloat16.
 `--device cuda` runs every candidate on the GPU (the reference stays on the CPU): the controls are then CPU against
 GPU rounding.
 """
@@ -49,7 +53,9 @@ MODELS = Path(__file__).resolve().parent / "models"
 sys.path.insert(0, str(MODELS))
 MODEL_FILE = MODELS / "mutant_pair.py"
 CASE_TIMEOUT = 600  # seconds for one case
+DEFAULT_FORMS = "copy,sdpa,kv_widened"
 VISIBLE = 10.0  # a mutant's float64 error must be this many times the pair's float32 rounding
+PADDLE_PYTHON = "BISECTR_PADDLE_PYTHON"  # the interpreter of an environment with PaddleFormers (form `paddle`)
 
 
 @dataclass(frozen=True)
@@ -100,23 +106,26 @@ class Row:
 
 
 # The kind of operator each form holds: the compiler's bugs for the compiled form, the widening
-# converter's for the widened one, the rest for the others.
-FORM_KINDS = {"compiled": ("compile",), "kv_widened": ("widen",)}
+# converter's for the widened one, the converter's for the paddle port, the rest for the others.
+FORM_KINDS = {"compiled": ("compile",), "kv_widened": ("widen",), "paddle": ("weight",)}
 OTHER_KINDS = ("weight", "op")
 
 
 def plant(families: list[str], operators: list[str], sites: int, seed: int, forms: list[str]) -> list[Case]:
     """Every case: per family and form, `sites` draws of each operator that applies to it (distinct sites
     only), and the controls. The `sdpa` form only where the family runs it, the `kv_widened` form only
-    where it has grouped key-value heads; each form holds the operators of its kind (`FORM_KINDS`)."""
+    where it has grouped key-value heads, the `paddle` form where PaddleFormers has the family; each form holds
+    the operators of its kind (`FORM_KINDS`)."""
     from families import has_grouped_kv_heads, runs_attention
     from mutant_pair import CONTROLS
     from mutations import OPERATORS
+    from paddle_ports import PORTED
 
     cases = []
     for form in forms:
         for family in families:
-            if (form == "sdpa" and not runs_attention(family, "sdpa")) or (form == "kv_widened" and not has_grouped_kv_heads(family)):
+            if ((form == "sdpa" and not runs_attention(family, "sdpa")) or (form == "paddle" and family not in PORTED)
+                    or (form == "kv_widened" and not has_grouped_kv_heads(family))):
                 continue
             cases += [Case(family, control, 0, form) for control in CONTROLS]
             fitting = [o for o in operators if OPERATORS[o].kind in FORM_KINDS.get(form, OTHER_KINDS)]
@@ -127,7 +136,8 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
 
 def _sites(family: str, operator: str, sites: int, seed: int, form: str) -> list[int]:
     """Up to `sites` seeds at which `operator` plants at distinct sites of `family`'s candidate in `form`
-    (none where it has none)."""
+    (none where it has none). A converter hands over the state dict: in the `paddle` form, a site outside it
+    (a rotary table computed at build time) is none."""
     from mutant_pair import mutant
     from mutations import OPERATORS, NotApplicable
 
@@ -140,6 +150,8 @@ def _sites(family: str, operator: str, sites: int, seed: int, form: str) -> list
         try:
             site = OPERATORS[operator].apply(model, random.Random(case_seed))
         except NotApplicable:
+            break
+        if form == "paddle" and site.leaf not in model.state_dict():
             break
         if site.what not in seen:
             seen.add(site.what)
@@ -185,17 +197,21 @@ def check(case: Case, row: Row) -> None:
     import torch
     from families import build
     from mutant_pair import mutant, on_candidate_device
+    from paddle_ports import ported_name
 
+    torch_form = "copy" if case.form == "paddle" else case.form  # a port's mistake is judged visible on the copy
     reference, inputs = build(case.family)
     reference32 = _outputs(reference, inputs)
     if not case.is_control:  # the unmutated copy first: a compiler bug is planted for the whole process
-        copy, _, _ = mutant(case.family, "none", 0, case.form)
+        copy, _, _ = mutant(case.family, "none", 0, torch_form)
         copy_error = _relative(_outputs(*on_candidate_device(copy, inputs)), reference32)
         torch._dynamo.reset()  # compiled code is cached by code object: the mutant's must be compiled anew
-    candidate, _, site = mutant(case.family, case.operator, case.seed, case.form)
+    candidate, _, site = mutant(case.family, case.operator, case.seed, torch_form)
     candidate, inputs = on_candidate_device(candidate, inputs)
     if site is not None:
         row.site, row.expected_module, row.expected_leaf, row.expected_aten = site.what, site.module, site.leaf, site.aten
+        if case.form == "paddle":
+            row.expected_module, row.expected_leaf = ported_name(case.family, site.module), ported_name(case.family, site.leaf)
     if case.is_control:
         return
     first = _outputs(candidate, inputs)
@@ -269,7 +285,10 @@ def evaluate(key: str) -> dict:
         if row.excluded is None:
             os.environ["BISECTR_MUTANT"] = case.key
             with tempfile.TemporaryDirectory() as out:
-                run = bisectr.trace(MODEL_FILE, out=Path(out) / "run")
+                if case.form == "paddle":
+                    run = _traced_against_paddle(case, Path(out))
+                else:
+                    run = bisectr.trace(MODEL_FILE, out=Path(out) / "run")
                 judge(row, run.bisect().to_dict())
     except Exception as exc:  # a crash or a refusal is a wrong answer, never an exclusion
         row.problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
@@ -277,6 +296,21 @@ def evaluate(key: str) -> dict:
         signal.alarm(0)
     row.seconds = time.perf_counter() - started
     return asdict(row)
+
+
+def _traced_against_paddle(case: Case, scratch: Path):
+    """The case traced against its PaddleFormers port, run by `BISECTR_PADDLE_PYTHON` from the checkpoint
+    written here: the copy with the case's converter mistake in it."""
+    import bisectr
+    from mutant_pair import CONTROLS, PORT_CHECKPOINT, mutant
+    from paddle_ports import write_checkpoint
+
+    planted = "none" if case.operator in CONTROLS else case.operator
+    model, inputs, _ = mutant(case.family, planted, case.seed, "copy")
+    write_checkpoint(scratch / "checkpoint", model, inputs)
+    os.environ[PORT_CHECKPOINT] = str(scratch / "checkpoint")
+    return bisectr.trace(MODEL_FILE, "reference", "candidate_paddle", out=scratch / "run", isolate=True,
+                         candidate_python=os.environ[PADDLE_PYTHON])
 
 
 def _quiet() -> None:
@@ -360,20 +394,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--operators", default=",".join(OPERATORS))
-    parser.add_argument("--forms", default="copy,sdpa,kv_widened", help=f"how candidates are built: {', '.join(FORMS)}")
+    parser.add_argument("--forms", default=DEFAULT_FORMS, help=f"how candidates are built: {', '.join(FORMS)}")
     parser.add_argument("--sample", type=int, default=0, help="a stratified sample of this many cases")
     parser.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--only", help="one case, FAMILY:OPERATOR:SEED[:FORM]: print its row")
     parser.add_argument("--device", default="cpu", help="where the candidates run (cuda: on the GPU)")
+    parser.add_argument("--paddle-python", metavar="PATH",
+                        help="interpreter of an environment with PaddleFormers: adds the paddle form to the default forms")
     args = parser.parse_args(argv)
     os.environ[DEVICE] = args.device  # read by each case's model file, in every worker
+    forms = args.forms.split(",") + (["paddle"] if args.paddle_python and args.forms == DEFAULT_FORMS else [])
+    if "paddle" in forms or (args.only or "").endswith(":paddle"):
+        if not args.paddle_python:
+            parser.error("the paddle form needs --paddle-python (an environment with PaddleFormers)")
+        os.environ[PADDLE_PYTHON] = args.paddle_python
     _quiet()
     if args.only:
         row = evaluate(args.only)
         print(json.dumps(row, indent=1))
         return 0 if row["right"] else 1
-    cases = plant(args.families.split(","), args.operators.split(","), args.sites, args.seed, args.forms.split(","))
+    cases = plant(args.families.split(","), args.operators.split(","), args.sites, args.seed, forms)
     if args.sample:
         cases = sample(cases, args.sample, args.seed)
     print(f"{len(cases)} cases ({sum(c.is_control for c in cases)} controls), {args.workers} workers, candidates on "

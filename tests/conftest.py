@@ -1,4 +1,5 @@
 import contextlib
+import importlib.util
 import math
 import os
 import shutil
@@ -21,6 +22,21 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 @pytest.fixture
 def models() -> Path:
     return MODELS
+
+
+needs_paddleformers = pytest.mark.skipif(
+    any(importlib.util.find_spec(name) is None for name in ("transformers", "paddleformers")),
+    reason="needs transformers and paddleformers in one environment (the reference runs in a copy of it that hides "
+           "paddlecodec's torchcodec module: see examples/hf_llama.py)")
+
+
+@pytest.fixture(scope="module")
+def hf_python(tmp_path_factory) -> str:
+    """This environment without `torchcodec` (PaddleFormers' `paddlecodec` installs one that keeps
+    transformers from importing torch models): the Hugging Face reference's interpreter."""
+    from test_isolate import make_interpreter
+
+    return make_interpreter(tmp_path_factory.mktemp("hf") / "venv", hide=("torchcodec",))
 
 
 def line_of(path: Path, marker: str) -> int:

@@ -8,7 +8,6 @@ import pytest
 
 from conftest import EXAMPLES, assert_verdict_contract
 from corpus import CORPUS, Pair
-from test_isolate import make_interpreter
 
 
 def _benchmark():
@@ -19,13 +18,6 @@ def _benchmark():
 
 
 measure = _benchmark().measure
-
-
-@pytest.fixture(scope="module")
-def hf_python(tmp_path_factory) -> str:
-    """This environment without `torchcodec` (PaddleFormers' `paddlecodec` installs one that keeps
-    transformers from importing torch models): the Hugging Face reference's interpreter."""
-    return make_interpreter(tmp_path_factory.mktemp("hf") / "venv", hide=("torchcodec",))
 
 
 @pytest.mark.parametrize("pair", CORPUS, ids=lambda pair: pair.name)

@@ -1,5 +1,4 @@
 """Hugging Face Llama vs PaddleFormers' Llama (`examples/hf_llama.py`), and the state-dict weight copies it uses."""
-import importlib.util
 import json
 import math
 import subprocess
@@ -11,8 +10,7 @@ import pytest
 import torch
 
 from bisectr.weights import paddle_to_torch, torch_to_paddle
-from conftest import EXAMPLES, assert_verdict_contract
-from test_isolate import make_interpreter
+from conftest import EXAMPLES, assert_verdict_contract, needs_paddleformers
 
 # ---------------------------------------------------------------- state dicts (no model library needed)
 
@@ -56,19 +54,6 @@ def test_a_state_dict_is_no_destination():
 
 # ---------------------------------------------------------------- the example (needs transformers and paddleformers)
 
-needs_libraries = pytest.mark.skipif(
-    any(importlib.util.find_spec(name) is None for name in ("transformers", "paddleformers")),
-    reason="needs transformers and paddleformers")
-
-
-@pytest.fixture(scope="module")
-def hf_python(tmp_path_factory) -> str:
-    """This environment without `torchcodec`, as a separate Hugging Face environment would be:
-    PaddleFormers' `paddlecodec` installs a `torchcodec` module that keeps transformers from
-    importing any torch model (see the example's docstring)."""
-    return make_interpreter(tmp_path_factory.mktemp("hf") / "venv", hide=("torchcodec",))
-
-
 def bisect_hf_llama(hf_python: str, candidate: str, *options: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / "hf_llama.py"), "--json",
                            "--candidate", candidate, "--isolate", "--reference-python", hf_python, *options],
@@ -79,7 +64,7 @@ def bisect_hf_llama(hf_python: str, candidate: str, *options: str) -> dict:
     return result
 
 
-@needs_libraries
+@needs_paddleformers
 def test_the_right_weights_are_noise(hf_python):
     result = bisect_hf_llama(hf_python, "candidate")
     assert result["verdict"] == "noise" and result["fp64_check"]["status"] == "agree"
@@ -94,7 +79,7 @@ def test_the_right_weights_are_noise(hf_python):
     assert result["ops"]["aligned"] >= 0.9 * result["ops"]["candidate"]
 
 
-@needs_libraries
+@needs_paddleformers
 def test_the_untransposed_square_q_proj_is_divergent_at_that_projection(hf_python):
     result = bisect_hf_llama(hf_python, "candidate_untransposed")
     culprit = result["culprit"]
@@ -105,7 +90,7 @@ def test_the_untransposed_square_q_proj_is_divergent_at_that_projection(hf_pytho
     assert result["recurrences"] == []  # later layers only carry the difference, they add none
 
 
-@needs_libraries
+@needs_paddleformers
 def test_one_layer_on_gelu_is_divergent_at_that_activation_confirmed(hf_python):
     result = bisect_hf_llama(hf_python, "candidate_gelu_layer")
     culprit, confirmation = result["culprit"], result["confirmation"]
@@ -115,7 +100,7 @@ def test_one_layer_on_gelu_is_divergent_at_that_activation_confirmed(hf_python):
     assert confirmation["confirmed"] and confirmation["output_error"] < confirmation["before"] / 10
 
 
-@needs_libraries
+@needs_paddleformers
 def test_the_right_weights_are_backward_noise_with_the_gradient_profile(hf_python):
     result = bisect_hf_llama(hf_python, "candidate", "--backward")
     backward = result["backward"]

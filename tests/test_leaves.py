@@ -1,7 +1,6 @@
 """Parameters and buffers on pairs built from public libraries: paired across layouts (transposes,
 slices of a fused parameter, tied and frozen weights), compared before any op is blamed, described
 when they differ, and rounding when they are the reference's rounded to a lower dtype."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -9,10 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES
-from test_isolate import make_interpreter
+from conftest import EXAMPLES, needs_paddleformers
 from test_recurring import bisect
-from bisectr.measure.leaves import compare
+from bisectr.measure.leaves import compare, rounded_to
 
 
 def statuses(result: dict) -> dict[str, int]:
@@ -106,6 +104,10 @@ def test_constant_leaves_are_not_paired_by_their_values():
 
 @pytest.mark.parametrize("make, dtype, status, description", [
     (lambda w: w.astype(np.float16).astype(np.float32), "float16", "rounded", "the reference's rounded to float16"),
+    # a checkpoint saved in a narrower dtype, loaded into float32
+    (lambda w: w.astype(np.float16).astype(np.float32), "float32", "rounded", "the reference's rounded to float16, held in float32"),
+    (lambda w: rounded_to(w, "bfloat16"), "float32", "rounded", "the reference's rounded to bfloat16, held in float32"),
+    (lambda w: rounded_to(w, "bfloat16") * np.float32(1 + 2 ** -20), "float32", "different", "values differ"),
     (lambda w: np.zeros_like(w), "float32", "different", "all zeros"),
     (lambda w: np.ones_like(w), "float32", "different", "all ones"),
     (lambda w: w * 1.1, "float32", "different", "scaled by 1.1"),
@@ -121,17 +123,6 @@ def test_a_leaf_comparison_says_how_it_differs(make, dtype, status, description)
 
 
 # ------------------------------------------------- PaddleFormers' fused Qwen2 (needs transformers and paddleformers)
-needs_paddleformers = pytest.mark.skipif(
-    any(importlib.util.find_spec(name) is None for name in ("transformers", "paddleformers")),
-    reason="needs transformers and paddleformers in one environment (the reference runs in a copy of it that hides "
-           "paddlecodec's torchcodec module: see examples/hf_llama.py)")
-
-
-@pytest.fixture(scope="module")
-def hf_python(tmp_path_factory) -> str:
-    return make_interpreter(tmp_path_factory.mktemp("hf") / "venv", hide=("torchcodec",))
-
-
 def bisect_qwen2(hf_python: str, candidate: str) -> dict:
     return bisect("pf_qwen2.py", candidate, "--isolate", "--reference-python", hf_python)
 

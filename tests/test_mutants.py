@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import needs_paddleformers
+
 pytest.importorskip("transformers", reason="needs transformers")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -18,8 +20,8 @@ BENCHMARK = ROOT / "benchmarks" / "mutants.py"
 sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
 
 
-def mutants(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCHMARK), *args], cwd=ROOT, capture_output=True, text=True,
+def mutants(*args: str, timeout: int = 900, python: str = sys.executable) -> subprocess.CompletedProcess:
+    return subprocess.run([python, str(BENCHMARK), *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
 
 
@@ -42,8 +44,8 @@ def test_a_stratified_sample_meets_the_targets(tmp_path):
     assert all(r["reruns"] <= r["budget"] for r in mutated)
 
 
-def only(case: str) -> dict:
-    done = mutants("--only", case, timeout=600)
+def only(case: str, *options: str, python: str = sys.executable) -> dict:
+    done = mutants("--only", case, *options, timeout=600, python=python)
     return json.loads(done.stdout[done.stdout.index("{"):])
 
 
@@ -86,3 +88,22 @@ def test_compiled_bfloat16_bert_whose_dtype_only_its_compiled_code_shows_is_nois
     at the bfloat16 floor its parameters set (`OpNode.inner_dtypes`), and it is the noise culprit."""
     row = only("bert:bfloat16:0:compiled")
     assert row["verdict"] == "noise", row
+
+
+@needs_paddleformers
+def test_paddleformers_ports_through_a_mistaken_converter_are_named_at_the_ported_weight(hf_python, tmp_path):
+    """The paddle form: the harness and the reference in the Hugging Face interpreter, each candidate a
+    PaddleFormers port (Llama as Hugging Face names it, Qwen2 with q/k/v and gate/up fused) in this one.
+    Every converter mistake of the sample is named at the port's weight, e.g. a square q_proj left
+    untransposed inside Qwen2's fused qkv_proj; a checkpoint rounded to bfloat16 is rounding."""
+    rows_file = tmp_path / "rows.json"
+    done = mutants("--forms", "paddle", "--sample", "14", "--paddle-python", sys.executable, "--json", str(rows_file),
+                   python=hf_python)
+    assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = [r for r in json.loads(rows_file.read_text()) if r["excluded"] is None]
+    assert {r["family"] for r in rows} == {"llama", "qwen2"} and {r["form"] for r in rows} == {"paddle"}
+    assert sum(not r["control"] for r in rows) >= 9 and sum(r["control"] for r in rows) >= 2
+    assert [(r["case"], r["problem"], r["culprit"]) for r in rows if not r["right"]] == []
+    fused = only("qwen2:transposed:353109:paddle", "--paddle-python", sys.executable, python=hf_python)
+    assert fused["right"] and fused["culprit"] == "model.layers.0.self_attn.qkv_proj.weight at 'model.layers.0.self_attn.qkv_proj'"
+

@@ -10,7 +10,10 @@ environment: `BISECTR_MUTANT=FAMILY:OPERATOR:SEED[:FORM]`, e.g. `llama:rows_perm
   the class built with a key-value head per query head, the converter repeating each key-value head's
   rows in place (h0 h0 h1 h1), as a port without grouped-query attention loads a checkpoint with it;
   for the `widen` operators, converter mistakes in that widening. The controls plant nothing: `none` (the copy as it is),
-  `bfloat16` (the copy run in bfloat16, its outputs cast back to float32).
+  `bfloat16` (the copy run in bfloat16, its outputs cast back to float32). FORM `paddle` is `candidate_paddle()`:
+the family's PaddleFormers port (`paddle_ports.py`), its checkpoint the copy's state dict with a converter's
+mistake (a `weight` operator) in it, written by `benchmarks/mutants.py`; its `bfloat16` control loads that
+checkpoint rounded to bfloat16 (paddle has no bfloat16 matmul on the CPU).
 
 `BISECTR_MUTANT_DEVICE` (default `cpu`) is where the candidate runs, e.g. `cuda`: the reference stays on the CPU.
 
@@ -29,7 +32,8 @@ from mutations import OPERATORS, Site  # noqa: E402
 
 CONTROLS = ("none", "bfloat16")
 DEVICE = "BISECTR_MUTANT_DEVICE"
-FORMS = ("copy", "sdpa", "compiled", "kv_widened")
+FORMS = ("copy", "sdpa", "compiled", "kv_widened", "paddle")
+PORT_CHECKPOINT = "BISECTR_MUTANT_CHECKPOINT"  # the folder the harness wrote the paddle form's checkpoint into
 
 
 def spec() -> tuple[str, str, int, str]:
@@ -117,3 +121,14 @@ def on_candidate_device(model, inputs: dict):
 def candidate():
     model, inputs, _ = mutant(*spec())
     return on_candidate_device(model, inputs)
+
+
+def candidate_paddle():
+    """The case's candidate in form `paddle`: the family's PaddleFormers port, loaded from the checkpoint the
+    harness wrote (the copy with a `weight` operator's mistake in it)."""
+    from pathlib import Path
+
+    from paddle_ports import port
+
+    family, operator, _, _ = spec()
+    return port(family, Path(os.environ[PORT_CHECKPOINT]), "bfloat16" if operator == "bfloat16" else None)

@@ -71,10 +71,10 @@ def pair_leaves(reference: Trace, candidate: Trace, alignment: Alignment) -> Ali
                  for t in pairer.reference_leaves if t not in paired_refs]
     unpaired += [UnpairedLeaf(trace.side, name, UNREAD)
                  for trace in (candidate, reference) for name in trace.unread_leaves]
-    return Alignment(alignment.pairs, alignment.blocks, tensors, LeafPairing(pairs, unpaired, _summary(candidate, pairs, unpaired)))
+    return Alignment(alignment.pairs, alignment.blocks, tensors, LeafPairing(pairs, unpaired, _summary(pairs, unpaired)))
 
 
-def _summary(candidate: Trace, pairs: list[LeafPair], unpaired: list[UnpairedLeaf]) -> str:
+def _summary(pairs: list[LeafPair], unpaired: list[UnpairedLeaf]) -> str:
     counts = {status: sum(p.status == status for p in pairs) for status in ("equal", "rounded", "different", "unknown")}
     text = f"{len(pairs)} leaves paired ({', '.join(f'{n} {s}' for s, n in counts.items() if n)})"
     unread = sum(leaf.reason == UNREAD for leaf in unpaired)
@@ -88,10 +88,8 @@ def _summary(candidate: Trace, pairs: list[LeafPair], unpaired: list[UnpairedLea
         first = different[0]
         return f"{text}; first different: {leaf_name(first.candidate)} ({first.description})"
     if rounded:
-        leaves = candidate.leaves
-        dtypes = sorted({candidate.tensors[leaves[p.candidate]].dtype for p in rounded})
         worst = max(p.max_rel or 0.0 for p in rounded)
-        return f"{text}; the candidate's weights are the reference's rounded to {', '.join(dtypes)}, max rel {worst:.2g}"
+        return f"{text}; the candidate's weights are {'; '.join(sorted({p.description for p in rounded}))}, max rel {worst:.2g}"
     return text
 
 
@@ -202,6 +200,9 @@ def compare(reference: np.ndarray, candidate: np.ndarray, candidate_dtype: str, 
         return "equal", "", 0.0
     if _finer(reference_dtype, candidate_dtype) and np.all(difference <= half_ulp(reference, candidate_dtype)):
         return "rounded", f"the reference's rounded to {candidate_dtype}", max_rel
+    for narrow in ("bfloat16", "float16"):  # a checkpoint saved narrower, loaded into a wider dtype
+        if _finer(reference_dtype, narrow) and np.array_equal(candidate, rounded_to(reference.astype(np.float32), narrow)):
+            return "rounded", f"the reference's rounded to {narrow}, held in {candidate_dtype}", max_rel
     return "different", _difference(reference, candidate, candidate_dtype, max_rel), max_rel
 
 
@@ -720,13 +721,26 @@ def _module_name(leaf: str) -> str:
 
 
 def _rows_of(values: np.ndarray, options: dict[int, np.ndarray], dtype: str) -> tuple[int, bool, dict[int, Placed]] | None:
+    """Where the reference leaves' rows are in the candidate's (of `dtype`), as `_rows_among` finds them:
+    the reference's values rounded to `dtype` where it is narrower, else rounded to bfloat16 or float16
+    (a checkpoint saved narrower, loaded into a wider dtype)."""
+    for rounding in (dtype, *(("bfloat16", "float16") if _finer(dtype, "float16") else ())):
+        laid_out = _rows_among(values, {tid: rounded_to(ref_values, rounding) for tid, ref_values in options.items()})
+        if laid_out is not None:
+            return laid_out
+    return None
+
+
+def _rows_among(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int, bool, dict[int, Placed]] | None:
     """(axis, transposed, reference tid -> where its rows are) when the reference leaves' rows (slices
-    along one axis, each leaf as stored or transposed) are found among the candidate's (of `dtype`:
-    the reference's rows rounded to it, where it is narrower): at least one leaf's completely, or
+    along one axis, each leaf as stored or transposed) are found among the candidate's: at least one leaf's completely, or
     every row of the candidate (a rank's shard of a fused weight); a leaf with no row found fills the
     positions left, in order, where it fits. A row the candidate holds several times (kv heads
-    repeated for grouped-query attention) is placed at each of them."""
-    options = {tid: rounded_to(ref_values, dtype) for tid, ref_values in options.items()}
+    repeated for grouped-query attention) is placed at each of them. Of the axes and orientations where
+    that holds, the one whose leaves cover the most positions (a square part, found whichever way it is
+    read, does not decide the layout of the others)."""
+    best: tuple[int, bool, dict[int, Placed]] | None = None
+    covering = 0
     for axis in range(values.ndim):
         held: dict[bytes, list[int]] = {}
         for i in range(values.shape[axis]):
@@ -748,12 +762,14 @@ def _rows_of(values: np.ndarray, options: dict[int, np.ndarray], dtype: str) -> 
                     complete |= len(found) == len(where)
                 elif all(at is None for at in where.values()):
                     missing.append(tid)
-            covered = len({p for placed in slots.values() for p in placed}) == values.shape[axis]
-            if not (complete or covered):
+            if not (complete or len({p for placed in slots.values() for p in placed}) == values.shape[axis]):
                 continue
             sizes = {t: (options[t].T if transposed else options[t]).shape[axis] for t in missing}
-            return axis, transposed, _with_the_rest(slots, sizes, values.shape[axis])
-    return None
+            slots = _with_the_rest(slots, sizes, values.shape[axis])
+            positions = len({p for placed in slots.values() for p in placed})
+            if positions > covering:
+                best, covering = (axis, transposed, slots), positions
+    return best
 
 
 def _with_the_rest(slots: dict[int, Placed], missing: dict[int, int], positions: int) -> dict[int, Placed]:

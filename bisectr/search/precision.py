@@ -84,10 +84,8 @@ def noted(check: Float64Check, run: RunRecord, runs: dict[str, Float64Run]) -> F
     """The check with the rounded leaves it gave the reference's values, and the ops that still ran below float64."""
     rounded = [pair for pair in run.alignment.leaves.pairs if pair.status == "rounded"]
     if rounded:
-        leaves = run.candidate.leaves
-        dtypes = sorted({run.candidate.tensors[leaves[p.candidate]].dtype for p in rounded})
         worst = max(p.max_rel or 0.0 for p in rounded)
-        check.rounded_leaves = (f"the candidate's weights are the reference's rounded to {', '.join(dtypes)} ({len(rounded)} "
-                                f"leaves, max rel {worst:.2g}): both sides ran with the reference's values")
+        check.rounded_leaves = (f"the candidate's weights are {'; '.join(sorted({p.description for p in rounded}))} "
+                                f"({len(rounded)} leaves, max rel {worst:.2g}): both sides ran with the reference's values")
     check.narrow_ops = {role: float64.narrow_ops for role, float64 in runs.items() if float64.narrow_ops}
     return check
