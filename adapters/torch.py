@@ -333,10 +333,24 @@ class TorchAdapter(Adapter):
                             getattr(listener, "adopt_root", None))
         mode = _CallRouter(listener)
 
+        # torch runs the global forward hooks before a module's own, so a module with hooks of its own (a
+        # tensor-parallel style's output redistribution) is left by a hook of its own, registered last.
+        own_exits: dict[int, Any] = {}
+
         def on_enter(module: Any, args: Any) -> None:
             listener.enter_module(paths.path(module))
+            hooks = module._forward_hooks
+            own = own_exits.get(id(module))
+            if hooks and (own is None or next(reversed(hooks)) != own.id):
+                if own is not None:
+                    own.remove()
+                own_exits[id(module)] = module.register_forward_hook(on_own_exit, always_call=True)
 
         def on_exit(module: Any, args: Any, output: Any) -> None:
+            if id(module) not in own_exits:
+                listener.exit_module()
+
+        def on_own_exit(module: Any, args: Any, output: Any) -> None:
             listener.exit_module()
 
         pre_hook = torch.nn.modules.module.register_module_forward_pre_hook(on_enter)
@@ -363,6 +377,8 @@ class TorchAdapter(Adapter):
                 setattr(distributed, name, collective)
             pre_hook.remove()
             post_hook.remove()
+            for own in own_exits.values():
+                own.remove()
 
 
 @dataclass(frozen=True)

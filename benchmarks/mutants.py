@@ -106,17 +106,18 @@ class Row:
 
 
 # The kind of operator each form holds: the compiler's bugs for the compiled form, the widening
-# converter's for the widened one, the converter's for the paddle port, the rest for the others.
-FORM_KINDS = {"compiled": ("compile",), "kv_widened": ("widen",), "paddle": ("weight",)}
+# converter's for the widened one, the converter's for the paddle port, the converter's and the plan's
+# for the tensor-parallel one, the rest for the others.
+FORM_KINDS = {"compiled": ("compile",), "kv_widened": ("widen",), "paddle": ("weight",), "tp": ("weight", "tp")}
 OTHER_KINDS = ("weight", "op")
 
 
 def plant(families: list[str], operators: list[str], sites: int, seed: int, forms: list[str]) -> list[Case]:
     """Every case: per family and form, `sites` draws of each operator that applies to it (distinct sites
     only), and the controls. The `sdpa` form only where the family runs it, the `kv_widened` form only
-    where it has grouped key-value heads, the `paddle` form where PaddleFormers has the family; each form holds
-    the operators of its kind (`FORM_KINDS`)."""
-    from families import has_grouped_kv_heads, runs_attention
+    where it has grouped key-value heads, the `paddle` form where PaddleFormers has the family, the `tp` form
+    where its layers shard as Megatron's; each form holds the operators of its kind (`FORM_KINDS`)."""
+    from families import has_grouped_kv_heads, has_megatron_layers, runs_attention
     from mutant_pair import CONTROLS
     from mutations import OPERATORS
     from paddle_ports import PORTED
@@ -125,7 +126,8 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
     for form in forms:
         for family in families:
             if ((form == "sdpa" and not runs_attention(family, "sdpa")) or (form == "paddle" and family not in PORTED)
-                    or (form == "kv_widened" and not has_grouped_kv_heads(family))):
+                    or (form == "kv_widened" and not has_grouped_kv_heads(family))
+                    or (form == "tp" and not has_megatron_layers(family))):
                 continue
             cases += [Case(family, control, 0, form) for control in CONTROLS]
             fitting = [o for o in operators if OPERATORS[o].kind in FORM_KINDS.get(form, OTHER_KINDS)]
@@ -197,9 +199,10 @@ def check(case: Case, row: Row) -> None:
     import torch
     from families import build
     from mutant_pair import mutant, on_candidate_device
+    from mutations import OPERATORS
     from paddle_ports import ported_name
 
-    torch_form = "copy" if case.form == "paddle" else case.form  # a port's mistake is judged visible on the copy
+    torch_form = "copy" if case.form in ("paddle", "tp") else case.form  # a port's mistake is judged visible on the copy
     reference, inputs = build(case.family)
     reference32 = _outputs(reference, inputs)
     if not case.is_control:  # the unmutated copy first: a compiler bug is planted for the whole process
@@ -212,7 +215,7 @@ def check(case: Case, row: Row) -> None:
         row.site, row.expected_module, row.expected_leaf, row.expected_aten = site.what, site.module, site.leaf, site.aten
         if case.form == "paddle":
             row.expected_module, row.expected_leaf = ported_name(case.family, site.module), ported_name(case.family, site.leaf)
-    if case.is_control:
+    if case.is_control or OPERATORS[case.operator].kind == "tp":  # a plan's mistake shows on the ranks only: `judge`
         return
     first = _outputs(candidate, inputs)
     if not torch.equal(first, _outputs(candidate, inputs)):
@@ -227,6 +230,17 @@ def check(case: Case, row: Row) -> None:
         row.rounding = max(copy_error, float(torch.finfo(torch.float32).eps))
         row.float64_error = _relative(first, reference32)
     if not row.float64_error >= VISIBLE * row.rounding:
+        row.excluded = f"float64 error {row.float64_error:.2g} < {VISIBLE:g}x float32 rounding {row.rounding:.2g}"
+
+
+def _checked_by_the_search(row: Row, result: dict) -> None:
+    """Validity of a mutant only the ranks run (a plan's mistake), from the search's own float64 check: its
+    float64 error against the reference's float32 rounding."""
+    check = result.get("fp64_check") or {}
+    row.rounding, row.float64_error = check.get("reference_rounding"), check.get("float64_error")
+    if row.rounding is None or row.float64_error is None:
+        row.excluded = "no float64 check to judge it visible by"
+    elif not row.float64_error >= VISIBLE * row.rounding:
         row.excluded = f"float64 error {row.float64_error:.2g} < {VISIBLE:g}x float32 rounding {row.rounding:.2g}"
 
 
@@ -287,9 +301,14 @@ def evaluate(key: str) -> dict:
             with tempfile.TemporaryDirectory() as out:
                 if case.form == "paddle":
                     run = _traced_against_paddle(case, Path(out))
+                elif case.form == "tp":
+                    run = bisectr.trace(MODEL_FILE, "reference", "candidate_tp", out=Path(out) / "run")
                 else:
                     run = bisectr.trace(MODEL_FILE, out=Path(out) / "run")
-                judge(row, run.bisect().to_dict())
+                result = run.bisect().to_dict()
+                judge(row, result)
+                if row.site is not None and row.float64_error is None:
+                    _checked_by_the_search(row, result)
     except Exception as exc:  # a crash or a refusal is a wrong answer, never an exclusion
         row.problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
     finally:

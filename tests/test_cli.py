@@ -184,14 +184,15 @@ def test_version_names_the_libraries_found_and_help_the_model_file():
     assert "exit status:" in bisectr_cli("bisect", "--help").stdout
 
 
-def test_a_bug_in_bisectr_exits_3_and_points_at_its_traceback(monkeypatch, capsys):
+@pytest.mark.parametrize("message", ["profile", "[/__w/pytorch/third_party/gloo/unbound_buffer.cc:129] Timed out"])
+def test_a_bug_in_bisectr_exits_3_and_points_at_its_traceback(monkeypatch, capsys, message):
     def broken(*args):
-        raise KeyError("profile")
+        raise KeyError(message)
 
     monkeypatch.setattr(report, "print_result", broken)
     assert main(["bisect", str(MODELS / "torch_ops.py")]) == 3
     err = " ".join(capsys.readouterr().err.split())
-    assert "bisectr: internal error: KeyError: 'profile'" in err and "This is a bug in bisectr, not in your model" in err
+    assert f"bisectr: internal error: KeyError: {message!r}" in err and "This is a bug in bisectr, not in your model" in err
     log = Path(re.search(r"Its traceback is in (\S+);", err).group(1))
     try:
         assert "Traceback (most recent call last)" in log.read_text() and "in broken" in log.read_text()

@@ -159,6 +159,13 @@ def test_a_rank_that_runs_an_extra_op_is_named_with_the_op():
             and "on rank 1 and nn.functional.rms_norm in layers.0.attention_norm" in done.stderr)
 
 
+def test_ranks_that_run_the_same_ops_in_another_order_are_named_with_the_op_that_reads_them():
+    done = bisect_on_two_ranks(DECODER, TP_FAULT="order")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert ("the candidate side's ranks ran their ops in different orders: op 3, Tensor.add in the model at "
+            f"{DECODER}:" in done.stderr and "reads the outputs of ops 2, 1 on rank 1 and of ops 1, 2 on rank 0" in done.stderr)
+
+
 def test_a_rank_whose_process_exits_is_named():
     done = bisect_on_two_ranks(DECODER, TP_FAULT="die")
     assert done.returncode == 2, done.stderr[-3000:]

@@ -6,6 +6,7 @@ weights drawn at the scale trained models have (`draw_weights`), eval. Nothing i
 """
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,16 @@ def has_grouped_kv_heads(name: str) -> bool:
     rows = {parameter.rpartition(".")[0].rpartition(".")[2]: p.shape[0] for parameter, p in model.named_parameters()
             if parameter.endswith("proj.weight")}
     return rows.get("k_proj", HIDDEN) < rows.get("q_proj", HIDDEN) or rows.get("qkv_proj", 3 * HIDDEN) < 3 * HIDDEN
+
+
+def has_megatron_layers(name: str) -> bool:
+    """Does every layer of family `name` have q, k, v and o projections of its own (`nn.Linear`), which tensor
+    parallelism shards as Megatron does (`mutant_pair.tensor_parallel`)?"""
+    import torch
+
+    model, _ = build(name)
+    projections = {n for n, m in model.named_modules() if re.search(r"\.self_attn\.[qkvo]_proj$", n) and type(m) is torch.nn.Linear}
+    return len(projections) == 4 * model.config.num_hidden_layers
 
 
 def runs_attention(name: str, attention: str) -> bool:

@@ -12,7 +12,9 @@ environment: `BISECTR_MUTANT=FAMILY:OPERATOR:SEED[:FORM]`, e.g. `llama:rows_perm
   for the `widen` operators, converter mistakes in that widening. The controls plant nothing: `none` (the copy as it is),
   `bfloat16` (the copy run in bfloat16, its outputs cast back to float32). FORM `paddle` is `candidate_paddle()`:
 the family's PaddleFormers port (`paddle_ports.py`), its checkpoint the copy's state dict with a converter's
-mistake (a `weight` operator) in it, written by `benchmarks/mutants.py`; its `bfloat16` control loads that
+mistake (a `weight` operator) in it, written by `benchmarks/mutants.py`; FORM `tp` is `candidate_tp()`, on 2 ranks
+(`NPROC`): the copy sharded as Megatron shards a decoder, with a `weight` operator's mistake or a `tp` operator's
+change to the plan; its `bfloat16` control loads that
 checkpoint rounded to bfloat16 (paddle has no bfloat16 matmul on the CPU).
 
 `BISECTR_MUTANT_DEVICE` (default `cpu`) is where the candidate runs, e.g. `cuda`: the reference stays on the CPU.
@@ -32,7 +34,8 @@ from mutations import OPERATORS, Site  # noqa: E402
 
 CONTROLS = ("none", "bfloat16")
 DEVICE = "BISECTR_MUTANT_DEVICE"
-FORMS = ("copy", "sdpa", "compiled", "kv_widened", "paddle")
+FORMS = ("copy", "sdpa", "compiled", "kv_widened", "paddle", "tp")
+NPROC = {"candidate_tp": 2}  # the tp form's ranks
 PORT_CHECKPOINT = "BISECTR_MUTANT_CHECKPOINT"  # the folder the harness wrote the paddle form's checkpoint into
 
 
@@ -121,6 +124,46 @@ def on_candidate_device(model, inputs: dict):
 def candidate():
     model, inputs, _ = mutant(*spec())
     return on_candidate_device(model, inputs)
+
+
+def candidate_tp():
+    """The case's candidate in form `tp`: the copy (with a `weight` operator's mistake in it) sharded over the
+    ranks by `tensor_parallel`, its plan changed by a `tp` operator."""
+    family, operator, seed, _ = spec()
+    kind = OPERATORS[operator].kind if operator in OPERATORS else "control"
+    model, inputs, _ = mutant(family, operator if kind != "tp" else "none", seed)
+    if kind == "tp":
+        OPERATORS[operator].apply(model, random.Random(seed))
+    return tensor_parallel(model, getattr(model, "tp_plan_changes", {})), inputs
+
+
+def tensor_parallel(model, changes: dict[str, str]):
+    """`model` sharded over the ranks as Megatron shards a decoder: each layer's q/k/v and gate/up projections
+    column-parallel, its o and down projections row-parallel (`changes`: module -> "partial", its all-reduce
+    left out, or "reduced_twice", all-reduced once more)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
+    plan = {}
+    for name, _ in model.named_modules():
+        if re.search(r"(^|\.)(self_attn\.[qkv]_proj|mlp\.(gate|up)_proj)$", name):
+            plan[name] = ColwiseParallel()
+        elif re.search(r"(^|\.)(self_attn\.o_proj|mlp\.down_proj)$", name):
+            plan[name] = RowwiseParallel(output_layouts=Partial()) if changes.get(name) == "partial" else RowwiseParallel()
+    parallelize_module(model, mesh, plan)
+    for name, change in changes.items():
+        if change == "reduced_twice":
+            model.get_submodule(name).register_forward_hook(lambda module, args, out: _all_reduced(out, dist))
+    return model
+
+
+def _all_reduced(tensor, dist):
+    reduced = tensor.clone()
+    dist.all_reduce(reduced)  # @reduced_twice
+    return reduced
 
 
 def candidate_paddle():

@@ -14,6 +14,10 @@ it changed, or raises `NotApplicable` when the family has no such site. Two kind
 - `widen` operators are mistakes of a converter that widens a weight for a port laid out otherwise (the
   `kv_widened` form: a key-value head per query head): the widened key-value heads tiled (h0 h1 h0 h1)
   where each is repeated in place (h0 h0 h1 h1). The site is the parameter.
+- `tp` operators are mistakes in a tensor-parallel plan (the `tp` form: the copy sharded over 2 ranks,
+  Megatron's layout): a row-parallel projection's output left a partial sum on each rank (its all-reduce
+  forgotten), or all-reduced twice. They note the change on the model (`tp_plan_changes`), which
+  `mutant_pair.tensor_parallel` applies. The site is the projection.
 - `compile` operators plant a compiler bug for a candidate that is then `torch.compile`d: a wrong
   decomposition registered for one aten op (every use of it in the compiled graph goes through it; eager
   code never does), or a branch only compiled code takes (`torch.compiler.is_compiling()`) in one module.
@@ -52,7 +56,7 @@ class Site:
 @dataclass(frozen=True)
 class Operator:
     name: str
-    kind: Literal["weight", "op", "widen", "compile"]
+    kind: Literal["weight", "op", "widen", "tp", "compile"]
     apply: Callable[[object, random.Random], Site]
 
 
@@ -477,6 +481,27 @@ def router_topk_norm(model, rng):
     return Site(name, None, f"{name}: top-k {'renormalised' if module.mutant_renormalize else 'not renormalised'}")
 
 
+# tp operators: mistakes in a tensor-parallel plan
+
+ROW_PARALLEL = re.compile(r"(^|\.)(self_attn\.o_proj|mlp\.down_proj)$")
+
+
+def _plan_changed(model, rng, change: str, what: str) -> Site:
+    name = _pick(rng, [n for n, _ in model.named_modules() if ROW_PARALLEL.search(n) and _layer(n) is not None])
+    model.tp_plan_changes = {name: change}
+    return Site(name, None, f"{name}: {what}")
+
+
+def reduction_forgotten(model, rng):
+    """A row-parallel projection whose output stays a partial sum on each rank: its all-reduce forgotten."""
+    return _plan_changed(model, rng, "partial", "row-parallel output left partial (all-reduce forgotten)")
+
+
+def reduction_doubled(model, rng):
+    """A row-parallel projection whose output is all-reduced once more."""
+    return _plan_changed(model, rng, "reduced_twice", "row-parallel output all-reduced twice")
+
+
 # compile operators: compiler bugs
 
 
@@ -616,6 +641,8 @@ OPERATORS = {operator.name: operator for operator in [
     Operator("mask_off_by_one", "op", mask_off_by_one),
     Operator("position_offset", "op", position_offset),
     Operator("router_topk_norm", "op", router_topk_norm),
+    Operator("reduction_forgotten", "tp", reduction_forgotten),
+    Operator("reduction_doubled", "tp", reduction_doubled),
     Operator("compiled_branch", "compile", compiled_branch),
     *(Operator(f"decomposition_{aten.split('.')[0].strip('_')}", "compile", _decomposition(aten)) for aten in WRONG_DECOMPOSITIONS),
 ]}

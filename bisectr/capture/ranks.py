@@ -140,7 +140,10 @@ class RankedSide:
         try:
             # The ranks' own output (the user's prints, torchrun's) goes to file descriptor 2 (also where
             # Python's sys.stderr is replaced, in a notebook): stdout is bisectr's.
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=2, start_new_session=True)
+            # One hash seed for every rank: a model that iterates a set of strings (Gemma-3's rotary tables,
+            # one per layer type) then runs its ops in one order on all of them.
+            env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=2, start_new_session=True, env=env)
         except OSError as exc:
             server.close()
             raise BisectrError(f"cannot start torchrun for the {role} side with {self.python}: {exc.strerror or exc}") from None
@@ -274,7 +277,8 @@ def _read_reply(rank: int, replies: BinaryIO, answers: queue.Queue) -> None:
 
 
 def _refuse_diverging_ranks(role: str, traces: list[Trace]) -> None:
-    """Raise where a rank ran other ops than the first rank: the first op that differs, on both."""
+    """Raise where a rank ran other ops than the first rank, or the same op on other tensors (ops run in
+    another order): the first op that differs, on both."""
     first = traces[0]
     for rank, trace in enumerate(traces[1:], start=1):
         for index in range(max(len(first.ops), len(trace.ops))):
@@ -283,6 +287,10 @@ def _refuse_diverging_ranks(role: str, traces: list[Trace]) -> None:
             if mine is None or theirs is None or (mine.framework_op, mine.module) != (theirs.framework_op, theirs.module):
                 raise BisectrError(f"the {role} side's ranks ran different ops: op {index} is "
                                    f"{_described(mine)} on rank {rank} and {_described(theirs)} on rank 0")
+            if (mine.inputs, mine.outputs) != (theirs.inputs, theirs.outputs):
+                raise BisectrError(f"the {role} side's ranks ran their ops in different orders: op {index}, "
+                                   f"{_described(mine)}, reads the outputs of ops {_producers(trace, mine)} on rank {rank} "
+                                   f"and of ops {_producers(first, theirs)} on rank 0")
 
 
 def _mark_differing_tensors(traces: list[Trace]) -> None:
@@ -291,6 +299,11 @@ def _mark_differing_tensors(traces: list[Trace]) -> None:
     for tid, info in first.tensors.items():
         if info.placement is None and any(trace.tensors[tid].stats != info.stats for trace in traces[1:]):
             info.placement = RANKS_DIFFER
+
+
+def _producers(trace: Trace, op: Any) -> str:
+    """The ops that made `op`'s inputs, in order, e.g. '68, 79' ('-' for a parameter or an input)."""
+    return ", ".join("-" if trace.tensors[tid].producer is None else str(trace.tensors[tid].producer) for tid in op.inputs)
 
 
 def _described(op: Any) -> str:

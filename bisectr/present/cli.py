@@ -245,8 +245,8 @@ def _report_bug(exc: Exception) -> int:
     with tempfile.NamedTemporaryFile("w", prefix="bisectr-bug-", suffix=".log", delete=False) as log:
         log.write("".join(traceback.format_exception(exc)))
     Console(stderr=True, soft_wrap=True).print(
-        f"[bold red]bisectr: internal error:[/] {type(exc).__name__}: {exc}\n"
-        f"This is a bug in bisectr, not in your model. Its traceback is in {log.name}; please report it with that file.",
+        f"[bold red]bisectr: internal error:[/] {type(exc).__name__}: {escape(str(exc))}\n"
+        f"This is a bug in bisectr, not in your model. Its traceback is in {escape(log.name)}; please report it with that file.",
         markup=True, highlight=False)
     return EXIT_BUG
 

@@ -17,8 +17,8 @@ residual stream over the tokens (sequence parallel). `TP_BUG` plants one bug a p
   width, as OLMo-2 has): each rank normalizes its own columns of q and k instead of gathering them first.
 
 `TP_FAULT` makes one rank fail: "raise" (rank 1 raises in the forward), "extra_op" (rank 1 runs
-one op more than the others), "die" (rank 1's process exits), "hang" (rank 1 waits in a collective
-the others never join).
+one op more than the others), "order" (rank 1 runs the same two ops the other way round), "die" (rank 1's
+process exits), "hang" (rank 1 waits in a collective the others never join).
 """
 import os
 
@@ -107,6 +107,10 @@ def _decoder(sharded: bool):
                 raise RuntimeError("rank 1 cannot go on")  # @raise
             if on_rank_1 and fault == "extra_op":
                 x = x * 1.0  # @extra_op
+            if fault == "order":
+                first, second = (x * 2.0, x * 0.5) if on_rank_1 else (x * 0.5, x * 2.0)  # @order
+                halved, doubled = (second, first) if on_rank_1 else (first, second)
+                x = halved + doubled
             if on_rank_1 and fault == "die":
                 os._exit(7)  # @die
             if on_rank_1 and fault == "hang":
