@@ -107,3 +107,19 @@ def test_paddleformers_ports_through_a_mistaken_converter_are_named_at_the_porte
     fused = only("qwen2:transposed:353109:paddle", "--paddle-python", sys.executable, python=hf_python)
     assert fused["right"] and fused["culprit"] == "model.layers.0.self_attn.qkv_proj.weight at 'model.layers.0.self_attn.qkv_proj'"
 
+
+
+@pytest.mark.once  # torchrun's ranks: the first CI environment only
+def test_tensor_parallel_plans_that_forget_or_double_a_reduction_are_named_at_the_projection(tmp_path):
+    """The tp form: Llama sharded over 2 ranks as Megatron shards it; a row-parallel projection whose output
+    stays a partial sum, or is all-reduced twice, is named at that projection (the parallel style's output
+    hook runs inside it), a converter's mistake at its weight, and the correct plan is rounding."""
+    rows_file = tmp_path / "rows.json"
+    done = mutants("--forms", "tp", "--families", "llama", "--operators", "reduction_forgotten,reduction_doubled,transposed",
+                   "--sites", "1", "--json", str(rows_file))
+    assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {r["operator"]: r for r in json.loads(rows_file.read_text())}
+    assert set(rows) == {"none", "bfloat16", "reduction_forgotten", "reduction_doubled", "transposed"}
+    assert [(r["case"], r["problem"], r["culprit"]) for r in rows.values() if not r["right"]] == []
+    assert rows["reduction_forgotten"]["culprit"].endswith(f"at {rows['reduction_forgotten']['expected_module']!r}")
+    assert rows["reduction_doubled"]["culprit"].startswith("all_reduce at ")
