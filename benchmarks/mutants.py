@@ -423,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="interpreter of an environment with PaddleFormers: adds the paddle form to the default forms")
     args = parser.parse_args(argv)
     os.environ[DEVICE] = args.device  # read by each case's model file, in every worker
+    # The workers (the reference's process) hash strings as the tp form's ranks do (docs/limitations.md).
+    os.environ.setdefault("PYTHONHASHSEED", "0")
     forms = args.forms.split(",") + (["paddle"] if args.paddle_python and args.forms == DEFAULT_FORMS else [])
     if "paddle" in forms or (args.only or "").endswith(":paddle"):
         if not args.paddle_python:

@@ -153,7 +153,8 @@ def bisect_rows(args: argparse.Namespace) -> list[dict]:
         with tempfile.TemporaryDirectory() as scratch:
             bisect, bisect_peak = measured(BISECT, str(MODEL_FILE), function, str(Path(scratch) / "run"), args.value_budget,
                                            "isolate" if args.isolate else "in-process")
-        label = f"torch vs {pair}" + (f" ({args.device}, {args.dtype})" if pair == "torch" else "")
+        moved = pair == "torch" and (args.device, args.dtype) != ("cpu", "float32")
+        label = f"torch vs {pair}" + (f" ({args.device}, {args.dtype})" if moved else "")
         rows.append({"pair": label, "layers": args.layers, "isolate": args.isolate, "plain_seconds": plain["seconds"],
                      "plain_peak": plain_peak, "weights": plain["weights"], **{f"bisect_{k}": v for k, v in bisect.items()},
                      "bisect_peak": bisect_peak, "peak_ratio": bisect_peak / plain_peak,

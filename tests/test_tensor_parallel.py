@@ -64,7 +64,7 @@ def test_a_correct_plan_is_noise(model, env):
 
 # bug -> (module of the culprit, the planted line's tag or the line it shows, op)
 DECODER_BUGS = {
-    "partial": ("layers.0.mlp", "return self.down(", "DTensor.to_local"),
+    "partial": ("layers.0.mlp.down", "return self.down(", "DTensor.to_local"),  # in the row-parallel style's output hook
     "global_heads": ("layers.0.attention", "nn.functional.scaled_dot_product_attention", None),
     "bias_every_rank": ("layers.0.attention", "+ self.o_proj.bias.to_local()", "Tensor.add"),
     "qk_norm_on_shard": ("layers.0.attention", "nn.functional.scaled_dot_product_attention", None),

@@ -142,7 +142,8 @@ class RankedSide:
             # Python's sys.stderr is replaced, in a notebook): stdout is bisectr's.
             # One hash seed for every rank: a model that iterates a set of strings (Gemma-3's rotary tables,
             # one per layer type) then runs its ops in one order on all of them.
-            env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
+            seed = os.environ.get("PYTHONHASHSEED", "random")
+            env = {**os.environ, "PYTHONHASHSEED": "0" if seed == "random" else seed}
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=2, start_new_session=True, env=env)
         except OSError as exc:
             server.close()
@@ -287,7 +288,7 @@ def _refuse_diverging_ranks(role: str, traces: list[Trace]) -> None:
             if mine is None or theirs is None or (mine.framework_op, mine.module) != (theirs.framework_op, theirs.module):
                 raise BisectrError(f"the {role} side's ranks ran different ops: op {index} is "
                                    f"{_described(mine)} on rank {rank} and {_described(theirs)} on rank 0")
-            if (mine.inputs, mine.outputs) != (theirs.inputs, theirs.outputs):
+            if _sources(trace, mine) != _sources(first, theirs):
                 raise BisectrError(f"the {role} side's ranks ran their ops in different orders: op {index}, "
                                    f"{_described(mine)}, reads the outputs of ops {_producers(trace, mine)} on rank {rank} "
                                    f"and of ops {_producers(first, theirs)} on rank 0")
@@ -299,6 +300,13 @@ def _mark_differing_tensors(traces: list[Trace]) -> None:
     for tid, info in first.tensors.items():
         if info.placement is None and any(trace.tensors[tid].stats != info.stats for trace in traces[1:]):
             info.placement = RANKS_DIFFER
+
+
+def _sources(trace: Trace, op: Any) -> list[int | str | None]:
+    """Where each of `op`'s inputs comes from: the op that made it, or its leaf name. (Which of that op's
+    outputs may depend on the rank: each takes its own chunk.)"""
+    return [trace.tensors[tid].leaf if trace.tensors[tid].producer is None else trace.tensors[tid].producer
+            for tid in op.inputs]
 
 
 def _producers(trace: Trace, op: Any) -> str:
