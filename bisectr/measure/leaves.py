@@ -631,7 +631,6 @@ class _Columns:
         at = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
         return np.where(self.keys[at] == keys, self.columns[at], -1)
 
-
     def columns_near(self, values: np.ndarray, tolerance: float = SAME_VALUE_REACH) -> np.ndarray | None:
         """As `columns_of`, for values computed again elsewhere (another device, another kernel): each value
         may lie within `tolerance` times the largest value here of one of these. A value within reach of
@@ -733,8 +732,8 @@ def _rows_of(values: np.ndarray, options: dict[int, np.ndarray], dtype: str) -> 
 
 def _rows_among(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int, bool, dict[int, Placed]] | None:
     """(axis, transposed, reference tid -> where its rows are) when the reference leaves' rows (slices
-    along one axis, each leaf as stored or transposed) are found among the candidate's: at least one leaf's completely, or
-    every row of the candidate (a rank's shard of a fused weight); a leaf with no row found fills the
+    along one axis, each leaf as stored or transposed) are found among the candidate's: at least one
+    leaf's completely, or every row of the candidate (a rank's shard of a fused weight); a leaf with no row found fills the
     positions left, in order, where it fits. A row the candidate holds several times (kv heads
     repeated for grouped-query attention) is placed at each of them. Of the axes and orientations where
     that holds, the one whose leaves cover the most positions (a square part, found whichever way it is
