@@ -229,6 +229,10 @@ def check(case: Case, row: Row) -> None:
     except RuntimeError:  # an op without a float64 kernel (torch._grouped_mm): the float32 errors judge
         row.rounding = max(copy_error, float(torch.finfo(torch.float32).eps))
         row.float64_error = _relative(first, reference32)
+    _exclude_if_invisible(row)
+
+
+def _exclude_if_invisible(row: Row) -> None:
     if not row.float64_error >= VISIBLE * row.rounding:
         row.excluded = f"float64 error {row.float64_error:.2g} < {VISIBLE:g}x float32 rounding {row.rounding:.2g}"
 
@@ -240,8 +244,8 @@ def _checked_by_the_search(row: Row, result: dict) -> None:
     row.rounding, row.float64_error = check.get("reference_rounding"), check.get("float64_error")
     if row.rounding is None or row.float64_error is None:
         row.excluded = "no float64 check to judge it visible by"
-    elif not row.float64_error >= VISIBLE * row.rounding:
-        row.excluded = f"float64 error {row.float64_error:.2g} < {VISIBLE:g}x float32 rounding {row.rounding:.2g}"
+    else:
+        _exclude_if_invisible(row)
 
 
 def judge(row: Row, result: dict) -> None:

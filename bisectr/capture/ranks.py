@@ -311,7 +311,7 @@ def _sources(trace: Trace, op: Any) -> list[int | str | None]:
 
 def _producers(trace: Trace, op: Any) -> str:
     """The ops that made `op`'s inputs, in order, e.g. '68, 79' ('-' for a parameter or an input)."""
-    return ", ".join("-" if trace.tensors[tid].producer is None else str(trace.tensors[tid].producer) for tid in op.inputs)
+    return ", ".join(str(source) if isinstance(source, int) else "-" for source in _sources(trace, op))
 
 
 def _described(op: Any) -> str:
