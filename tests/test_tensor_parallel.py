@@ -49,9 +49,10 @@ def source_line(source: str) -> str:
         return file.readlines()[int(line) - 1]
 
 
-@pytest.mark.parametrize("model, env", [(DECODER, {}), (DECODER, {"TP_PLAN": "sequence"}), (DECODER, {"TP_QK_NORM": "1"}),
+@pytest.mark.parametrize("model, env", [(DECODER, {}), (DECODER, {"TP_PLAN": "sequence"}), (DECODER, {"TP_PLAN": "sequence_local"}),
+                                        (DECODER, {"TP_QK_NORM": "1"}),
                                         (LLAMA, {}), (LLAMA, {"TP_PLAN": "torchtitan"}), (MEGATRON, {}), (MEGATRON_LLAMA, {})],
-                         ids=["decoder", "decoder_sequence_parallel", "decoder_qk_norm", "hf_llama", "hf_llama_torchtitan_plan",
+                         ids=["decoder", "decoder_sequence_parallel", "decoder_sequence_parallel_local_norms", "decoder_qk_norm", "hf_llama", "hf_llama_torchtitan_plan",
                               "megatron_by_hand", "hf_llama_against_megatron_fused_port"])
 def test_a_correct_plan_is_noise(model, env):
     result = result_of(bisect_on_two_ranks(model, "--json", **env))
@@ -72,7 +73,8 @@ DECODER_BUGS = {
 
 
 @pytest.mark.parametrize("bug, env", [(bug, {}) for bug in DECODER_BUGS if bug != "qk_norm_on_shard"]
-                         + [("global_heads", {"TP_PLAN": "sequence"}), ("qk_norm_on_shard", {"TP_QK_NORM": "1"})])
+                         + [("global_heads", {"TP_PLAN": "sequence"}), ("global_heads", {"TP_PLAN": "sequence_local"}),
+                            ("qk_norm_on_shard", {"TP_QK_NORM": "1"})])
 def test_a_planted_tp_bug_is_divergent_at_its_first_layer_confirmed(bug, env):
     result = result_of(bisect_on_two_ranks(DECODER, "--json", TP_BUG=bug, **env))
     module, line, op = DECODER_BUGS[bug]

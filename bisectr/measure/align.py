@@ -40,6 +40,7 @@ import numpy as np
 from ..capture.ops import REDUCING_COLLECTIVES
 from ..capture.trace import LOCAL_PART, RANKS_DIFFER, OpNode, TensorInfo, Trace, fingerprint, is_floating
 from ..leafref import leaf_kind
+from .metrics import BLOCKING, blocked
 
 NEIGHBOURHOOD = 8  # how far apart in a key group two paired occurrences may be
 VALUE_MATCH = 0.1  # the largest value distance at which a tensor is paired on values alone
@@ -671,12 +672,48 @@ def _form_blocks(sides: _TracePair, alignment: Alignment) -> None:
                 waiting.append((block, later))
             pending = []
     blocks += [block for block, _ in waiting]
+    blocks = [part for block in blocks for part in _narrowed(sides, alignment, block)]
     blocks.sort(key=lambda block: block.candidate[0])
     claimed = {r for b in blocks for r in b.reference}
     leftover = [r for r in unpaired_ref if r not in claimed]
     if leftover:
         blocks.append(Block([], leftover, matched=False))
     alignment.blocks = blocks
+
+
+def _narrowed(sides: _TracePair, alignment: Alignment, block: Block) -> list[Block]:
+    """A matched block split into sub-blocks where its first ops hand the rest only tensors that pair
+    with the reference block's (by value, or as the same attention mask): the mask made before a
+    fused attention, a router before its experts. Each part is judged on its own."""
+    if not block.matched:
+        return [block]
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    readers = sides.readers["candidate"]
+    options = [t for r in block.reference for t in reference.ops[r].outputs]
+    for end in range(1, len(block.candidate)):
+        first = block.candidate[:end]
+        partners: dict[int, int] = {}
+        for c_tid in handed_on(candidate, first, readers):
+            partner = alignment.tensors[c_tid].reference if c_tid in alignment.tensors else \
+                _partner_by_value(sides, c_tid, options) or _partner_by_mask(sides, c_tid, options)
+            if partner is None and is_floating(candidate.tensors[c_tid].dtype):
+                break
+            if partner is not None:
+                partners[c_tid] = partner
+        else:
+            made = [reference.tensors[r].producer for r in partners.values() if reference.tensors[r].producer in block.reference]
+            if not made or max(made) >= block.reference[-1]:
+                continue
+            for c_tid, partner in partners.items():
+                if c_tid not in alignment.tensors:
+                    transform, distance = _layout(reference, candidate, c_tid, partner)
+                    expanded = broadcasts(reference.tensors[partner].shape, candidate.tensors[c_tid].shape)
+                    alignment.tensors[c_tid] = TensorPair(c_tid, partner, transform, round(1.0 - distance / 2, 3), "block", expanded)
+            split = max(made)
+            head = Block(first, [r for r in block.reference if r <= split], True)
+            rest = Block(block.candidate[end:], [r for r in block.reference if r > split], True)
+            return [head, *_narrowed(sides, alignment, rest)]
+    return [block]
 
 
 def consecutive_runs(indices: list[int]) -> list[list[int]]:
@@ -710,7 +747,7 @@ def _block_for(sides: _TracePair, alignment: Alignment, cand_ops: list[int], pai
             unpartnered.add(c_tid)
             continue
         partner = _partner_by_consumer(sides, alignment, c_tid, paired_ref_of) or sides.output_partner.get(c_tid) \
-            or _partner_by_value(sides, c_tid, options)
+            or _partner_by_value(sides, c_tid, options) or _partner_by_mask(sides, c_tid, options)
         producer = reference.tensors[partner].producer if partner is not None else None
         if producer in unpaired and producer not in ref_ops:
             # The two sides order the block's ops differently (paddle's MLP computes `up` before the
@@ -776,6 +813,34 @@ def _partner_by_value(sides: _TracePair, c_tid: int, options: list[int]) -> int 
     scored = [(_layout(reference, candidate, c_tid, r)[1], r) for r in fits]
     best = min(scored, default=None)
     return best[1] if best is not None and best[0] <= VALUE_MATCH else None
+
+
+def _partner_by_mask(sides: _TracePair, c_tid: int, options: list[int]) -> int | None:
+    """The reference's attention mask that a candidate mask stands for, made in another way (-1e9
+    against -inf) or wrongly (blocking the positions the other keeps): of the reference's masks the
+    same size, the one blocking the most positions alike."""
+    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    info = candidate.tensors[c_tid]
+    if not (is_floating(info.dtype) and _may_be_mask(info) and candidate.has_value(c_tid)):
+        return None
+    mask = blocked(candidate.value(c_tid))
+    if mask is None:
+        return None
+    best: tuple[int, int] | None = None  # (positions blocked alike, reference tid)
+    for r_tid in options:
+        other = reference.tensors[r_tid]
+        if other.size != info.size or not _may_be_mask(other) or not reference.has_value(r_tid):
+            continue
+        other_mask = blocked(reference.value(r_tid))
+        if other_mask is not None:
+            alike = int(np.count_nonzero(other_mask.reshape(-1) == mask.reshape(-1)))
+            best = max(best or (alike, r_tid), (alike, r_tid))
+    return best[1] if best is not None else None
+
+
+def _may_be_mask(info: TensorInfo) -> bool:
+    """Blocking values among its own (its stats count -inf apart) and nothing above 0 but rounding."""
+    return (info.stats.inf > 0 or info.stats.min <= BLOCKING) and info.stats.max <= 1e-6 * max(info.stats.absmax, 1.0)
 
 
 def settle_layouts(reference: Trace, candidate: Trace, alignment: Alignment) -> None:

@@ -12,6 +12,11 @@ import numpy as np
 # or not known (values not at hand).
 OpVerdict = Literal["exact", "noise", "different", "unknown"]
 
+# An attention mask blocks a position with a value at or below this (-1e4, -1e9, float32's lowest,
+# -inf): whichever one each side uses, a softmax makes the same zero of it.
+BLOCKING = -1e4
+MASK_CONSTANTS = 4  # the most distinct blocking values a mask (or scores with a mask added) holds
+
 
 @dataclass(frozen=True)
 class ErrorMetrics:
@@ -56,6 +61,7 @@ def error_metrics(candidate: np.ndarray, reference: np.ndarray) -> ErrorMetrics:
         return EXACT
     if cand.dtype != ref.dtype:
         cand, ref = cand.astype(np.float64), ref.astype(np.float64)
+    cand, ref = _unblocked(cand, ref)
     diff, max_abs = _abs_difference(cand, ref)
     if max_abs == 0.0:  # bit-identical: common upstream of a difference, and cheap to say
         return EXACT
@@ -76,6 +82,27 @@ def error_metrics(candidate: np.ndarray, reference: np.ndarray) -> ErrorMetrics:
         scale = float(np.abs(finite_ref).max()) if finite_ref.size else 0.0
     max_rel = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else float("inf"))
     return ErrorMetrics(max_abs, float(diff.mean(dtype=np.float64)), max_rel, _cosine(ok_cand, ok_ref))
+
+
+def blocked(values: np.ndarray) -> np.ndarray | None:
+    """Where `values` hold a mask's blocking values (None: it holds none, or holds so many distinct
+    ones that they are data, not a mask's constants)."""
+    where = values <= BLOCKING
+    if not where.any() or np.unique(values[where]).size > MASK_CONSTANTS:
+        return None
+    return where
+
+
+def _unblocked(cand: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both tensors with the positions that both block set to 0: one mask's -1e9 is another's -inf."""
+    if cand.dtype.kind != "f" or not (cand.min(initial=0.0) <= BLOCKING and ref.min(initial=0.0) <= BLOCKING):
+        return cand, ref
+    cand_blocked, ref_blocked = blocked(cand), blocked(ref)
+    if cand_blocked is None or ref_blocked is None or not (both := cand_blocked & ref_blocked).any():
+        return cand, ref
+    cand, ref = cand.copy(), ref.copy()
+    cand[both] = ref[both] = 0.0
+    return cand, ref
 
 
 def _abs_difference(cand: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:

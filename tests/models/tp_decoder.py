@@ -5,7 +5,8 @@ them over every rank torchrun started (`--candidate-nproc N`): attention's q/k/v
 the MLP's up projection column-wise, attention's output and the MLP's down projection row-wise,
 so that each layer's attention and MLP run on each rank's heads and columns and end in one
 all-reduce. `TP_PLAN=sequence` also shards the embedding over the vocabulary and the norms and the
-residual stream over the tokens (sequence parallel). `TP_BUG` plants one bug a porter makes in a sharding plan or a sharded module:
+residual stream over the tokens (sequence parallel); `TP_PLAN=sequence_local` so too, its norms handing on
+each rank's local tensor (`use_local_output=True`), which the next module's plan makes a DTensor again. `TP_BUG` plants one bug a porter makes in a sharding plan or a sharded module:
 
 - "" (default): the plan is right; the sharded reductions round differently (verdict `noise`).
 - "partial": the MLP's down projection's output is left `Partial` (`use_local_output=True` on a
@@ -137,11 +138,12 @@ def _shard(model, world: int, bug: str) -> None:
                                                    parallelize_module)
 
     mesh = init_device_mesh("cpu", (world,))
-    sequence = os.environ.get("TP_PLAN") == "sequence"
+    sequence = os.environ.get("TP_PLAN", "").startswith("sequence")
+    norm = SequenceParallel(use_local_output=os.environ.get("TP_PLAN") == "sequence_local")
     tokens_out = {"output_layouts": Shard(1)} if sequence else {}
     if sequence:
         parallelize_module(model, mesh, {"embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-                                         "norm": SequenceParallel(),
+                                         "norm": norm,
                                          "head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())})
     for layer in model.layers:
         plan = {"attention.q_proj": ColwiseParallel(), "attention.k_proj": ColwiseParallel(),
@@ -150,7 +152,7 @@ def _shard(model, world: int, bug: str) -> None:
                 "mlp.down": _left_partial() if bug == "partial" else RowwiseParallel(**tokens_out)}
         if sequence:
             gathered = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-            plan |= {"attention_norm": SequenceParallel(), "mlp_norm": SequenceParallel(), "attention": gathered, "mlp": gathered}
+            plan |= {"attention_norm": norm, "mlp_norm": norm, "attention": gathered, "mlp": gathered}
         parallelize_module(layer, mesh, plan)
         layer.attention.mesh = mesh
 
