@@ -138,17 +138,23 @@ def candidate_tp():
 
 
 def tensor_parallel(model, changes: dict[str, str]):
-    """`model` sharded over the ranks as Megatron shards a decoder: each layer's q/k/v and gate/up projections
-    column-parallel, its o and down projections row-parallel (`changes`: module -> "partial", its all-reduce
-    left out, or "reduced_twice", all-reduced once more)."""
+    """`model` sharded over the ranks as TorchTitan shards a decoder: the embedding over the vocabulary (each
+    rank looks up the ids of its half, an all-reduce completes the rows), each layer's q/k/v and gate/up
+    projections column-parallel and its o and down projections row-parallel, the head column-parallel gathered
+    whole. `changes`: module -> "partial" (a row-parallel output's all-reduce left out), "reduced_twice"
+    (all-reduced once more) or "interleaved" (the head's vocabulary parts gathered along the wrong dim)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
-    plan = {}
-    for name, _ in model.named_modules():
+    names = {module: name for name, module in model.named_modules()}
+    built = getattr(model, "inner", model)  # the bfloat16 control's model inside its wrapper
+    embedding, head = names[built.get_input_embeddings()], names[built.get_output_embeddings()]
+    plan = {embedding: RowwiseParallel(input_layouts=Replicate()),
+            head: ColwiseParallel(output_layouts=Shard(-1) if changes.get(head) == "interleaved" else Replicate())}
+    for name in names.values():
         if re.search(r"(^|\.)(self_attn\.[qkv]_proj|mlp\.(gate|up)_proj)$", name):
             plan[name] = ColwiseParallel()
         elif re.search(r"(^|\.)(self_attn\.o_proj|mlp\.down_proj)$", name):
@@ -157,6 +163,8 @@ def tensor_parallel(model, changes: dict[str, str]):
     for name, change in changes.items():
         if change == "reduced_twice":
             model.get_submodule(name).register_forward_hook(lambda module, args, out: _all_reduced(out, dist))
+        elif change == "interleaved":
+            model.get_submodule(name).register_forward_hook(lambda module, args, out: _gathered_interleaved(out, dist))
     return model
 
 
@@ -164,6 +172,16 @@ def _all_reduced(tensor, dist):
     reduced = tensor.clone()
     dist.all_reduce(reduced)  # @reduced_twice
     return reduced
+
+
+def _gathered_interleaved(local, dist):
+    """Each rank's columns gathered, stacked along a new last dim and flattened: column i of rank r lands at
+    i * ranks + r, not at r * columns + i."""
+    import torch
+
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, local.contiguous())
+    return torch.stack(parts, dim=-1).flatten(-2)  # @interleaved
 
 
 def candidate_paddle():

@@ -486,20 +486,29 @@ def router_topk_norm(model, rng):
 ROW_PARALLEL = re.compile(r"(^|\.)(self_attn\.o_proj|mlp\.down_proj)$")
 
 
-def _plan_changed(model, rng, change: str, what: str) -> Site:
-    name = _pick(rng, [n for n, _ in model.named_modules() if ROW_PARALLEL.search(n) and _layer(n) is not None])
+def _plan_changed(model, name: str, change: str, what: str) -> Site:
     model.tp_plan_changes = {name: change}
     return Site(name, None, f"{name}: {what}")
 
 
+def _row_parallel(model, rng) -> str:
+    return _pick(rng, [n for n, _ in model.named_modules() if ROW_PARALLEL.search(n) and _layer(n) is not None])
+
+
 def reduction_forgotten(model, rng):
     """A row-parallel projection whose output stays a partial sum on each rank: its all-reduce forgotten."""
-    return _plan_changed(model, rng, "partial", "row-parallel output left partial (all-reduce forgotten)")
+    return _plan_changed(model, _row_parallel(model, rng), "partial", "row-parallel output left partial (all-reduce forgotten)")
 
 
 def reduction_doubled(model, rng):
     """A row-parallel projection whose output is all-reduced once more."""
-    return _plan_changed(model, rng, "reduced_twice", "row-parallel output all-reduced twice")
+    return _plan_changed(model, _row_parallel(model, rng), "reduced_twice", "row-parallel output all-reduced twice")
+
+
+def head_gathered_interleaved(model, rng):
+    """The column-parallel head's vocabulary parts gathered along the wrong dim: the logits' columns interleaved."""
+    head = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
+    return _plan_changed(model, head, "interleaved", "vocabulary parts gathered along the wrong dim (interleaved)")
 
 
 # compile operators: compiler bugs
@@ -643,6 +652,7 @@ OPERATORS = {operator.name: operator for operator in [
     Operator("router_topk_norm", "op", router_topk_norm),
     Operator("reduction_forgotten", "tp", reduction_forgotten),
     Operator("reduction_doubled", "tp", reduction_doubled),
+    Operator("head_gathered_interleaved", "tp", head_gathered_interleaved),
     Operator("compiled_branch", "compile", compiled_branch),
     *(Operator(f"decomposition_{aten.split('.')[0].strip('_')}", "compile", _decomposition(aten)) for aten in WRONG_DECOMPOSITIONS),
 ]}

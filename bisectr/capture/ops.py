@@ -18,6 +18,8 @@ UNINITIALISED = frozenset({"empty", "empty_like", "new_empty", "empty_strided"})
 # Collectives that sum what each process holds: what they read is each process's part of a sum
 # (a partial value), never compared with a whole tensor.
 REDUCING_COLLECTIVES = frozenset({"all_reduce", "reduce_scatter_tensor"})
+# Collectives after which every process holds the same values: what they hand on is whole, not a part.
+SHARING_COLLECTIVES = frozenset({"all_reduce", "all_gather", "all_gather_into_tensor", "broadcast"})
 
 _REVERSED_DUNDERS = {"radd", "rsub", "rmul", "rtruediv", "rdiv", "rpow", "rmatmul", "rfloordiv", "rmod", "rand", "ror", "rxor", "rlshift", "rrshift"}
 

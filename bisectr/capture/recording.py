@@ -20,7 +20,7 @@ from ..adapters import Adapter, Tensors
 from ..adapters.base import API, CALLER
 from ..errors import PathDeparture, TraceMismatchError, UnreadableTensorError
 from .interpreter import Call, Patches, Recording, RerunResult, Slot, run_op
-from .ops import canonical_op
+from .ops import SHARING_COLLECTIVES, canonical_op
 from .store import TensorWriter
 from .structure import call_tensors, flatten_outputs, map_tensors
 from .trace import (LOCAL_PART, PENDING_STATS, OpNode, StatsBatch, TensorInfo, Trace, device_reductions, is_floating, is_model_leaf,
@@ -145,7 +145,7 @@ class Recorder(_Session):
         for tensor in produced:
             self._refuse_unreadable(tensor, f"op {index} ({name}) returned")
         output_tids = [self._record_tensor(tensor, index, None, keep) for tensor in produced]
-        self._place(input_tids, output_tids, produced)
+        self._place(input_tids, output_tids, produced, shared=canonical_op(name) in SHARING_COLLECTIVES)
         source, library = self._source()
         inner = getattr(fn, "inner_dtypes", None)  # see `OpNode.inner_dtypes`
         self.trace.ops.append(OpNode(index, name, canonical_op(name), module, source,
@@ -157,9 +157,10 @@ class Recorder(_Session):
                                          self.adapter.device_name(produced[0]), layouts if any(layouts) else ()))
         return result
 
-    def _place(self, input_tids: list[int], output_tids: list[int], produced: list[Any]) -> None:
-        """Note how distributed outputs are placed; a plain output made from a shard is a local part."""
-        from_shard = not self._sharded.isdisjoint(input_tids)
+    def _place(self, input_tids: list[int], output_tids: list[int], produced: list[Any], shared: bool = False) -> None:
+        """Note how distributed outputs are placed; a plain output made from a shard is a local part, unless
+        a collective made it the same on every process (`shared`)."""
+        from_shard = not shared and not self._sharded.isdisjoint(input_tids)
         for tid, tensor in zip(output_tids, produced):
             placement = self.adapter.placement(tensor)
             if placement is None and from_shard:

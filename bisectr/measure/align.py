@@ -690,13 +690,28 @@ def _narrowed(sides: _TracePair, alignment: Alignment, block: Block) -> list[Blo
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     readers = sides.readers["candidate"]
     options = [t for r in block.reference for t in reference.ops[r].outputs]
+    found: dict[int, int | None] = {}  # candidate tid -> its partner among `options`, once looked for
+
+    def partner_of(c_tid: int) -> int | None:
+        if c_tid in alignment.tensors:
+            return alignment.tensors[c_tid].reference
+        if c_tid in sides.parts:  # a process's own part of a value pairs with no whole tensor
+            return None
+        if c_tid not in found:
+            partner = _partner_by_value(sides, c_tid, options) or _partner_by_mask(sides, c_tid, options)
+            # Of reference tensors holding the same values (a norm's output before and after a weight of
+            # ones), the last: the ops between them belong to the first part.
+            found[c_tid] = partner if partner is None else max(
+                (r for r in options if value_distance(reference.tensors[r], reference.tensors[partner]) == 0
+                 and reference.tensors[r].shape == reference.tensors[partner].shape), default=partner)
+        return found[c_tid]
+
     for end in range(1, len(block.candidate)):
         first = block.candidate[:end]
         partners: dict[int, int] = {}
         for c_tid in handed_on(candidate, first, readers):
-            partner = alignment.tensors[c_tid].reference if c_tid in alignment.tensors else \
-                _partner_by_value(sides, c_tid, options) or _partner_by_mask(sides, c_tid, options)
-            if partner is None and is_floating(candidate.tensors[c_tid].dtype):
+            partner = partner_of(c_tid)
+            if partner is None and (is_floating(candidate.tensors[c_tid].dtype) or c_tid in sides.parts):
                 break
             if partner is not None:
                 partners[c_tid] = partner
