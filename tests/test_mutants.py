@@ -110,16 +110,20 @@ def test_paddleformers_ports_through_a_mistaken_converter_are_named_at_the_porte
 
 
 @pytest.mark.once  # torchrun's ranks: the first CI environment only
-def test_tensor_parallel_plans_that_forget_or_double_a_reduction_are_named_at_the_projection(tmp_path):
-    """The tp form: Llama sharded over 2 ranks as Megatron shards it; a row-parallel projection whose output
+def test_tensor_parallel_plan_mistakes_are_named_where_they_enter(tmp_path):
+    """The tp form: Llama sharded over 2 ranks as TorchTitan shards it; a row-parallel projection whose output
     stays a partial sum, or is all-reduced twice, is named at that projection (the parallel style's output
-    hook runs inside it), a converter's mistake at its weight, and the correct plan is rounding."""
+    hook runs inside it), the head's parts gathered along the wrong dim at the head (what the gather hands
+    on is the same on every rank, compared whole), a converter's mistake at its weight, and the correct plan
+    is rounding."""
     rows_file = tmp_path / "rows.json"
-    done = mutants("--forms", "tp", "--families", "llama", "--operators", "reduction_forgotten,reduction_doubled,transposed",
+    done = mutants("--forms", "tp", "--families", "llama", "--operators",
+                   "reduction_forgotten,reduction_doubled,head_gathered_interleaved,transposed",
                    "--sites", "1", "--json", str(rows_file))
     assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     rows = {r["operator"]: r for r in json.loads(rows_file.read_text())}
-    assert set(rows) == {"none", "bfloat16", "reduction_forgotten", "reduction_doubled", "transposed"}
+    assert set(rows) == {"none", "bfloat16", "reduction_forgotten", "reduction_doubled", "head_gathered_interleaved", "transposed"}
     assert [(r["case"], r["problem"], r["culprit"]) for r in rows.values() if not r["right"]] == []
     assert rows["reduction_forgotten"]["culprit"].endswith(f"at {rows['reduction_forgotten']['expected_module']!r}")
     assert rows["reduction_doubled"]["culprit"].startswith("all_reduce at ")
+    assert rows["head_gathered_interleaved"]["culprit"].endswith("at 'lm_head'")

@@ -146,6 +146,25 @@ def test_bugs_of_a_megatron_port_of_hf_llama_with_fused_weights_are_named_where_
     assert "confirmed: taking out" in culprit
 
 
+HF_PLAN = MODELS / "tp_hf_plan.py"
+
+
+def test_hugging_faces_own_tensor_parallelism_is_rounding_and_a_converters_mistake_is_named_at_its_layer():
+    """`from_pretrained(..., tp_plan="auto")`: transformers' own parallel styles shard the model (their
+    layout query makes a meta tensor, structure and no values). Correct it is rounding; a checkpoint holding
+    layer 1's o_proj weight transposed is named at that leaf, read whole: of the two layers' square o_proj
+    weights, one fits either layout, and the layout of the weights that are not square decides."""
+    correct = result_of(bisect_on_two_ranks(HF_PLAN, "--json"))
+    assert correct["verdict"] == "noise" and correct["output_error"]["max_rel"] < 1e-6
+    assert correct["ops"]["aligned"] == correct["ops"]["candidate"]
+    result = result_of(bisect_on_two_ranks(HF_PLAN, "--json", "--candidate", "candidate_o_proj_transposed"))
+    culprit = result["culprit"]
+    assert result["verdict"] == "divergent" and result["confirmation"]["confirmed"]
+    assert culprit["leaf"] == "model.layers.1.self_attn.o_proj.weight" and culprit["candidate"]["module"] == "model.layers.1.self_attn.o_proj"
+    assert culprit["description"] == "transposed"
+    assert 0.9 < result["confirmation"]["before"] < 0.97 and result["confirmation"]["output_error"] < 1e-6
+
+
 def test_a_rank_that_raises_is_named_with_its_traceback():
     done = bisect_on_two_ranks(DECODER, TP_FAULT="raise")
     assert done.returncode == 2, done.stderr[-3000:]

@@ -13,7 +13,7 @@ environment: `BISECTR_MUTANT=FAMILY:OPERATOR:SEED[:FORM]`, e.g. `llama:rows_perm
   `bfloat16` (the copy run in bfloat16, its outputs cast back to float32). FORM `paddle` is `candidate_paddle()`:
 the family's PaddleFormers port (`paddle_ports.py`), its checkpoint the copy's state dict with a converter's
 mistake (a `weight` operator) in it, written by `benchmarks/mutants.py`; FORM `tp` is `candidate_tp()`, on 2 ranks
-(`NPROC`): the copy sharded as Megatron shards a decoder, with a `weight` operator's mistake or a `tp` operator's
+(`NPROC`): the copy sharded as TorchTitan shards a decoder, with a `weight` operator's mistake or a `tp` operator's
 change to the plan; its `bfloat16` control loads that
 checkpoint rounded to bfloat16 (paddle has no bfloat16 matmul on the CPU).
 

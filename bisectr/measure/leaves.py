@@ -349,16 +349,24 @@ class _Pairer:
     def _consistent_layouts(self, matches: dict[int, _Match]) -> None:
         """A square weight's values fit either layout: where one was matched in another layout than
         the same parameter of the other layers (the same name up to layer numbers), it takes theirs,
-        and its comparison then says it is transposed (a converter that skipped one transpose)."""
+        and its comparison then says it is transposed (a converter that skipped one transpose). Where
+        those layers are split evenly (two layers), the layout that the model's matrices which are not
+        square were matched in decides: their values leave no choice."""
         candidate = self.traces["candidate"]
         by_pattern: dict[str, list[int]] = {}
         for tid, match in matches.items():
             if match.how != "op":
                 by_pattern.setdefault(re.sub(r"\d+", "#", candidate.tensors[tid].leaf), []).append(tid)
+        decided = [(m.transform, m.part) for t, m in matches.items() if m.how != "op" and m.part is None
+                   and len(shape := candidate.tensors[t].shape) == 2 and shape[0] != shape[1]]
         for tids in by_pattern.values():
             layouts = [(matches[t].transform, matches[t].part) for t in tids]
             usual = max(set(layouts), key=layouts.count)
-            if layouts.count(usual) * 2 <= len(layouts):
+            if layouts.count(usual) * 2 == len(layouts) and decided:
+                usual = max(set(decided), key=decided.count)
+                if usual not in layouts:
+                    continue
+            elif layouts.count(usual) * 2 <= len(layouts):
                 continue
             for tid in tids:
                 shape = candidate.tensors[tid].shape
