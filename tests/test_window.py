@@ -126,14 +126,14 @@ def test_an_analysis_hands_on_the_evidence_of_ops_whose_values_did_not_change():
 
 def test_the_other_layers_give_only_what_their_occurrences_evidence_reads():
     """hf_gpt2 against a port leaving `F.gelu` exact in every layer: the difference is a block (the
-    MLP, against HF's tanh formula written out), found in h.0 and recurring in h.1 and h.2. Beyond the
+    port's `gelu` against HF's tanh formula written out), found in h.0 and recurring in h.1 and h.2. Beyond the
     layer outputs and the window (the ops up to h.0's last), each side fetches for h.1 and h.2 the
     tensors their evidence reads (each block's inputs and the outputs compared), none of the tensors
     made inside the blocks."""
     run = bisectr.trace(MODELS / "hf_gpt2.py", candidate="candidate_exact_gelu", value_budget=0)
     result = run.bisect()
     assert result.verdict == "divergent" and result.confirmation.confirmed and result.culprit.block is not None
-    assert [r.module for r in result.recurrences] == [f"h.{i}.mlp.c_proj" for i in range(3)]
+    assert [r.module for r in result.recurrences] == [f"h.{i}.mlp" for i in range(3)]
     analysis = Analysis(run, run.sides).compute()
     occurrences = [analysis.ops[r.index] for r in result.recurrences[1:]]
     inside = 0
@@ -145,4 +145,4 @@ def test_the_other_layers_give_only_what_their_occurrences_evidence_reads():
         fetched = set(trace.fetched) - boundaries(trace) - window
         assert fetched and fetched <= read and not (made - read) & fetched
         inside += len(made - read)
-    assert inside >= 2 * 10  # the reference's tanh formula: ten tensors and more in each of h.1 and h.2
+    assert inside >= 2 * 8  # the tensors inside the reference's tanh formula: eight in each of h.1 and h.2

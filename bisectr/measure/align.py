@@ -832,23 +832,23 @@ def _partner_by_value(sides: _TracePair, c_tid: int, options: list[int]) -> int 
 
 def _partner_by_mask(sides: _TracePair, c_tid: int, options: list[int]) -> int | None:
     """The reference's attention mask that a candidate mask stands for, made in another way (-1e9
-    against -inf) or wrongly (blocking the positions the other keeps): of the reference's masks the
-    same size, the one blocking the most positions alike."""
+    against -inf) or wrongly (blocking the keys the other keeps): the only reference mask of its size
+    among `options`, or of several, the one blocking the most keys alike (their values at hand)."""
     reference, candidate = sides.traces["reference"], sides.traces["candidate"]
     info = candidate.tensors[c_tid]
-    if not (is_floating(info.dtype) and _may_be_mask(info) and candidate.has_value(c_tid)):
+    if not (is_floating(info.dtype) and _may_be_mask(info)):
         return None
+    masks = [r for r in options if reference.tensors[r].size == info.size and _may_be_mask(reference.tensors[r])]
+    if len(masks) <= 1 or not (candidate.has_value(c_tid) and all(map(reference.has_value, masks))):
+        return masks[0] if len(masks) == 1 else None
     mask = blocked(candidate.value(c_tid))
     if mask is None:
         return None
-    best: tuple[int, int] | None = None  # (positions blocked alike, reference tid)
-    for r_tid in options:
-        other = reference.tensors[r_tid]
-        if other.size != info.size or not _may_be_mask(other) or not reference.has_value(r_tid):
-            continue
-        other_mask = blocked(reference.value(r_tid))
-        if other_mask is not None:
-            alike = int(np.count_nonzero(other_mask.reshape(-1) == mask.reshape(-1)))
+    best: tuple[int, int] | None = None  # (keys blocked alike, reference tid)
+    for r_tid in masks:
+        other = blocked(reference.value(r_tid))
+        if other is not None:
+            alike = int(np.count_nonzero(other.reshape(-1) == mask.reshape(-1)))
             best = max(best or (alike, r_tid), (alike, r_tid))
     return best[1] if best is not None else None
 
