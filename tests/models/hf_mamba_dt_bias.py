@@ -2,14 +2,16 @@
 
 Reference: `transformers.MambaForCausalLM` (3 layers, hidden 64, state 8, expand 2), `torch.manual_seed(0)`,
 eval; input_ids (2, 8) from `default_rng(0)`. Candidate: the same weights; `candidate_dt_bias_twice()`
-runs every mixer's selective scan with `dt + dt_bias` where the scan adds `dt_bias` itself (line marked
-`# @twice`), as a port of the kernel's `delta_bias` into a hand-written scan does.
+adds every mixer's time-step (dt) bias once more (lines marked `# @twice`), as a port of the kernel's
+`delta_bias` into a hand-written scan does: where transformers' mixer hands the bias to its selective scan
+(transformers 5.24), the scan runs on `dt + dt_bias`; where it calls `dt_proj` (transformers 5.3), the
+projection's output gets its bias again.
 
 Measured here: outputs (magnitude 6.0) differ by 0.027 (4.5e-03 relative) with the bias twice.
 
 bisectr should conclude: `match` for `candidate()`; `divergent` for `candidate_dt_bias_twice()`, culprit
-the second add of the bias in `backbone.layers.0.mixer` (of the two, the first holds the reference's
-values), the same difference in layers 1 and 2, confirmed.
+the extra add of the bias in `backbone.layers.0.mixer` (with the scan, the second of the two adds: the
+first holds the reference's values), the same difference in layers 1 and 2, confirmed.
 """
 import inspect
 import os
@@ -51,7 +53,10 @@ def candidate(dt_bias_twice: bool = False):
         with_scan = types.FunctionType(forward.__code__, {**forward.__globals__, "mamba_selective_scan": _scan_with_dt_bias_twice},
                                        forward.__name__, forward.__defaults__, forward.__closure__)
         for layer in model.backbone.layers:
-            layer.mixer.forward = types.MethodType(with_scan, layer.mixer)
+            if "mamba_selective_scan" in forward.__globals__:
+                layer.mixer.forward = types.MethodType(with_scan, layer.mixer)
+            else:
+                layer.mixer.dt_proj.register_forward_hook(lambda module, args, out: out + module.bias)  # @twice
     return model, inputs
 
 
