@@ -105,12 +105,12 @@ class TorchAdapter(Adapter):
     library_linears = {("transformers", "Conv1D"): IN_OUT}  # Hugging Face GPT-2's
     norm_statistics = {"running_mean": "mean", "running_var": "variance", "num_batches_tracked": "count"}
     tensor_class = ("torch", "Tensor")
+    value_reads = TENSOR_VALUE_READS | {"equal", "allclose"}
 
     def is_tensor(self, obj: Any) -> bool:
         # A meta tensor has a shape and no values (`torch.empty(shape, device="meta").stride()` asks a
         # layout): structure, as a shape is.
         return super().is_tensor(obj) and not obj.is_meta
-    value_reads = TENSOR_VALUE_READS | {"equal", "allclose"}
 
     def to_numpy(self, tensor: Any) -> np.ndarray:
         whole = _whole(tensor)

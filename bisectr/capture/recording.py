@@ -145,10 +145,11 @@ class Recorder(_Session):
         for tensor in produced:
             self._refuse_unreadable(tensor, f"op {index} ({name}) returned")
         output_tids = [self._record_tensor(tensor, index, None, keep) for tensor in produced]
-        self._place(input_tids, output_tids, produced, shared=canonical_op(name) in SHARING_COLLECTIVES)
+        op = canonical_op(name)
+        self._place(input_tids, output_tids, produced, shared=op in SHARING_COLLECTIVES)
         source, library = self._source()
         inner = getattr(fn, "inner_dtypes", None)  # see `OpNode.inner_dtypes`
-        self.trace.ops.append(OpNode(index, name, canonical_op(name), module, source,
+        self.trace.ops.append(OpNode(index, name, op, module, source,
                                      input_tids, output_tids, bool(mutated), library, inner() if inner else []))
         slots = {id(t): Slot(tid) for t, tid in zip(inputs, input_tids)}
         slot = lambda t: slots[id(t)]  # noqa: E731

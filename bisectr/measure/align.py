@@ -721,9 +721,7 @@ def _narrowed(sides: _TracePair, alignment: Alignment, block: Block) -> list[Blo
                 continue
             for c_tid, partner in partners.items():
                 if c_tid not in alignment.tensors:
-                    transform, distance = _layout(reference, candidate, c_tid, partner)
-                    expanded = broadcasts(reference.tensors[partner].shape, candidate.tensors[c_tid].shape)
-                    alignment.tensors[c_tid] = TensorPair(c_tid, partner, transform, round(1.0 - distance / 2, 3), "block", expanded)
+                    alignment.tensors[c_tid] = _block_pair(reference, candidate, c_tid, partner)
             split = max(made)
             head = Block(first, [r for r in block.reference if r <= split], True)
             rest = Block(block.candidate[end:], [r for r in block.reference if r > split], True)
@@ -775,10 +773,15 @@ def _block_for(sides: _TracePair, alignment: Alignment, cand_ops: list[int], pai
             if is_floating(candidate.tensors[c_tid].dtype) and not _constant_argument(sides, c_tid, paired_ref_of):
                 unpartnered.add(c_tid)
         elif c_tid not in alignment.tensors:
-            transform, distance = _layout(reference, candidate, c_tid, partner)
-            expanded = broadcasts(reference.tensors[partner].shape, candidate.tensors[c_tid].shape)
-            alignment.tensors[c_tid] = TensorPair(c_tid, partner, transform, round(1.0 - distance / 2, 3), "block", expanded)
+            alignment.tensors[c_tid] = _block_pair(reference, candidate, c_tid, partner)
     return Block(list(cand_ops), ref_ops, not unpartnered), unpartnered
+
+
+def _block_pair(reference: Trace, candidate: Trace, c_tid: int, r_tid: int) -> TensorPair:
+    """The pair of a tensor a block hands on with its partner, in the layout their values say."""
+    transform, distance = _layout(reference, candidate, c_tid, r_tid)
+    expanded = broadcasts(reference.tensors[r_tid].shape, candidate.tensors[c_tid].shape)
+    return TensorPair(c_tid, r_tid, transform, round(1.0 - distance / 2, 3), "block", expanded)
 
 
 COMMUTATIVE_OPS = frozenset({"add", "mul", "maximum", "minimum"})

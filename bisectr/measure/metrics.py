@@ -61,8 +61,10 @@ def error_metrics(candidate: np.ndarray, reference: np.ndarray) -> ErrorMetrics:
         return EXACT
     if cand.dtype != ref.dtype:
         cand, ref = cand.astype(np.float64), ref.astype(np.float64)
-    cand, ref = _unblocked(cand, ref)
     diff, max_abs = _abs_difference(cand, ref)
+    if max_abs != 0.0 and (unblocked := _unblocked(cand, ref)) is not None:
+        cand, ref = unblocked
+        diff, max_abs = _abs_difference(cand, ref)
     if max_abs == 0.0:  # bit-identical: common upstream of a difference, and cheap to say
         return EXACT
     if not np.isfinite(max_abs) and cand.dtype != np.float64 and np.isfinite(cand).all() and np.isfinite(ref).all():
@@ -93,13 +95,14 @@ def blocked(values: np.ndarray) -> np.ndarray | None:
     return where
 
 
-def _unblocked(cand: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Both tensors with the positions that both block set to 0: one mask's -1e9 is another's -inf."""
+def _unblocked(cand: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Both tensors with the positions that both block set to 0 (one mask's -1e9 is another's -inf);
+    None where no position is blocked on both."""
     if cand.dtype.kind != "f" or not (cand.min(initial=0.0) <= BLOCKING and ref.min(initial=0.0) <= BLOCKING):
-        return cand, ref
+        return None
     cand_blocked, ref_blocked = blocked(cand), blocked(ref)
     if cand_blocked is None or ref_blocked is None or not (both := cand_blocked & ref_blocked).any():
-        return cand, ref
+        return None
     cand, ref = cand.copy(), ref.copy()
     cand[both] = ref[both] = 0.0
     return cand, ref

@@ -50,12 +50,13 @@ def candidate(dt_bias_twice: bool = False):
     model, inputs = _mamba()
     if dt_bias_twice:
         forward = inspect.unwrap(type(model.backbone.layers[0].mixer).forward)
-        with_scan = types.FunctionType(forward.__code__, {**forward.__globals__, "mamba_selective_scan": _scan_with_dt_bias_twice},
-                                       forward.__name__, forward.__defaults__, forward.__closure__)
-        for layer in model.backbone.layers:
-            if "mamba_selective_scan" in forward.__globals__:
+        if "mamba_selective_scan" in forward.__globals__:
+            with_scan = types.FunctionType(forward.__code__, {**forward.__globals__, "mamba_selective_scan": _scan_with_dt_bias_twice},
+                                           forward.__name__, forward.__defaults__, forward.__closure__)
+            for layer in model.backbone.layers:
                 layer.mixer.forward = types.MethodType(with_scan, layer.mixer)
-            else:
+        else:
+            for layer in model.backbone.layers:
                 layer.mixer.dt_proj.register_forward_hook(lambda module, args, out: out + module.bias)  # @twice
     return model, inputs
 
