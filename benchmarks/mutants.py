@@ -117,7 +117,7 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
     only), and the controls. The `sdpa` form only where the family runs it, the `kv_widened` form only
     where it has grouped key-value heads, the `paddle` form where PaddleFormers has the family, the `tp` form
     where its layers shard as Megatron's; each form holds the operators of its kind (`FORM_KINDS`)."""
-    from families import has_grouped_kv_heads, has_megatron_layers, runs_attention
+    from families import has_grouped_kv_heads, runs_attention, shards_over_ranks
     from mutant_pair import CONTROLS
     from mutations import OPERATORS
     from paddle_ports import PORTED
@@ -127,7 +127,7 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
         for family in families:
             if ((form == "sdpa" and not runs_attention(family, "sdpa")) or (form == "paddle" and family not in PORTED)
                     or (form == "kv_widened" and not has_grouped_kv_heads(family))
-                    or (form == "tp" and not has_megatron_layers(family))):
+                    or (form == "tp" and not shards_over_ranks(family))):
                 continue
             cases += [Case(family, control, 0, form) for control in CONTROLS]
             fitting = [o for o in operators if OPERATORS[o].kind in FORM_KINDS.get(form, OTHER_KINDS)]

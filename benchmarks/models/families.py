@@ -112,14 +112,37 @@ def has_grouped_kv_heads(name: str) -> bool:
     return rows.get("k_proj", HIDDEN) < rows.get("q_proj", HIDDEN) or rows.get("qkv_proj", 3 * HIDDEN) < 3 * HIDDEN
 
 
-def has_megatron_layers(name: str) -> bool:
-    """Does every layer of family `name` have q, k, v and o projections of its own (`nn.Linear`), which tensor
-    parallelism shards as Megatron does (`mutant_pair.tensor_parallel`)?"""
+# The projections tensor parallelism shards as Megatron does, by name: column-parallel ones (q, k, v; gate,
+# up, or the two fused as gate_up) and the row-parallel one that consumes them (o; down).
+COLUMN_PARALLEL = re.compile(r"^(.*\.)?(self_attn\.[qkv]_proj|mlp\.(gate|up|gate_up)_proj)$")
+ROW_PARALLEL = re.compile(r"^(.*\.)?(self_attn\.o_proj|mlp\.down_proj)$")
+PARTS_OF = {"o_proj": ("q_proj", "k_proj", "v_proj"), "down_proj": ("up_proj", "gate_up_proj")}
+
+
+def tensor_parallel_layout(model) -> dict[str, Literal["colwise", "packed_colwise", "rowwise"]]:
+    """How `mutant_pair.tensor_parallel` shards `model`'s layers: module -> style. An attention with q, k, v
+    and o projections of its own (`nn.Linear`) and an MLP with up (or gate_up) and down projections are
+    sharded; a fused gate_up projection is `packed_colwise` (each rank holds its gate rows and its up rows); an
+    attention whose q/k/v are fused stays whole on each rank."""
     import torch
 
+    linears = {n for n, m in model.named_modules() if type(m) is torch.nn.Linear}
+    layout = {}
+    for name in sorted(linears):
+        parent, _, leaf = name.rpartition(".")
+        if ROW_PARALLEL.match(name) and any(f"{parent}.{part}" in linears for part in PARTS_OF[leaf]):
+            layout[name] = "rowwise"
+            for column in linears:
+                if column.rpartition(".")[0] == parent and COLUMN_PARALLEL.match(column):
+                    layout[column] = "packed_colwise" if column.endswith("gate_up_proj") else "colwise"
+    return layout
+
+
+def shards_over_ranks(name: str) -> bool:
+    """Does every layer of family `name` have projections that `tensor_parallel_layout` shards?"""
     model, _ = build(name)
-    projections = {n for n, m in model.named_modules() if re.search(r"\.self_attn\.[qkvo]_proj$", n) and type(m) is torch.nn.Linear}
-    return len(projections) == 4 * model.config.num_hidden_layers
+    layers = {int(found.group(1)) for n in tensor_parallel_layout(model) if (found := re.search(r"\.(\d+)\.", n))}
+    return layers == set(range(model.config.num_hidden_layers))
 
 
 def runs_attention(name: str, attention: str) -> bool:

@@ -139,26 +139,34 @@ def candidate_tp():
 
 def tensor_parallel(model, changes: dict[str, str]):
     """`model` sharded over the ranks as TorchTitan shards a decoder: the embedding over the vocabulary (each
-    rank looks up the ids of its half, an all-reduce completes the rows), each layer's q/k/v and gate/up
-    projections column-parallel and its o and down projections row-parallel, the head column-parallel gathered
-    whole. `changes`: module -> "partial" (a row-parallel output's all-reduce left out), "reduced_twice"
-    (all-reduced once more) or "interleaved" (the head's vocabulary parts gathered along the wrong dim)."""
+    rank looks up the ids of its half, an all-reduce completes the rows), each layer's projections as
+    `families.tensor_parallel_layout` says (q/k/v and gate/up column-parallel, o and down row-parallel), the
+    head column-parallel gathered whole. A fused gate_up projection is packed: its rows are reordered so that
+    each rank's part holds its gate rows then its up rows, which the MLP's `chunk` splits as the whole
+    splits. `changes`: module -> "partial" (a row-parallel output's all-reduce left out), "reduced_twice"
+    (all-reduced once more), "interleaved" (the head's vocabulary parts gathered along the wrong dim) or
+    "as_stored" (a fused projection sharded as stored, not packed)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
+    from families import tensor_parallel_layout
+
+    ranks = int(os.environ["WORLD_SIZE"])
+    mesh = init_device_mesh("cpu", (ranks,))
     names = {module: name for name, module in model.named_modules()}
     built = getattr(model, "inner", model)  # the bfloat16 control's model inside its wrapper
     embedding, head = names[built.get_input_embeddings()], names[built.get_output_embeddings()]
     plan = {embedding: RowwiseParallel(input_layouts=Replicate()),
             head: ColwiseParallel(output_layouts=Shard(-1) if changes.get(head) == "interleaved" else Replicate())}
-    for name in names.values():
-        if re.search(r"(^|\.)(self_attn\.[qkv]_proj|mlp\.(gate|up)_proj)$", name):
-            plan[name] = ColwiseParallel()
-        elif re.search(r"(^|\.)(self_attn\.o_proj|mlp\.down_proj)$", name):
+    for name, style in tensor_parallel_layout(model).items():
+        if style == "rowwise":
             plan[name] = RowwiseParallel(output_layouts=Partial()) if changes.get(name) == "partial" else RowwiseParallel()
+        else:
+            plan[name] = ColwiseParallel()
+            if style == "packed_colwise" and changes.get(name) != "as_stored":
+                _packed(model.get_submodule(name), ranks)
     parallelize_module(model, mesh, plan)
     for name, change in changes.items():
         if change == "reduced_twice":
@@ -166,6 +174,16 @@ def tensor_parallel(model, changes: dict[str, str]):
         elif change == "interleaved":
             model.get_submodule(name).register_forward_hook(lambda module, args, out: _gathered_interleaved(out, dist))
     return model
+
+
+def _packed(linear, ranks: int) -> None:
+    """Rows [gate; up] reordered as [gate_0; up_0; gate_1; up_1; ...]: rank r's equal part is [gate_r; up_r]."""
+    import torch
+
+    with torch.no_grad():
+        for p in (linear.weight, linear.bias):
+            if p is not None:
+                p.copy_(p.reshape(2, ranks, -1, *p.shape[1:]).transpose(0, 1).reshape(p.shape).clone())
 
 
 def _all_reduced(tensor, dist):

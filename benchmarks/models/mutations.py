@@ -16,8 +16,9 @@ it changed, or raises `NotApplicable` when the family has no such site. Two kind
   where each is repeated in place (h0 h0 h1 h1). The site is the parameter.
 - `tp` operators are mistakes in a tensor-parallel plan (the `tp` form: the copy sharded over 2 ranks,
   Megatron's layout): a row-parallel projection's output left a partial sum on each rank (its all-reduce
-  forgotten), or all-reduced twice. They note the change on the model (`tp_plan_changes`), which
-  `mutant_pair.tensor_parallel` applies. The site is the projection.
+  forgotten), or all-reduced twice; the head's parts gathered along the wrong dim; a fused gate/up
+  projection sharded as stored. They note the change on the model (`tp_plan_changes`), which
+  `mutant_pair.tensor_parallel` applies. The site is the projection (the MLP, for the fused one).
 - `compile` operators plant a compiler bug for a candidate that is then `torch.compile`d: a wrong
   decomposition registered for one aten op (every use of it in the compiled graph goes through it; eager
   code never does), or a branch only compiled code takes (`torch.compiler.is_compiling()`) in one module.
@@ -33,7 +34,7 @@ import types
 from dataclasses import dataclass
 from typing import Callable, Literal
 
-from families import HEAD_DIM, HEADS, HIDDEN
+from families import HEAD_DIM, HEADS, HIDDEN, tensor_parallel_layout
 
 LAYER = re.compile(r"\.(\d+)\.")
 FUSED_QKV = ("qkv_proj", "query_key_value", "c_attn")
@@ -483,26 +484,30 @@ def router_topk_norm(model, rng):
 
 # tp operators: mistakes in a tensor-parallel plan
 
-ROW_PARALLEL = re.compile(r"(^|\.)(self_attn\.o_proj|mlp\.down_proj)$")
-
-
-def _plan_changed(model, name: str, change: str, what: str) -> Site:
+def _plan_changed(model, name: str, change: str, what: str, site: str | None = None) -> Site:
     model.tp_plan_changes = {name: change}
-    return Site(name, None, f"{name}: {what}")
+    return Site(site or name, None, f"{name}: {what}")
 
 
-def _row_parallel(model, rng) -> str:
-    return _pick(rng, [n for n, _ in model.named_modules() if ROW_PARALLEL.search(n) and _layer(n) is not None])
+def _sharded(model, rng, style: str) -> str:
+    return _pick(rng, [n for n, s in tensor_parallel_layout(model).items() if s == style and _layer(n) is not None])
 
 
 def reduction_forgotten(model, rng):
     """A row-parallel projection whose output stays a partial sum on each rank: its all-reduce forgotten."""
-    return _plan_changed(model, _row_parallel(model, rng), "partial", "row-parallel output left partial (all-reduce forgotten)")
+    return _plan_changed(model, _sharded(model, rng, "rowwise"), "partial", "row-parallel output left partial (all-reduce forgotten)")
 
 
 def reduction_doubled(model, rng):
     """A row-parallel projection whose output is all-reduced once more."""
-    return _plan_changed(model, _row_parallel(model, rng), "reduced_twice", "row-parallel output all-reduced twice")
+    return _plan_changed(model, _sharded(model, rng, "rowwise"), "reduced_twice", "row-parallel output all-reduced twice")
+
+
+def fused_sharded_as_stored(model, rng):
+    """A fused gate/up projection sharded as stored: one rank's rows all gate, the other's all up, which
+    the MLP's `chunk` splits as if each held both. Seen first where the MLP splits them (its module)."""
+    name = _sharded(model, rng, "packed_colwise")
+    return _plan_changed(model, name, "as_stored", "fused gate/up sharded as stored (not packed per rank)", _parent(name))
 
 
 def head_gathered_interleaved(model, rng):
@@ -653,6 +658,7 @@ OPERATORS = {operator.name: operator for operator in [
     Operator("reduction_forgotten", "tp", reduction_forgotten),
     Operator("reduction_doubled", "tp", reduction_doubled),
     Operator("head_gathered_interleaved", "tp", head_gathered_interleaved),
+    Operator("fused_sharded_as_stored", "tp", fused_sharded_as_stored),
     Operator("compiled_branch", "compile", compiled_branch),
     *(Operator(f"decomposition_{aten.split('.')[0].strip('_')}", "compile", _decomposition(aten)) for aten in WRONG_DECOMPOSITIONS),
 ]}

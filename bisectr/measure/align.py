@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect as _bisect
 import itertools
 import re
+from collections import Counter
 from functools import lru_cache
 from dataclasses import dataclass, field, replace
 from typing import Callable, Literal
@@ -40,7 +41,7 @@ import numpy as np
 from ..capture.ops import REDUCING_COLLECTIVES
 from ..capture.trace import LOCAL_PART, RANKS_DIFFER, OpNode, TensorInfo, Trace, fingerprint, is_floating
 from ..leafref import leaf_kind
-from .metrics import BLOCKING, blocked
+from .metrics import BLOCKING, blocked, rounded_to
 
 NEIGHBOURHOOD = 8  # how far apart in a key group two paired occurrences may be
 VALUE_MATCH = 0.1  # the largest value distance at which a tensor is paired on values alone
@@ -236,7 +237,7 @@ class _TracePair:
         self.traces = {"reference": reference, "candidate": candidate}
         self.use_layers = all(any(layer_numbers(op.module) for op in t.ops) for t in self.traces.values())
         self.readers = {side: trace.consumers() for side, trace in self.traces.items()}
-        self.parts = parts_of_values(candidate, self.readers["candidate"])
+        self.parts = parts_of_values(candidate, self.readers["candidate"]) | _made_from_reordered_shards(reference, candidate)
         self.output_partner = _output_partners(reference, candidate)
 
     def key(self, side: str, op: OpNode) -> tuple:
@@ -303,6 +304,94 @@ def parts_of_values(trace: Trace, readers: dict[int, list[int]]) -> set[int]:
             if placement == LOCAL_PART or summed:
                 parts.add(tid)
     return parts
+
+
+def _made_from_reordered_shards(reference: Trace, candidate: Trace) -> set[int]:
+    """Sharded outputs made from a parameter packed for the ranks (`packed_leaves`): only each rank's part
+    of it is in an order of the reference's, so what is made from it, until it is whole again, pairs as the
+    ranks' parts."""
+    reordered = set(packed_leaves(reference, candidate))
+    made = set()
+    for op in candidate.ops:
+        if not reordered.isdisjoint(op.inputs):
+            sharded = {t for t in op.outputs if sharded_axis(candidate.tensors[t].placement) is not None}
+            reordered |= sharded
+            made |= sharded
+    return made
+
+
+def packed_leaves(reference: Trace, candidate: Trace) -> dict[int, tuple[str, int, tuple[int, ...]]]:
+    """Candidate leaves packed for the ranks -> (kind, axis, order). Where most sharded leaves of one name (up
+    to layer numbers) hold the same-named reference leaf's rows along the sharded dim in one other order (a
+    fused gate/up projection each rank's part of which holds its own gate rows and up rows), that order is
+    the model's layout for every leaf of that name (`packed_orders`); these are the leaves that hold it."""
+    orders = _leaf_orders(reference, candidate)
+    layouts = _packed(orders, _sharded_leaves(reference, candidate))
+    return {tid: found for tid, found in orders.items() if layouts.get(found[0]) == found[1:]}
+
+
+def packed_orders(reference: Trace, candidate: Trace) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Each kind of leaf packed for the ranks (see `packed_leaves`) -> (axis, order of the reference's rows)."""
+    return _packed(_leaf_orders(reference, candidate), _sharded_leaves(reference, candidate))
+
+
+def _packed(orders: dict[int, tuple[str, int, tuple[int, ...]]], sharded: dict[int, tuple[str, int, int]]) -> dict[str, tuple[int, tuple[int, ...]]]:
+    counts = Counter(kind for kind, _, _ in sharded.values())
+    packed = {}
+    for kind, count in counts.items():
+        held = Counter((axis, order) for k, axis, order in orders.values() if k == kind)
+        if held:
+            layout, holders = held.most_common(1)[0]
+            if holders >= 2 and 2 * holders > count:
+                packed[kind] = layout
+    return packed
+
+
+def _leaf_orders(reference: Trace, candidate: Trace) -> dict[int, tuple[str, int, tuple[int, ...]]]:
+    """Sharded candidate leaves holding the same-named reference leaf's rows in another order -> (kind, axis, order)."""
+    found = {}
+    for tid, (kind, ref_tid, axis) in _sharded_leaves(reference, candidate).items():
+        if candidate.has_value(tid) and reference.has_value(ref_tid):
+            order = row_order(reference.value(ref_tid), candidate.value(tid), axis, candidate.tensors[tid].dtype)
+            if order is not None and order != sorted(order):
+                found[tid] = (kind, axis, tuple(order))
+    return found
+
+
+def _sharded_leaves(reference: Trace, candidate: Trace) -> dict[int, tuple[str, int, int]]:
+    """Candidate leaves sharded along one dim with a reference leaf of the same name (or of the name a
+    wrapper's prefix ends in) -> (kind: the name up to layer numbers, reference tid, sharded axis)."""
+    reference_leaves = reference.leaves
+    found = {}
+    for tid, info in candidate.tensors.items():
+        axis = sharded_axis(info.placement)
+        if axis is None or info.leaf is None:
+            continue
+        kind, _, name = info.leaf.partition(":")
+        names = name.split(".")
+        ref_tid = next((reference_leaves[leaf] for k in range(len(names))
+                        if (leaf := f"{kind}:{'.'.join(names[k:])}") in reference_leaves), None)
+        if ref_tid is not None:
+            found[tid] = (re.sub(r"\.\d+\.", ".#.", info.leaf), ref_tid, axis % len(info.shape))
+    return found
+
+
+def sharded_axis(placement: str | None) -> int | None:
+    dims = set(re.findall(r"Shard\(dim=(-?\d+)\)", placement or ""))
+    return int(dims.pop()) if len(dims) == 1 else None
+
+
+def row_order(reference: np.ndarray, candidate: np.ndarray, axis: int, dtype: str) -> list[int] | None:
+    """The reference's slice along `axis` each of the candidate's holds (bit for bit, once rounded to the
+    candidate's `dtype`), where it holds each of them once; else None."""
+    if reference.shape != candidate.shape:
+        return None
+    reference, candidate = rounded_to(reference.astype(np.float32), dtype), candidate.astype(np.float32)
+    ref_rows = np.moveaxis(reference, axis, 0).reshape(reference.shape[axis], -1)
+    cand_rows = np.moveaxis(candidate, axis, 0).reshape(candidate.shape[axis], -1)
+    where = {row.tobytes(): i for i, row in enumerate(ref_rows)}
+    order = [where.get(row.tobytes(), -1) for row in cand_rows]
+    return order if sorted(order) == list(range(len(ref_rows))) else None
 
 
 # Ops that only move their first input's data (or view it in another shape): two of them

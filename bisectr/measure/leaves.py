@@ -30,9 +30,10 @@ from typing import Iterator
 import numpy as np
 
 from ..adapters import registered
-from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf, consecutive_runs
+from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf, consecutive_runs, packed_orders
 from ..capture.trace import Trace, is_floating, is_model_leaf
 from ..leafref import leaf_kind, leaf_name
+from .metrics import rounded_to
 from .numerics import SAME_VALUE_REACH
 
 # Mantissa bits of the dtypes a cast may round to.
@@ -63,6 +64,7 @@ def pair_leaves(reference: Trace, candidate: Trace, alignment: Alignment) -> Ali
         pairs.append(describe_pair(reference, candidate, tensors[cand_tid], match.how))
     fused = pairer.fused_parts(matches)
     pairs += [part for parts in fused.values() for part in parts]
+    pairs = _packed_for_the_ranks(reference, candidate, pairs)
     reference_leaves = reference.leaves
     paired_refs = {m.reference for m in matches.values()} | {reference_leaves[p.reference] for p in pairs}
     unpaired = [UnpairedLeaf("candidate", candidate.tensors[t].leaf, pairer.reason_unpaired(t))
@@ -72,6 +74,35 @@ def pair_leaves(reference: Trace, candidate: Trace, alignment: Alignment) -> Ali
     unpaired += [UnpairedLeaf(trace.side, name, UNREAD)
                  for trace in (candidate, reference) for name in trace.unread_leaves]
     return Alignment(alignment.pairs, alignment.blocks, tensors, LeafPairing(pairs, unpaired, _summary(pairs, unpaired)))
+
+
+def _packed_for_the_ranks(reference: Trace, candidate: Trace, pairs: list[LeafPair]) -> list[LeafPair]:
+    """`pairs` with each leaf of a kind packed for the ranks (`align.packed_orders`) compared with the
+    reference's rows in that kind's order: the leaves holding it equal, one holding anything else different,
+    the reference's rows in that order its fix."""
+    orders = packed_orders(reference, candidate)
+    if not orders:
+        return pairs
+    result = []
+    for pair in pairs:
+        kind = re.sub(r"\.\d+\.", ".#.", pair.candidate)
+        if kind in orders and pair.slots is None and pair.layout == AS_STORED:
+            axis, order = orders[kind]
+            pair = _in_order(reference, candidate, pair, axis, list(order))
+        result.append(pair)
+    return result
+
+
+def _in_order(reference: Trace, candidate: Trace, pair: LeafPair, axis: int, rows: list[int]) -> LeafPair:
+    cand_tid, ref_tid = candidate.leaves[pair.candidate], reference.leaves[pair.reference]
+    size = math.gcd(*(len(run) for run in consecutive_runs(rows)))
+    layout = (f"packed for the ranks: the reference's blocks of {size} along axis {axis} in order "
+              f"{[rows[k] // size for k in range(0, len(rows), size)]}, as most leaves of its name hold them")
+    leaf = LeafPair(pair.candidate, pair.reference, layout, pair.how, slots=list(range(len(rows))), axis=axis, rows=rows)
+    expected = np.take(reference.value(ref_tid), rows, axis=axis)
+    leaf.status, leaf.description, leaf.max_rel = compare(expected, candidate.value(cand_tid), candidate.tensors[cand_tid].dtype,
+                                                         reference.tensors[ref_tid].dtype)
+    return leaf
 
 
 def _summary(pairs: list[LeafPair], unpaired: list[UnpairedLeaf]) -> str:
@@ -204,18 +235,6 @@ def compare(reference: np.ndarray, candidate: np.ndarray, candidate_dtype: str, 
         if _finer(reference_dtype, narrow) and np.array_equal(candidate, rounded_to(reference.astype(np.float32), narrow)):
             return "rounded", f"the reference's rounded to {narrow}, held in {candidate_dtype}", max_rel
     return "different", _difference(reference, candidate, candidate_dtype, max_rel), max_rel
-
-
-def rounded_to(values: np.ndarray, dtype: str) -> np.ndarray:
-    """`values` rounded to the nearest of `dtype` (ties to even), as float32: what a cast to a
-    narrower dtype leaves of them (unchanged for float32 and wider)."""
-    if dtype == "float16":
-        return values.astype(np.float16).astype(np.float32)
-    if dtype != "bfloat16":
-        return values
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)
-    return rounded.view(np.float32)
 
 
 def half_ulp(values: np.ndarray, dtype: str) -> np.ndarray:

@@ -126,3 +126,15 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     if norm == 0:
         return float(np.array_equal(a, b))
     return float(np.einsum("i,i->", a, b, dtype=np.float64) / norm)
+
+
+def rounded_to(values: np.ndarray, dtype: str) -> np.ndarray:
+    """`values` rounded to the nearest of `dtype` (ties to even), as float32: what a cast to a
+    narrower dtype leaves of them (unchanged for float32 and wider)."""
+    if dtype == "float16":
+        return values.astype(np.float16).astype(np.float32)
+    if dtype != "bfloat16":
+        return values
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32)
