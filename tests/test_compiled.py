@@ -136,3 +136,18 @@ def test_a_compiled_submodule_is_one_op_among_the_eager_ones(tmp_path, compile_b
     result = bisect(model)
     assert result["verdict"] in ("noise", "match") and (result["fp64_check"] or {}).get("status") in ("agree", None)
     assert result["ops"]["candidate"] == 7 and result["ops"]["aligned"] == 7  # 3 + 1 + 3: block 1 is one compiled op
+
+
+def test_a_backend_without_float64_leaves_the_float64_check_unable_to_tell_and_the_op_oracle_decides():
+    """A backend with no float64 kernels: the candidate's float64 run keeps the compiled call at float32, so
+    its float64 outputs are its own, bit for bit, and show none of its rounding. The check once said
+    `agree` or `disagree` from that by the last digit (a correct compiled GPT-2 whose float64 compile failed
+    was `divergent`); it is skipped, naming the call, and the compiled op's float64 oracle says noise."""
+    result = bisect(LLAMA, "--candidate", "candidate_without_float64")
+    check = result["fp64_check"]
+    assert check["status"] == "skipped" and check["candidate_rounding"] == 0.0
+    assert check["reason"].startswith("the candidate's float64 run kept every op at its recorded dtypes")
+    [narrow] = check["narrow_ops"]["candidate"]
+    assert narrow.startswith("compiled (run at its recorded dtypes: in float64 it raised BackendCompilerFailed")
+    assert result["verdict"] == "noise" and result["output_error"]["max_rel"] < 1e-6
+    assert result["culprit"]["candidate"]["op"] == "compiled"

@@ -133,8 +133,9 @@ def test_tensor_parallel_plan_mistakes_are_named_where_they_enter(tmp_path):
 def test_a_fused_projection_packed_for_the_ranks_is_its_layout_and_one_packed_otherwise_its_culprit(tmp_path):
     """Phi-3 in the tp form: its fused gate_up projection packed for the ranks (each rank's part holds its gate
     rows then its up rows: the whole is the reference's blocks in order [0, 2, 1, 3]) is the model's layout,
-    and both controls are rounding; sharded as stored, the MLP that splits it is the culprit; one layer's
-    gate and up swapped before packing is named at its weight, fixed by the reference's rows packed."""
+    and both controls are rounding. One layer's sharded as stored (rank 0 all of gate, rank 1 all of up) is
+    named at its weight: it holds the reference's rows as stored where the other layers' are packed, and the
+    reference's rows packed are its fix; so is one layer's gate and up swapped before packing."""
     rows_file = tmp_path / "rows.json"
     done = mutants("--forms", "tp", "--families", "phi3", "--operators", "fused_sharded_as_stored", "--sites", "1",
                    "--json", str(rows_file))
@@ -142,6 +143,6 @@ def test_a_fused_projection_packed_for_the_ranks_is_its_layout_and_one_packed_ot
     rows = {r["operator"]: r for r in json.loads(rows_file.read_text())}
     assert set(rows) == {"none", "bfloat16", "fused_sharded_as_stored"}
     assert [(r["case"], r["problem"], r["culprit"]) for r in rows.values() if not r["right"]] == []
-    assert rows["fused_sharded_as_stored"]["culprit"].endswith(f"at {rows['fused_sharded_as_stored']['expected_module']!r}")
+    assert rows["fused_sharded_as_stored"]["culprit"] == "model.layers.2.mlp.gate_up_proj.weight at 'model.layers.2.mlp.gate_up_proj'"
     swapped = only("phi3:fused_parts_swapped:955151:tp")
     assert swapped["right"] and swapped["culprit"].startswith("model.layers.2.mlp.gate_up_proj.weight at"), swapped

@@ -504,8 +504,8 @@ def reduction_doubled(model, rng):
 
 
 def fused_sharded_as_stored(model, rng):
-    """A fused gate/up projection sharded as stored: one rank's rows all gate, the other's all up, which
-    the MLP's `chunk` splits as if each held both. Seen first where the MLP splits them (its module)."""
+    """A fused gate/up projection sharded as stored, not packed: one rank's rows all gate, the other's all up,
+    which the MLP's `chunk` splits as if each held both. The site is the MLP (the weight, or what splits it)."""
     name = _sharded(model, rng, "packed_colwise")
     return _plan_changed(model, name, "as_stored", "fused gate/up sharded as stored (not packed per rank)", _parent(name))
 

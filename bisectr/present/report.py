@@ -329,7 +329,7 @@ def block_text(run: RunRecord, block: BlockOps, reference_op: int) -> str:
 def float64_text(check: Float64Check, compared: str = "outputs") -> str:
     """The whole-model float64 check of the `compared` tensors in one line."""
     if check.status == "skipped":
-        return f"float64 check: skipped ({check.reason})"
+        return f"float64 check: skipped ({check.reason})" + _narrow_text(check)
     rounding = (f"rounding predicts up to {fmt(check.predicted)} (reference {fmt(check.reference_rounding)}, "
                 f"candidate {fmt(check.candidate_rounding)} from their own float64 {compared})")
     conclusion = "rounding" if check.status == "agree" else "something computes differently"
@@ -337,6 +337,11 @@ def float64_text(check: Float64Check, compared: str = "outputs") -> str:
             f"in float64; {rounding} -> {conclusion}")
     if check.rounded_leaves:
         text += f"; {check.rounded_leaves}"
+    return text + _narrow_text(check)
+
+
+def _narrow_text(check: Float64Check) -> str:
+    text = ""
     for role, ops in check.narrow_ops.items():
         shown = ", ".join(ops[:NARROW_OPS_SHOWN]) + (f" and {len(ops) - NARROW_OPS_SHOWN} more" if len(ops) > NARROW_OPS_SHOWN else "")
         text += f"; still below float64 on the {role}: {shown}"

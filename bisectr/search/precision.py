@@ -49,9 +49,20 @@ def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
 
 
 def inconclusive_where_narrow(check: Float64Check) -> Float64Check:
-    """A float64 disagreement no larger than what rounding predicts, where ops still ran below float64 in the
-    float64 runs, may be those ops' own rounding: the check cannot tell, and each op's float64 oracle decides."""
-    if check.status == "disagree" and check.narrow_ops and check.float64_error <= check.predicted:
+    """What the float64 runs cannot tell, where ops still ran below float64 in them: a side whose float64
+    outputs are its own outputs bit for bit (every op it ran stayed at its recorded dtypes) shows none of its
+    rounding, so neither agreement nor disagreement says anything; and a disagreement no larger than what
+    rounding predicts may be the narrow ops' own rounding. Each op's float64 oracle decides."""
+    if check.status == "skipped" or not check.narrow_ops:
+        return check
+    rounding = {"reference": check.reference_rounding, "candidate": check.candidate_rounding}
+    unseen = [role for role in check.narrow_ops if rounding[role] == 0.0]
+    if unseen:
+        check.status = "skipped"
+        check.reason = (f"the {unseen[0]}'s float64 run kept every op at its recorded dtypes (its outputs there are its "
+                        f"own, bit for bit), so the float64 runs cannot tell its rounding from a difference: each op's "
+                        f"float64 oracle decides")
+    elif check.status == "disagree" and check.float64_error <= check.predicted:
         check.status = "skipped"
         check.reason = (f"ops still ran below float64 in the float64 runs, and the outputs there differ by "
                         f"{check.float64_error:.3g}, no more than rounding predicts ({check.predicted:.3g}): "

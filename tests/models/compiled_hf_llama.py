@@ -6,6 +6,8 @@ Candidate: the same weights, `torch.compile(model)` as users write it: correct, 
 fuses and reorders reductions (`noise`). `COMPILE_BUG=mean_decomposition` plants a compiler bug
 the way they arise: a wrong decomposition registered for one op (`aten.mean.dim` dividing by n - 1),
 which every RMSNorm's `pow(2).mean(-1)` goes through once compiled; eager code never sees it.
+`candidate_without_float64()`: compiled by a backend without float64 kernels (inductor for any other
+dtype), as some accelerators' backends are: its float64 run stays float32.
 """
 import os
 import sys
@@ -41,3 +43,16 @@ def candidate():
         _plant_mean_decomposition()
     model, inputs = tiny_llama()
     return torch.compile(model), inputs
+
+
+def candidate_without_float64():
+    import torch
+    from torch._inductor.compile_fx import compile_fx
+
+    def float32_only(graph, example_inputs):
+        if any(getattr(t, "dtype", None) == torch.float64 for t in example_inputs):
+            raise NotImplementedError("this backend has no float64 kernels")
+        return compile_fx(graph, example_inputs)
+
+    model, inputs = tiny_llama()
+    return torch.compile(model, backend=float32_only), inputs
