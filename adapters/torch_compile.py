@@ -98,20 +98,34 @@ class _Search:
         """The root's difference from its eager self with only `module` compiled."""
         return _error(self.run_with(module, self.compile(module)), self.eager)
 
+    def captured_alone(self, module: Any) -> tuple[float, bool]:
+        """`error_alone`, and whether dynamo captured any graph of `module`'s code (a frame it skips, such as
+        a forward under some decorators, is run eagerly whole, its submodules' code too)."""
+        from torch._dynamo.utils import counters
+
+        counters.clear()
+        error = self.error_alone(module)
+        return error, counters["stats"]["unique_graphs"] > 0
+
     def error_kept_eager(self, eager: list[Any]) -> float:
         """The root's difference from its eager self compiled whole, `eager` modules kept eager."""
         with _kept_eager(eager):
             return self.error_alone(self.root)
 
     def culprit_module(self, whole: float) -> tuple[str, Any, float]:
-        """The deepest module whose compiled code alone makes the difference (the root where no child's does)."""
+        """The deepest module whose compiled code alone makes the difference (the root where no child's does).
+        A child that compiled alone captures no graph says nothing of its own children, which are tried in its place."""
         path, module, error = "", self.root, whole
         while True:
-            for child_path, child in _called_children(module, path):
-                child_error = self.error_alone(child)
+            children = list(_called_children(module, path))
+            while children:
+                child_path, child = children.pop(0)
+                child_error, captured = self.captured_alone(child)
                 if child_error >= _SHARE * whole:
                     path, module, error = child_path, child, child_error
                     break
+                if not captured:
+                    children[:0] = _called_children(child, child_path)
             else:
                 return path, module, error
 
@@ -283,13 +297,17 @@ def _kept_eager(modules: list[Any]) -> Iterator[None]:
     """`modules` run eagerly inside compiled code (dynamo breaks the graph at each call)."""
     import torch
 
+    own = {id(module): module.__dict__["forward"] for module in modules if "forward" in module.__dict__}  # a patched forward (accelerate's hooks)
     for module in modules:
         module.forward = torch._dynamo.disable(module.forward)
     try:
         yield
     finally:
         for module in modules:
-            del module.forward
+            if id(module) in own:
+                module.forward = own[id(module)]
+            else:
+                del module.forward
 
 
 def _node_values(gm: Any, inputs: list[Any]) -> dict[str, Any]:

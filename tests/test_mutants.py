@@ -82,6 +82,16 @@ def test_a_wrong_gelu_decomposition_in_compiled_bert_is_named_at_its_compiler_st
 
 
 @pytest.mark.once  # torch.compile's machinery: the first CI environment only
+def test_a_branch_in_compiled_opt_is_found_below_a_module_dynamo_does_not_compile_alone():
+    """OPT compiled whole, its layer 2 attention scaling its output under `is_compiling()`: OPTModel compiled
+    alone captures no graph (dynamo skips its frame), so it once looked clean and the search stopped at the
+    whole model; its children are tried in its place, down to the attention, confirmed with it eager."""
+    row = only("opt:compiled_branch:628436:compiled")
+    assert row["right"], row
+    assert "inside: Tensor.mul in 'model.decoder.layers.2.self_attn'" in row["culprit"]
+
+
+@pytest.mark.once  # torch.compile's machinery: the first CI environment only
 def test_compiled_bfloat16_bert_whose_dtype_only_its_compiled_code_shows_is_noise():
     """The bfloat16 copy compiled whole: one recorded op, `compiled`, whose tensors are the ids and the float32
     outputs, and whose float64 run keeps the float32 cast it compiled. Its local error (2.5e-2) is judged

@@ -372,8 +372,13 @@ def _sharded_leaves(reference: Trace, candidate: Trace) -> dict[int, tuple[str, 
         ref_tid = next((reference_leaves[leaf] for k in range(len(names))
                         if (leaf := f"{kind}:{'.'.join(names[k:])}") in reference_leaves), None)
         if ref_tid is not None:
-            found[tid] = (re.sub(r"\.\d+\.", ".#.", info.leaf), ref_tid, axis % len(info.shape))
+            found[tid] = (layerless(info.leaf), ref_tid, axis % len(info.shape))
     return found
+
+
+def layerless(name: str) -> str:
+    """`name` up to layer numbers: `model.layers.#.mlp.gate_up_proj.weight`."""
+    return re.sub(r"\.\d+\.", ".#.", name)
 
 
 def sharded_axis(placement: str | None) -> int | None:

@@ -30,7 +30,7 @@ from typing import Iterator
 import numpy as np
 
 from ..adapters import registered
-from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf, consecutive_runs, packed_orders
+from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf, consecutive_runs, layerless, packed_orders
 from ..capture.trace import Trace, is_floating, is_model_leaf
 from ..leafref import leaf_kind, leaf_name
 from .metrics import rounded_to
@@ -85,7 +85,7 @@ def _packed_for_the_ranks(reference: Trace, candidate: Trace, pairs: list[LeafPa
         return pairs
     result = []
     for pair in pairs:
-        kind = re.sub(r"\.\d+\.", ".#.", pair.candidate)
+        kind = layerless(pair.candidate)
         if kind in orders and pair.slots is None and pair.layout == AS_STORED:
             axis, order = orders[kind]
             pair = _in_order(reference, candidate, pair, axis, list(order))
