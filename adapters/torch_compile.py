@@ -312,13 +312,16 @@ def _kept_eager(modules: list[Any]) -> Iterator[None]:
 
 def _node_values(gm: Any, inputs: list[Any]) -> dict[str, Any]:
     """Every node's value by name, `gm` run eagerly node by node."""
+    import torch
     import torch.fx
 
     values: dict[Any, Any] = {}
 
     class Keeping(torch.fx.Interpreter):
         def run_node(self, node):
-            values[node.name] = result = super().run_node(node)
+            result = super().run_node(node)
+            if not (isinstance(result, torch.Tensor) and torch._C._functorch.is_batchedtensor(result)):
+                values[node.name] = result  # a value inside an inlined vmap cannot be read once it has run
             return result
 
     Keeping(gm).run(*inputs)

@@ -138,16 +138,18 @@ def test_a_compiled_submodule_is_one_op_among_the_eager_ones(tmp_path, compile_b
     assert result["ops"]["candidate"] == 7 and result["ops"]["aligned"] == 7  # 3 + 1 + 3: block 1 is one compiled op
 
 
-def test_a_backend_without_float64_leaves_the_float64_check_unable_to_tell_and_the_op_oracle_decides():
+def test_a_backend_without_float64_leaves_the_float64_check_unable_to_tell_and_no_verdict_of_noise():
     """A backend with no float64 kernels: the candidate's float64 run keeps the compiled call at float32, so
     its float64 outputs are its own, bit for bit, and show none of its rounding. The check once said
     `agree` or `disagree` from that by the last digit (a correct compiled GPT-2 whose float64 compile failed
-    was `divergent`); it is skipped, naming the call, and the compiled op's float64 oracle says noise."""
+    was `divergent` as "something computes differently"); it is skipped, naming the call. The one op makes
+    the outputs from exact inputs, so no op's rounding explains them either: `divergent (unconfirmed)`,
+    bracketed, saying that the float64 check did not run, never `noise` on what was not seen."""
     result = bisect(LLAMA, "--candidate", "candidate_without_float64")
     check = result["fp64_check"]
     assert check["status"] == "skipped" and check["candidate_rounding"] == 0.0
     assert check["reason"].startswith("the candidate's float64 run kept every op at its recorded dtypes")
     [narrow] = check["narrow_ops"]["candidate"]
     assert narrow.startswith("compiled (run at its recorded dtypes: in float64 it raised BackendCompilerFailed")
-    assert result["verdict"] == "noise" and result["output_error"]["max_rel"] < 1e-6
-    assert result["culprit"]["candidate"]["op"] == "compiled"
+    assert result["verdict"] == "divergent" and result["culprit"] is None and result["output_error"]["max_rel"] < 1e-6
+    assert result["bracket"]["why"].startswith("rounding does not explain the outputs' error: the float64 check did not run")

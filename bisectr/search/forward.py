@@ -461,11 +461,10 @@ def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float)
     carrying = [e for e in analysis.ops.values()
                 if (e.verdict == "noise" or (e.verdict == "exact" and makes_output(e)))
                 and e.output_error.max_rel >= REACH_FRACTION * full_error and e.amplification > 0]
-    # An op on exact inputs amplifies nothing. Where no op amplifies, one is named only if it makes the
-    # outputs itself (a whole compiled model, one op, whose rounding they are) or the precision it computes
-    # in is one the user chose below its tensors' (a compiled bfloat16 model).
+    # An op on exact inputs amplifies nothing. Where no op amplifies, one is named only if the precision it
+    # computes in is one the user chose below its tensors' (a compiled bfloat16 model, one op).
     candidates = sorted((e for e in carrying if math.isfinite(e.amplification)), key=lambda e: (-e.amplification, e.candidate)) \
-        or [e for e in carrying if makes_output(e) or _computes_narrower(search.run.candidate.ops[e.candidate])]
+        or [e for e in carrying if _computes_narrower(search.run.candidate.ops[e.candidate])]
     for evidence in candidates[:MAX_REACH_TESTS]:
         if evidence.verdict == "exact" or search.reach([evidence]) >= NOISE_REACH_FRACTION * full_error:
             return evidence
