@@ -325,14 +325,16 @@ def packed_leaves(reference: Trace, candidate: Trace) -> dict[int, tuple[str, in
     to layer numbers) hold the same-named reference leaf's rows along the sharded dim in one other order (a
     fused gate/up projection each rank's part of which holds its own gate rows and up rows), that order is
     the model's layout for every leaf of that name (`packed_orders`); these are the leaves that hold it."""
-    orders = _leaf_orders(reference, candidate)
-    layouts = _packed(orders, _sharded_leaves(reference, candidate))
+    sharded = _sharded_leaves(reference, candidate)
+    orders = _leaf_orders(reference, candidate, sharded)
+    layouts = _packed(orders, sharded)
     return {tid: found for tid, found in orders.items() if layouts.get(found[0]) == found[1:]}
 
 
 def packed_orders(reference: Trace, candidate: Trace) -> dict[str, tuple[int, tuple[int, ...]]]:
     """Each kind of leaf packed for the ranks (see `packed_leaves`) -> (axis, order of the reference's rows)."""
-    return _packed(_leaf_orders(reference, candidate), _sharded_leaves(reference, candidate))
+    sharded = _sharded_leaves(reference, candidate)
+    return _packed(_leaf_orders(reference, candidate, sharded), sharded)
 
 
 def _packed(orders: dict[int, tuple[str, int, tuple[int, ...]]], sharded: dict[int, tuple[str, int, int]]) -> dict[str, tuple[int, tuple[int, ...]]]:
@@ -347,10 +349,10 @@ def _packed(orders: dict[int, tuple[str, int, tuple[int, ...]]], sharded: dict[i
     return packed
 
 
-def _leaf_orders(reference: Trace, candidate: Trace) -> dict[int, tuple[str, int, tuple[int, ...]]]:
-    """Sharded candidate leaves holding the same-named reference leaf's rows in another order -> (kind, axis, order)."""
+def _leaf_orders(reference: Trace, candidate: Trace, sharded: dict[int, tuple[str, int, int]]) -> dict[int, tuple[str, int, tuple[int, ...]]]:
+    """The `sharded` leaves holding their reference leaf's rows in another order -> (kind, axis, order)."""
     found = {}
-    for tid, (kind, ref_tid, axis) in _sharded_leaves(reference, candidate).items():
+    for tid, (kind, ref_tid, axis) in sharded.items():
         if candidate.has_value(tid) and reference.has_value(ref_tid):
             order = row_order(reference.value(ref_tid), candidate.value(tid), axis, candidate.tensors[tid].dtype)
             if order is not None and order != sorted(order):
@@ -386,12 +388,13 @@ def sharded_axis(placement: str | None) -> int | None:
     return int(dims.pop()) if len(dims) == 1 else None
 
 
-def row_order(reference: np.ndarray, candidate: np.ndarray, axis: int, dtype: str) -> list[int] | None:
-    """The reference's slice along `axis` each of the candidate's holds (bit for bit, once rounded to the
-    candidate's `dtype`), where it holds each of them once; else None."""
+def row_order(reference: np.ndarray, candidate: np.ndarray, axis: int, dtype: str | None = None) -> list[int] | None:
+    """The reference's slice along `axis` each of the candidate's holds (bit for bit as they are, or in float32
+    once rounded to the candidate's `dtype` where it is given), where it holds each of them once; else None."""
     if reference.shape != candidate.shape:
         return None
-    reference, candidate = rounded_to(reference.astype(np.float32), dtype), candidate.astype(np.float32)
+    if dtype is not None:
+        reference, candidate = rounded_to(reference.astype(np.float32), dtype), candidate.astype(np.float32)
     ref_rows = np.moveaxis(reference, axis, 0).reshape(reference.shape[axis], -1)
     cand_rows = np.moveaxis(candidate, axis, 0).reshape(candidate.shape[axis], -1)
     where = {row.tobytes(): i for i, row in enumerate(ref_rows)}

@@ -30,7 +30,7 @@ from typing import Iterator
 import numpy as np
 
 from ..adapters import registered
-from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf, consecutive_runs, layerless, packed_orders
+from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf, consecutive_runs, layerless, packed_orders, row_order
 from ..capture.trace import Trace, is_floating, is_model_leaf
 from ..leafref import leaf_kind, leaf_name
 from .metrics import rounded_to
@@ -94,14 +94,12 @@ def _packed_for_the_ranks(reference: Trace, candidate: Trace, pairs: list[LeafPa
 
 
 def _in_order(reference: Trace, candidate: Trace, pair: LeafPair, axis: int, rows: list[int]) -> LeafPair:
-    cand_tid, ref_tid = candidate.leaves[pair.candidate], reference.leaves[pair.reference]
+    leaf = _fused_part(reference, candidate, candidate.leaves[pair.candidate], reference.leaves[pair.reference], axis, False,
+                       dict(enumerate(rows)))
     size = math.gcd(*(len(run) for run in consecutive_runs(rows)))
-    layout = (f"packed for the ranks: the reference's blocks of {size} along axis {axis} in order "
-              f"{[rows[k] // size for k in range(0, len(rows), size)]}, as most leaves of its name hold them")
-    leaf = LeafPair(pair.candidate, pair.reference, layout, pair.how, slots=list(range(len(rows))), axis=axis, rows=rows)
-    expected = np.take(reference.value(ref_tid), rows, axis=axis)
-    leaf.status, leaf.description, leaf.max_rel = compare(expected, candidate.value(cand_tid), candidate.tensors[cand_tid].dtype,
-                                                         reference.tensors[ref_tid].dtype)
+    leaf.layout = (f"packed for the ranks: the reference's blocks of {size} along axis {axis} in order "
+                   f"{[rows[k] // size for k in range(0, len(rows), size)]}, as most leaves of its name hold them")
+    leaf.how = pair.how
     return leaf
 
 
@@ -284,11 +282,8 @@ def _permutation(reference: np.ndarray, candidate: np.ndarray) -> str | None:
     """'rows permuted' / 'blocks permuted: order [...]' when the candidate holds the reference's
     rows (along the first or the last axis) in another order."""
     for axis in sorted({0, reference.ndim - 1}):
-        ref_rows = np.moveaxis(reference, axis, 0).reshape(reference.shape[axis], -1)
-        cand_rows = np.moveaxis(candidate, axis, 0).reshape(reference.shape[axis], -1)
-        where = {row.tobytes(): i for i, row in enumerate(ref_rows)}
-        order = [where.get(row.tobytes()) for row in cand_rows]
-        if None in order or sorted(order) != list(range(len(order))):
+        order = row_order(reference, candidate, axis)
+        if order is None:
             continue
         runs = consecutive_runs(order)
         size = math.gcd(*(len(run) for run in runs))
