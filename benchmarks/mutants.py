@@ -30,6 +30,8 @@ benchmarks/models/mutant_pair.py` with `BISECTR_MUTANT` set to the case prints b
 torch models) adds the form `paddle`: the family's PaddleFormers port (Llama; Qwen2, whose q/k/v and gate/up it
 fuses) loaded from the copy's checkpoint with a converter's mistake (`weight` operators) in it
 (`benchmarks/models/paddle_ports.py`); its `bfloat16` control is that checkpoint rounded to bfloat16.
+`--forms decode` runs both sides of the causal LMs inside a port's greedy decoding loop with a KV cache
+(`benchmarks/models/decoding.py`), the candidate's loop with a `decode` operator's mistake in it.
 `--device cuda` runs every candidate on the GPU (the reference stays on the CPU): the controls are then CPU against
 GPU rounding.
 """
@@ -107,8 +109,9 @@ class Row:
 
 # The kind of operator each form holds: the compiler's bugs for the compiled form, the widening
 # converter's for the widened one, the converter's for the paddle port, the converter's and the plan's
-# for the tensor-parallel one, the rest for the others.
-FORM_KINDS = {"compiled": ("compile",), "kv_widened": ("widen",), "paddle": ("weight",), "tp": ("weight", "tp")}
+# for the tensor-parallel one, the decoding loop's for the decoding one, the rest for the others.
+FORM_KINDS = {"compiled": ("compile",), "kv_widened": ("widen",), "paddle": ("weight",), "tp": ("weight", "tp"),
+              "decode": ("decode",)}
 OTHER_KINDS = ("weight", "op")
 
 
@@ -117,7 +120,8 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
     only), and the controls. The `sdpa` form only where the family runs it, the `kv_widened` form only
     where it has grouped key-value heads, the `paddle` form where PaddleFormers has the family, the `tp` form
     where its layers shard as Megatron's; each form holds the operators of its kind (`FORM_KINDS`)."""
-    from families import has_grouped_kv_heads, runs_attention, shards_over_ranks
+    from decoding import decodes
+    from families import build, has_grouped_kv_heads, runs_attention, shards_over_ranks
     from mutant_pair import CONTROLS
     from mutations import OPERATORS
     from paddle_ports import PORTED
@@ -127,7 +131,7 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
         for family in families:
             if ((form == "sdpa" and not runs_attention(family, "sdpa")) or (form == "paddle" and family not in PORTED)
                     or (form == "kv_widened" and not has_grouped_kv_heads(family))
-                    or (form == "tp" and not shards_over_ranks(family))):
+                    or (form == "tp" and not shards_over_ranks(family)) or (form == "decode" and not decodes(build(family)[0]))):
                 continue
             cases += [Case(family, control, 0, form) for control in CONTROLS]
             fitting = [o for o in operators if OPERATORS[o].kind in FORM_KINDS.get(form, OTHER_KINDS)]
@@ -148,7 +152,7 @@ def _sites(family: str, operator: str, sites: int, seed: int, form: str) -> list
         if len(seen) == sites:
             break
         case_seed = random.Random(f"{seed}:{form}:{family}:{operator}:{draw}").randrange(10 ** 6)
-        model, _, _ = mutant(family, "none", 0, "kv_widened" if form == "kv_widened" else "copy")
+        model, _, _ = mutant(family, "none", 0, form if form in ("kv_widened", "decode") else "copy")
         try:
             site = OPERATORS[operator].apply(model, random.Random(case_seed))
         except NotApplicable:
@@ -197,13 +201,12 @@ def _relative(a, b) -> float:
 def check(case: Case, row: Row) -> None:
     """Fill `row`'s site and validity: deterministic, and visible above float32 rounding."""
     import torch
-    from families import build
-    from mutant_pair import mutant, on_candidate_device
+    from mutant_pair import built_reference, mutant, on_candidate_device
     from mutations import OPERATORS
     from paddle_ports import ported_name
 
     torch_form = "copy" if case.form in ("paddle", "tp") else case.form  # a port's mistake is judged visible on the copy
-    reference, inputs = build(case.family)
+    reference, inputs = built_reference(case.family, torch_form)
     reference32 = _outputs(reference, inputs)
     if not case.is_control:  # the unmutated copy first: a compiler bug is planted for the whole process
         copy, _, _ = mutant(case.family, "none", 0, torch_form)

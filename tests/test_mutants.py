@@ -32,7 +32,7 @@ def test_a_stratified_sample_meets_the_targets(tmp_path):
     done = mutants("--sample", "48", "--json", str(rows_file))
     assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(rows_file.read_text())
-    assert {r["operator"] for r in rows} >= {name for name, operator in OPERATORS.items() if operator.kind not in ("compile", "tp")}
+    assert {r["operator"] for r in rows} >= {name for name, operator in OPERATORS.items() if operator.kind not in ("compile", "tp", "decode")}
     assert {r["form"] for r in rows} == {"copy", "sdpa", "kv_widened"}
     counted = [r for r in rows if r["excluded"] is None]
     mutated = [r for r in counted if not r["control"]]
@@ -42,6 +42,24 @@ def test_a_stratified_sample_meets_the_targets(tmp_path):
     wrong = [(r["case"], r["problem"]) for r in mutated if not r["right"]]
     assert len(wrong) <= 0.1 * len(mutated), wrong
     assert all(r["reruns"] <= r["budget"] for r in mutated)
+
+
+def test_mistakes_in_a_decoding_loop_are_named_at_their_code_and_confirmed_after_the_tokens_part(tmp_path):
+    """The decode form: both sides inside a port's greedy decoding loop with a KV cache. From a decode step drawn
+    at random, the position id stuck, the new token masked from itself, or one layer's cache written with keys and
+    values swapped: each named at the loop's module or the layer's attention (where the cache is written) and
+    confirmed by taking out every step's difference, though the tokens part after it; the correct loop and the
+    loop in bfloat16 are rounding."""
+    rows_file = tmp_path / "rows.json"
+    done = mutants("--forms", "decode", "--families", "llama,gpt2", "--sites", "1", "--json", str(rows_file))
+    assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(rows_file.read_text())
+    assert {(r["family"], r["operator"]) for r in rows} == {(family, operator) for family in ("llama", "gpt2") for operator in
+                                                           ("none", "bfloat16", "positions_stuck", "self_blocked", "cache_kv_swapped")}
+    assert [(r["case"], r["problem"], r["culprit"]) for r in rows if not r["right"] or r["excluded"]] == []
+    culprits = {(r["family"], r["operator"]): r["culprit"] for r in rows}
+    assert culprits["llama", "positions_stuck"].endswith("at 'positions'") and culprits["gpt2", "self_blocked"].endswith("at 'mask'")
+    assert culprits["gpt2", "cache_kv_swapped"].startswith("cat at 'lm.transformer.h.")
 
 
 def only(case: str, *options: str, python: str = sys.executable) -> dict:

@@ -82,3 +82,24 @@ def test_a_wrong_custom_backward_in_every_block_is_found_in_blocks_0(candidate):
     assert_found_at_first_occurrence(backward, ["blocks.0", "blocks.1", "blocks.2"])
     assert backward["culprit"]["op"] == "WrongGeluGrad"
     assert backward["entry"] == backward["recurrences"][-1]["index"]  # where the gradient's difference first enters
+
+
+@pytest.mark.parametrize("candidate, marker, steps_and_layers", [
+    ("candidate_cache_before_rope", "# @rotate", [(step, layer) for step in range(1, 7) for layer in range(4)]),
+    ("candidate_rope_offset", "# @offset", [(step, None) for step in range(1, 7)]),
+    ("candidate_decode_mask", "# @mask", [(step, None) for step in range(1, 7)]),
+])
+def test_a_decoding_mistake_recurs_at_every_step_on_its_own_code_once_the_tokens_part(candidate, marker, steps_and_layers):
+    """A greedy loop with a KV cache inside `forward`: named at the first decode step, its recurrences at
+    every step (and layer) on the same line of code, though the tokens part from step 2 on, and
+    confirmed by taking them all out together."""
+    pytest.importorskip("transformers")
+    path = MODELS / "hf_llama_greedy_cache.py"
+    result = bisect(path.name, candidate)
+    listed, tagged = result["recurrences"], f"{path}:{line_of(path, marker)}"
+    assert result["verdict"] == "divergent" and result["confirmation"]["confirmed"]
+    assert result["confirmation"]["output_error"] < 1e-5 < 0.5 < result["output_error"]["max_rel"]
+    assert [r["source"] for r in listed] == [tagged] * len(steps_and_layers)
+    layers = [layer for _, layer in steps_and_layers]
+    if layers[0] is not None:
+        assert [r["module"] for r in listed] == [f"lm.model.layers.{layer}.self_attn" for layer in layers]

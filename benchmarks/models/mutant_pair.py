@@ -9,7 +9,9 @@ environment: `BISECTR_MUTANT=FAMILY:OPERATOR:SEED[:FORM]`, e.g. `llama:rows_perm
   the compiler bugs of the `compile` operators. FORM `kv_widened` (families with grouped-query attention):
   the class built with a key-value head per query head, the converter repeating each key-value head's
   rows in place (h0 h0 h1 h1), as a port without grouped-query attention loads a checkpoint with it;
-  for the `widen` operators, converter mistakes in that widening. The controls plant nothing: `none` (the copy as it is),
+  for the `widen` operators, converter mistakes in that widening. FORM `decode` (causal LMs): both sides
+  run inside a port's greedy decoding loop with a KV cache (`decoding.py`), the candidate's loop with a
+  `decode` operator's mistake in it. The controls plant nothing: `none` (the copy as it is),
   `bfloat16` (the copy run in bfloat16, its outputs cast back to float32). FORM `paddle` is `candidate_paddle()`:
 the family's PaddleFormers port (`paddle_ports.py`), its checkpoint the copy's state dict with a converter's
 mistake (a `weight` operator) in it, written by `benchmarks/mutants.py`; FORM `tp` is `candidate_tp()`, on 2 ranks
@@ -29,12 +31,13 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decoding import greedy_decoding  # noqa: E402
 from families import build  # noqa: E402
 from mutations import OPERATORS, Site  # noqa: E402
 
 CONTROLS = ("none", "bfloat16")
 DEVICE = "BISECTR_MUTANT_DEVICE"
-FORMS = ("copy", "sdpa", "compiled", "kv_widened", "paddle", "tp")
+FORMS = ("copy", "sdpa", "compiled", "kv_widened", "paddle", "tp", "decode")
 NPROC = {"candidate_tp": 2}  # the tp form's ranks
 PORT_CHECKPOINT = "BISECTR_MUTANT_CHECKPOINT"  # the folder the harness wrote the paddle form's checkpoint into
 
@@ -45,7 +48,14 @@ def spec() -> tuple[str, str, int, str]:
 
 
 def reference():
-    return build(spec()[0])
+    family, _, _, form = spec()
+    return built_reference(family, form)
+
+
+def built_reference(family: str, form: str):
+    """`(model, inputs)` of the reference: the family's model, in form `decode` inside the decoding loop."""
+    model, inputs = build(family)
+    return (greedy_decoding(model), {"input_ids": inputs["input_ids"]}) if form == "decode" else (model, inputs)
 
 
 def mutant(family: str, operator: str, seed: int, form: str = "copy"):
@@ -59,6 +69,8 @@ def mutant(family: str, operator: str, seed: int, form: str = "copy"):
     else:
         candidate_model, _ = build(family, "sdpa" if form == "sdpa" else "eager")
         candidate_model.load_state_dict({name: values.clone() for name, values in state.items()})
+    if form == "decode":
+        candidate_model, inputs = greedy_decoding(candidate_model), {"input_ids": inputs["input_ids"]}
     compiled = form == "compiled"
     site: Site | None = None
     if operator == "bfloat16":
@@ -108,7 +120,7 @@ def _in_bfloat16(model):
             inputs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and torch.is_floating_point(v) else v
                       for k, v in inputs.items()}
             out = self.inner(**inputs)
-            return {k: v.float() for k, v in out.items() if torch.is_tensor(v)}
+            return out.float() if torch.is_tensor(out) else {k: v.float() for k, v in out.items() if torch.is_tensor(v)}
 
     return InBfloat16(model)
 

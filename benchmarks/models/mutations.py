@@ -23,6 +23,10 @@ it changed, or raises `NotApplicable` when the family has no such site. Two kind
   decomposition registered for one aten op (every use of it in the compiled graph goes through it; eager
   code never does), or a branch only compiled code takes (`torch.compiler.is_compiling()`) in one module.
   The site is the aten op (`Site.aten`), or the module.
+- `decode` operators are mistakes in a port's greedy decoding loop (the `decode` form, `decoding.py`), from a
+  decode step drawn at random on: the position id stuck (the rotary offset not advanced), the new token
+  masked from itself, one layer's cache written with keys and values swapped. The site is the loop's positions or mask module, or
+  the layer's attention (where the cache is written).
 
 Every operator draws its layer (head, expert, block) at random: a bug is never always in layer 0.
 """
@@ -34,6 +38,7 @@ import types
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+from decoding import STEPS
 from families import HEAD_DIM, HEADS, HIDDEN, tensor_parallel_layout
 
 LAYER = re.compile(r"\.(\d+)\.")
@@ -57,7 +62,7 @@ class Site:
 @dataclass(frozen=True)
 class Operator:
     name: str
-    kind: Literal["weight", "op", "widen", "tp", "compile"]
+    kind: Literal["weight", "op", "widen", "tp", "compile", "decode"]
     apply: Callable[[object, random.Random], Site]
 
 
@@ -631,6 +636,34 @@ def compiled_branch(model, rng):
     return Site(name, None, f"{name}: output x 1.25 under torch.compiler.is_compiling()")
 
 
+def _decoding(model):
+    if not hasattr(model, "positions"):  # not `decoding.greedy_decoding`'s loop
+        raise NotApplicable
+    return model
+
+
+def positions_stuck(model, rng):
+    """From a decode step on, the position id stops advancing (the rotary offset, or a learned position's index)."""
+    step = rng.randrange(1, STEPS)
+    _decoding(model).positions.stuck_from = step
+    return Site("positions", None, f"positions stuck from decode step {step}")
+
+
+def self_blocked(model, rng):
+    """From a decode step on, the mask's entry for the new token is 0: it cannot attend to itself."""
+    step = rng.randrange(1, STEPS + 1)
+    _decoding(model).mask.self_blocked_from = step
+    return Site("mask", None, f"new token masked from decode step {step}")
+
+
+def cache_kv_swapped(model, rng):
+    """From a decode step on, one layer's cache is written with the new keys and values swapped."""
+    layers = {m.layer_idx: name for name, m in _decoding(model).lm.named_modules() if isinstance(getattr(m, "layer_idx", None), int)}
+    layer, step = rng.choice(sorted(layers)), rng.randrange(1, STEPS + 1)
+    model.swapped_write = (layer, step)
+    return Site(f"lm.{layers[layer]}", None, f"lm.{layers[layer]}: cache written with keys and values swapped from decode step {step}")
+
+
 OPERATORS = {operator.name: operator for operator in [
     Operator("rows_permuted", "weight", rows_permuted),
     Operator("transposed", "weight", transposed),
@@ -660,5 +693,8 @@ OPERATORS = {operator.name: operator for operator in [
     Operator("head_gathered_interleaved", "tp", head_gathered_interleaved),
     Operator("fused_sharded_as_stored", "tp", fused_sharded_as_stored),
     Operator("compiled_branch", "compile", compiled_branch),
+    Operator("positions_stuck", "decode", positions_stuck),
+    Operator("self_blocked", "decode", self_blocked),
+    Operator("cache_kv_swapped", "decode", cache_kv_swapped),
     *(Operator(f"decomposition_{aten.split('.')[0].strip('_')}", "compile", _decomposition(aten)) for aten in WRONG_DECOMPOSITIONS),
 ]}

@@ -16,7 +16,10 @@ How, in four passes, each near-linear in the number of ops:
    that cross where one op reads the other's output (add then scale against scale
    then add) are both dropped, their ops left to a block.
 3. **Gaps.** Between consecutive backbone anchors the remaining ops of each side are
-   matched by a small dynamic program on (canonical op, output size, values).
+   matched by a small dynamic program on (canonical op, output size, values). Where
+   the gap pairings of one piece of code run many times (a decoding loop's cache
+   write) disagree, the gaps are matched once more, each occurrence leaning to the
+   reference code its clearest-valued occurrences paired with.
 4. **Blocks.** Runs of ops still unmatched form N:M blocks. A block is matched when
    every tensor it hands to later ops finds a reference tensor of the same size and
    close values among the reference block's outputs or the block inputs' partners;
@@ -50,6 +53,7 @@ CLEARLY_CLOSER = 0.1  # an out-of-order occurrence wins only when this many time
 MAX_PERMUTED_DIMS = 5
 MAX_GAP_CELLS = 250_000  # gap DP size above which gaps are matched greedily
 SAME_MODULE = 0.5  # what a gap's pairing gains for two ops of the same module path, beside their similarity
+USUAL_PARTNER = 0.5  # what it gains where the reference op's code is where the candidate op's code usually pairs
 _LAYER_NUMBER = re.compile(r"(?:^|\.)(\d+)(?=\.|$)")
 
 # A layout transform: the permutation that turns the reference tensor's values into
@@ -269,7 +273,11 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
         pairs.update({c: (r, "pin", d) for c, (r, _, d) in _align_sequences(sides, cand_ops, ref_ops, use_layers=False).items()})
     rest_cand = [op for op in candidate.ops if op.index not in pinned_cand and not _makes_parts(sides, op)]
     rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
-    pairs.update(_align_sequences(sides, rest_cand, rest_ref, use_layers=sides.use_layers))
+    rest = _align_sequences(sides, rest_cand, rest_ref, sides.use_layers)
+    usual = _usual_partners(sides, rest)
+    if usual:
+        rest = _align_sequences(sides, rest_cand, rest_ref, sides.use_layers, usual)
+    pairs.update(rest)
     _follow_data_flow(sides, pairs)
     _drop_layout_pairs_that_cannot_correspond(sides, pairs)
     _drop_pairs_whose_parameter_is_read_later(sides, pairs)
@@ -523,8 +531,8 @@ def _confidence(sides: _TracePair, cand_op: OpNode, ref_op: OpNode, distance: fl
     return round(0.5 + 0.3 * closeness + 0.2 * same_layers, 3)
 
 
-def _align_sequences(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode],
-                     use_layers: bool) -> dict[int, tuple[int, str, float]]:
+def _align_sequences(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode], use_layers: bool,
+                     usual: dict[tuple, tuple] | None = None) -> dict[int, tuple[int, str, float]]:
     anchors = _anchors(sides, cand_ops, ref_ops, use_layers)
     backbone, extra = _backbone(anchors)
     crossed = _crossing_dataflow(sides, backbone + extra)
@@ -540,10 +548,30 @@ def _align_sequences(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[Op
         gap_cand = [candidate for candidate in _between(cand_positions, c0, c1) if candidate not in pairs]
         gap_ref = [reference for reference in _between(ref_positions, r0, r1) if reference not in matched_ref]
         if gap_cand and gap_ref:
-            for c, r, d in _match_gap(sides, gap_cand, gap_ref):
+            for c, r, d in _match_gap(sides, gap_cand, gap_ref, usual or {}):
                 pairs[c] = (r, "gap", d)
                 matched_ref.add(r)
     return pairs
+
+
+def code_place(op: OpNode) -> tuple:
+    """Where an op comes from, the same in every layer and every call: its op, line and module up to layer numbers."""
+    return op.op, op.source, layerless(op.module + ".")
+
+
+def _usual_partners(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> dict[tuple, tuple]:
+    """For each piece of candidate code run more than once whose gap pairings disagree, the reference
+    code its occurrences pair with, weighted by how closely their values agree: a greedy decoding
+    loop's cache write pairs by value while the tokens agree, and keeps that pairing once they part."""
+    votes: dict[tuple, Counter] = {}
+    gap_places: dict[tuple, set[tuple]] = {}
+    candidate, reference = sides.traces["candidate"], sides.traces["reference"]
+    for c, (r, how, distance) in pairs.items():
+        place, partner = code_place(candidate.ops[c]), code_place(reference.ops[r])
+        votes.setdefault(place, Counter())[partner] += 1.0 / (1.0 + 1e3 * distance)
+        if how == "gap":
+            gap_places.setdefault(place, set()).add(partner)
+    return {place: votes[place].most_common(1)[0][0] for place, partners in gap_places.items() if len(partners) > 1}
 
 
 def _between(sorted_positions: list[int], low: int, high: int) -> list[int]:
@@ -642,7 +670,8 @@ def _backbone(anchors: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], li
     return backbone, extra
 
 
-def _match_gap(sides: _TracePair, gap_cand: list[int], gap_ref: list[int]) -> list[tuple[int, int, float]]:
+def _match_gap(sides: _TracePair, gap_cand: list[int], gap_ref: list[int],
+               usual: dict[tuple, tuple]) -> list[tuple[int, int, float]]:
     """Best order-preserving matching of two short op runs (same canonical op and output size)."""
     cand_ops = [sides.traces["candidate"].ops[i] for i in gap_cand]
     ref_ops = [sides.traces["reference"].ops[i] for i in gap_ref]
@@ -654,10 +683,14 @@ def _match_gap(sides: _TracePair, gap_cand: list[int], gap_ref: list[int]) -> li
         return 2.0 - value_distance(a, b)
 
     def gain(c: OpNode, r: OpNode) -> float | None:
-        """What pairing c with r adds: one, its similarity, and a share for the same module (of two
-        multiplies where the reference has one, the one in the module the reference's is in)."""
+        """What pairing c with r adds: one, its similarity, a share for the same module (of two
+        multiplies where the reference has one, the one in the module the reference's is in), and one
+        for the reference code the candidate's usually pairs with (`_usual_partners`)."""
         s = similarity(c, r)
-        return None if s is None else 1.0 + s + (SAME_MODULE if c.module == r.module else 0.0)
+        if s is None:
+            return None
+        usual_partner = usual.get(code_place(c)) == code_place(r)
+        return 1.0 + s + (SAME_MODULE if c.module == r.module else 0.0) + (USUAL_PARTNER if usual_partner else 0.0)
 
     n, m = len(cand_ops), len(ref_ops)
     if n * m > MAX_GAP_CELLS:

@@ -75,6 +75,10 @@ class SearchPass(ABC):
     def evidence_of(self, index: int) -> OpEvidence | None:
         """The evidence of candidate op `index` (None: not paired)."""
 
+    def occurrence(self, index: int, suspect: OpEvidence) -> OpEvidence | None:
+        """The evidence of candidate op `index` judged as `suspect` was (by default, its own)."""
+        return self.evidence_of(index)
+
     @abstractmethod
     def reach(self, group: list[OpEvidence]) -> float:
         """The error of a reference re-run with only these ops' own differences in it."""
@@ -388,7 +392,7 @@ def occurrences(search: SearchPass, suspect: OpEvidence) -> list[OpEvidence]:
         same = same_place(op, first)
         if op.index == suspect.candidate or op.op != first.op or not (same or kinds):
             continue
-        evidence = search.evidence_of(op.index)
+        evidence = search.occurrence(op.index, suspect)
         # Blocks ending in the same op of the same line are one piece of code, whatever the reference ops they cover.
         if evidence is None or evidence.verdict != "different" or (evidence.op != suspect.op and not same_line(op, first)):
             continue

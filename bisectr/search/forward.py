@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .compiled import in_compiled
-from ..measure.align import Block, LeafPairing, handed_on, settle_layouts
+from ..measure.align import Block, LeafPairing, code_place, handed_on, settle_layouts
 from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, external_inputs, rewired_input
 from ..errors import TraceMismatchError
 from ..measure.leaves import leaf_causes, pair_leaves, reference_values
@@ -160,6 +160,20 @@ class ForwardPass(SearchPass):
 
     def evidence_of(self, index: int) -> OpEvidence | None:
         return self.analysis.ops.get(index)
+
+    def occurrence(self, index: int, suspect: OpEvidence) -> OpEvidence | None:
+        """Where the suspect is its op with the unpaired ops feeding it (`entry_region`), op `index`, of
+        the same code as the suspect's op, with the unpaired ops of the same code feeding it: a cache write a port moved sits outside
+        the paired ops at every layer and decoding step alike, however each step's tokens make the
+        blocks around it."""
+        evidence = self.analysis.ops.get(index)
+        if evidence is None or suspect.block is None or entry_region(self.analysis, suspect.candidate) != suspect.block:
+            return evidence
+        candidate = self.run.candidate
+        if code_place(candidate.ops[index]) != code_place(candidate.ops[suspect.candidate]):
+            return None
+        region = entry_region(self.analysis, index, like=suspect.block)
+        return evidence if region is None else self.analysis.evidence(index, evidence.reference, region)
 
     def suspects(self, cuts: list[int], entry: int | None) -> Iterator[OpEvidence]:
         """Paired ops (and matched blocks) judged different up to the entry point. The cut search says
@@ -360,20 +374,26 @@ def check_reproducible(run: RunRecord, sides: Sides, keep: dict[str, set[int]] |
         settle_layouts(run.reference, run.candidate, run.alignment)
 
 
-def entry_region(analysis: Analysis, entry: int | None) -> Block | None:
+def entry_region(analysis: Analysis, entry: int | None, like: Block | None = None) -> Block | None:
     """The entry op with the ops without a partner that feed it (through such ops only), on both
     sides: an activation changed for another, an extra scale, a missing op. None without an entry
-    point, or when every op feeding the entry op has a partner."""
+    point, or when every op feeding the entry op has a partner. `like`: an entry region elsewhere, whose
+    code the region's ops must come from; ops inside blocks count as without a partner then."""
     if entry is None:
         return None
     alignment = analysis.alignment
     regions = {}
     for role, index in (("candidate", entry), ("reference", analysis.ops[entry].reference)):
-        trace, aligned = analysis.run.traces[role], alignment.aligned_ops(role)
+        trace = analysis.run.traces[role]
+        if like is None:
+            outside, places = alignment.aligned_ops(role), None
+        else:
+            outside, places = {getattr(pair, role) for pair in alignment.pairs}, {code_place(trace.ops[i]) for i in getattr(like, role)}
         region, pending = {index}, list(trace.ops[index].inputs)
         while pending:
             producer = trace.tensors[pending.pop()].producer
-            if producer is not None and producer not in aligned and producer not in region:
+            if producer is not None and producer not in region and producer not in outside \
+                    and (places is None or code_place(trace.ops[producer]) in places):
                 region.add(producer)
                 pending.extend(trace.ops[producer].inputs)
         regions[role] = sorted(region)
