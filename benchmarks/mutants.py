@@ -30,7 +30,8 @@ benchmarks/models/mutant_pair.py` with `BISECTR_MUTANT` set to the case prints b
 torch models) adds the form `paddle`: the family's PaddleFormers port (Llama; Qwen2, whose q/k/v and gate/up it
 fuses) loaded from the copy's checkpoint with a converter's mistake (`weight` operators) in it
 (`benchmarks/models/paddle_ports.py`); its `bfloat16` control is that checkpoint rounded to bfloat16.
-`--forms decode` runs both sides of the causal LMs inside a port's greedy decoding loop with a KV cache
+`--forms sp` shards the candidate as `tp` with sequence parallel (the hidden states split along the sequence
+between the projections), with the converter's mistakes. `--forms decode` runs both sides of the causal LMs inside a port's greedy decoding loop with a KV cache
 (`benchmarks/models/decoding.py`), the candidate's loop with a `decode` operator's mistake in it.
 `--device cuda` runs every candidate on the GPU (the reference stays on the CPU): the controls are then CPU against
 GPU rounding.
@@ -109,9 +110,9 @@ class Row:
 
 # The kind of operator each form holds: the compiler's bugs for the compiled form, the widening
 # converter's for the widened one, the converter's for the paddle port, the converter's and the plan's
-# for the tensor-parallel one, the decoding loop's for the decoding one, the rest for the others.
+# for the tensor-parallel one, the converter's under sequence parallel, the decoding loop's for the decoding one, the rest for the others.
 FORM_KINDS = {"compiled": ("compile",), "kv_widened": ("widen",), "paddle": ("weight",), "tp": ("weight", "tp"),
-              "decode": ("decode",)}
+              "sp": ("weight",), "decode": ("decode",)}
 OTHER_KINDS = ("weight", "op")
 
 
@@ -121,7 +122,7 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
     where it has grouped key-value heads, the `paddle` form where PaddleFormers has the family, the `tp` form
     where its layers shard as Megatron's; each form holds the operators of its kind (`FORM_KINDS`)."""
     from decoding import decodes
-    from families import build, has_grouped_kv_heads, runs_attention, shards_over_ranks
+    from families import build, has_grouped_kv_heads, runs_attention, shards_over_ranks, splits_sequence
     from mutant_pair import CONTROLS
     from mutations import OPERATORS
     from paddle_ports import PORTED
@@ -131,7 +132,8 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
         for family in families:
             if ((form == "sdpa" and not runs_attention(family, "sdpa")) or (form == "paddle" and family not in PORTED)
                     or (form == "kv_widened" and not has_grouped_kv_heads(family))
-                    or (form == "tp" and not shards_over_ranks(family)) or (form == "decode" and not decodes(build(family)[0]))):
+                    or (form == "tp" and not shards_over_ranks(family)) or (form == "sp" and not splits_sequence(family))
+                    or (form == "decode" and not decodes(build(family)[0]))):
                 continue
             cases += [Case(family, control, 0, form) for control in CONTROLS]
             fitting = [o for o in operators if OPERATORS[o].kind in FORM_KINDS.get(form, OTHER_KINDS)]
@@ -205,7 +207,7 @@ def check(case: Case, row: Row) -> None:
     from mutations import OPERATORS
     from paddle_ports import ported_name
 
-    torch_form = "copy" if case.form in ("paddle", "tp") else case.form  # a port's mistake is judged visible on the copy
+    torch_form = "copy" if case.form in ("paddle", "tp", "sp") else case.form  # a port's mistake is judged visible on the copy
     reference, inputs = built_reference(case.family, torch_form)
     reference32 = _outputs(reference, inputs)
     if not case.is_control:  # the unmutated copy first: a compiler bug is planted for the whole process
@@ -308,7 +310,7 @@ def evaluate(key: str) -> dict:
             with tempfile.TemporaryDirectory() as out:
                 if case.form == "paddle":
                     run = _traced_against_paddle(case, Path(out))
-                elif case.form == "tp":
+                elif case.form in ("tp", "sp"):
                     run = bisectr.trace(MODEL_FILE, "reference", "candidate_tp", out=Path(out) / "run")
                 else:
                     run = bisectr.trace(MODEL_FILE, out=Path(out) / "run")

@@ -174,3 +174,18 @@ def test_a_fused_projection_packed_for_the_ranks_is_its_layout_and_one_packed_ot
     assert rows["fused_sharded_as_stored"]["culprit"] == "model.layers.2.mlp.gate_up_proj.weight at 'model.layers.2.mlp.gate_up_proj'"
     swapped = only("phi3:fused_parts_swapped:955151:tp")
     assert swapped["right"] and swapped["culprit"].startswith("model.layers.2.mlp.gate_up_proj.weight at"), swapped
+
+
+@pytest.mark.once  # torchrun's ranks: the first CI environment only
+def test_converter_mistakes_under_sequence_parallel_are_named_at_their_weight(tmp_path):
+    """The sp form: TorchTitan's plan with sequence parallel on Hugging Face Llama (the hidden states split along
+    the sequence between the projections, every norm on its rank's part, read through DTensor's placements).
+    The correct plan and the plan in bfloat16 are rounding; a converter's mistakes are named at their weight."""
+    rows_file = tmp_path / "rows.json"
+    done = mutants("--forms", "sp", "--families", "llama", "--operators", "transposed,norm_plus_one", "--sites", "1",
+                   "--json", str(rows_file))
+    assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {r["operator"]: r for r in json.loads(rows_file.read_text())}
+    assert set(rows) == {"none", "bfloat16", "transposed", "norm_plus_one"}
+    assert [(r["case"], r["problem"], r["culprit"]) for r in rows.values() if not r["right"] or r["excluded"]] == []
+    assert rows["norm_plus_one"]["culprit"].startswith(rows["norm_plus_one"]["expected_leaf"])

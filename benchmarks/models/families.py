@@ -138,6 +138,23 @@ def tensor_parallel_layout(model) -> dict[str, Literal["colwise", "packed_colwis
     return layout
 
 
+def norms(model) -> list[str]:
+    """The norms sequence parallel splits along the sequence: every norm of the hidden states (not the
+    per-head q/k norms inside an attention, which read column-parallel parts)."""
+    return [name for name, module in model.named_modules()
+            if "norm" in type(module).__name__.lower() and not name.endswith(("q_norm", "k_norm"))]
+
+
+def splits_sequence(name: str) -> bool:
+    """Can family `name` run with sequence parallel: every layer's attention and MLP sharded (`shards_over_ranks`),
+    so that each reads the hidden states through a column-parallel projection that gathers the sequence (a
+    fused attention left whole, Phi-3's, or an MoE block would read one rank's part of it)."""
+    model, _ = build(name)
+    layout = tensor_parallel_layout(model)
+    rowwise = [n for n, style in layout.items() if style == "rowwise"]
+    return shards_over_ranks(name) and "packed_colwise" not in layout.values() and len(rowwise) == 2 * model.config.num_hidden_layers
+
+
 def shards_over_ranks(name: str) -> bool:
     """Does every layer of family `name` have projections that `tensor_parallel_layout` shards?"""
     model, _ = build(name)

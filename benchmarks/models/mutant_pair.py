@@ -16,7 +16,7 @@ environment: `BISECTR_MUTANT=FAMILY:OPERATOR:SEED[:FORM]`, e.g. `llama:rows_perm
 the family's PaddleFormers port (`paddle_ports.py`), its checkpoint the copy's state dict with a converter's
 mistake (a `weight` operator) in it, written by `benchmarks/mutants.py`; FORM `tp` is `candidate_tp()`, on 2 ranks
 (`NPROC`): the copy sharded as TorchTitan shards a decoder, with a `weight` operator's mistake or a `tp` operator's
-change to the plan; its `bfloat16` control loads that
+change to the plan; FORM `sp` is the same plan with sequence parallel, with a `weight` operator's mistake; its `bfloat16` control loads that
 checkpoint rounded to bfloat16 (paddle has no bfloat16 matmul on the CPU).
 
 `BISECTR_MUTANT_DEVICE` (default `cpu`) is where the candidate runs, e.g. `cuda`: the reference stays on the CPU.
@@ -37,8 +37,8 @@ from mutations import OPERATORS, Site  # noqa: E402
 
 CONTROLS = ("none", "bfloat16")
 DEVICE = "BISECTR_MUTANT_DEVICE"
-FORMS = ("copy", "sdpa", "compiled", "kv_widened", "paddle", "tp", "decode")
-NPROC = {"candidate_tp": 2}  # the tp form's ranks
+FORMS = ("copy", "sdpa", "compiled", "kv_widened", "paddle", "tp", "sp", "decode")
+NPROC = {"candidate_tp": 2}  # the tp and sp forms' ranks
 PORT_CHECKPOINT = "BISECTR_MUTANT_CHECKPOINT"  # the folder the harness wrote the paddle form's checkpoint into
 
 
@@ -139,17 +139,17 @@ def candidate():
 
 
 def candidate_tp():
-    """The case's candidate in form `tp`: the copy (with a `weight` operator's mistake in it) sharded over the
-    ranks by `tensor_parallel`, its plan changed by a `tp` operator."""
-    family, operator, seed, _ = spec()
+    """The case's candidate in form `tp` (or `sp`): the copy (with a `weight` operator's mistake in it) sharded
+    over the ranks by `tensor_parallel` (with its sequence parallel), its plan changed by a `tp` operator."""
+    family, operator, seed, form = spec()
     kind = OPERATORS[operator].kind if operator in OPERATORS else "control"
     model, inputs, _ = mutant(family, operator if kind != "tp" else "none", seed)
     if kind == "tp":
         OPERATORS[operator].apply(model, random.Random(seed))
-    return tensor_parallel(model, getattr(model, "tp_plan_changes", {})), inputs
+    return tensor_parallel(model, getattr(model, "tp_plan_changes", {}), sequence_parallel=form == "sp"), inputs
 
 
-def tensor_parallel(model, changes: dict[str, str]):
+def tensor_parallel(model, changes: dict[str, str], sequence_parallel: bool = False):
     """`model` sharded over the ranks as TorchTitan shards a decoder: the embedding over the vocabulary (each
     rank looks up the ids of its half, an all-reduce completes the rows), each layer's projections as
     `families.tensor_parallel_layout` says (q/k/v and gate/up column-parallel, o and down row-parallel), the
@@ -157,26 +157,33 @@ def tensor_parallel(model, changes: dict[str, str]):
     each rank's part holds its gate rows then its up rows, which the MLP's `chunk` splits as the whole
     splits. `changes`: module -> "partial" (a row-parallel output's all-reduce left out), "reduced_twice"
     (all-reduced once more), "interleaved" (the head's vocabulary parts gathered along the wrong dim) or
-    "as_stored" (a fused projection sharded as stored, not packed)."""
+    "as_stored" (a fused projection sharded as stored, not packed). `sequence_parallel`: between the
+    projections the hidden states stay split along the sequence, as TorchTitan's plan with sequence
+    parallel splits them: the embedding and the row-parallel projections reduce-scatter their outputs,
+    every norm runs on its part of the sequence, the column-parallel projections and the head gather it."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Partial, Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
-    from families import tensor_parallel_layout
+    from families import norms, tensor_parallel_layout
 
     ranks = int(os.environ["WORLD_SIZE"])
     mesh = init_device_mesh("cpu", (ranks,))
     names = {module: name for name, module in model.named_modules()}
     built = getattr(model, "inner", model)  # the bfloat16 control's model inside its wrapper
     embedding, head = names[built.get_input_embeddings()], names[built.get_output_embeddings()]
-    plan = {embedding: RowwiseParallel(input_layouts=Replicate()),
-            head: ColwiseParallel(output_layouts=Shard(-1) if changes.get(head) == "interleaved" else Replicate())}
+    split = {"output_layouts": Shard(1), "use_local_output": False} if sequence_parallel else {}
+    gathered = {"input_layouts": Shard(1)} if sequence_parallel else {}
+    plan = {embedding: RowwiseParallel(input_layouts=Replicate(), **split),
+            head: ColwiseParallel(output_layouts=Shard(-1) if changes.get(head) == "interleaved" else Replicate(), **gathered)}
+    if sequence_parallel:
+        plan.update({name: SequenceParallel() for name in norms(model)})
     for name, style in tensor_parallel_layout(model).items():
         if style == "rowwise":
-            plan[name] = RowwiseParallel(output_layouts=Partial()) if changes.get(name) == "partial" else RowwiseParallel()
+            plan[name] = RowwiseParallel(output_layouts=Partial()) if changes.get(name) == "partial" else RowwiseParallel(**split)
         else:
-            plan[name] = ColwiseParallel()
+            plan[name] = ColwiseParallel(**gathered)
             if style == "packed_colwise" and changes.get(name) != "as_stored":
                 _packed(model.get_submodule(name), ranks)
     parallelize_module(model, mesh, plan)
