@@ -97,6 +97,7 @@ def _classes():
 
 
 def _decoding(kind: int):
+    hide_broken_torchcodec()
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
