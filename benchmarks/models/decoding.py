@@ -73,7 +73,7 @@ def greedy_decoding(lm):
 
 def _swapped_update(cache, layer: int):
     """`cache.update` that, for `layer`, writes the new values as keys and the new keys as values."""
-    update = type(cache).update.__get__(cache)
+    update = cache.update
 
     def swapped(key_states, value_states, layer_idx, *args, **kwargs):
         if layer_idx == layer:

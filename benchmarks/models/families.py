@@ -152,13 +152,17 @@ def splits_sequence(name: str) -> bool:
     model, _ = build(name)
     layout = tensor_parallel_layout(model)
     rowwise = [n for n, style in layout.items() if style == "rowwise"]
-    return shards_over_ranks(name) and "packed_colwise" not in layout.values() and len(rowwise) == 2 * model.config.num_hidden_layers
+    return _every_layer_in(model, layout) and "packed_colwise" not in layout.values() and len(rowwise) == 2 * model.config.num_hidden_layers
 
 
 def shards_over_ranks(name: str) -> bool:
     """Does every layer of family `name` have projections that `tensor_parallel_layout` shards?"""
     model, _ = build(name)
-    layers = {int(found.group(1)) for n in tensor_parallel_layout(model) if (found := re.search(r"\.(\d+)\.", n))}
+    return _every_layer_in(model, tensor_parallel_layout(model))
+
+
+def _every_layer_in(model, layout: dict[str, str]) -> bool:
+    layers = {int(found.group(1)) for n in layout if (found := re.search(r"\.(\d+)\.", n))}
     return layers == set(range(model.config.num_hidden_layers))
 
 

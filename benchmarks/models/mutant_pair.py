@@ -55,7 +55,12 @@ def reference():
 def built_reference(family: str, form: str):
     """`(model, inputs)` of the reference: the family's model, in form `decode` inside the decoding loop."""
     model, inputs = build(family)
-    return (greedy_decoding(model), {"input_ids": inputs["input_ids"]}) if form == "decode" else (model, inputs)
+    return in_decoding_loop(model, inputs) if form == "decode" else (model, inputs)
+
+
+def in_decoding_loop(model, inputs: dict):
+    """`(model, inputs)` of a causal LM inside the decoding loop, which reads the prompt's ids only."""
+    return greedy_decoding(model), {"input_ids": inputs["input_ids"]}
 
 
 def mutant(family: str, operator: str, seed: int, form: str = "copy"):
@@ -70,7 +75,7 @@ def mutant(family: str, operator: str, seed: int, form: str = "copy"):
         candidate_model, _ = build(family, "sdpa" if form == "sdpa" else "eager")
         candidate_model.load_state_dict({name: values.clone() for name, values in state.items()})
     if form == "decode":
-        candidate_model, inputs = greedy_decoding(candidate_model), {"input_ids": inputs["input_ids"]}
+        candidate_model, inputs = in_decoding_loop(candidate_model, inputs)
     compiled = form == "compiled"
     site: Site | None = None
     if operator == "bfloat16":

@@ -273,11 +273,7 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
         pairs.update({c: (r, "pin", d) for c, (r, _, d) in _align_sequences(sides, cand_ops, ref_ops, use_layers=False).items()})
     rest_cand = [op for op in candidate.ops if op.index not in pinned_cand and not _makes_parts(sides, op)]
     rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
-    rest = _align_sequences(sides, rest_cand, rest_ref, sides.use_layers)
-    usual = _usual_partners(sides, rest)
-    if usual:
-        rest = _align_sequences(sides, rest_cand, rest_ref, sides.use_layers, usual)
-    pairs.update(rest)
+    pairs.update(_align_sequences(sides, rest_cand, rest_ref, use_layers=sides.use_layers))
     _follow_data_flow(sides, pairs)
     _drop_layout_pairs_that_cannot_correspond(sides, pairs)
     _drop_pairs_whose_parameter_is_read_later(sides, pairs)
@@ -531,27 +527,35 @@ def _confidence(sides: _TracePair, cand_op: OpNode, ref_op: OpNode, distance: fl
     return round(0.5 + 0.3 * closeness + 0.2 * same_layers, 3)
 
 
-def _align_sequences(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode], use_layers: bool,
-                     usual: dict[tuple, tuple] | None = None) -> dict[int, tuple[int, str, float]]:
+def _align_sequences(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode],
+                     use_layers: bool) -> dict[int, tuple[int, str, float]]:
     anchors = _anchors(sides, cand_ops, ref_ops, use_layers)
     backbone, extra = _backbone(anchors)
     crossed = _crossing_dataflow(sides, backbone + extra)
     backbone, extra = [a for a in backbone if a not in crossed], [a for a in extra if a not in crossed]
-    pairs = {c: (r, "anchor", sides.distance(sides.traces["candidate"].ops[c], sides.traces["reference"].ops[r]))
-             for c, r in backbone + extra}
-    matched_ref = {r for r, _, _ in pairs.values()} | {r for _, r in crossed}  # crossed ops stay unpaired
+    anchored = {c: (r, "anchor", sides.distance(sides.traces["candidate"].ops[c], sides.traces["reference"].ops[r]))
+                for c, r in backbone + extra}
     crossed_cands = {c for c, _ in crossed}
     cand_positions = [op.index for op in cand_ops if op.index not in crossed_cands]
     ref_positions = [op.index for op in ref_ops]
     bounds = [(-1, -1)] + backbone + [(10**18, 10**18)]
-    for (c0, r0), (c1, r1) in zip(bounds, bounds[1:]):
-        gap_cand = [candidate for candidate in _between(cand_positions, c0, c1) if candidate not in pairs]
-        gap_ref = [reference for reference in _between(ref_positions, r0, r1) if reference not in matched_ref]
-        if gap_cand and gap_ref:
-            for c, r, d in _match_gap(sides, gap_cand, gap_ref, usual or {}):
-                pairs[c] = (r, "gap", d)
-                matched_ref.add(r)
-    return pairs
+    unpaired_ref = {r for _, r in crossed}  # crossed ops stay unpaired
+
+    def with_gaps(usual: dict[tuple, tuple]) -> dict[int, tuple[int, str, float]]:
+        pairs = dict(anchored)
+        matched_ref = {r for r, _, _ in pairs.values()} | unpaired_ref
+        for (c0, r0), (c1, r1) in zip(bounds, bounds[1:]):
+            gap_cand = [candidate for candidate in _between(cand_positions, c0, c1) if candidate not in pairs]
+            gap_ref = [reference for reference in _between(ref_positions, r0, r1) if reference not in matched_ref]
+            if gap_cand and gap_ref:
+                for c, r, d in _match_gap(sides, gap_cand, gap_ref, usual):
+                    pairs[c] = (r, "gap", d)
+                    matched_ref.add(r)
+        return pairs
+
+    pairs = with_gaps({})
+    usual = _usual_partners(sides, pairs)
+    return with_gaps(usual) if usual else pairs
 
 
 def code_place(op: OpNode) -> tuple:

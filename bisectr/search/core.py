@@ -75,9 +75,9 @@ class SearchPass(ABC):
     def evidence_of(self, index: int) -> OpEvidence | None:
         """The evidence of candidate op `index` (None: not paired)."""
 
-    def occurrence(self, index: int, suspect: OpEvidence) -> OpEvidence | None:
-        """The evidence of candidate op `index` judged as `suspect` was (by default, its own)."""
-        return self.evidence_of(index)
+    def judged_as(self, suspect: OpEvidence) -> Callable[[int], OpEvidence | None]:
+        """The evidence of a candidate op by index, judged as `suspect` was (by default, its own)."""
+        return self.evidence_of
 
     @abstractmethod
     def reach(self, group: list[OpEvidence]) -> float:
@@ -387,12 +387,12 @@ def occurrences(search: SearchPass, suspect: OpEvidence) -> list[OpEvidence]:
     """Every paired op carrying the same difference as `suspect` (itself included), in op order."""
     first = search.run.candidate.ops[suspect.candidate]
     kinds = search.differing_leaf_kinds(suspect)
-    group = [suspect]
+    group, evidence_of = [suspect], search.judged_as(suspect)
     for op in search.run.candidate.ops:
         same = same_place(op, first)
         if op.index == suspect.candidate or op.op != first.op or not (same or kinds):
             continue
-        evidence = search.occurrence(op.index, suspect)
+        evidence = evidence_of(op.index)
         # Blocks ending in the same op of the same line are one piece of code, whatever the reference ops they cover.
         if evidence is None or evidence.verdict != "different" or (evidence.op != suspect.op and not same_line(op, first)):
             continue

@@ -161,19 +161,26 @@ class ForwardPass(SearchPass):
     def evidence_of(self, index: int) -> OpEvidence | None:
         return self.analysis.ops.get(index)
 
-    def occurrence(self, index: int, suspect: OpEvidence) -> OpEvidence | None:
-        """Where the suspect is its op with the unpaired ops feeding it (`entry_region`), op `index`, of
-        the same code as the suspect's op, with the unpaired ops of the same code feeding it: a cache write a port moved sits outside
-        the paired ops at every layer and decoding step alike, however each step's tokens make the
-        blocks around it."""
-        evidence = self.analysis.ops.get(index)
-        if evidence is None or suspect.block is None or entry_region(self.analysis, suspect.candidate) != suspect.block:
-            return evidence
-        candidate = self.run.candidate
-        if code_place(candidate.ops[index]) != code_place(candidate.ops[suspect.candidate]):
-            return None
-        region = entry_region(self.analysis, index, like=suspect.block)
-        return evidence if region is None else self.analysis.evidence(index, evidence.reference, region)
+    def judged_as(self, suspect: OpEvidence) -> Callable[[int], OpEvidence | None]:
+        """Where the suspect is its op with the unpaired ops feeding it (`entry_region`): an op of the
+        same code as the suspect's, with the unpaired ops of the same code feeding it (None for an op of
+        other code). A cache write a port moved sits outside the paired ops at every layer and decoding
+        step alike, however each step's tokens make the blocks around it."""
+        analysis, candidate = self.analysis, self.run.candidate
+        if suspect.block is None or entry_region(analysis, suspect.candidate) != suspect.block:
+            return self.evidence_of
+        place = code_place(candidate.ops[suspect.candidate])
+        paired = {role: {getattr(pair, role) for pair in analysis.alignment.pairs} for role in SIDES}
+        places = {role: {code_place(analysis.run.traces[role].ops[i]) for i in getattr(suspect.block, role)} for role in SIDES}
+
+        def like_the_suspect(index: int) -> OpEvidence | None:
+            evidence = analysis.ops.get(index)
+            if evidence is None or code_place(candidate.ops[index]) != place:
+                return None
+            region = entry_region(analysis, index, outside=paired, places=places)
+            return evidence if region is None else analysis.evidence(index, evidence.reference, region)
+
+        return like_the_suspect
 
     def suspects(self, cuts: list[int], entry: int | None) -> Iterator[OpEvidence]:
         """Paired ops (and matched blocks) judged different up to the entry point. The cut search says
@@ -374,26 +381,24 @@ def check_reproducible(run: RunRecord, sides: Sides, keep: dict[str, set[int]] |
         settle_layouts(run.reference, run.candidate, run.alignment)
 
 
-def entry_region(analysis: Analysis, entry: int | None, like: Block | None = None) -> Block | None:
+def entry_region(analysis: Analysis, entry: int | None, outside: dict[str, set[int]] | None = None,
+                 places: dict[str, set[tuple]] | None = None) -> Block | None:
     """The entry op with the ops without a partner that feed it (through such ops only), on both
     sides: an activation changed for another, an extra scale, a missing op. None without an entry
-    point, or when every op feeding the entry op has a partner. `like`: an entry region elsewhere, whose
-    code the region's ops must come from; ops inside blocks count as without a partner then."""
+    point, or when every op feeding the entry op has a partner. `outside` (per side): the ops that have
+    one (by default those paired 1:1 or inside a matched block); `places` (per side): the code
+    (`code_place`) the region's ops must come from, where given."""
     if entry is None:
         return None
-    alignment = analysis.alignment
+    outside = outside or {role: analysis.alignment.aligned_ops(role) for role in SIDES}
     regions = {}
     for role, index in (("candidate", entry), ("reference", analysis.ops[entry].reference)):
         trace = analysis.run.traces[role]
-        if like is None:
-            outside, places = alignment.aligned_ops(role), None
-        else:
-            outside, places = {getattr(pair, role) for pair in alignment.pairs}, {code_place(trace.ops[i]) for i in getattr(like, role)}
         region, pending = {index}, list(trace.ops[index].inputs)
         while pending:
             producer = trace.tensors[pending.pop()].producer
-            if producer is not None and producer not in region and producer not in outside \
-                    and (places is None or code_place(trace.ops[producer]) in places):
+            if producer is not None and producer not in region and producer not in outside[role] \
+                    and (places is None or code_place(trace.ops[producer]) in places[role]):
                 region.add(producer)
                 pending.extend(trace.ops[producer].inputs)
         regions[role] = sorted(region)
