@@ -490,7 +490,7 @@ def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bo
         start = time.perf_counter()
         run = bisectr.trace(MODEL_FILE, reference, candidate, out=out)
         trace_time = time.perf_counter() - start
-    side = run.sides.runners["candidate"].side
+    side = run.live.runners["candidate"].side
 
     def forward():
         with grad_off(candidate.split("_")[0]):
@@ -523,12 +523,12 @@ def measure_backward(reference: str, candidate: str, scratch: Path, repeats: int
     `repeats` times, each beside plain forward+backward passes of the candidate from the same seeds."""
     import bisectr
     from bisectr.search.backward import BackwardRules, output_seeds
-    from bisectr.search.core import bisect
+    from bisectr.search.core import decide
     from bisectr.capture.recording import output_pairs
 
     out = scratch / f"backward-{reference}-{candidate}"
     run = bisectr.trace(MODEL_FILE, reference, candidate, out=out)
-    side = run.sides.runners["candidate"].side
+    side = run.live.runners["candidate"].side
     adapter = side.adapter
     seeds = output_seeds(run)["candidate"]
     parameters = [t for name, t in adapter.named_leaves(side.model) if name.startswith("param:") and adapter.requires_grad(t)]
@@ -544,7 +544,7 @@ def measure_backward(reference: str, candidate: str, scratch: Path, repeats: int
     for _ in range(repeats):
         passes.append(median_time(forward_backward, 5))
         started = time.perf_counter()
-        result = bisect(BackwardRules(run, run.sides))
+        result = decide(BackwardRules(run.live))
         searches.append((time.perf_counter() - started, result))
     shutil.rmtree(out, ignore_errors=True)
     seconds, result = sorted(searches, key=lambda entry: entry[0])[len(searches) // 2]

@@ -74,8 +74,8 @@ def bisect_on_two_ranks() -> tuple[float, list[int], str]:
     run = trace(MODEL, candidate_nproc=2)
     result = run.bisect()
     seconds = time.perf_counter() - start
-    peaks = rank_peaks_kb(run.sides.runners["candidate"].process.pid)
-    run.sides.runners["candidate"].close()
+    peaks = rank_peaks_kb(run.live.runners["candidate"].process.pid)
+    run.live.runners["candidate"].close()
     return seconds, peaks, result.verdict
 
 

@@ -1,8 +1,8 @@
 """`trace`, `load` and `bisect`: runs made, saved and reopened.
 
-A `Run` is a `RunRecord` (plain data, what its run directory holds) that may also hold
-its sides, the live handle re-runs go through: a run just traced has them, a run
-loaded from disk never does (opening a run directory imports and starts nothing).
+A `Run` is a `RunRecord` (plain data, what its run directory holds) that may also be live
+(`live`: its sides' runners, which re-runs go through): a run just traced is, a run
+loaded from disk never is (opening a run directory imports and starts nothing).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -21,7 +21,7 @@ from .adapters import input_layout
 from .measure.align import Alignment, align_traces
 from .measure.leaves import pair_leaves
 from .search.backward import BackwardRules
-from .search import core as search
+from .search.core import decide
 from .search.forward import ForwardRules
 from .environment import describe
 from .errors import BisectrError, ModelFileError, RunDirError
@@ -32,7 +32,8 @@ from .measure.runrecord import DEFAULT_VALUE_BUDGET, HowTraced, OutputPair, RunR
 from .capture.recording import RecordOptions
 from .measure.result import Result
 from .serial import PlainError, from_plain, to_plain
-from .capture.sides import LocalSide, Sides, SideRunner
+from .capture.sides import LocalSide, SideRunner, recorded_through
+from .measure.live import LiveRun
 from .capture.locks import RunLock, interrupts_deferred
 from .capture.store import SIDES, RunWriter, read_document, read_manifest, read_trace, save_result
 from .capture.trace import Trace
@@ -42,39 +43,39 @@ __all__ = ["OutputPair", "Run", "bisect", "load", "record_run", "trace"]
 
 @dataclass
 class Run(RunRecord):
-    sides: Sides | None = field(default=None, repr=False, compare=False)
+    live: LiveRun | None = field(default=None, repr=False, compare=False)
     # The run directory being written, until `save` moves it into place (`trace(..., commit=False)`).
     writer: RunWriter | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_live(self) -> bool:
         """Can ops be replayed and sides re-run (models loaded)?"""
-        return self.sides is not None
+        return self.live is not None
 
     def bisect(self, tolerance: float = 0.0, exhaustive: bool = False, progress: Callable[[str], None] | None = None,
-               model_file: str | os.PathLike | None = None, backward: bool = False, **isolation: Any) -> Result:
+               backward: bool = False) -> Result:
         """Search for the culprit (re-runs the models); the result is kept in `result` (see `save`).
         With `backward`, the backward pass is searched too (`bisectr.search.backward`): its result is
-        the forward result's `backward`.
-
-        A run loaded from disk holds no models and runs nothing by itself: name the model file
-        (and, for isolated sides, the interpreters: see `trace`) and it is traced again first,
-        into the same run directory, as a new run."""
-        if self.sides is None:
-            if model_file is None:
-                raise RunDirError(f"{self.run_dir}: a saved run runs nothing by itself; to search again, name the model "
-                                  f"file it was traced from ({self.traced.model_file}): run.bisect(model_file=...)")
-            fresh = trace(model_file, self.traced.reference_fn, self.traced.candidate_fn, out=self.run_dir,
-                          store_values=self.traced.store_values, keep_modules=tuple(self.traced.keep_modules),
-                          value_budget=self.traced.value_budget, commit=False, **isolation)
-            for f in fields(fresh):
-                setattr(self, f.name, getattr(fresh, f.name))
-        result = search.bisect(ForwardRules(self, self.sides), tolerance, exhaustive, progress)
+        the forward result's `backward`. A run loaded from disk runs nothing: `traced_again` first."""
+        if self.live is None:
+            raise RunDirError(f"{self.run_dir}: a saved run runs nothing by itself; to search again, trace it again from "
+                              f"the model file it was traced from ({self.traced.model_file}): "
+                              "run.traced_again(model_file).bisect()")
+        if progress is not None:
+            self.live.say = progress
+        result = decide(ForwardRules(self.live), tolerance, exhaustive)
         if backward:
-            result.backward = search.bisect(BackwardRules(self, self.sides, reference_activations=result.verdict == "divergent"),
-                                     tolerance, progress=progress)
+            result.backward = decide(BackwardRules(self.live, reference_activations=result.verdict == "divergent"), tolerance)
         self.result = result
         return result
+
+    def traced_again(self, model_file: str | os.PathLike, **isolation: Any) -> "Run":
+        """A new live run of `model_file` as this run was traced (its functions, stored values and
+        modules kept), into the same run directory, where it replaces this one once saved (the run
+        directory is left as it is until then). `isolation`: the interpreters of isolated sides (see `trace`)."""
+        return trace(model_file, self.traced.reference_fn, self.traced.candidate_fn, out=self.run_dir,
+                     store_values=self.traced.store_values, keep_modules=tuple(self.traced.keep_modules),
+                     value_budget=self.traced.value_budget, commit=False, **isolation)
 
     def save(self) -> Path:
         """Write the run into its directory: everything at once for a run traced with
@@ -154,14 +155,14 @@ def record_run(traced: HowTraced, runners: dict[str, SideRunner], pins: dict[str
     try:
         traces = {}
         for role, runner in runners.items():
-            traces[role] = runner.record(writer.tensor_writer(role), options, watch and partial(watch, role))
+            traces[role] = recorded_through(runner, writer.tensor_writer(role), options, watch and partial(watch, role))
             writer.recorded(role, traces[role])
         reference_trace, candidate_trace = traces["reference"], traces["candidate"]
         traced.environment = describe()  # once the sides ran: their frameworks are loaded, a GPU found
-        sides = Sides(label, runners, traces)  # the traces read parameters from the live models from here on
         output_pairs = pair_outputs(reference_trace, candidate_trace, label)
         alignment = _align(label, pins, reference_trace, candidate_trace)
-        run = Run(uuid.uuid4().hex, traced, reference_trace, candidate_trace, output_pairs, alignment, sides=sides, writer=writer)
+        run = Run(uuid.uuid4().hex, traced, reference_trace, candidate_trace, output_pairs, alignment, writer=writer)
+        run.live = LiveRun(run, runners, label)
         if commit:
             run.save()
     except BaseException:

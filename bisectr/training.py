@@ -43,7 +43,8 @@ from .measure.runrecord import output_seeds
 from .measure.result import Culprit
 from .run import Run, trace
 from .serial import to_plain
-from .capture.sides import Sides, StepValues, TrainerSettings, TrainStep
+from .capture.sides import StepValues, TrainerSettings, TrainStep
+from .measure.live import LiveRun
 from .leafref import leaf_kind, leaf_name
 
 MEASURES = ("loss", "gradient", "update")  # what decides the first semantic step and its stage
@@ -214,7 +215,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
     first: tuple[int, str, tuple[str, float] | None] | None = None  # step, measure, the update that differs most
     for number in range(1, steps + 1):
         say(f"step {number} of {steps}")
-        records = {(role, width): _step(run.sides, role, width, number, seeds[role]) for role, width in trained}
+        records = {(role, width): _step(run.live, role, width, number, seeds[role]) for role, width in trained}
         as_run = comparison.between(records["candidate", 32], records["reference", 32])
         in_float64 = comparison.between(records["candidate", 64], records["reference", 64])
         reference_rounding = reference_itself.between(records["reference", 32], records["reference", 64], same_side=True)
@@ -231,7 +232,7 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         if semantic and first is None:
             worst = _most_different_update(in_float64, pairs) if semantic[0] == "update" else None
             first = (number, semantic[0], worst)
-    optimizers = {role: run.sides.run(role, TrainerSettings(32)) for role in ("reference", "candidate")}
+    optimizers = {role: run.live.ask(role, TrainerSettings(32)) for role in ("reference", "candidate")}
     settings = {role: of_role[0] for role, of_role in optimizers.items()}
     if first is None:
         exact = all(getattr(row.error, m) == 0 for row in rows for m in MEASURES)
@@ -263,11 +264,11 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
     return result
 
 
-def _step(sides: Sides, role: str, width: int, number: int, seeds: dict[str, np.ndarray]) -> StepRecord:
+def _step(live: LiveRun, role: str, width: int, number: int, seeds: dict[str, np.ndarray]) -> StepRecord:
     """Step `number` of the `role` side's trainer at `width` bits, made where its model lives."""
-    facts = sides.run(role, TrainStep(width, number, seeds))
+    facts = live.ask(role, TrainStep(width, number, seeds))
     return StepRecord(facts.loss, facts.learning_rate, facts.parameters,
-                      lambda measure, name: sides.run(role, StepValues(width, measure, name)))
+                      lambda measure, name: live.ask(role, StepValues(width, measure, name)))
 
 
 def _most_different_update(in_float64: Distances, pairs: list[tuple[str, str, TensorPair]]) -> tuple[str, float]:

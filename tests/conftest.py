@@ -56,7 +56,7 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
     from bisectr.capture.interpreter import rerun_recorded
     from bisectr.capture.trace import is_floating
 
-    trace, side = run.traces[role], run.sides.runners[role]
+    trace, side = run.traces[role], run.live.runners[role]
     assert side.recording.replayable(side.side.adapter)
     floating = [tid for op in trace.ops for tid in op.outputs if is_floating(trace.tensors[tid].dtype)]
     parameter = next(tid for name, tid in trace.leaves.items() if name.startswith("param:"))

@@ -118,7 +118,7 @@ def test_a_function_of_tensors_records_and_reruns_with_a_patch(adapter, tmp_path
                           out=tmp_path / "run")
     assert run.verdict == "match" and [op.op for op in run.run.candidate.ops] == ["matmul", "mul"]
     product = run.run.candidate.ops[0].outputs[0]
-    rerun = run.run.sides.run("candidate", Rerun({product: np.zeros((2, 3), np.float32)}, frozenset({product})))
+    rerun = run.run.live.ask("candidate", Rerun({product: np.zeros((2, 3), np.float32)}, frozenset({product})))
     assert np.array_equal(rerun.outputs["output"], np.zeros((2, 3), np.float32)) and product in rerun.captured
 
 

@@ -118,7 +118,7 @@ def test_isolated_sides_run_their_backward_in_their_workers():
 
 def test_only_gradients_both_sides_have_are_compared():
     run = runs.trace(PORTS, candidate="candidate_frozen")
-    backward = BackwardRun(run, run.sides)
+    backward = BackwardRun(run.live)
     frozen = next(t for t, pair in backward.leaf_pairs.items() if run.candidate.tensors[t].leaf == "param:blocks.0.fc2.weight")
     assert backward.candidate.leaves[frozen] is None and backward.tensor_error(frozen) is None
     assert backward.reference.leaves[backward.leaf_pairs[frozen].reference] is not None

@@ -118,15 +118,15 @@ def test_replays_read_parameters_where_the_model_holds_them_and_never_write_them
     model_file = tmp_path / "bn.py"
     model_file.write_text(BATCH_NORM_IN_TRAINING)
     run = bisectr.trace(model_file, out=tmp_path / "run")
-    trace, model = run.candidate, run.sides.runners["candidate"].side.model
+    trace, model = run.candidate, run.live.runners["candidate"].side.model
     linear, norm = (next(op for op in trace.ops if op.op == name) for name in ("linear", "batch_norm"))
     held = model[1].running_mean.clone()
-    adapter = run.sides.runners["candidate"].side.adapter
+    adapter = run.live.runners["candidate"].side.adapter
     copied = []
     monkeypatch.setattr(type(adapter), "to_numpy", lambda self, tensor, original=type(adapter).to_numpy:
                         copied.append(tuple(tensor.shape)) or original(self, tensor))
     inputs = {tid: trace.value(tid) for tid in linear.inputs if trace.tensors[tid].leaf == "input:0"}
-    replayed = run.sides.replay("candidate", [linear.index, norm.index], inputs)
+    replayed = run.live.replay("candidate", [linear.index, norm.index], inputs)
     assert (16, 8) not in copied  # the linear weight stayed in the model
     assert bool((model[1].running_mean == held).all())
     for index in (linear.index, norm.index):

@@ -31,7 +31,7 @@ def test_the_float64_forward_holds_the_float64_parameters_of_one_op_at_a_time(mo
         return copy
 
     monkeypatch.setattr(TorchAdapter, "float64_tensor", counted)
-    float64 = run.sides.run("candidate", Float64Outputs({}))
+    float64 = run.live.ask("candidate", Float64Outputs({}))
     parameters = [name for name in run.candidate.leaves if name.startswith("param:")]
     assert len(parameters) == 96 and made[0] == 1 + 96  # the input, and each weight as its op reads it
     assert most[0] <= 3  # the input, and one op's weight (and bias): never the model's
@@ -51,7 +51,7 @@ def test_the_float64_forward_holds_the_float64_parameters_of_one_op_at_a_time(mo
 ])
 def test_the_recorded_calls_in_float64_compute_what_the_model_code_does_in_float64(model_file, candidate, tmp_path):
     run = bisectr.trace(MODELS / model_file, "reference", candidate, out=tmp_path / "run")
-    for role, side in run.sides.runners.items():
+    for role, side in run.live.runners.items():
         first_parameter = next(name for name in run.traces[role].leaves if name.startswith("param:"))
         values = {first_parameter: 2 * run.traces[role].value(run.traces[role].leaves[first_parameter])}
         assert side.recording.replayable(side.side.adapter)
@@ -130,7 +130,7 @@ def test_a_float64_copy_a_view_still_reads_is_not_reused(tmp_path):
     rng = np.random.default_rng(0)
     a, b, x = (rng.standard_normal(shape).astype(np.float32).astype(np.float64) for shape in ((8, 8), (8, 8), (2, 8)))
     expected = (x @ b) @ a.T
-    for role, side in run.sides.runners.items():
+    for role, side in run.live.runners.items():
         replayed, _ = side.float64_replay({})
         own, _ = side.float64_forward({})
         for outputs in (replayed, own):

@@ -38,7 +38,7 @@ def _grouped_experts_in_float64(side, tanh: bool) -> np.ndarray:
 def test_the_grouped_products_run_at_float32_in_the_float64_runs_of_both_paths(tmp_path):
     run = bisectr.trace(NO_FLOAT64, "reference", "candidate_exact_gelu", out=tmp_path / "run")
     for role, tanh in (("reference", True), ("candidate", False)):
-        side = run.sides.runners[role]
+        side = run.live.runners[role]
         replayed, replayed_calls = side.float64_replay({})  # the recorded calls
         own, own_calls = side.float64_forward({})  # the model's code
         truth = _grouped_experts_in_float64(side.side, tanh)
@@ -57,9 +57,9 @@ def test_the_float64_gradients_run_the_grouped_products_at_float32(tmp_path):
     import torch
 
     run = bisectr.trace(NO_FLOAT64, out=tmp_path / "run")
-    model, inputs = run.sides.runners["reference"].side.model, run.sides.runners["reference"].side.inputs
+    model, inputs = run.live.runners["reference"].side.model, run.live.runners["reference"].side.inputs
     seed = np.random.default_rng(5).standard_normal((24, 16))
-    float64 = run.sides.runners["reference"].float64_gradients({"output": seed}, {})
+    float64 = run.live.runners["reference"].float64_gradients({"output": seed}, {})
     model.zero_grad()
     with torch.enable_grad():
         (model(*inputs) * torch.from_numpy(seed).float()).sum().backward()
@@ -95,12 +95,12 @@ def test_an_isolated_side_runs_its_grouped_products_at_float32_too():
 def test_an_op_without_a_float64_kernel_has_no_oracle_and_says_why(tmp_path):
     run = bisectr.trace(NO_FLOAT64, "reference", "candidate_expert_weights", out=tmp_path / "run")
     with pytest.raises(CannotUpcast, match=f"{GROUPED_MM} cannot run in float64 \\(it raised RuntimeError: Expected mat_a"):
-        run.sides.replay("reference", [0], {}, float64=True)
+        run.live.replay("reference", [0], {}, float64=True)
     values = {tid: run.reference.value(tid) for tid in run.reference.ops[0].inputs if run.reference.has_value(tid)}
     upstream = {run.reference.ops[0].outputs[0]: np.ones((24, 32))}
     with pytest.raises(CannotUpcast, match=f"{GROUPED_MM} cannot run in float64"):
-        run.sides.run("reference", ReplayVJP([0], values, upstream, float64=True))
-    evidence = Analysis(run, run.sides).evidence(0, 0, oracle=True)  # expert 1's weights scaled by 1.01
+        run.live.ask("reference", ReplayVJP([0], values, upstream, float64=True))
+    evidence = Analysis(run.live).evidence(0, 0, oracle=True)  # expert 1's weights scaled by 1.01
     assert evidence.fp64 is None and evidence.fp64_unavailable.startswith(f"{GROUPED_MM} cannot run in float64")
     assert 0.005 < evidence.local_error < 0.01 and evidence.verdict == "different"
 
@@ -184,7 +184,7 @@ def test_mixtrals_float64_runs_agree_on_the_recorded_calls_and_the_models_code(t
     """The model's code follows the recording op for op, in-place writes (`inv_perm[perm] = ...`)
     counted as ops: each grouped product finds its recorded dtypes in both layers."""
     run = bisectr.trace(MIXTRAL, "reference", "candidate_expert_gelu", out=tmp_path / "run")
-    for role, side in run.sides.runners.items():
+    for role, side in run.live.runners.items():
         replayed, replayed_calls = side.float64_replay({})
         own, own_calls = side.float64_forward({})
         assert np.array_equal(replayed["logits"], own["logits"]) and own["logits"].dtype == np.float64, role

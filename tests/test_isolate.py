@@ -143,11 +143,11 @@ def test_a_departing_rerun_raises_trace_mismatch_and_the_worker_keeps_serving(mo
     doubled, exponential = run.candidate.ops[0].outputs[0], run.candidate.ops[-1].outputs[0]
     # The patch takes the other branch while a tensor of the recorded one is asked for: the re-run departs.
     with pytest.raises(TraceMismatchError, match="at op 2 .*calls Tensor.tanh where the recording called Tensor.exp"):
-        run.sides.run("candidate", Rerun({doubled: -np.ones(4, np.float32)}, {exponential}))
-    result = run.sides.run("candidate", Rerun({doubled: np.full(4, 3.0, np.float32)}, {doubled}))
+        run.live.ask("candidate", Rerun({doubled: -np.ones(4, np.float32)}, {exponential}))
+    result = run.live.ask("candidate", Rerun({doubled: np.full(4, 3.0, np.float32)}, {doubled}))
     np.testing.assert_array_equal(result.outputs["output"], np.exp(np.full(4, 3.0, np.float32)))
     np.testing.assert_array_equal(result.captured[doubled], 3.0)
-    call = run.sides.run("candidate", RecordedCall(0))  # y = x * 2: the arguments come back, the function stays in the worker
+    call = run.live.ask("candidate", RecordedCall(0))  # y = x * 2: the arguments come back, the function stays in the worker
     assert isinstance(call.args[0], Slot) and call.args[1:] == (2,)
     with pytest.raises(BisectrError, match="lives in its side's worker"):
         call.fn()

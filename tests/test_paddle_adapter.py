@@ -218,12 +218,12 @@ def test_rerun_with_patches_replaces_outputs_including_in_place_ops(run):
     trace = run.candidate
     recorded = {key: trace.value(tid) for key, tid in trace.outputs.items()}
     all_outputs = {tid: trace.value(tid) for op in trace.ops for tid in op.outputs}
-    same = run.sides.run("candidate", Rerun(all_outputs))
+    same = run.live.ask("candidate", Rerun(all_outputs))
     for key in recorded:
         assert np.array_equal(same.outputs[key], recorded[key])
 
     middle = _op_at(trace, "layer_norm", "norm1", 1)  # layers.1.norm1
-    zeroed = run.sides.run("candidate", Rerun({middle.outputs[0]: np.zeros(trace.tensors[middle.outputs[0]].shape, np.float32)}))
+    zeroed = run.live.ask("candidate", Rerun({middle.outputs[0]: np.zeros(trace.tensors[middle.outputs[0]].shape, np.float32)}))
     for key in recorded:
         assert not np.allclose(zeroed.outputs[key], recorded[key])
 
@@ -232,21 +232,21 @@ def test_rerun_with_patches_replaces_outputs_including_in_place_ops(run):
     softmax = lambda v: np.exp(v - v.max(-1, keepdims=True)) / np.exp(v - v.max(-1, keepdims=True)).sum(-1, keepdims=True)  # noqa: E731
     values = rng.standard_normal(trace.tensors[bias_op.outputs[0]].shape).astype(np.float32)
     # `logits.add_(bias)` patched: the later `logits[:, :, 0] = -5` still applies to the patched tensor.
-    patched = run.sides.run("candidate", Rerun({bias_op.outputs[0]: values}, {bias_op.outputs[0]}))
+    patched = run.live.ask("candidate", Rerun({bias_op.outputs[0]: values}, {bias_op.outputs[0]}))
     expected = values.copy()
     expected[:, :, 0] = -5.0
     assert np.array_equal(patched.outputs["logits"], expected)
     np.testing.assert_allclose(patched.outputs["probs"], softmax(expected), rtol=1e-5, atol=1e-7)
     assert np.array_equal(patched.captured[bias_op.outputs[0]], values)
     # `logits[:, :, 0] = -5` patched: the returned logits are exactly the patch.
-    patched = run.sides.run("candidate", Rerun({mask_op.outputs[0]: values}))
+    patched = run.live.ask("candidate", Rerun({mask_op.outputs[0]: values}))
     assert np.array_equal(patched.outputs["logits"], values)
     np.testing.assert_allclose(patched.outputs["probs"], softmax(values), rtol=1e-5, atol=1e-7)
     # A patched leaf (the classifier parameter) changes what reads it, not the model.
-    model = run.sides.runners["candidate"].side.model
+    model = run.live.runners["candidate"].side.model
     before = model.classifier.numpy()
     classifier = run.candidate.leaves["param:classifier"]
-    patched = run.sides.run("candidate", Rerun({classifier: np.zeros_like(before)}))
+    patched = run.live.ask("candidate", Rerun({classifier: np.zeros_like(before)}))
     logit_bias = model.logit_bias.numpy()
     assert np.array_equal(patched.outputs["logits"][:, :, 1:], np.broadcast_to(logit_bias[1:], (2, 4, 7)))
     assert np.array_equal(model.classifier.numpy(), before)
@@ -270,17 +270,17 @@ def test_values_read_into_python_are_counted_and_the_model_is_rerun(tmp_path):
         "    return forward, (paddle.to_tensor([1.0, 2.0]),)\n"
         "reference = candidate = _model\n")
     run = bisectr.trace(path, out=tmp_path / "run")
-    side = run.sides.runners["candidate"]
+    side = run.live.runners["candidate"]
     assert side.recording.value_reads == 2 and not side.recording.replayable(side.side.adapter)
     assert side.float64_replay({}) is None  # the float64 check runs the model's code too
     maximum = next(op for op in run.candidate.ops if op.op == "max").outputs[0]
-    np.testing.assert_allclose(run.sides.run("candidate", Rerun({maximum: np.array(2.0, np.float32)})).outputs["output"], [3.5, 7.0])
+    np.testing.assert_allclose(run.live.ask("candidate", Rerun({maximum: np.array(2.0, np.float32)})).outputs["output"], [3.5, 7.0])
     with pytest.raises(TraceMismatchError, match=r"at op 2 \(Tensor.__mul__ .*computes other values"):
-        run.sides.run("candidate", Rerun({maximum: np.array(4.0, np.float32)}))
+        run.live.ask("candidate", Rerun({maximum: np.array(4.0, np.float32)}))
 
 
 def test_replay_in_float64_matches_numpy_truth(run):
-    trace, calls, adapter = run.candidate, run.sides.runners["candidate"].recording.calls, PaddleAdapter()
+    trace, calls, adapter = run.candidate, run.live.runners["candidate"].recording.calls, PaddleAdapter()
 
     def replay(op, float64=True):
         values = {tid: trace.value(tid) for tid in op.inputs}

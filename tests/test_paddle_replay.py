@@ -65,7 +65,7 @@ def test_ops_read_only_tensors_the_trace_names(run):
 
 def replayed(run, op, inputs: dict) -> list[np.ndarray]:
     """Op `op` of the candidate replayed on `inputs`: its outputs in recorded order."""
-    computed = run.sides.replay("candidate", [op.index], inputs)
+    computed = run.live.replay("candidate", [op.index], inputs)
     return [computed[tid] for tid in op.outputs]
 
 

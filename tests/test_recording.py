@@ -152,12 +152,12 @@ def test_recording_twice_gives_the_same_graph(ops_run, tmp_path):
 def test_rerun_with_own_values_reproduces_outputs_and_a_patch_changes_them(ops_run):
     trace = ops_run.candidate
     own = {tid: np.array(trace.value(tid)) for op in trace.ops for tid in op.outputs}
-    same = ops_run.sides.run("candidate", Rerun(own)).outputs["output"]
+    same = ops_run.live.ask("candidate", Rerun(own)).outputs["output"]
     np.testing.assert_array_equal(same, trace.value(trace.outputs["output"]))
     mul = _op_at(trace, "LINE_INPLACE", "mul")  # patch an in-place op's result
     zeros = {mul.outputs[0]: np.zeros(trace.tensors[mul.outputs[0]].shape, np.float32)}
     captured_after = _op_at(trace, "LINE_GETITEM", "getitem").outputs[0]
-    result = ops_run.sides.run("candidate", Rerun(zeros, {captured_after}))
+    result = ops_run.live.ask("candidate", Rerun(zeros, {captured_after}))
     np.testing.assert_array_equal(result.captured[captured_after], 0.0)
     assert not np.allclose(result.outputs["output"], trace.value(trace.outputs["output"]))
 
@@ -166,7 +166,7 @@ def test_parameter_patch_is_used_where_the_parameter_is_read(ops_run):
     trace = ops_run.candidate
     w = trace.leaves["param:w"]
     matmul = _op_at(trace, "LINE_MATMUL", "matmul")
-    result = ops_run.sides.run("candidate", Rerun({w: np.zeros((8, 8), np.float32)}, {matmul.outputs[0]}))
+    result = ops_run.live.ask("candidate", Rerun({w: np.zeros((8, 8), np.float32)}, {matmul.outputs[0]}))
     np.testing.assert_array_equal(result.captured[matmul.outputs[0]], 0.0)
 
 
@@ -178,24 +178,24 @@ def test_dropout_in_training_mode_is_reported_not_mis_patched(models, tmp_path):
     run = bisectr.trace(models / "torch_dropout.py", out=tmp_path / "run")
     assert [op.op for op in run.candidate.ops] == ["linear", "dropout", "linear"]
     with pytest.raises(TraceMismatchError, match=r"at op 1 .*computes other values from the same inputs.*dropout"):
-        run.sides.run("candidate", Rerun({}))
+        run.live.ask("candidate", Rerun({}))
     # With dropout's output patched, neither dropout nor the linear feeding it runs again.
     dropped = run.candidate.ops[1].outputs[0]
     values = run.candidate.value(dropped)
-    result = run.sides.run("candidate", Rerun({dropped: values}))
+    result = run.live.ask("candidate", Rerun({dropped: values}))
     np.testing.assert_array_equal(result.outputs["output"], run.candidate.value(run.candidate.outputs["output"]))
     with pytest.raises(TraceMismatchError, match=r"at op 1 .*dropout"):
-        run.sides.runners["candidate"].rerun_model({dropped: values})
+        run.live.runners["candidate"].rerun_model({dropped: values})
 
 
 def test_a_patch_that_takes_the_code_down_another_branch_runs_it(models, tmp_path):
     """A patched value decides a branch the recording never took: the re-run leaves the recorded path there
     and computes the other branch (a router's top-k after patched inputs, in a mixture of experts)."""
     run = bisectr.trace(models / "torch_data_dependent.py", out=tmp_path / "run")
-    recording = run.sides.runners["candidate"].recording
-    assert recording.value_reads == 1 and not recording.replayable(run.sides.runners["candidate"].side.adapter)
+    recording = run.live.runners["candidate"].recording
+    assert recording.value_reads == 1 and not recording.replayable(run.live.runners["candidate"].side.adapter)
     doubled = run.candidate.ops[0].outputs[0]
-    result = run.sides.run("candidate", Rerun({doubled: -np.ones(4, np.float32)}))
+    result = run.live.ask("candidate", Rerun({doubled: -np.ones(4, np.float32)}))
     np.testing.assert_allclose(next(iter(result.outputs.values())), np.tanh(-1.0) + 1, rtol=1e-6)
 
 
@@ -204,7 +204,7 @@ def test_a_patch_ahead_of_another_branch_still_wants_its_capture(models, tmp_pat
     run = bisectr.trace(models / "torch_data_dependent.py", out=tmp_path / "run")
     doubled, exponential = run.candidate.ops[0].outputs[0], run.candidate.ops[-1].outputs[0]
     with pytest.raises(TraceMismatchError, match="at op 2 .*calls Tensor.tanh where the recording called Tensor.exp"):
-        run.sides.run("candidate", Rerun({doubled: -np.ones(4, np.float32)}, frozenset({exponential})))
+        run.live.ask("candidate", Rerun({doubled: -np.ones(4, np.float32)}, frozenset({exponential})))
 
 
 def test_a_value_read_made_from_integers_only_keeps_the_recorded_calls(tmp_path):
@@ -212,7 +212,7 @@ def test_a_value_read_made_from_integers_only_keeps_the_recorded_calls(tmp_path)
     to build its causal mask: no patch and no float64 run can change it, so the recorded calls still
     stand in for the model's code, and give what its code gives."""
     run = bisectr.trace(MODELS / "hf_gpt2.py", out=tmp_path / "run")
-    assert run.sides.runners["reference"].recording.value_reads == 0
+    assert run.live.runners["reference"].recording.value_reads == 0
     assert_replay_matches_model_rerun(run, "reference")
 
 
@@ -220,10 +220,10 @@ def test_autocast_around_the_calls_makes_the_model_rerun(tmp_path):
     """Under autocast the recorded calls make float32 where the forward made bfloat16: the
     replay notices and the model's code is re-run instead, with the same results."""
     run = bisectr.trace(EXAMPLES / "torch_vs_torch_bf16.py", out=tmp_path / "run")
-    side = run.sides.runners["candidate"]
+    side = run.live.runners["candidate"]
     assert side.recording.replayable(side.side.adapter)
     patches = {tid: run.candidate.value(tid) for tid in run.candidate.ops[10].outputs}
-    result = run.sides.run("candidate", Rerun(patches))
+    result = run.live.ask("candidate", Rerun(patches))
     assert not side.recording.faithful
     expected = side.rerun_model(patches).outputs["output"]
     np.testing.assert_array_equal(result.outputs["output"], expected)

@@ -18,7 +18,7 @@ from bisectr.capture.trace import OpNode
 from bisectr.measure.analysis import OpEvidence
 from bisectr.measure.metrics import ErrorMetrics
 from bisectr.measure.result import Float64Check
-from bisectr.search.core import RERUN_SLACK, SearchPass, first_past, search_pass
+from bisectr.search.core import RERUN_SLACK, ErrorToExplain, SearchPass, first_past, search_pass
 
 FULL = 0.3  # the outputs' error (relative)
 ROUNDING = 1e-7  # what the float64 check predicts rounding makes of it
@@ -41,7 +41,8 @@ class FakePass(SearchPass):
                  reaches: dict[int, float] | None = None, without: dict[tuple[int, ...], float] | None = None):
         ops = [op_node(i, f"layers.{i // 8}.mlp" if i in (enters, *recurs) else f"layers.{i // 8}", f"model.py:{i % 8}")
                for i in range(count)]
-        super().__init__(SimpleNamespace(candidate=SimpleNamespace(ops=ops, dtype="float32")))
+        record = SimpleNamespace(candidate=SimpleNamespace(ops=ops, dtype="float32"))
+        super().__init__(SimpleNamespace(run=record, say=lambda message: None))
         self.enters, self.recurs, self.guess = enters, recurs, guess
         self.reaches = reaches or {}
         self.without = without or {}
@@ -76,7 +77,7 @@ class FakePass(SearchPass):
 
 def search(fake: FakePass, status: str = "disagree"):
     check = Float64Check(status, "", FULL, FULL, ROUNDING / 2, ROUNDING / 2)
-    return search_pass(fake, FULL, check, nonfinite=False, say=lambda message: None)
+    return search_pass(fake, ErrorToExplain.judged(FULL, check), check, nonfinite=False)
 
 
 def budget(count: int) -> int:

@@ -103,7 +103,7 @@ def test_an_op_within_its_dtypes_floor_is_noise_without_its_oracle_and_the_culpr
     is noise whatever the fp64 oracle says (`numerics.judge`), so the oracle is not replayed for it;
     replayed, it gives each such op the same verdict. The culprit, a noise culprit too, shows its oracle."""
     run = bisectr.trace(MODELS / "paddle_resnet.py", candidate=candidate)
-    analysis = Analysis(run, run.sides).compute()
+    analysis = Analysis(run.live).compute()
     decided = [e for e in analysis.ops.values() if e.local_error and e.fp64 is None]
     assert len(decided) >= 20
     for evidence in decided:

@@ -50,7 +50,7 @@ def test_fetched_values_decide_the_layouts_a_stored_run_decides():
     transposed = [tid for tid, pair in stored.alignment.tensors.items() if pair.transform is not None and pair.how == "block"]
     assert len(transposed) == 48  # k, in each layer
     assert all(windowed.alignment.tensors[tid].transform is None for tid in transposed)
-    fetch_all(windowed, windowed.sides)
+    fetch_all(windowed.live)
     assert windowed.alignment.tensors == stored.alignment.tensors
 
 
@@ -115,13 +115,13 @@ def test_an_analysis_hands_on_the_evidence_of_ops_whose_values_did_not_change():
     earlier one reuses the first ops' evidence (their values were at hand both times) and equals an
     analysis made from scratch."""
     run = bisectr.trace(EXAMPLES / "tanh_gelu.py", value_budget=20_000)
-    earlier = Analysis(run, run.sides).compute()
+    earlier = Analysis(run.live).compute()
     replayed_before = {index for index, evidence in earlier.ops.items() if evidence.local_error is not None}
-    fetch_all(run, run.sides)
-    later = Analysis(run, run.sides).compute(earlier=earlier)
+    fetch_all(run.live)
+    later = Analysis(run.live).compute(earlier=earlier)
     assert replayed_before and all(later.ops[index] is earlier.ops[index] for index in replayed_before)
     assert sum(evidence.local_error is not None for evidence in later.ops.values()) > 3 * len(replayed_before)
-    assert later.ops == Analysis(run, run.sides).compute().ops
+    assert later.ops == Analysis(run.live).compute().ops
 
 
 def test_the_other_layers_give_only_what_their_occurrences_evidence_reads():
@@ -134,7 +134,7 @@ def test_the_other_layers_give_only_what_their_occurrences_evidence_reads():
     result = run.bisect()
     assert result.verdict == "divergent" and result.confirmation.confirmed and result.culprit.block is not None
     assert [r.module for r in result.recurrences] == [f"h.{i}.mlp" for i in range(3)]
-    analysis = Analysis(run, run.sides).compute()
+    analysis = Analysis(run.live).compute()
     occurrences = [analysis.ops[r.index] for r in result.recurrences[1:]]
     inside = 0
     for side, role in enumerate(("candidate", "reference")):  # the order of `evidence_tensors`, `covered_ops`

@@ -4,15 +4,13 @@ A side runner records the forward pass (`record`) and answers requests about it 
 re-run with patches, a replay of ops or of their backward, a backward pass, the float64 runs,
 a recorded call, a training step. `LocalSide` keeps the model in this process; a runner in another process
 (`--isolate`) sends the same requests to its worker, so the analysis and the search never know
-where a model lives. `Sides` holds both runners with the traces they recorded; a run record
-(`runrecord.RunRecord`) never does.
+where a model lives. A live run (`bisectr.measure.live.LiveRun`) holds both runners with the run they
+recorded; a run record (`runrecord.RunRecord`) never does.
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field, replace
-from functools import partial
-from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import numpy as np
@@ -27,7 +25,7 @@ from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, out
 from .store import TensorWriter
 from .trainer import Trainer
 from .structure import call_tensors, iter_tensors, map_tensors
-from .trace import OpNode, TensorInfo, Trace, is_floating, read_live
+from .trace import OpNode, TensorInfo, Trace, is_floating
 from ..leafref import LeafRef, leaf_kind
 
 
@@ -162,6 +160,15 @@ class SideRunner(Protocol):
 # Called as a recording starts with a function returning the number of ops recorded so far (read
 # from another thread by a progress display: the recording itself pays nothing for it).
 Watch = Callable[[Callable[[], int]], None]
+
+
+def recorded_through(runner: SideRunner, writer: TensorWriter | None, options: RecordOptions,
+                     watch: Watch | None = None) -> Trace:
+    """One forward pass recorded by `runner`, whose trace reads the model's parameters and buffers
+    (which a run does not copy) from the live model through the runner."""
+    trace = runner.record(writer, options, watch)
+    trace.leaf_reader = lambda tid: runner.run(LeafValue(tid))
+    return trace
 
 
 def record_side(side: BuiltSide, writer: TensorWriter | None, options: RecordOptions,
@@ -498,38 +505,3 @@ def _backward(side: BuiltSide, outputs: Any, seeds: dict[str, np.ndarray], param
     for key, grad in zip(reached, adapter.gradients(roots, upstream, [parameters[k] for k in reached])):
         grads[key] = None if grad is None else adapter.to_numpy(grad)
     return grads, loss
-
-
-@dataclass
-class Sides:
-    """Both sides' runners, with the model file they came from and the traces they recorded."""
-
-    model_file: Path
-    runners: dict[str, SideRunner]
-    traces: dict[str, Trace]
-
-    def __post_init__(self) -> None:
-        for role, trace in self.traces.items():
-            trace.leaf_reader = partial(_leaf_value, self.runners[role])
-
-    def run(self, role: str, request: Request) -> Any:
-        """Ask one side's runner (see the requests above)."""
-        return self.runners[role].run(request)
-
-    def replay(self, role: str, indices: list[int], values: dict[int, np.ndarray], float64: bool = False) -> dict[int, np.ndarray]:
-        """`Replay` of ops `indices`, each input that is neither in `values` nor computed by an op
-        before it read from the trace (the model's parameters: by the side, where the model holds
-        them); returns `values` with every tensor the ops computed (a new dict)."""
-        trace = self.traces[role]
-        computed = dict(values)
-        made = {tid for index in indices for tid in trace.ops[index].outputs}
-        for index in indices:
-            for tid in trace.ops[index].inputs:
-                if tid not in computed and tid not in made and not read_live(trace.tensors[tid].leaf):
-                    computed[tid] = trace.value(tid)
-        computed.update(self.run(role, Replay(indices, computed, float64)))
-        return computed
-
-
-def _leaf_value(runner: SideRunner, tid: int) -> np.ndarray:
-    return runner.run(LeafValue(tid))

@@ -138,7 +138,7 @@ class Trace:
     unread_leaves: list[str] = field(default_factory=list)  # floating parameters and buffers no op read
     # Reads a stored tensor's values; set by the store. None in a trace without values.
     value_reader: Callable[[int], np.ndarray] | None = field(default=None, repr=False)
-    # Reads a parameter's or buffer's values from the live model (`Sides`, through `_leaf_value`): a run does not
+    # Reads a parameter's or buffer's values from the live model (set by `sides.recorded_through`): a run does not
     # copy them. None once the model is gone (a run reopened from disk).
     leaf_reader: Callable[[int], np.ndarray] | None = field(default=None, repr=False)
     # Op outputs the recording did not store, fetched since by a re-run of the live model (`bisectr.search.window`);

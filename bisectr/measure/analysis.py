@@ -29,7 +29,7 @@ from .align import LAYOUT_OPS, Alignment, Block, TensorPair
 from .metrics import EXACT, UNKNOWN, ErrorMetrics, Float64Evidence, OpVerdict, error_metrics
 from .numerics import coarsest_dtype, judge, noise_floor
 from .runrecord import RunRecord
-from ..capture.sides import Sides
+from .live import LiveRun
 from ..capture.trace import OpNode, Trace, is_floating
 from ..leafref import leaf_kind
 
@@ -70,12 +70,12 @@ class LeafEvidence:
 
 class Analysis:
     """Evidence for every paired op and leaf of a run. Local errors and the fp64 oracle replay
-    ops, through live `sides`; without them (a saved run) only the recorded values are compared."""
+    ops, where the run is live; for a run record alone (a saved run) only the recorded values are compared."""
 
-    def __init__(self, run: RunRecord, sides: Sides | None = None):
-        self.run = run
-        self.sides = sides
-        self.alignment = run.alignment
+    def __init__(self, run: RunRecord | LiveRun):
+        self.live = run if isinstance(run, LiveRun) else None
+        self.run = run.run if isinstance(run, LiveRun) else run
+        self.alignment = self.run.alignment
         self.ops: dict[int, OpEvidence] = {}
         self.leaves: dict[int, LeafEvidence] = {}
         self.blocks: dict[int, Block] = {}  # candidate op completing a matched N:M block -> the block
@@ -236,7 +236,7 @@ class Analysis:
             from_reference = None if self.candidate.tensors[tid].producer is None else self.reference_values_for(tid)
             if from_reference is not None:
                 values[tid] = from_reference
-        computed = self.sides.replay("candidate", ops, values)
+        computed = self.live.replay("candidate", ops, values)
         return {tid: computed[tid] for tid in compared}
 
     def _reads_its_own_inputs(self, cand_op: OpNode) -> bool:
@@ -253,7 +253,7 @@ class Analysis:
 
     def with_oracle(self, evidence: OpEvidence) -> OpEvidence:
         """The evidence with its fp64 oracle replayed where the local error alone decided it (live runs)."""
-        if evidence.fp64 is not None or evidence.fp64_unavailable or not evidence.local_error or self.sides is None:
+        if evidence.fp64 is not None or evidence.fp64_unavailable or not evidence.local_error or self.live is None:
             return evidence
         return self.evidence(evidence.candidate, evidence.reference, evidence.block, oracle=True)
 
@@ -261,7 +261,7 @@ class Analysis:
                          decided_under: float | None) -> tuple[float | None, Float64Evidence | None, str | None]:
         """Local error, and the fp64 evidence unless the local error is 0 (bit-exact) or at most `decided_under`,
         or why the fp64 oracle could not be replayed."""
-        if self.sides is None:
+        if self.live is None:
             return None, None, None
         ref_ops = self.covered_ops(cand_index, ref_index, block)[1]
         ref_inputs = external_inputs(self.reference, ref_ops)
@@ -288,7 +288,7 @@ class Analysis:
         if not ref_ops:  # the reference passes its values on unchanged: they are their own float64 truth
             return local, Float64Evidence(local, 0.0), None
         try:
-            oracle = self.sides.replay("reference", ref_ops, {}, float64=True)  # on the reference's own inputs
+            oracle = self.live.replay("reference", ref_ops, {}, float64=True)  # on the reference's own inputs
         except CannotUpcast as exc:  # an op without a float64 kernel: the local error decides alone
             return local, None, str(exc)
         oracle = {r: oracle[r].reshape(reference_out[r].shape) for _, r in compared}

@@ -383,7 +383,7 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
         from .repro import NoRepro, write_repro
     if args.repro and searched.culprit is not None:
         try:
-            result["repro"] = str(write_repro(run, searched.culprit.candidate.index, args.repro, run.sides) / "repro.py")
+            result["repro"] = str(write_repro(run, searched.culprit.candidate.index, args.repro, run.live) / "repro.py")
         except NoRepro as exc:
             result["repro_skipped"] = str(exc)
     backward = searched.backward
@@ -391,14 +391,14 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
         from .repro import repro_upstream
 
         culprit = backward.culprit
-        upstream = repro_upstream(run, run.sides, culprit.candidate.index, culprit.reference.index)
-        where = write_repro(run, culprit.candidate.index, Path(args.repro) / "backward", run.sides, upstream)
+        upstream = repro_upstream(run.live, culprit.candidate.index, culprit.reference.index)
+        where = write_repro(run, culprit.candidate.index, Path(args.repro) / "backward", run.live, upstream)
         result["backward"]["repro"] = str(where / "repro.py")
     substitution = None
     if args.substitute:
         from ..search.substitution import substitute
 
-        substitution = substitute(run, run.sides, _substituted_ops(args.substitute, searched))
+        substitution = substitute(run.live, _substituted_ops(args.substitute, searched))
         result["substitution"] = to_plain(substitution)
     if args.report:
         result["report"] = [str(path) for path in _write_report(run, args.report, None)]

@@ -20,7 +20,8 @@ from ..adapters.base import ReproSnippets
 from ..capture.interpreter import Call, Slot
 from .report import short_source, source_text
 from ..measure.runrecord import RunRecord, output_seeds
-from ..capture.sides import Backward, RecordedCall, Sides
+from ..capture.sides import Backward, RecordedCall
+from ..measure.live import LiveRun
 from ..capture.trace import is_floating
 
 
@@ -31,11 +32,12 @@ def _snippets(framework: str) -> ReproSnippets:
     return snippets
 
 
-def repro_upstream(run: RunRecord, sides: Sides, cand_index: int, ref_index: int) -> dict[str, list[np.ndarray | None]]:
+def repro_upstream(live: LiveRun, cand_index: int, ref_index: int) -> dict[str, list[np.ndarray | None]]:
     """For a backward repro (`write_repro`): the reference's gradient of each output of reference op
     `ref_index`, and the same laid out for each output of candidate op `cand_index` (None where
     no gradient, or no partner)."""
-    reference = sides.run("reference", Backward(output_seeds(run)["reference"]))
+    run = live.run
+    reference = live.ask("reference", Backward(output_seeds(run)["reference"]))
     ref_op, cand_op = run.reference.ops[ref_index], run.candidate.ops[cand_index]
     candidate = []
     for tid in cand_op.outputs:
@@ -101,10 +103,10 @@ class NoRepro(Exception):
     """The culprit has no one reference op to reproduce it against."""
 
 
-def write_repro(run: RunRecord, cand_index: int, directory: str | Path, sides: Sides | None = None,
+def write_repro(run: RunRecord, cand_index: int, directory: str | Path, live: LiveRun | None = None,
                 upstream: dict[str, list[np.ndarray | None]] | None = None) -> Path:
     """Write `repro.py` and `inputs.npz` for candidate op `cand_index` and its reference partner
-    (with the non-tensor arguments of the recorded calls when `sides` are live). With `upstream`
+    (with the non-tensor arguments of the recorded calls where the run is `live`). With `upstream`
     (per side, the gradient reaching each of the op's outputs, the reference's in both sides'
     layouts), the script reproduces the op's backward: the gradients of its inputs."""
     alignment = run.alignment
@@ -144,9 +146,9 @@ def write_repro(run: RunRecord, cand_index: int, directory: str | Path, sides: S
     np.savez(directory / "inputs.npz", **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
     sides = {
         "reference": (ref.framework, [ref.tensors[t].dtype for t in ref_op.inputs],
-                      call_expression(ref.framework, ref_op.framework_op, ref_op.inputs, sides and sides.run("reference", RecordedCall(ref_index)))),
+                      call_expression(ref.framework, ref_op.framework_op, ref_op.inputs, live and live.ask("reference", RecordedCall(ref_index)))),
         "candidate": (cand.framework, [cand.tensors[t].dtype for t in cand_op.inputs],
-                      call_expression(cand.framework, cand_op.framework_op, cand_op.inputs, sides and sides.run("candidate", RecordedCall(cand_index)))),
+                      call_expression(cand.framework, cand_op.framework_op, cand_op.inputs, live and live.ask("candidate", RecordedCall(cand_index)))),
     }
     header = "\n".join([
         f'"""bisectr repro: {cand_op.op} — candidate op {cand_index} vs reference op {ref_index}.',

@@ -45,7 +45,8 @@ from .window import fetch_all, needs_window
 from ..capture.interpreter import Gradients, Shift
 from ..measure.result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow
 from .core import Decided, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before, site
-from ..capture.sides import Backward, Float64Gradients, ReplayVJP, Sides
+from ..capture.sides import Backward, Float64Gradients, ReplayVJP
+from ..measure.live import LiveRun
 from ..measure.analysis import OpEvidence, block_name, external_inputs
 from ..capture.trace import OpNode, Trace, is_floating
 from ..leafref import LeafRef, leaf_kind
@@ -58,13 +59,13 @@ class BackwardRun:
     `reference_activations`, the candidate's runs go through its own ops at the reference's forward
     values (`activations`): its gradients then differ by what its backward does alone."""
 
-    def __init__(self, run: RunRecord, sides: Sides, reference_activations: bool = False):
-        self.run = run
-        self.sides = sides
+    def __init__(self, live: LiveRun, reference_activations: bool = False):
+        run = self.run = live.run
+        self.live = live
         self.seeds = output_seeds(run)
         self.activations = _reference_activations(run) if reference_activations else {}
-        self.reference = sides.run("reference", Backward(self.seeds["reference"]))
-        self.candidate = sides.run("candidate", Backward(self.seeds["candidate"], activations=self.activations))
+        self.reference = live.ask("reference", Backward(self.seeds["reference"]))
+        self.candidate = live.ask("candidate", Backward(self.seeds["candidate"], activations=self.activations))
         tensors, parameters = {}, {}
         for cand_tid, pair in run.alignment.tensors.items():
             cand_info, ref_info = run.candidate.tensors[cand_tid], run.reference.tensors[pair.reference]
@@ -191,7 +192,7 @@ def block_outputs(trace: Trace, indices: list[int], readers: dict[int, list[int]
 
 def op_evidence(backward: BackwardRun, cand_index: int) -> OpEvidence:
     """The local backward error of one paired op or matched block and its fp64 oracle (see the module docstring)."""
-    run, sides = backward.run, backward.sides
+    run, live = backward.run, backward.live
     cand_ops, ref_ops = backward.units[cand_index]
     ref_index = backward.op_pairs[cand_index]
     cand_op = run.candidate.ops[cand_index]
@@ -222,12 +223,12 @@ def op_evidence(backward: BackwardRun, cand_index: int) -> OpEvidence:
     ref_upstream = {t: backward.reference.tensors.get(t) for t in ref_outputs}
     ref_values = {t: run.reference.value(t) for t in ref_inputs}
     try:
-        local = sides.run("candidate", ReplayVJP(cand_ops, cand_values, cand_upstream))
-        truth = sides.run("reference", ReplayVJP(ref_ops, ref_values, ref_upstream))
+        local = live.ask("candidate", ReplayVJP(cand_ops, cand_values, cand_upstream))
+        truth = live.ask("reference", ReplayVJP(ref_ops, ref_values, ref_upstream))
     except Exception:  # ops whose backward cannot be replayed on their own keep no local evidence
         return evidence
     try:
-        oracle = sides.run("reference", ReplayVJP(ref_ops, ref_values, ref_upstream, float64=True))
+        oracle = live.ask("reference", ReplayVJP(ref_ops, ref_values, ref_upstream, float64=True))
     except CannotUpcast as exc:  # an op without a float64 kernel: the local error decides alone
         oracle, evidence.fp64_unavailable = None, str(exc)
 
@@ -262,7 +263,7 @@ class BackwardPass(SearchPass):
     backward evidence of each paired op."""
 
     def __init__(self, backward: BackwardRun):
-        super().__init__(backward.run)
+        super().__init__(backward.live)
         self.backward = backward
         first_read = backward.run.candidate.first_reads()
         never = len(backward.run.candidate.ops)  # an output nothing reads: its gradient is the seed
@@ -276,7 +277,7 @@ class BackwardPass(SearchPass):
         else:
             self.reference_reruns += 1
         activations = self.backward.activations if role == "candidate" else None
-        grads = self.backward.sides.run(role, Backward(self.backward.seeds[role], patches, activations))
+        grads = self.live.ask(role, Backward(self.backward.seeds[role], patches, activations))
         for tid, shift in (parameter_shift or {}).items():
             if grads.leaves.get(tid) is not None:
                 grads.leaves[tid] = grads.leaves[tid] + shift
@@ -377,20 +378,19 @@ class BackwardRules(PassRules):
 
     name = "backward"
 
-    def __init__(self, run: RunRecord, sides: Sides, reference_activations: bool = False):
-        super().__init__(run)
-        self.sides = sides
+    def __init__(self, live: LiveRun, reference_activations: bool = False):
+        super().__init__(live)
         self.reference_activations = reference_activations
         self.search: BackwardPass | None = None
 
-    def start(self, say: Callable[[str], None]) -> OutputError:
+    def start(self) -> OutputError:
         """`reference_activations`: the candidate's backward on the reference's forward values (see `BackwardRun`)."""
-        run = self.run
+        run, say = self.run, self.live.say
         if needs_window(run):  # the backward's evidence replays ops on their forward values: every op's
             say("keeping the values of every op")
-            fetch_all(run, self.sides)
+            fetch_all(self.live)
         say("running each side's backward pass" + (" (the candidate's on the reference's activations)" if self.reference_activations else ""))
-        backward = BackwardRun(run, self.sides, self.reference_activations)
+        backward = BackwardRun(self.live, self.reference_activations)
         if not backward.leaf_pairs:
             compiled = any(op.framework_op == COMPILED_OP for op in run.candidate.ops)
             raise OutputMismatchError(f"{run.model_file}: no parameter or floating input of the candidate is paired with one of "
@@ -409,23 +409,22 @@ class BackwardRules(PassRules):
         missing = missing_tensor_gradient(self.search.backward) or missing_leaf_gradient(self.search.backward)
         return _missing_gradient(self.search, *missing) if missing is not None else None
 
-    def float64_check(self, full_error: float, say: Callable[[str], None]) -> Float64Check:
+    def float64_check(self) -> Float64Check:
         if self.reference_activations:
             return Float64Check("skipped", "the candidate's backward ran on the reference's activations, "
-                                "which a float64 run of its own cannot", full_error)
-        say("running both sides' backward passes in float64")
-        return _float64_gradient_check(self.search.backward, full_error)
+                                "which a float64 run of its own cannot", self.full_error)
+        self.live.say("running both sides' backward passes in float64")
+        return _float64_gradient_check(self.search.backward, self.full_error)
 
-    def searches(self, float64: Callable[[], Float64Check | None], say: Callable[[str], None]) -> Iterator[BackwardPass]:
+    def searches(self, float64: Callable[[], Float64Check | None]) -> Iterator[BackwardPass]:
         float64()
-        say("searching the backward pass")
+        self.live.say("searching the backward pass")
         yield self.search
 
     def culprit(self, search: BackwardPass, evidence: OpEvidence) -> Culprit:
         return _culprit(self.run, evidence)
 
-    def noise_culprit(self, search: BackwardPass, outcome: Outcome, full_error: float,
-                      float64: Float64Check) -> tuple[OpEvidence | None, str]:
+    def noise_culprit(self, search: BackwardPass, outcome: Outcome, float64: Float64Check) -> tuple[OpEvidence | None, str]:
         """The op at the entry point: where most of the gradient's rounding enters."""
         return (search.evidence_of(outcome.entry) if outcome.entry is not None else None), ""
 
@@ -475,7 +474,7 @@ def _float64_gradient_check(backward: BackwardRun, error: float) -> Float64Check
     run = backward.run
     if not math.isfinite(error):
         return Float64Check("skipped", "the candidate's gradients hold NaN/Inf", error)
-    runs = float64_runs(run, backward.sides, lambda role, leaf_values: Float64Gradients(backward.seeds[role], leaf_values), error)
+    runs = float64_runs(backward.live, lambda role, leaf_values: Float64Gradients(backward.seeds[role], leaf_values), error)
     if isinstance(runs, Float64Check):
         return runs
     grads = {role: float64.values for role, float64 in runs.items()}

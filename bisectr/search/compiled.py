@@ -3,25 +3,26 @@ whose model it is (`Interception.search_compiled`: the module, the op, the compi
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
 
 from ..adapters import COMPILED_OP, InCompiled
-from ..capture.sides import SearchCompiled, Sides
+from ..capture.sides import SearchCompiled
+from ..measure.live import LiveRun
 from ..leafref import leaf_kind
 from ..measure.runrecord import RunRecord
 
 
-def in_compiled(run: RunRecord, sides: Sides, candidate_ops: list[int], say: Callable[[str], None]) -> InCompiled | None:
+def in_compiled(live: LiveRun, candidate_ops: list[int]) -> InCompiled | None:
     """The search inside the first compiled module's call among `candidate_ops` (None: there is none)."""
+    run = live.run
     candidate = run.candidate
     compiled = next((index for index in candidate_ops if candidate.ops[index].framework_op == COMPILED_OP), None)
     if compiled is None:
         return None
     op = candidate.ops[compiled]
-    say(f"searching inside the compiled module {op.module or '(the model)'}: each step compiles afresh")
+    live.say(f"searching inside the compiled module {op.module or '(the model)'}: each step compiles afresh")
     values = {tid: candidate.value(tid) for tid in op.inputs
               if candidate.tensors[tid].leaf is None or leaf_kind(candidate.tensors[tid].leaf) not in ("param", "buffer")}
-    found = sides.run("candidate", SearchCompiled(compiled, values))
+    found = live.ask("candidate", SearchCompiled(compiled, values))
     if found is None:
         return None
     inside = (lambda path: f"{op.module}.{path}" if op.module and path else op.module or path)

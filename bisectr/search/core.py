@@ -1,5 +1,5 @@
 """One search for both passes: where a difference first enters, which op's own difference it is,
-and the proof, and the one place a verdict becomes a `Result` (`bisect`). A pass says what a cut, a
+and the proof, and the one place a verdict becomes a `Result` (`decide`). A pass says what a cut, a
 patch and an op's evidence are for its tensors (`SearchPass`: `forward.ForwardPass`,
 `backward.BackwardPass`), and what it decides around the search (`PassRules`: how it starts, the
 error it brings down, its float64 check, the causes it names before searching, its culprit, `noise`
@@ -40,6 +40,7 @@ from ..measure.align import LeafPairing
 from ..measure.analysis import OpEvidence
 from ..measure.metrics import OutputError
 from ..measure.numerics import NOISE_FACTOR, REACH_FRACTION, confirms, noise_floor, past_entry
+from ..measure.live import LiveRun
 from ..measure.runrecord import RunRecord
 from ..measure.result import (Bracket, Confirmation, Culprit, Cut, Float64Check, NonFinite, NotBlamed, OpCounts, OpSite,
                               ProfileRow, Recurrence, Result)
@@ -53,10 +54,14 @@ RERUN_SLACK = 3  # candidate re-runs stay within ceil(log2 ops) + this, plus one
 class SearchPass(ABC):
     """One pass (forward or backward) of a live run, as the search sees it."""
 
-    def __init__(self, run: RunRecord):
-        self.run = run
+    def __init__(self, live: LiveRun):
+        self.live = live
         self.candidate_reruns = 0
         self.reference_reruns = 0
+
+    @property
+    def run(self) -> RunRecord:
+        return self.live.run
 
     @abstractmethod
     def cuts(self) -> list[int]:
@@ -95,6 +100,20 @@ class SearchPass(ABC):
     def differing_leaf_kinds(self, evidence: OpEvidence) -> tuple[str, ...]:
         """The kinds (last name part) of the differing leaves the op reads; () for none or unknown."""
         return ()
+
+
+@dataclass(frozen=True)
+class ErrorToExplain:
+    """The outputs' error a search brings down, and what rounding makes of it (by the float64 check)."""
+
+    full: float
+    rounding: float = 0.0  # NOISE_FACTOR times the rounding the float64 check predicts
+    is_rounding: bool = False  # the float64 check says rounding explains it
+
+    @classmethod
+    def judged(cls, full: float, float64: Float64Check) -> "ErrorToExplain":
+        rounding = NOISE_FACTOR * float64.predicted if float64.predicted is not None else 0.0
+        return cls(full, rounding, float64.status == "agree")
 
 
 @dataclass
@@ -143,12 +162,22 @@ class PassRules(ABC):
 
     name: Literal["forward", "backward"]
 
-    def __init__(self, run: RunRecord):
-        self.run = run
+    def __init__(self, live: LiveRun):
+        self.live = live
         self.searched: list[SearchPass] = []  # every search made, whose re-runs the result counts
+        self.output_error: OutputError | None = None  # what `start` returned
+
+    @property
+    def run(self) -> RunRecord:
+        return self.live.run
+
+    @property
+    def full_error(self) -> float:
+        """The outputs' (or gradients') error the pass brings down, relative."""
+        return self.output_error.max_rel
 
     @abstractmethod
-    def start(self, say: Callable[[str], None]) -> OutputError:
+    def start(self) -> OutputError:
         """Run or fetch what the pass needs (refusing a run it cannot search): the error it brings down."""
 
     def lacking(self) -> Decided | None:
@@ -156,20 +185,20 @@ class PassRules(ABC):
         return None
 
     @abstractmethod
-    def float64_check(self, full_error: float, say: Callable[[str], None]) -> Float64Check:
-        """Both sides in float64: whether rounding explains `full_error`."""
+    def float64_check(self) -> Float64Check:
+        """Both sides in float64: whether rounding explains the pass's error."""
 
     @abstractmethod
-    def searches(self, float64: Callable[[], Float64Check | None], say: Callable[[str], None]) -> Iterator[SearchPass]:
+    def searches(self, float64: Callable[[], Float64Check | None]) -> Iterator[SearchPass]:
         """The searches to make in turn, each over the values the run holds by then; the next is made
         when one neither matches nor confirms (the forward's layer window, then every op). `float64()`
         runs the float64 check when first called (None within the tolerance)."""
 
-    def obvious_cause(self, search: SearchPass, full_error: float, float64: Float64Check, say: Callable[[str], None]) -> Decided | None:
+    def obvious_cause(self, search: SearchPass, float64: Float64Check) -> Decided | None:
         """A cause named before the cut search where the float64 check does not say rounding (differing leaves)."""
         return None
 
-    def refined(self, search: SearchPass, full_error: float, float64: Float64Check, say: Callable[[str], None]) -> SearchPass:
+    def refined(self, search: SearchPass, float64: Float64Check) -> SearchPass:
         """The search the cut search runs on (the forward's, narrowed to the ops between two layer outputs)."""
         return search
 
@@ -178,8 +207,7 @@ class PassRules(ABC):
         """The culprit an op's (or block's) evidence names."""
 
     @abstractmethod
-    def noise_culprit(self, search: SearchPass, outcome: "Outcome", full_error: float,
-                      float64: Float64Check) -> tuple[OpEvidence | None, str]:
+    def noise_culprit(self, search: SearchPass, outcome: "Outcome", float64: Float64Check) -> tuple[OpEvidence | None, str]:
         """For a `noise` outcome, the op to name, and why rounding does not explain the error where it
         does not after all ("" where it does)."""
 
@@ -191,10 +219,10 @@ class PassRules(ABC):
     def profile(self) -> list[ProfileRow]:
         """Every paired op's evidence, for the error chart."""
 
-    def nonfinite(self, full_error: float) -> tuple[bool, NonFinite | None, Culprit | None]:
+    def nonfinite(self) -> tuple[bool, NonFinite | None, Culprit | None]:
         """(whether the candidate's outputs hold NaN/Inf the reference's lack, their summary, the culprit
         where they start)."""
-        return not math.isfinite(full_error), None, None
+        return not math.isfinite(self.full_error), None, None
 
     def result_fields(self) -> dict:
         """The pass's own fields of its results (the backward's losses and activations)."""
@@ -206,13 +234,12 @@ class PassRules(ABC):
         return None
 
 
-def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
-           progress: Callable[[str], None] | None = None) -> Result:
+def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -> Result:
     """Decide one pass: `match` within `tolerance`, a cause the pass names before searching, else the
     cut search's verdict, culprit, confirmation and bracket. The only place a `Result` is made."""
-    say = progress or (lambda message: None)
-    output_error = rules.start(say)
-    full_error = output_error.max_rel
+    say = rules.live.say
+    output_error = rules.output_error = rules.start()
+    full_error = rules.full_error
     run = rules.run
     ops = OpCounts(len(run.reference.ops), len(run.candidate.ops), len(run.alignment.aligned_ops("candidate")))
 
@@ -223,7 +250,7 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
                       **{"culprit": None, **rules.result_fields(), **found})
 
     def obvious_cause(search: SearchPass) -> Decided | None:
-        return rules.obvious_cause(search, full_error, float64, say) if float64.status != "agree" else None
+        return rules.obvious_cause(search, float64) if float64.status != "agree" else None
 
     lacking = rules.lacking()
     if lacking is not None:
@@ -233,18 +260,18 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
 
     def float64_check() -> Float64Check | None:
         if not checked:
-            checked.append(rules.float64_check(full_error, say) if full_error > tolerance else None)
+            checked.append(rules.float64_check() if full_error > tolerance else None)
         return checked[0]
 
     decided = None
-    for search in rules.searches(float64_check, say):
+    for search in rules.searches(float64_check):
         if full_error <= tolerance:
             return result("match")
         float64 = float64_check()
-        nonfinite, nonfinite_found, nonfinite_culprit = rules.nonfinite(full_error)
+        nonfinite, nonfinite_found, nonfinite_culprit = rules.nonfinite()
         cause = obvious_cause(search)
         if cause is None:
-            refined = rules.refined(search, full_error, float64, say)
+            refined = rules.refined(search, float64)
             if refined is not search:  # the values it fetched may show a leaf's layout
                 cause = obvious_cause(refined)
             search = refined
@@ -252,11 +279,11 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
             return result("divergent", float64, culprit=cause.culprit, confirmation=cause.confirmation,
                           recurrences=cause.recurrences, nonfinite=nonfinite_found)
         say("searching")
-        outcome = search_pass(search, full_error, float64, nonfinite, say, exhaustive)
+        outcome = search_pass(search, ErrorToExplain.judged(full_error, float64), float64, nonfinite, exhaustive)
         finding = outcome.finding
         evidence, unexplained = finding.evidence, ""
         if outcome.verdict == "noise":
-            evidence, unexplained = rules.noise_culprit(search, outcome, full_error, float64)
+            evidence, unexplained = rules.noise_culprit(search, outcome, float64)
             if unexplained:
                 outcome = replace(outcome, verdict="divergent", bracketed=True)
         culprit = rules.culprit(search, evidence) if evidence is not None else nonfinite_culprit
@@ -269,18 +296,16 @@ def bisect(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False,
     return decided
 
 
-def search_pass(search: SearchPass, full_error: float, float64: Float64Check, nonfinite: bool,
-                say: Callable[[str], None], exhaustive: bool = False) -> Outcome:
-    """Search one pass whose error is `full_error` (see the module docstring). Where the float64 check
+def search_pass(search: SearchPass, error: ErrorToExplain, float64: Float64Check, nonfinite: bool,
+                exhaustive: bool = False) -> Outcome:
+    """Search one pass for what makes `error` (see the module docstring). Where the float64 check
     says rounding, no suspect is tested: the verdict is `noise`."""
     cuts = search.cuts()
-    rounding = NOISE_FACTOR * float64.predicted if float64.predicted is not None else 0.0
-    is_rounding = float64.status == "agree"
-    guess = None if is_rounding else search.likely_entry(cuts)
-    entry, trail = entry_point(search, cuts, full_error, rounding, is_rounding, exhaustive, guess)
+    guess = None if error.is_rounding else search.likely_entry(cuts)
+    entry, trail = entry_point(search, cuts, error, exhaustive, guess)
     finding = Finding()
-    if float64.status != "agree":
-        finding = first_difference(search, cuts, entry, full_error, rounding, say)
+    if not error.is_rounding:
+        finding = first_difference(search, cuts, entry, error)
     if finding.confirmed:
         verdict, bracketed = "divergent", False
     elif finding.evidence is not None or float64.status == "disagree" or nonfinite:
@@ -315,8 +340,8 @@ def first_past(count: int, past: Callable[[int], bool], exhaustive: bool, guess:
     return high
 
 
-def entry_point(search: SearchPass, cuts: list[int], full_error: float, rounding: float, is_rounding: bool,
-                exhaustive: bool = False, guess: int | None = None) -> tuple[int | None, list[Cut]]:
+def entry_point(search: SearchPass, cuts: list[int], error: ErrorToExplain, exhaustive: bool = False,
+                guess: int | None = None) -> tuple[int | None, list[Cut]]:
     """The entry point (a cut) and every cut evaluated on the way (see the module docstring), the
     position `guess` in `cuts` tried first."""
     evaluated: dict[int, tuple[float, float]] = {}
@@ -324,7 +349,7 @@ def entry_point(search: SearchPass, cuts: list[int], full_error: float, rounding
     def past(position: int) -> bool:
         if position not in evaluated:
             evaluated[position] = search.error_at_cut(cuts[position])
-        return past_entry(*evaluated[position], full_error, rounding, is_rounding)
+        return past_entry(*evaluated[position], error.full, error.rounding, error.is_rounding)
 
     entry = first_past(len(cuts), past, exhaustive, guess)
     return (cuts[entry] if entry is not None else None), [Cut(cuts[i], *evaluated[i]) for i in sorted(evaluated)]
@@ -336,10 +361,10 @@ def cut_before(cuts: list[int], entry: int | None) -> int | None:
     return cuts[position - 1] if position > 0 else None
 
 
-def first_difference(search: SearchPass, cuts: list[int], entry: int | None, full_error: float, rounding: float,
-                     say: Callable[[str], None]) -> Finding:
+def first_difference(search: SearchPass, cuts: list[int], entry: int | None, error: ErrorToExplain) -> Finding:
     """The first group of suspects whose own difference reaches the error and whose removal confirms
     it; else the first that reaches, unconfirmed. What does not reach, or is contradicted, is not blamed."""
+    say, full_error = search.live.say, error.full
     reach_needed = max(REACH_FRACTION * full_error, noise_floor(search.run.candidate.dtype))
     # After an exhaustive cut search the confirmations still get two re-runs.
     budget = max(math.ceil(math.log2(max(len(search.run.candidate.ops), 2))) + RERUN_SLACK, search.candidate_reruns + 2)
@@ -359,10 +384,10 @@ def first_difference(search: SearchPass, cuts: list[int], entry: int | None, ful
             continue
         if len(group) > 1:
             budget += 1  # one confirmation per group beyond the search's own budget
-        confirmation = confirm(search, group, full_error, rounding)
+        confirmation = confirm(search, group, error)
         if not confirmation.confirmed and len(group) > 1 and search.candidate_reruns < budget:
             # an op judged different by its rounding (a false occurrence) can spoil the group's proof
-            alone = confirm(search, [suspect], full_error, rounding)
+            alone = confirm(search, [suspect], error)
             if alone.confirmed:
                 group, confirmation = [suspect], alone
         if confirmation.confirmed:
@@ -377,10 +402,10 @@ def first_difference(search: SearchPass, cuts: list[int], entry: int | None, ful
     return finding
 
 
-def confirm(search: SearchPass, group: list[OpEvidence], full_error: float, rounding: float) -> Confirmation:
+def confirm(search: SearchPass, group: list[OpEvidence], error: ErrorToExplain) -> Confirmation:
     """A candidate re-run with the group's own differences taken out, judged by `numerics.confirms`."""
     after = search.error_without(group)
-    return Confirmation([e.candidate for e in group], after, full_error, confirms(after, full_error, rounding))
+    return Confirmation([e.candidate for e in group], after, error.full, confirms(after, error.full, error.rounding))
 
 
 def occurrences(search: SearchPass, suspect: OpEvidence) -> list[OpEvidence]:

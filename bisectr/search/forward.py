@@ -35,15 +35,15 @@ from ..measure.leaves import leaf_causes, pair_leaves, reference_values
 from ..measure.numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, coarsest_dtype, confirms, noise_floor
 from .nonfinite import NonFiniteStart, nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
+from ..measure.live import LiveRun
 from ..measure.runrecord import RunRecord
 from ..capture.interpreter import PassOn, Shift
 from ..capture.ops import UNINITIALISED
 from ..measure.metrics import OutputError
 from ..measure.result import (BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, Placements, ProfileRow, Recurrence,
                                Rewired)
-from .core import (MAX_REACH_TESTS, Decided, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before,
+from .core import (MAX_REACH_TESTS, Decided, ErrorToExplain, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before,
                    entry_point, site)
-from ..capture.sides import Rerun, Sides
 from ..capture.store import SIDES
 from ..capture.trace import LOCAL_PART, RANKS_DIFFER, OpNode, host_dtype, is_floating
 from .window import boundaries, fetch_all, fetch_recurrences, fetch_window, missing, needs_window, window_between
@@ -53,13 +53,12 @@ from ..leafref import leaf_kind, leaf_name
 class ForwardPass(SearchPass):
     """Re-runs of either side with activations patched, and the evidence of each paired op."""
 
-    def __init__(self, run: RunRecord, sides: Sides, analysis: Analysis, bounds: tuple[int | None, int | None] = (None, None),
+    def __init__(self, live: LiveRun, analysis: Analysis, bounds: tuple[int | None, int | None] = (None, None),
                  known_cuts: dict[int, tuple[float, float]] | None = None):
-        super().__init__(run)
-        self.sides = sides
+        super().__init__(live)
         self.bounds = bounds  # the first and last cut searched (None: the first, the last)
         self.known_cuts = known_cuts or {}  # cut -> `error_at_cut`, evaluated by an earlier search of the run
-        self.alignment = run.alignment
+        self.alignment = live.run.alignment
         self.analysis = analysis
         self.patchable = self._patchable_tensors()
         self._reference_values: dict[int, np.ndarray | None] = {}
@@ -68,7 +67,7 @@ class ForwardPass(SearchPass):
     # -- re-runs ---------------------------------------------------------------
     def candidate_outputs(self, patches: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
         self.candidate_reruns += 1
-        return self.sides.run("candidate", Rerun(patches)).outputs
+        return self.live.rerun("candidate", patches).outputs
 
     def candidate_error(self, patches: dict[int, np.ndarray]) -> float:
         """Outputs' error (vs the reference) of a candidate re-run with `patches`."""
@@ -77,7 +76,7 @@ class ForwardPass(SearchPass):
     def reference_error(self, patches: dict[int, np.ndarray]) -> float:
         """How far a reference re-run with `patches` moves the reference's own outputs."""
         self.reference_reruns += 1
-        return self.run.worst_output_error(self.sides.run("reference", Rerun(patches)).outputs)
+        return self.run.worst_output_error(self.live.rerun("reference", patches).outputs)
 
     def patches_up_to(self, cut: int) -> dict[int, np.ndarray]:
         """Reference values for every patchable candidate tensor produced or first read by op `cut`."""
@@ -225,55 +224,52 @@ class ForwardRules(PassRules):
 
     name = "forward"
 
-    def __init__(self, run: RunRecord, sides: Sides):
-        super().__init__(run)
-        self.sides = sides
-        self.windowed = needs_window(run)
+    def __init__(self, live: LiveRun):
+        super().__init__(live)
+        self.windowed = needs_window(live.run)
         self.narrow = False  # searching the layer window, on the layer outputs only
         self.analysis: Analysis | None = None
         self.tested_causes: set[tuple] = set()  # the differing leaves whose reference values were tried
         self.nonfinite_from: NonFiniteStart | None = None  # where the candidate's NaN/Inf start (`nonfinite`)
-        self.say: Callable[[str], None] = lambda message: None
 
-    def start(self, say: Callable[[str], None]) -> OutputError:
-        self.say = say
-        say("re-running each side unpatched" + (" (and keeping its layer outputs)" if self.windowed else ""))
-        check_reproducible(self.run, self.sides, {role: boundaries(self.run.traces[role]) for role in SIDES} if self.windowed else {})
+    def start(self) -> OutputError:
+        self.live.say("re-running each side unpatched" + (" (and keeping its layer outputs)" if self.windowed else ""))
+        check_reproducible(self.live, {role: boundaries(self.run.traces[role]) for role in SIDES} if self.windowed else {})
         return self.run.output_error()
 
-    def float64_check(self, full_error: float, say: Callable[[str], None]) -> Float64Check:
-        say("running both sides in float64")
-        return float64_check(self.run, self.sides)
+    def float64_check(self) -> Float64Check:
+        self.live.say("running both sides in float64")
+        return float64_check(self.live)
 
-    def searches(self, float64: Callable[[], Float64Check | None], say: Callable[[str], None]) -> Iterator[ForwardPass]:
+    def searches(self, float64: Callable[[], Float64Check | None]) -> Iterator[ForwardPass]:
         """The layer window first (rounding is judged over every op: none for a float64 check that
         agrees), then every op's values."""
         check = float64() if self.windowed else None
         if self.windowed and (check is None or check.status != "agree"):
             self.narrow = True
-            yield self._search(say)
+            yield self._search()
         if self.windowed:
-            say("keeping the values of every op")
-            fetch_all(self.run, self.sides)
+            self.live.say("keeping the values of every op")
+            fetch_all(self.live)
         self.narrow = False
-        yield self._search(say)
+        yield self._search()
 
-    def _search(self, say: Callable[[str], None]) -> ForwardPass:
-        say("replaying ops")
-        self.analysis = Analysis(self.run, self.sides).compute()
-        search = ForwardPass(self.run, self.sides, self.analysis)
+    def _search(self) -> ForwardPass:
+        self.live.say("replaying ops")
+        self.analysis = Analysis(self.live).compute()
+        search = ForwardPass(self.live, self.analysis)
         self.searched.append(search)
         return search
 
-    def obvious_cause(self, search: ForwardPass, full_error: float, float64: Float64Check, say: Callable[[str], None]) -> Decided | None:
-        say("comparing parameters and buffers")
-        return _differing_leaves(search, full_error, NOISE_FACTOR * (float64.predicted or 0.0), self.tested_causes)
+    def obvious_cause(self, search: ForwardPass, float64: Float64Check) -> Decided | None:
+        self.live.say("comparing parameters and buffers")
+        return _differing_leaves(search, ErrorToExplain.judged(self.full_error, float64), self.tested_causes)
 
-    def refined(self, search: ForwardPass, full_error: float, float64: Float64Check, say: Callable[[str], None]) -> ForwardPass:
+    def refined(self, search: ForwardPass, float64: Float64Check) -> ForwardPass:
         if not self.narrow:
             return search
-        say("searching between layers")
-        fine = _window_search(search, full_error, float64)
+        self.live.say("searching between layers")
+        fine = _window_search(search, ErrorToExplain(self.full_error, NOISE_FACTOR * (float64.predicted or 0.0)))
         self.searched.append(fine)
         self.analysis = fine.analysis
         return fine
@@ -282,15 +278,13 @@ class ForwardRules(PassRules):
         start = self.nonfinite_from
         culprit = _culprit(self.run, search.analysis, evidence, start.op.index if start is not None and start.op is not None else None)
         if culprit.verdict == "different":
-            culprit.compiled = in_compiled(self.run, self.sides, culprit.block.candidate if culprit.block else [culprit.candidate.index],
-                                           self.say)
+            culprit.compiled = in_compiled(self.live, culprit.block.candidate if culprit.block else [culprit.candidate.index])
         return culprit
 
-    def noise_culprit(self, search: ForwardPass, outcome: Outcome, full_error: float,
-                      float64: Float64Check) -> tuple[OpEvidence | None, str]:
+    def noise_culprit(self, search: ForwardPass, outcome: Outcome, float64: Float64Check) -> tuple[OpEvidence | None, str]:
         """The op amplifying rounding the most whose own rounding reaches the outputs; noise only
         where rounding explains the error."""
-        evidence = _most_amplifying(search, search.analysis, full_error)
+        evidence = _most_amplifying(search, search.analysis, self.full_error)
         if evidence is None and float64.status != "agree":
             return None, (f"rounding does not explain the outputs' error: the float64 check did not run ({float64.reason}) "
                           "and no op's own rounding reaches the outputs")
@@ -302,7 +296,7 @@ class ForwardRules(PassRules):
     def profile(self) -> list[ProfileRow]:
         return [_profile_row(self.run, e) for e in self.analysis.in_order()] if self.analysis is not None else []
 
-    def nonfinite(self, full_error: float) -> tuple[bool, NonFinite | None, Culprit | None]:
+    def nonfinite(self) -> tuple[bool, NonFinite | None, Culprit | None]:
         start = self.nonfinite_from = nonfinite_start(self.run, self.run.alignment)
         if start is None:
             return False, None, None
@@ -313,29 +307,28 @@ class ForwardRules(PassRules):
         return self.run.alignment.leaves
 
 
-def _window_search(coarse: ForwardPass, full_error: float, float64: Float64Check) -> ForwardPass:
+def _window_search(coarse: ForwardPass, error: ErrorToExplain) -> ForwardPass:
     """The search of the window (see `bisectr.search.window`): the cut search over the layer outputs `coarse`
     holds brackets the difference, the values of the ops between are fetched, and the pass returned
     searches between those two cuts, knowing what they gave (patching the ops between changes neither:
     the layer outputs at a cut stand in for what came before)."""
-    run, sides = coarse.run, coarse.sides
+    live, run = coarse.live, coarse.run
     cuts = coarse.cuts()
-    entry, trail = entry_point(coarse, cuts, full_error, NOISE_FACTOR * (float64.predicted or 0.0), False,
-                               guess=coarse.likely_entry(cuts))
+    entry, trail = entry_point(coarse, cuts, error, guess=coarse.likely_entry(cuts))
     low = cut_before(cuts, entry)
     partner = {index: evidence.reference for index, evidence in coarse.analysis.ops.items()}
     window = window_between(run, partner, low, entry)
-    fetch_window(run, sides, window)
+    fetch_window(live, window)
     # Where the candidate's ops read a fused or repeated leaf's rows is read off op values the window now holds.
     run.alignment = pair_leaves(run.reference, run.candidate, run.alignment)
-    analysis = Analysis(run, sides).compute(earlier=coarse.analysis)
-    if fetch_recurrences(run, sides, analysis, window):
-        analysis = Analysis(run, sides).compute(earlier=analysis)
+    analysis = Analysis(live).compute(earlier=coarse.analysis)
+    if fetch_recurrences(live, analysis, window):
+        analysis = Analysis(live).compute(earlier=analysis)
     known = {cut.op: (cut.output_error, cut.moved) for cut in trail if cut.op in (low, entry)}
-    return ForwardPass(run, sides, analysis, bounds=(low, entry), known_cuts=known)
+    return ForwardPass(live, analysis, bounds=(low, entry), known_cuts=known)
 
 
-def _differing_leaves(search: ForwardPass, full_error: float, rounding: float, tested: set[tuple]) -> Decided | None:
+def _differing_leaves(search: ForwardPass, error: ErrorToExplain, tested: set[tuple]) -> Decided | None:
     """The first cause among the leaves that differ (in the order the candidate reads them) whose
     reference values, given to the candidate, take the outputs' error down to rounding: the culprit
     (its first leaf), the confirmation, and every layer holding it where there are several. Causes in
@@ -351,7 +344,7 @@ def _differing_leaves(search: ForwardPass, full_error: float, rounding: float, t
         patches = reference_values(run.reference, run.candidate, run.alignment, cause)
         readers = sorted({first_reads[tid] for tid in tids})
         after = search.candidate_error(patches)
-        if not confirms(after, full_error, rounding):
+        if not confirms(after, error.full, error.rounding):
             continue
         first = cause[0]
         cand_op = run.candidate.ops[readers[0] if len(readers) == 1 else first_reads[tids[0]]]
@@ -360,19 +353,20 @@ def _differing_leaves(search: ForwardPass, full_error: float, rounding: float, t
         culprit.reference_leaf, culprit.layout, culprit.description = leaf_name(first.reference), first.layout, first.description
         occurrences = [Recurrence(i, run.candidate.ops[i].op, run.candidate.ops[i].module, run.candidate.ops[i].source, None)
                        for i in readers] if len(readers) > 1 else []
-        return Decided(culprit, Confirmation(readers, after, full_error, True, leaves=len(cause)), occurrences)
+        return Decided(culprit, Confirmation(readers, after, error.full, True, leaves=len(cause)), occurrences)
     return None
 
 
-def check_reproducible(run: RunRecord, sides: Sides, keep: dict[str, set[int]] | None = None) -> None:
+def check_reproducible(live: LiveRun, keep: dict[str, set[int]] | None = None) -> None:
     """Refuse a model whose unpatched re-run does not reproduce its recording: a random
     difference (dropout in training mode, random ops) is neither a bug nor rounding. The values of
     the op outputs `keep` (role -> tids) names that the run lacks are kept (`Trace.fetched`)."""
+    run = live.run
     for role in SIDES:
         trace = run.traces[role]
         wanted = missing(trace, (keep or {}).get(role, ()))
         try:
-            trace.fetched.update(sides.run(role, Rerun({}, wanted)).captured)
+            trace.fetched.update(live.rerun(role, {}, wanted).captured)
         except TraceMismatchError as exc:
             raise TraceMismatchError(f"{run.model_file}: the {role} side does not reproduce its own outputs when run "
                                      f"twice, so no verdict can be given: {exc} If the model has dropout, put it in "

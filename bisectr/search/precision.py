@@ -21,17 +21,19 @@ from ..measure.metrics import error_metrics
 from ..measure.numerics import judge_float64
 from ..measure.runrecord import RunRecord
 from ..measure.result import Float64Check
-from ..capture.sides import Float64Gradients, Float64Outputs, Float64Run, Sides
+from ..capture.sides import Float64Gradients, Float64Outputs, Float64Run
+from ..measure.live import LiveRun
 
 
-def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
+def float64_check(live: LiveRun) -> Float64Check:
     """Run both sides of a live run in float64 and compare their outputs (see the module docstring)."""
+    run = live.run
     error = run.output_error().max_rel
     if not math.isfinite(error):
         return Float64Check("skipped", "the candidate's outputs hold NaN/Inf", error)
     if all(trace.dtype == "float64" for trace in run.traces.values()):
         return Float64Check("skipped", "both sides already run in float64", error)
-    runs = float64_runs(run, sides, lambda role, leaf_values: Float64Outputs(leaf_values), error)
+    runs = float64_runs(live, lambda role, leaf_values: Float64Outputs(leaf_values), error)
     if isinstance(runs, Float64Check):
         return runs
     outputs = {role: float64.values for role, float64 in runs.items()}
@@ -70,14 +72,14 @@ def inconclusive_where_narrow(check: Float64Check) -> Float64Check:
     return check
 
 
-def float64_runs(run: RunRecord, sides: Sides, request: Callable[[str, dict[str, np.ndarray]], Float64Outputs | Float64Gradients],
+def float64_runs(live: LiveRun, request: Callable[[str, dict[str, np.ndarray]], Float64Outputs | Float64Gradients],
                  error: float) -> dict[str, Float64Run] | Float64Check:
     """Each side run once in float64 (`request(role, leaf values)`: its outputs, or its gradients), the
     candidate with the reference's values for the leaves it only rounds; the check skipped where a side cannot."""
     runs = {}
-    for role, leaf_values in (("reference", {}), ("candidate", rounded_leaf_values(run))):
+    for role, leaf_values in (("reference", {}), ("candidate", rounded_leaf_values(live.run))):
         try:
-            runs[role] = sides.run(role, request(role, leaf_values))
+            runs[role] = live.ask(role, request(role, leaf_values))
         except CannotUpcast as exc:
             return Float64Check("skipped", f"the {role} cannot run in float64: {exc}", error)
     return runs

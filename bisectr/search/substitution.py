@@ -14,8 +14,7 @@ import numpy as np
 
 from ..measure.align import Alignment, TensorPair
 from ..measure.analysis import external_inputs
-from ..measure.runrecord import RunRecord
-from ..capture.sides import Sides
+from ..measure.live import LiveRun
 
 
 @dataclass
@@ -32,14 +31,15 @@ class SubstitutionResult:
     after: float = field(metadata={"key": "output_error"})  # with the reference's implementation of `ops`
 
 
-def substitute(run: RunRecord, sides: Sides, ops: list[str]) -> SubstitutionResult:
+def substitute(live: LiveRun, ops: list[str]) -> SubstitutionResult:
     """The outputs' error with every unit containing one of `ops` (canonical names) taken from the reference."""
+    run = live.run
     chosen = set(ops)
     units = [u for u in _units(run.alignment)
              if any(run.candidate.ops[i].op in chosen for i in u.candidate)
              or any(run.reference.ops[i].op in chosen for i in u.reference)]
-    before = run.candidate_output_error(_replay_candidate(run, sides, []))
-    after = run.candidate_output_error(_replay_candidate(run, sides, units))
+    before = run.candidate_output_error(_replay_candidate(live, []))
+    after = run.candidate_output_error(_replay_candidate(live, units))
     return SubstitutionResult(sorted(chosen), units, before, after)
 
 
@@ -49,9 +49,9 @@ def _units(alignment: Alignment) -> list[Unit]:
     return sorted(units, key=lambda u: u.candidate[0])
 
 
-def _replay_candidate(run: RunRecord, sides: Sides, units: list[Unit]) -> dict[str, np.ndarray]:
+def _replay_candidate(live: LiveRun, units: list[Unit]) -> dict[str, np.ndarray]:
     """Execute the candidate's trace op by op; `units` are computed by the reference's ops."""
-    trace = run.candidate
+    trace = live.run.candidate
     by_first_op = {u.candidate[0]: u for u in units}
     skipped: set[int] = set()
     values: dict[int, np.ndarray] = {}
@@ -62,10 +62,10 @@ def _replay_candidate(run: RunRecord, sides: Sides, units: list[Unit]) -> dict[s
             continue
         unit = by_first_op.get(op.index)
         if unit is None:
-            values.update(sides.replay("candidate", [op.index], values))
+            values.update(live.replay("candidate", [op.index], values))
         else:  # the candidate's own values first: block internals stay defined
-            values.update(sides.replay("candidate", unit.candidate, values))
-            values.update(_reference_unit(run, sides, unit, values))
+            values.update(live.replay("candidate", unit.candidate, values))
+            values.update(_reference_unit(live, unit, values))
             skipped.update(unit.candidate)
         for tid in op.inputs:  # free what no later op reads
             if last_read.get(tid) == op.index and tid not in outputs:
@@ -73,8 +73,9 @@ def _replay_candidate(run: RunRecord, sides: Sides, units: list[Unit]) -> dict[s
     return {key: values[tid] if tid in values else trace.value(tid) for key, tid in trace.outputs.items()}
 
 
-def _reference_unit(run: RunRecord, sides: Sides, unit: Unit, cand_values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+def _reference_unit(live: LiveRun, unit: Unit, cand_values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
     """Replay the unit's reference ops on the candidate's values; return the candidate tensors they define."""
+    run = live.run
     reference, alignment = run.reference, run.alignment
     from_candidate: dict[int, TensorPair] = {}
     for pair in alignment.tensors.values():
@@ -84,7 +85,7 @@ def _reference_unit(run: RunRecord, sides: Sides, unit: Unit, cand_values: dict[
     from_candidate_values = {tid: from_candidate[tid].candidate_in_reference_layout(
         cand_values[from_candidate[tid].candidate], reference.tensors[tid].shape)
         for tid in external_inputs(reference, ref_ops) if tid in from_candidate}
-    ref_values = sides.replay("reference", ref_ops, from_candidate_values)
+    ref_values = live.replay("reference", ref_ops, from_candidate_values)
     defined = {}
     for index in unit.candidate:
         for tid in run.candidate.ops[index].outputs:

@@ -25,7 +25,7 @@ from ..measure.align import settle_layouts
 from ..measure.analysis import Analysis
 from ..measure.runrecord import RunRecord
 from .core import same_place
-from ..capture.sides import Rerun, Sides
+from ..measure.live import LiveRun
 from ..capture.store import SIDES
 from ..capture.trace import Trace, is_floating
 
@@ -77,11 +77,12 @@ def missing(trace: Trace, tids: Iterable[int]) -> frozenset[int]:
     return frozenset(tid for tid in tids if not trace.has_value(tid))
 
 
-def fetch(trace: Trace, sides: Sides, role: str, tids: Iterable[int]) -> bool:
-    """Values of the op outputs `tids` the trace lacks, by a re-run of the side. Did it lack any?"""
+def fetch(live: LiveRun, role: str, tids: Iterable[int]) -> bool:
+    """Values of the op outputs `tids` the side's trace lacks, by a re-run of the side. Did it lack any?"""
+    trace = live.run.traces[role]
     wanted = missing(trace, tids)
     if wanted:
-        trace.fetched.update(sides.run(role, Rerun({}, wanted)).captured)
+        trace.fetched.update(live.rerun(role, {}, wanted).captured)
     return bool(wanted)
 
 
@@ -96,25 +97,26 @@ def window_between(run: RunRecord, partner: dict[int, int], low: int | None, ent
     return {role: window_ops(run.traces[role], *bounds[role]) for role in SIDES}
 
 
-def fetch_values(run: RunRecord, sides: Sides, wanted: dict[str, Iterable[int]]) -> bool:
+def fetch_values(live: LiveRun, wanted: dict[str, Iterable[int]]) -> bool:
     """Values of the op outputs `wanted` (role -> tids) that the run lacks, by a re-run of each side that
     lacks any; the layouts of the tensors paired inside blocks are then decided on them. Were any fetched?"""
-    fetched = [fetch(run.traces[role], sides, role, wanted[role]) for role in SIDES]
+    run = live.run
+    fetched = [fetch(live, role, wanted[role]) for role in SIDES]
     if any(fetched):
         settle_layouts(run.reference, run.candidate, run.alignment)
     return any(fetched)
 
 
-def fetch_window(run: RunRecord, sides: Sides, window: dict[str, list[int]]) -> None:
-    fetch_values(run, sides, {role: tensors_of(run.traces[role], window[role]) for role in SIDES})
+def fetch_window(live: LiveRun, window: dict[str, list[int]]) -> None:
+    fetch_values(live, {role: tensors_of(live.run.traces[role], window[role]) for role in SIDES})
 
 
-def fetch_recurrences(run: RunRecord, sides: Sides, analysis: Analysis, window: dict[str, list[int]]) -> bool:
+def fetch_recurrences(live: LiveRun, analysis: Analysis, window: dict[str, list[int]]) -> bool:
     """Fetch what the evidence reads (`Analysis.evidence_tensors`) of every op outside the window that
     may carry the same difference as an op of the window judged different: the same op from the same
     place (`search.same_place`), so that a difference in every layer is found in every layer. Were
     any fetched?"""
-    inside = set(window["candidate"])
+    run, inside = live.run, set(window["candidate"])
     different = [e for e in analysis.ops.values() if e.candidate in inside and e.verdict == "different"]
     wanted: dict[str, set[int]] = {role: set() for role in SIDES}
     for evidence in analysis.ops.values():
@@ -124,11 +126,12 @@ def fetch_recurrences(run: RunRecord, sides: Sides, analysis: Analysis, window: 
         if any(evidence.op == d.op and same_place(op, run.candidate.ops[d.candidate]) for d in different):
             for role, tids in zip(("candidate", "reference"), analysis.evidence_tensors(evidence.candidate, evidence.reference)):
                 wanted[role].update(tid for tid in tids if run.traces[role].tensors[tid].producer is not None)
-    return fetch_values(run, sides, wanted)
+    return fetch_values(live, wanted)
 
 
-def fetch_all(run: RunRecord, sides: Sides) -> None:
-    fetch_values(run, sides, {role: tensors_of(run.traces[role], range(len(run.traces[role].ops))) for role in SIDES})
+def fetch_all(live: LiveRun) -> None:
+    traces = live.run.traces
+    fetch_values(live, {role: tensors_of(traces[role], range(len(traces[role].ops))) for role in SIDES})
 
 
 def _paired_outputs(run: RunRecord, role: str) -> Iterable[int]:

@@ -180,7 +180,7 @@ class RunData:
         """Rebuild what is shown from the run (after a search changed its result)."""
         self.result: Result | None = self.run.result.backward if self.backward else self.run.result
         # Pairing evidence on demand (nothing is replayed until asked for).
-        self.analysis = Analysis(self.run, self.run.sides)
+        self.analysis = Analysis(self.run.live or self.run)
         self.rows = self._rows()
         self.by_index = {row.index: row for row in self.rows}
         self.tree = self._module_tree()
@@ -365,7 +365,7 @@ class RunData:
         if not self.live:
             raise RuntimeError("patching needs a live run")
         analysis = self.analysis
-        search = ForwardPass(self.run, self.run.sides, analysis)
+        search = ForwardPass(self.run.live, analysis)
         before = self.run.output_error().max_rel
         return {"before": before,
                 "only_this": search.candidate_error(_op_patches(analysis, self.run, index)),
@@ -373,8 +373,11 @@ class RunData:
 
     def bisect(self, progress: Callable[[str], None] | None = None, model_file: str | None = None) -> Result:
         """Run the whole search again and save the run with its result (`refresh` then shows it).
-        A saved run re-runs nothing by itself: `model_file` names the file to trace again (see `Run.bisect`)."""
-        result = self.run.bisect(progress=progress, model_file=model_file, backward=self.has_backward)
+        A saved run re-runs nothing by itself: `model_file` names the file it is traced again from
+        (`Run.traced_again`), into a new run that takes its place."""
+        if not self.run.is_live and model_file is not None:
+            self.run = self.run.traced_again(model_file)
+        result = self.run.bisect(progress=progress, backward=self.has_backward)
         if self.run.run_dir is not None or self.run.writer is not None:
             self.run.save()
         return result
@@ -389,7 +392,7 @@ class RunData:
         if directory is None:
             base = Path(self.run.run_dir) if self.run.run_dir is not None else Path.cwd()
             directory = base / "repro" / f"op{index}_{re.sub(r'[^A-Za-z0-9_]+', '_', self.run.candidate.ops[index].op)}"
-        return write_repro(self.run, index, directory, self.run.sides)
+        return write_repro(self.run, index, directory, self.run.live)
 
 
 def _op_patches(analysis: Analysis, run: Run, index: int) -> dict[int, np.ndarray]:
