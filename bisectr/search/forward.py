@@ -36,7 +36,7 @@ from ..measure.numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTIO
 from .nonfinite import NonFiniteStart, nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from ..measure.runrecord import RunRecord
-from ..capture.interpreter import PassOn, Shift
+from ..engines.patched import PassOn, Shift
 from ..capture.ops import UNINITIALISED
 from ..measure.metrics import OutputError
 from ..measure.result import (BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, Placements, ProfileRow, Recurrence,

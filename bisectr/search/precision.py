@@ -21,7 +21,8 @@ from ..measure.metrics import error_metrics
 from ..measure.numerics import judge_float64
 from ..measure.runrecord import RunRecord
 from ..measure.result import Float64Check
-from ..capture.sides import Float64Gradients, Float64Outputs, Float64Run, Sides
+from ..capture.sides import Float64Gradients, Float64Outputs, Sides
+from ..engines.float64 import Float64Run
 
 
 def float64_check(run: RunRecord, sides: Sides) -> Float64Check:
