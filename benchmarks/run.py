@@ -890,7 +890,8 @@ def main(argv: list[str] | None = None) -> int:
         "stack: median of 3); whole command = bisectr.trace() (building both models, recording both sides, aligning "
         "them, writing the run) + the search; x forward = wall time / plain forward of the same candidate model, the median of 5 "
         "measured beside each search; phases timed by wrapping "
-        "align_traces (in the trace), Analysis.compute and the side's rerun (bisectr.engines.patched.rerun); interception alone = the adapter's intercept() around a "
+        "align_traces (in the trace), Analysis.compute and the side's rerun (bisectr.engines.patched.rerun); "
+        "interception alone = the adapter's intercept() around a "
         "listener that only calls each op."
     )
     report.render("bisectr benchmarks", caption)

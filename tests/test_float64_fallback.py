@@ -41,8 +41,9 @@ def test_the_grouped_products_run_at_float32_in_the_float64_runs_of_both_paths(t
     run = bisectr.trace(NO_FLOAT64, "reference", "candidate_exact_gelu", out=tmp_path / "run")
     for role, tanh in (("reference", True), ("candidate", False)):
         side = run.sides.runners[role]
-        replayed, replayed_calls = float64_replay(side.side.adapter, side.trace, side.recorded, {})  # the recorded calls
-        own, own_calls = float64_forward(side.side, side.trace, {})  # the model's code
+        # the recorded calls, then the model's code
+        replayed, replayed_calls = float64_replay(side.side.adapter, side.trace, side.recorded, {})
+        own, own_calls = float64_forward(side.side, side.trace, {})
         truth = _grouped_experts_in_float64(side.side, tanh)
         for outputs, calls in ((replayed, replayed_calls), (own, own_calls)):
             assert outputs["output"].dtype == np.float64

@@ -273,7 +273,8 @@ def test_values_read_into_python_are_counted_and_the_model_is_rerun(tmp_path):
     run = bisectr.trace(path, out=tmp_path / "run")
     side = run.sides.runners["candidate"]
     assert side.recorded.value_reads == 2 and not side.recorded.replayable(side.side.adapter)
-    assert float64_replay(side.side.adapter, side.trace, side.recorded, {}) is None  # the float64 check runs the model's code
+    # the float64 check runs the model's code too
+    assert float64_replay(side.side.adapter, side.trace, side.recorded, {}) is None
     maximum = next(op for op in run.candidate.ops if op.op == "max").outputs[0]
     np.testing.assert_allclose(run.sides.run("candidate", Rerun({maximum: np.array(2.0, np.float32)})).outputs["output"], [3.5, 7.0])
     with pytest.raises(TraceMismatchError, match=r"at op 2 \(Tensor.__mul__ .*computes other values"):

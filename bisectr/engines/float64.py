@@ -338,7 +338,8 @@ def float64_outputs(side: BuiltSide, trace: Trace, recorded: RecordedCalls,
     for the model's code and run (`float64_replay`), else the model's code under `Float64Listener`
     (`float64_forward`), which also says why a forward cannot run in float64."""
     _refuse_plain_function(side)
-    values, calls = float64_replay(side.adapter, trace, recorded, leaf_values) or float64_forward(side, trace, leaf_values)
+    values, calls = (float64_replay(side.adapter, trace, recorded, leaf_values)
+                     or float64_forward(side, trace, leaf_values))
     narrowed = next((key for key, v in values.items() if v.dtype.kind == "f" and v.dtype != np.float64), None)
     if narrowed is not None:
         raise CannotUpcast(f"its output {narrowed!r} stays {values[narrowed].dtype} (a dtype fixed inside the forward)")

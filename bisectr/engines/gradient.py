@@ -118,8 +118,9 @@ class GradientRerun(PatchedRerun):
         return hook
 
 
-def replay_vjp(adapter: Adapter, trace: Trace, recorded: RecordedCalls, indices: list[int], values: dict[int, np.ndarray],
-               upstream: dict[int, np.ndarray | None], float64: bool = False) -> dict[int, np.ndarray | None]:
+def replay_vjp(adapter: Adapter, trace: Trace, recorded: RecordedCalls, indices: list[int],
+               values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
+               float64: bool = False) -> dict[int, np.ndarray | None]:
     """The backward of ops `indices` on `values` for their external inputs, from `upstream` (see `VJPInterpreter`)."""
     vjp = VJPInterpreter(adapter, trace, recorded.calls, recorded.own_values(values), float64)
     with adapter.enable_grad():
@@ -129,7 +130,8 @@ def replay_vjp(adapter: Adapter, trace: Trace, recorded: RecordedCalls, indices:
 
 def backward(side: BuiltSide, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
              activations: dict[int, np.ndarray]) -> Gradients:
-    """The side's forward and backward again through its own code (see `GradientRerun`), from its loss or from `seeds`."""
+    """The side's forward and backward again through its own code (see `GradientRerun`), from its loss or
+    from `seeds`."""
     adapter = side.adapter
     listener = GradientRerun(adapter, trace, gradient_patches, activations)
     differentiated = with_gradient_inputs(side, side.inputs)
@@ -141,7 +143,8 @@ def backward(side: BuiltSide, trace: Trace, seeds: dict[str, np.ndarray], gradie
     return Gradients(listener.gradients, grads, loss)
 
 
-def float64_gradients(side: BuiltSide, trace: Trace, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
+def float64_gradients(side: BuiltSide, trace: Trace, seeds: dict[str, np.ndarray],
+                      leaf_values: dict[str, np.ndarray]) -> Float64Run:
     """The gradients of the parameters and floating inputs (by leaf name) of the side's code run in float64
     under `Float64Listener` (with `leaf_values`), as `backward` computes them."""
     adapter = side.adapter
@@ -151,7 +154,8 @@ def float64_gradients(side: BuiltSide, trace: Trace, seeds: dict[str, np.ndarray
         with adapter.intercept(side.model, listener, gradients=True), adapter.float64_defaults():
             outputs = upcast.forward()
         leaves = {name: copy for name, copy in listener.upcast.items() if leaf_kind(name) == "param"}
-        leaves.update((str(LeafRef("input", str(key))), t) for key, t in upcast.input_items() if adapter.is_tensor(t) and adapter.requires_grad(t))
+        leaves.update((str(LeafRef("input", str(key))), t) for key, t in upcast.input_items()
+                      if adapter.is_tensor(t) and adapter.requires_grad(t))
         with adapter.enable_grad():
             grads, _ = leaf_gradients(upcast, outputs, seeds, leaves)
     except UserModelError as exc:

@@ -381,7 +381,8 @@ def rerun(side: BuiltSide, trace: Trace, recorded: RecordedCalls, patches: dict[
     return rerun_model(side, trace, patches, capture)
 
 
-def rerun_model(side: BuiltSide, trace: Trace, patches: dict[int, Any], capture: frozenset[int] = frozenset()) -> RerunResult:
+def rerun_model(side: BuiltSide, trace: Trace, patches: dict[int, Any],
+                capture: frozenset[int] = frozenset()) -> RerunResult:
     """A re-run of the model's own code (see `PatchedRerun`)."""
     listener = PatchedRerun(side.adapter, trace, patches, capture)
     outputs = intercepted_forward(side, listener)
