@@ -444,7 +444,7 @@ def phase_timer():
     """Times the phases of `bisectr.trace` and `Run.bisect` by wrapping (in this process only, restored
     on exit) the functions they call: `align_traces` where `bisectr.run` binds it (the alignment is
     made as the run is traced), `pair_leaves` (the leaves' pairing and comparison, also made as it is
-    traced), the search's leaf phase, `Analysis.compute`, `LocalSide.rerun`."""
+    traced), the search's leaf phase, `Analysis.compute`, `rerun` where `bisectr.capture.sides` binds it."""
     import bisectr.measure.analysis as analysis
     import bisectr.search.forward as forward
     import bisectr.run as run_module
@@ -472,7 +472,7 @@ def phase_timer():
     wrap(analysis.Analysis, "compute", "analysis")
     wrap(forward, "float64_check", "float64")
     wrap(forward, "check_reproducible", "reproduce")
-    wrap(sides_module.LocalSide, "rerun", "reruns")
+    wrap(sides_module, "rerun", "reruns")
     try:
         yield spent
     finally:
@@ -562,7 +562,7 @@ def measure_training(candidate: str, steps: int) -> dict:
     float64, the comparison, a forward trace first) against plain training steps of the candidate
     (its optimizer on a copy of its model), timed side by side."""
     from bisectr.capture.modelfile import build_side, load_module
-    from bisectr.capture.trainer import Trainer
+    from bisectr.engines.training import Trainer
     from bisectr.training import train
 
     module = load_module(TRAINING_MODEL)
@@ -890,7 +890,8 @@ def main(argv: list[str] | None = None) -> int:
         "stack: median of 3); whole command = bisectr.trace() (building both models, recording both sides, aligning "
         "them, writing the run) + the search; x forward = wall time / plain forward of the same candidate model, the median of 5 "
         "measured beside each search; phases timed by wrapping "
-        "align_traces (in the trace), Analysis.compute and LocalSide.rerun; interception alone = the adapter's intercept() around a "
+        "align_traces (in the trace), Analysis.compute and the side's rerun (bisectr.engines.patched.rerun); "
+        "interception alone = the adapter's intercept() around a "
         "listener that only calls each op."
     )
     report.render("bisectr benchmarks", caption)

@@ -1,7 +1,7 @@
 """Training steps (`bisectr train`): both sides trained for N steps, compared step by step.
 
 1. **Sides.** Each side trains a copy of the model its function builds, where the model lives
-   (`capture.trainer`, through the side's `TrainStep` requests, as every re-run goes), with its optimizer
+   (`engines.training`, through the side's `TrainStep` requests, as every re-run goes), with its optimizer
    (`reference_optimizer(model)` / `candidate_optimizer(model)`: an optimizer, or (optimizer,
    learning-rate scheduler)), its batches (`reference_batch(step)`, steps counted from 1; default:
    the side's inputs at every step) and its loss (`reference_loss(outputs)`; default: the outputs

@@ -53,11 +53,11 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
     values, a parameter replaced) and captured tensors; every cut that patches something moves the outputs."""
     import numpy as np
 
-    from bisectr.capture.interpreter import rerun_recorded
     from bisectr.capture.trace import is_floating
+    from bisectr.engines.patched import rerun_model, rerun_recorded
 
     trace, side = run.traces[role], run.live.runners[role]
-    assert side.recording.replayable(side.side.adapter)
+    assert side.recorded.replayable(side.side.adapter)
     floating = [tid for op in trace.ops for tid in op.outputs if is_floating(trace.tensors[tid].dtype)]
     parameter = next(tid for name, tid in trace.leaves.items() if name.startswith("param:"))
     n = len(trace.ops)
@@ -67,8 +67,8 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
         if cut == n // 3:
             patches[parameter] = trace.value(parameter) * 0.5
         capture = {tid for op in trace.ops[n // 2:n // 2 + 3] for tid in op.outputs}
-        by_model = side.rerun_model(patches, capture)
-        by_calls = rerun_recorded(side.side.adapter, trace, side.recording, patches, capture)
+        by_model = rerun_model(side.side, trace, patches, capture)
+        by_calls = rerun_recorded(side.side.adapter, trace, side.recorded, patches, capture)
         for key, values in by_model.outputs.items():
             assert np.array_equal(by_calls.outputs[key], values, equal_nan=True), (cut, key)
         assert by_calls.captured.keys() == by_model.captured.keys() == capture

@@ -9,8 +9,8 @@ import pytest
 
 import bisectr
 from bisectr.adapters.torch import TorchAdapter
-from bisectr.capture.interpreter import Float64Copies
 from bisectr.capture.sides import Float64Outputs
+from bisectr.engines.float64 import Float64Copies, float64_forward, float64_replay
 from conftest import MODELS
 
 
@@ -54,9 +54,9 @@ def test_the_recorded_calls_in_float64_compute_what_the_model_code_does_in_float
     for role, side in run.live.runners.items():
         first_parameter = next(name for name in run.traces[role].leaves if name.startswith("param:"))
         values = {first_parameter: 2 * run.traces[role].value(run.traces[role].leaves[first_parameter])}
-        assert side.recording.replayable(side.side.adapter)
-        replayed, replayed_calls = side.float64_replay(values)
-        own, own_calls = side.float64_forward(values)
+        assert side.recorded.replayable(side.side.adapter)
+        replayed, replayed_calls = float64_replay(side.side.adapter, side.trace, side.recorded, values)
+        own, own_calls = float64_forward(side.side, side.trace, values)
         assert replayed.keys() == own.keys() and replayed_calls.narrow == own_calls.narrow
         for key, expected in own.items():
             assert replayed[key].dtype == expected.dtype == np.float64
@@ -131,7 +131,7 @@ def test_a_float64_copy_a_view_still_reads_is_not_reused(tmp_path):
     a, b, x = (rng.standard_normal(shape).astype(np.float32).astype(np.float64) for shape in ((8, 8), (8, 8), (2, 8)))
     expected = (x @ b) @ a.T
     for role, side in run.live.runners.items():
-        replayed, _ = side.float64_replay({})
-        own, _ = side.float64_forward({})
+        replayed, _ = float64_replay(side.side.adapter, side.trace, side.recorded, {})
+        own, _ = float64_forward(side.side, side.trace, {})
         for outputs in (replayed, own):
             assert np.abs(outputs["output"] - expected).max() <= 1e-12 * np.abs(expected).max(), role

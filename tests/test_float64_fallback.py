@@ -14,6 +14,8 @@ import bisectr
 from bisectr.adapters import CannotUpcast
 from bisectr.measure.analysis import Analysis
 from bisectr.capture.sides import ReplayVJP
+from bisectr.engines.float64 import float64_forward, float64_replay
+from bisectr.engines.gradient import float64_gradients
 from conftest import MODELS, assert_verdict_contract
 
 NO_FLOAT64 = MODELS / "no_float64_kernel.py"
@@ -39,8 +41,9 @@ def test_the_grouped_products_run_at_float32_in_the_float64_runs_of_both_paths(t
     run = bisectr.trace(NO_FLOAT64, "reference", "candidate_exact_gelu", out=tmp_path / "run")
     for role, tanh in (("reference", True), ("candidate", False)):
         side = run.live.runners[role]
-        replayed, replayed_calls = side.float64_replay({})  # the recorded calls
-        own, own_calls = side.float64_forward({})  # the model's code
+        # the recorded calls, then the model's code
+        replayed, replayed_calls = float64_replay(side.side.adapter, side.trace, side.recorded, {})
+        own, own_calls = float64_forward(side.side, side.trace, {})
         truth = _grouped_experts_in_float64(side.side, tanh)
         for outputs, calls in ((replayed, replayed_calls), (own, own_calls)):
             assert outputs["output"].dtype == np.float64
@@ -57,9 +60,10 @@ def test_the_float64_gradients_run_the_grouped_products_at_float32(tmp_path):
     import torch
 
     run = bisectr.trace(NO_FLOAT64, out=tmp_path / "run")
-    model, inputs = run.live.runners["reference"].side.model, run.live.runners["reference"].side.inputs
+    side = run.live.runners["reference"]
+    model, inputs = side.side.model, side.side.inputs
     seed = np.random.default_rng(5).standard_normal((24, 16))
-    float64 = run.live.runners["reference"].float64_gradients({"output": seed}, {})
+    float64 = float64_gradients(side.side, side.trace, {"output": seed}, {})
     model.zero_grad()
     with torch.enable_grad():
         (model(*inputs) * torch.from_numpy(seed).float()).sum().backward()
@@ -100,7 +104,7 @@ def test_an_op_without_a_float64_kernel_has_no_oracle_and_says_why(tmp_path):
     upstream = {run.reference.ops[0].outputs[0]: np.ones((24, 32))}
     with pytest.raises(CannotUpcast, match=f"{GROUPED_MM} cannot run in float64"):
         run.live.ask("reference", ReplayVJP([0], values, upstream, float64=True))
-    evidence = Analysis(run.live).evidence(0, 0, oracle=True)  # expert 1's weights scaled by 1.01
+    evidence = Analysis(run, run.sides).evidence(0, 0, oracle=True)  # expert 1's weights scaled by 1.01
     assert evidence.fp64 is None and evidence.fp64_unavailable.startswith(f"{GROUPED_MM} cannot run in float64")
     assert 0.005 < evidence.local_error < 0.01 and evidence.verdict == "different"
 
@@ -185,8 +189,8 @@ def test_mixtrals_float64_runs_agree_on_the_recorded_calls_and_the_models_code(t
     counted as ops: each grouped product finds its recorded dtypes in both layers."""
     run = bisectr.trace(MIXTRAL, "reference", "candidate_expert_gelu", out=tmp_path / "run")
     for role, side in run.live.runners.items():
-        replayed, replayed_calls = side.float64_replay({})
-        own, own_calls = side.float64_forward({})
+        replayed, replayed_calls = float64_replay(side.side.adapter, side.trace, side.recorded, {})
+        own, own_calls = float64_forward(side.side, side.trace, {})
         assert np.array_equal(replayed["logits"], own["logits"]) and own["logits"].dtype == np.float64, role
         assert replayed_calls.narrow == own_calls.narrow == {f"{GROUPED_MM} in model.layers.{layer}.mlp.experts": 2
                                                              for layer in (0, 1)}

@@ -14,7 +14,7 @@ import pytest
 import bisectr
 from bisectr.present.cli import main
 from bisectr.errors import BisectrError, TraceMismatchError
-from bisectr.capture.interpreter import Slot
+from bisectr.engines.interpreter import Slot
 from bisectr.capture.isolate import _portable
 from bisectr.present.repro import python_literal
 from bisectr.capture.sides import RecordedCall, Rerun

@@ -17,8 +17,9 @@ paddle = pytest.importorskip("paddle")
 import bisectr  # noqa: E402
 from bisectr.adapters.paddle import PaddleAdapter, patch_counts  # noqa: E402
 from bisectr.errors import TraceMismatchError, UserModelError  # noqa: E402
-from bisectr.capture.interpreter import ValuesInterpreter  # noqa: E402
 from bisectr.capture.recording import RecordOptions, Recorder  # noqa: E402
+from bisectr.engines.float64 import float64_replay  # noqa: E402
+from bisectr.engines.values import ValuesInterpreter  # noqa: E402
 from bisectr.capture.sides import Rerun  # noqa: E402
 from bisectr.capture.trace import Trace  # noqa: E402
 from conftest import assert_replay_matches_model_rerun  # noqa: E402
@@ -271,8 +272,9 @@ def test_values_read_into_python_are_counted_and_the_model_is_rerun(tmp_path):
         "reference = candidate = _model\n")
     run = bisectr.trace(path, out=tmp_path / "run")
     side = run.live.runners["candidate"]
-    assert side.recording.value_reads == 2 and not side.recording.replayable(side.side.adapter)
-    assert side.float64_replay({}) is None  # the float64 check runs the model's code too
+    assert side.recorded.value_reads == 2 and not side.recorded.replayable(side.side.adapter)
+    # the float64 check runs the model's code too
+    assert float64_replay(side.side.adapter, side.trace, side.recorded, {}) is None
     maximum = next(op for op in run.candidate.ops if op.op == "max").outputs[0]
     np.testing.assert_allclose(run.live.ask("candidate", Rerun({maximum: np.array(2.0, np.float32)})).outputs["output"], [3.5, 7.0])
     with pytest.raises(TraceMismatchError, match=r"at op 2 \(Tensor.__mul__ .*computes other values"):
@@ -280,7 +282,7 @@ def test_values_read_into_python_are_counted_and_the_model_is_rerun(tmp_path):
 
 
 def test_replay_in_float64_matches_numpy_truth(run):
-    trace, calls, adapter = run.candidate, run.live.runners["candidate"].recording.calls, PaddleAdapter()
+    trace, calls, adapter = run.candidate, run.live.runners["candidate"].recorded.calls, PaddleAdapter()
 
     def replay(op, float64=True):
         values = {tid: trace.value(tid) for tid in op.inputs}
@@ -321,7 +323,7 @@ def test_torch_reference_and_paddle_candidate_agree(tmp_path):
 def test_plain_function_with_copy_into_a_tensor():
     """A function model (no Layer): `copy_` writes in place without bumping Paddle's inplace
     version; the adapter makes it visible, so the op is recorded in place and patchable."""
-    from bisectr.capture.recording import PatchedRerun
+    from bisectr.engines.patched import PatchedRerun
 
     def forward(x):
         out = paddle.zeros_like(x)

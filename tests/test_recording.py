@@ -9,6 +9,7 @@ from bisectr.adapters import registered
 from bisectr.errors import TraceMismatchError, UserModelError
 from bisectr.capture.sides import Rerun
 from bisectr.capture.trace import PENDING_STATS, StatsBatch, TensorInfo, TensorStats, fingerprint, tensor_stats
+from bisectr.engines.patched import rerun_model
 from conftest import EXAMPLES, MODELS, assert_replay_matches_model_rerun, line_of
 
 OPS_FILE = MODELS / "torch_ops.py"
@@ -185,15 +186,16 @@ def test_dropout_in_training_mode_is_reported_not_mis_patched(models, tmp_path):
     result = run.live.ask("candidate", Rerun({dropped: values}))
     np.testing.assert_array_equal(result.outputs["output"], run.candidate.value(run.candidate.outputs["output"]))
     with pytest.raises(TraceMismatchError, match=r"at op 1 .*dropout"):
-        run.live.runners["candidate"].rerun_model({dropped: values})
+        side = run.live.runners["candidate"]
+        rerun_model(side.side, side.trace, {dropped: values})
 
 
 def test_a_patch_that_takes_the_code_down_another_branch_runs_it(models, tmp_path):
     """A patched value decides a branch the recording never took: the re-run leaves the recorded path there
     and computes the other branch (a router's top-k after patched inputs, in a mixture of experts)."""
     run = bisectr.trace(models / "torch_data_dependent.py", out=tmp_path / "run")
-    recording = run.live.runners["candidate"].recording
-    assert recording.value_reads == 1 and not recording.replayable(run.live.runners["candidate"].side.adapter)
+    recorded = run.live.runners["candidate"].recorded
+    assert recorded.value_reads == 1 and not recorded.replayable(run.live.runners["candidate"].side.adapter)
     doubled = run.candidate.ops[0].outputs[0]
     result = run.live.ask("candidate", Rerun({doubled: -np.ones(4, np.float32)}))
     np.testing.assert_allclose(next(iter(result.outputs.values())), np.tanh(-1.0) + 1, rtol=1e-6)
@@ -212,7 +214,7 @@ def test_a_value_read_made_from_integers_only_keeps_the_recorded_calls(tmp_path)
     to build its causal mask: no patch and no float64 run can change it, so the recorded calls still
     stand in for the model's code, and give what its code gives."""
     run = bisectr.trace(MODELS / "hf_gpt2.py", out=tmp_path / "run")
-    assert run.live.runners["reference"].recording.value_reads == 0
+    assert run.live.runners["reference"].recorded.value_reads == 0
     assert_replay_matches_model_rerun(run, "reference")
 
 
@@ -221,11 +223,11 @@ def test_autocast_around_the_calls_makes_the_model_rerun(tmp_path):
     replay notices and the model's code is re-run instead, with the same results."""
     run = bisectr.trace(EXAMPLES / "torch_vs_torch_bf16.py", out=tmp_path / "run")
     side = run.live.runners["candidate"]
-    assert side.recording.replayable(side.side.adapter)
+    assert side.recorded.replayable(side.side.adapter)
     patches = {tid: run.candidate.value(tid) for tid in run.candidate.ops[10].outputs}
     result = run.live.ask("candidate", Rerun(patches))
-    assert not side.recording.faithful
-    expected = side.rerun_model(patches).outputs["output"]
+    assert not side.recorded.faithful
+    expected = rerun_model(side.side, side.trace, patches).outputs["output"]
     np.testing.assert_array_equal(result.outputs["output"], expected)
     np.testing.assert_array_equal(expected, run.candidate.value(run.candidate.outputs["output"]))
 

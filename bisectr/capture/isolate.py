@@ -30,7 +30,7 @@ from .. import errors
 from ..adapters import CannotUpcast, silence_import_warnings
 from ..errors import BisectrError, UserModelError
 from .modelfile import build_side, load_module
-from .interpreter import Call, Slot
+from ..engines.interpreter import Call, Slot
 from .recording import RecordOptions
 from .sides import (Backward, Float64Gradients, Float64Outputs, LeafValue, LocalSide, RecordedCall, Replay, ReplayVJP,
                     Request, Rerun, Watch)

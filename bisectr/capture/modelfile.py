@@ -3,7 +3,8 @@
 A model file defines zero-argument functions (by default `reference()` and
 `candidate()`), each returning `(model, inputs)`; `inputs` is a tuple of
 positional arguments or a dict of keyword arguments. Its `NPROC` (function name ->
-N) says which functions build a side that runs on N ranks.
+N) says which functions build a side that runs on N ranks. `intercepted_forward` runs a
+side's forward with a listener seeing its ops.
 """
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ from typing import Any, Callable
 import numpy as np
 
 from ..adapters import Adapter, adapter_for, registered
-from ..errors import BisectrError, ModelFileError, UserModelError
+from ..adapters.base import OpListener
+from ..errors import BisectrError, InterceptionFailure, ModelFileError, UserModelError
 
-_BISECTR_DIR = os.path.dirname(os.path.abspath(__file__))
+# bisectr's code that runs the user's model: what it raises is bisectr's own, and its frames are not the user's.
+_BISECTR_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), package) + os.sep
+                      for package in ("capture", "engines"))
 _ADAPTERS_DIR = os.path.dirname(os.path.abspath(sys.modules[Adapter.__module__].__file__))
 
 
@@ -52,6 +56,24 @@ class BuiltSide:
                              self.adapter.internal_paths())
 
 
+def intercepted_forward(side: BuiltSide, listener: OpListener, gradients: bool = False) -> Any:
+    """`side.forward()` with `listener` seeing its ops. A model that raises only under bisectr's
+    interception fails by bisectr's fault, never the user's: it is run once more on its own to tell."""
+    adapter = side.adapter
+    try:
+        with adapter.intercept(side.model, listener, gradients=gradients):
+            return side.forward()
+    except UserModelError as error:
+        try:
+            with adapter.enable_grad() if gradients else adapter.no_grad():
+                side.forward()
+        except UserModelError:
+            raise error from None
+        raise InterceptionFailure(f"{side.model_file}: the {side.role} model returned by {side.function}() runs without "
+                                  f"bisectr but raised under its interception: {error.raised}"
+                                  ) from error.__context__
+
+
 def run_user_code(fn: Callable[[], Any], context: str, hidden_paths: tuple[str, ...] = ()) -> Any:
     try:
         return fn()
@@ -68,13 +90,13 @@ def _raised_by_bisectr(exc: BaseException) -> bool:
     if getattr(exc, "raised_by_op", False):
         return False
     frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(_BISECTR_DIR + os.sep)
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(_BISECTR_DIRS)
 
 
 def user_frames(exc: BaseException, hidden_paths: tuple[str, ...] = ()) -> str:
     """The traceback of `exc`, and of the exceptions that caused it (an import error's root
     cause), without bisectr's frames or the framework's internals."""
-    hidden = (_BISECTR_DIR, _ADAPTERS_DIR, *hidden_paths)
+    hidden = (*_BISECTR_DIRS, _ADAPTERS_DIR, *hidden_paths)
     chain: list[BaseException] = []
     while exc is not None and exc not in chain:
         chain.append(exc)

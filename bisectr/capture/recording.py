@@ -1,10 +1,6 @@
-"""Listeners that run the user's model code: recording a forward pass, and re-running it.
-
-`Recorder` builds a `Trace` from a forward pass and a `Recording` of the calls it made (what
-`bisectr.capture.interpreter` runs again). Where the recorded calls cannot stand in for the model's
-code, `PatchedRerun` runs the code again, checks it follows the recording op for op and hands
-each op's outputs to the interpreter's `Patches`; `GradientRerun` does so with gradients on.
-"""
+"""Recording a forward pass: `Recorder` builds a `Trace` from it and the `RecordedCalls` it made (what
+`bisectr.engines` runs again). `ForwardSession` is what recording shares with the listeners that re-run
+the model's code (in `bisectr.engines`)."""
 from __future__ import annotations
 
 import os
@@ -12,14 +8,14 @@ import sys
 import sysconfig
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 
 from ..adapters import Adapter, Tensors
 from ..adapters.base import API, CALLER
-from ..errors import PathDeparture, TraceMismatchError, UnreadableTensorError
-from .interpreter import Call, Patches, Recording, RerunResult, Slot, run_op
+from ..engines.interpreter import Call, RecordedCalls, Slot, run_op
+from ..errors import UnreadableTensorError
 from .ops import SHARING_COLLECTIVES, canonical_op
 from .store import TensorWriter
 from .structure import call_tensors, flatten_outputs, map_tensors
@@ -66,8 +62,8 @@ class TensorIds:
         return tid
 
 
-class _Session:
-    """Shared by recording and re-running: module stack, tensor ids."""
+class ForwardSession:
+    """What a listener following a forward pass keeps, recording it or re-running it: module stack, tensor ids."""
 
     def __init__(self, adapter: Adapter):
         self.adapter = adapter
@@ -106,7 +102,7 @@ def depends_on_floating(trace: Trace, tid: int) -> bool:
     return trace.reaches(tid, lambda info: is_floating(info.dtype))
 
 
-class Recorder(_Session):
+class Recorder(ForwardSession):
     """Listener that turns a forward pass into a `Trace` (and `Call`s for replay)."""
 
     def __init__(self, adapter: Adapter, model: Any, inputs: list[tuple[str, Any]], trace: Trace,
@@ -121,7 +117,7 @@ class Recorder(_Session):
         for name, tensor in adapter.named_leaves(model):
             self._leaf_names.setdefault(id(tensor), (weakref.ref(tensor), name))
         self.options = options
-        self.recording = Recording()
+        self.recorded = RecordedCalls()
         self._adapter_dir = os.path.dirname(os.path.abspath(sys.modules[type(adapter).__module__].__file__)) + os.sep
         self._framework = adapter.internal_paths()
         self._internal = self._framework + (_BISECTR_DIR, self._adapter_dir, _STDLIB_DIR)
@@ -136,7 +132,7 @@ class Recorder(_Session):
         result, produced, mutated = run_op(self.adapter, fn, args, kwargs, inputs)
         if not produced:
             if name in self.adapter.value_reads and any(depends_on_floating(self.trace, tid) for tid in input_tids):
-                self.recording.value_reads += 1
+                self.recorded.value_reads += 1
             return result
         index = self.op_count
         self.op_count += 1
@@ -154,7 +150,7 @@ class Recorder(_Session):
         slots = {id(t): Slot(tid) for t, tid in zip(inputs, input_tids)}
         slot = lambda t: slots[id(t)]  # noqa: E731
         layouts = tuple(self.adapter.layout(tensor) for tensor in produced)
-        self.recording.calls.append(Call(fn, map_tensors(args, self.adapter.is_tensor, slot), map_tensors(kwargs, self.adapter.is_tensor, slot),
+        self.recorded.calls.append(Call(fn, map_tensors(args, self.adapter.is_tensor, slot), map_tensors(kwargs, self.adapter.is_tensor, slot),
                                          self.adapter.device_name(produced[0]), layouts if any(layouts) else ()))
         return result
 
@@ -167,13 +163,13 @@ class Recorder(_Session):
             if placement is None and from_shard:
                 placement = LOCAL_PART
             if placement == LOCAL_PART:
-                self.recording.local_parts[tid] = np.array(self.adapter.to_numpy(tensor))
+                self.recorded.local_parts[tid] = np.array(self.adapter.to_numpy(tensor))
             if placement == LOCAL_PART or self.adapter.sharded(tensor):
                 self._sharded.add(tid)
             self.trace.tensors[tid].placement = placement
 
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
-        self.recording.leaves[tid] = (tensor, self.adapter.version(tensor))
+        self.recorded.leaves[tid] = (tensor, self.adapter.version(tensor))
         leaf = self.leaf_name(tensor)
         ref = LeafRef.parse(leaf)
         self._refuse_unreadable(tensor, f"its {ref.kind} {ref.name!r} is")
@@ -294,166 +290,6 @@ class Recorder(_Session):
         if filename.startswith(self._internal) or filename.startswith("<"):
             return _SKIP
         return _USER
-
-
-class PatchedRerun(_Session):
-    """Listener for a re-run of the model's code that follows a recorded trace, op for op, and
-    hands each op's outputs to `Patches` (patched, checked, captured; see `interpreter.Patches`).
-
-    A patch may change a data-dependent decision (a router's top-k, a mask made from values) so that the
-    code takes another path than recorded. Once every tensor asked for is captured, nothing ahead needs the
-    recording's numbering: the run goes on free (`free`), patched leaves still swapped in where read, op
-    output patches ahead left out, and its outputs are read by key."""
-
-    with_gradients = False  # the recording ran without gradients; a re-run with them may take another path
-
-    def __init__(self, adapter: Adapter, trace: Trace, patches: dict[int, Any], capture: Iterable[int] = ()):
-        super().__init__(adapter)
-        self.trace = trace
-        self.patching = Patches(adapter, trace, patches, capture, gradients=self.with_gradients)
-        self.free = False
-
-    def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        if self.free:
-            return self._free_call(fn, args, kwargs)
-        inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
-        try:
-            input_tids = self.input_tids(inputs)
-        except PathDeparture as departure:
-            self._go_free(departure)
-            return self._free_call(fn, args, kwargs)
-        if any(tid in self.patching.patches for tid in input_tids):
-            args, kwargs, inputs = self._patch_leaves(args, kwargs, inputs, input_tids)
-        result, produced, mutated = run_op(self.adapter, fn, args, kwargs, inputs)
-        if not produced:
-            return result
-        try:
-            return self._follow(name, result, produced, mutated, input_tids)
-        except PathDeparture as departure:
-            self._go_free(departure)
-            return result
-
-    def _follow(self, name: str, result: Any, produced: list[Any], mutated: set[int], input_tids: list[int]) -> Any:
-        """Hand what the op produced to `Patches` as the recording's op at this point (departures raise)."""
-        expected = self._expected_op(name)
-        self.op_count += 1
-        if len(produced) != len(expected.outputs):
-            raise self.patching.departure(expected.index, expected, f"{len(produced)} outputs instead of {len(expected.outputs)}",
-                                          path=True)
-        reached = not self.patching.tainted.isdisjoint(input_tids)
-        if reached and any(tuple(t.shape) != tuple(self.trace.tensors[tid].shape) for t, tid in zip(produced, expected.outputs)):
-            raise self.patching.departure(expected.index, expected, "makes a tensor of another shape from patched values", path=True)
-        replacements: dict[int, Any] = {}
-        for tensor, tid in zip(produced, expected.outputs):
-            went_on = self.patching.output(expected, tid, tensor, reached, check=True, in_place=id(tensor) in mutated)
-            if went_on is not tensor:
-                replacements[id(tensor)] = went_on
-            self.ids.assign(went_on, tid)
-            self.on_output(tid, went_on)
-        if replacements:
-            result = map_tensors(result, self.adapter.is_tensor, lambda t: replacements.get(id(t), t))
-        return result
-
-    def _go_free(self, departure: PathDeparture) -> None:
-        """Leave the recorded path (see the class docstring), or raise `departure` where the run may not."""
-        if not self._may_go_free():
-            raise departure
-        self.free = True
-
-    def _may_go_free(self) -> bool:
-        """Can the run leave the recorded path: a patch took it there, and no tensor asked for is still ahead?
-        Op output patches still ahead are not placed: the ops there compute from the patched values before them."""
-        patching = self.patching
-        return not self.with_gradients and bool(patching.applied) and patching.capture <= patching.captured.keys()
-
-    def _free_call(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """An op off the recorded path: run as called, patched leaves swapped in where read."""
-        inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
-        tids = [self.ids.lookup(t) for t in inputs]
-        if any(tid in self.patching.patches for tid in tids if tid is not None):
-            known = [(t, tid) for t, tid in zip(inputs, tids) if tid is not None]
-            args, kwargs, inputs = self._patch_leaves(args, kwargs, [t for t, _ in known], [tid for _, tid in known])
-        return run_op(self.adapter, fn, args, kwargs, inputs)[0]
-
-    def on_output(self, tid: int, tensor: Any) -> None:
-        """An op of the re-run produced `tensor`, recorded as `tid` (patched already, if asked)."""
-
-    def on_new_leaf(self, tid: int, tensor: Any) -> None:
-        if tid not in self.trace.tensors or self.trace.tensors[tid].producer is not None:
-            raise self.patching.departure(self.op_count, None, "reads a tensor the recording did not read at this point", path=True)
-
-    def _patch_leaves(self, args: tuple, kwargs: dict, inputs: list[Any], tids: list[int]):
-        leaves = {tid for tid in tids if tid in self.patching.patches and self.trace.tensors[tid].producer is None}
-        if not leaves:
-            return args, kwargs, inputs
-        substitutes = {id(t): self.patching.leaf(tid, t) for t, tid in zip(inputs, tids) if tid in leaves}
-        swap = lambda t: substitutes.get(id(t), t)  # noqa: E731
-        args = map_tensors(args, self.adapter.is_tensor, swap)
-        kwargs = map_tensors(kwargs, self.adapter.is_tensor, swap)
-        return args, kwargs, call_tensors(args, kwargs, self.adapter.is_tensor)
-
-    def _expected_op(self, name: str) -> OpNode:
-        if self.op_count >= len(self.trace.ops):
-            raise self.patching.departure(self.op_count, None, "runs more ops than the recording", path=True)
-        expected = self.trace.ops[self.op_count]
-        if expected.framework_op != name:
-            raise self.patching.departure(expected.index, expected, f"calls {name} where the recording called {expected.framework_op}",
-                                          path=True)
-        return expected
-
-    def finish(self, outputs: list[tuple[str, Any]]) -> RerunResult:
-        if not self.free and self.op_count != len(self.trace.ops):
-            raise TraceMismatchError(
-                f"the {self.trace.side} re-run ran {self.op_count} ops, the recording {len(self.trace.ops)}: "
-                "the forward is not deterministic (dropout in training mode? data-dependent control flow?)"
-            )
-        return RerunResult({key: self.adapter.to_numpy(t) for key, t in outputs}, self.patching.captured)
-
-
-class GradientRerun(PatchedRerun):
-    """A re-run with gradients on (`Adapter.intercept(..., gradients=True)`), following the
-    recording as `PatchedRerun` does, that hooks every op output a gradient reaches: the hook
-    keeps the gradient in `gradients` and hands on `gradient_patches[tid]` instead where given.
-    `leaves` are the leaf tensors read, by tid, for their gradients. `patched` are the patched op
-    outputs: the backward starts from them too, so that a patch reaches the ops before a tensor
-    whose readers all cut the gradient (a `detach`), where no gradient would call its hook.
-
-    `activations` (tid -> values) replace op outputs in the forward while keeping the graph: the
-    backward then runs through the side's own ops, each at the values given."""
-
-    with_gradients = True
-
-    def __init__(self, adapter: Adapter, trace: Trace, gradient_patches: dict[int, np.ndarray],
-                 activations: dict[int, np.ndarray] | None = None):
-        super().__init__(adapter, trace, activations or {})
-        self.gradient_patches = Patches(adapter, trace, gradient_patches)
-        self.gradients: dict[int, np.ndarray] = {}
-        self.leaves: dict[int, Any] = {}
-        self.patched: list[Any] = []
-
-    def on_output(self, tid: int, tensor: Any) -> None:
-        if self.adapter.requires_grad(tensor) and is_floating(self.trace.tensors[tid].dtype):
-            self.adapter.add_gradient_hook(tensor, self._hook(tid, tensor))
-            if tid in self.gradient_patches.patches:
-                self.patched.append(tensor)
-
-    def on_new_leaf(self, tid: int, tensor: Any) -> None:
-        super().on_new_leaf(tid, tensor)
-        self.leaves[tid] = tensor
-
-    def _hook(self, tid: int, tensor: Any) -> Callable[[Any], Any]:
-        adapter = self.adapter
-        dtype, device, layout = adapter.dtype_name(tensor), adapter.device_name(tensor), adapter.layout(tensor)
-
-        def hook(gradient: Any) -> Any:
-            if gradient is None:  # none reaches it (see `Adapter.add_gradient_hook`)
-                return None
-            self.gradients[tid] = adapter.to_numpy(gradient)
-            if tid in self.gradient_patches.patches:
-                return adapter.from_numpy(self.gradient_patches.values(tid, gradient), dtype, device, layout)
-            return None
-
-        return hook
 
 
 def output_pairs(adapter: Tensors, outputs: Any) -> list[tuple[str, Any]]:

@@ -2,7 +2,8 @@
 
 A side runner records the forward pass (`record`) and answers requests about it (`run`): a
 re-run with patches, a replay of ops or of their backward, a backward pass, the float64 runs,
-a recorded call, a training step. `LocalSide` keeps the model in this process; a runner in another process
+a recorded call, a training step. `LocalSide` keeps the model in this process and answers each request
+with its engine (`bisectr.engines`); a runner in another process
 (`--isolate`) sends the same requests to its worker, so the analysis and the search never know
 where a model lives. A live run (`bisectr.measure.live.LiveRun`) holds both runners with the run they
 recorded; a run record (`runrecord.RunRecord`) never does.
@@ -10,30 +11,30 @@ recorded; a run record (`runrecord.RunRecord`) never does.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from ..adapters import Adapter, CannotUpcast
-from ..adapters.base import OpListener
-from ..errors import InterceptionFailure, ModelFileError, UnreadableTensorError, UnrecordedOutputError, UserModelError
-from .interpreter import (Float64Calls, Float64Copies, Float64Interpreter, Gradients, Recording, RerunResult, UnfaithfulReplay,
-                          ValuesInterpreter, VJPInterpreter, rerun_recorded)
-from .modelfile import BuiltSide, load_module, loss_of, module_name
-from .recording import GradientRerun, PatchedRerun, RecordOptions, Recorder, output_pairs
+from ..engines.float64 import Float64Run, float64_outputs
+from ..engines.gradient import Gradients, backward, float64_gradients, replay_vjp
+from ..engines.interpreter import Call, RecordedCalls
+from ..engines.patched import RerunResult, rerun
+from ..engines.training import StepFacts, Trainer
+from ..engines.values import ValuesInterpreter, replay
+from ..errors import ModelFileError, UnreadableTensorError, UnrecordedOutputError
+from .modelfile import BuiltSide, intercepted_forward, load_module, module_name
+from .recording import RecordOptions, Recorder, output_pairs
 from .store import TensorWriter
-from .trainer import Trainer
-from .structure import call_tensors, iter_tensors, map_tensors
-from .trace import OpNode, TensorInfo, Trace, is_floating
-from ..leafref import LeafRef, leaf_kind
+from .trace import TensorInfo, Trace, is_floating
+from ..leafref import leaf_kind
 
 
 # -- what a side is asked ------------------------------------------------------------------
 @dataclass
 class Rerun:
     """Run again, following the recording, with `patches` (tid -> values, or a `Shift`) swapped in
-    (see `interpreter.Patches`); the values of the tids in `capture` come back too. -> `RerunResult`"""
+    (see `engines.patched.Patches`); the values of the tids in `capture` come back too. -> `RerunResult`"""
 
     patches: dict[int, Any]
     capture: frozenset[int] = frozenset()
@@ -52,7 +53,7 @@ class Replay:
 @dataclass
 class ReplayVJP:
     """The backward of ops `indices` on `values` for their external inputs, from `upstream` (tid ->
-    the gradient reaching an output; None: none does); see `interpreter.VJPInterpreter`.
+    the gradient reaching an output; None: none does); see `engines.gradient.VJPInterpreter`.
     -> tid -> the gradient of each floating external input (None: none reaches it)"""
 
     indices: list[int]
@@ -65,7 +66,8 @@ class ReplayVJP:
 class Backward:
     """Forward and backward again, following the recording, from the loss or from `seeds` (output
     key -> gradient), with `gradient_patches` (tid -> gradient) handed on instead of the own, on
-    `activations` (tid -> values) in place of its own forward's (see `GradientRerun`). -> `Gradients`"""
+    `activations` (tid -> values) in place of its own forward's (see `engines.gradient.GradientRerun`).
+    -> `Gradients`"""
 
     seeds: dict[str, np.ndarray]
     gradient_patches: dict[int, np.ndarray] = field(default_factory=dict)
@@ -172,7 +174,7 @@ def recorded_through(runner: SideRunner, writer: TensorWriter | None, options: R
 
 
 def record_side(side: BuiltSide, writer: TensorWriter | None, options: RecordOptions,
-                watch: Watch | None = None) -> tuple[Trace, Recording]:
+                watch: Watch | None = None) -> tuple[Trace, RecordedCalls]:
     """Record one side's forward pass: its trace, and the calls and leaves that replays need."""
     items = side.input_items()
     device, dtype = side.adapter.describe(side.model, [value for _, value in items])
@@ -191,25 +193,7 @@ def record_side(side: BuiltSide, writer: TensorWriter | None, options: RecordOpt
     if writer is not None:
         writer.raise_failure()  # an op the failed write cut short computed nothing that was recorded
     _refuse_unrecorded_outputs(side, trace)
-    return trace, recorder.recording
-
-
-def intercepted_forward(side: BuiltSide, listener: OpListener, gradients: bool = False) -> Any:
-    """`side.forward()` with `listener` seeing its ops. A model that raises only under bisectr's
-    interception fails by bisectr's fault, never the user's: it is run once more on its own to tell."""
-    adapter = side.adapter
-    try:
-        with adapter.intercept(side.model, listener, gradients=gradients):
-            return side.forward()
-    except UserModelError as error:
-        try:
-            with adapter.enable_grad() if gradients else adapter.no_grad():
-                side.forward()
-        except UserModelError:
-            raise error from None
-        raise InterceptionFailure(f"{side.model_file}: the {side.role} model returned by {side.function}() runs without "
-                                  f"bisectr but raised under its interception: {error.raised}"
-                                  ) from error.__context__
+    return trace, recorder.recorded
 
 
 def _is_input_or_weight(info: TensorInfo) -> bool:
@@ -234,59 +218,66 @@ def _refuse_unrecorded_outputs(side: BuiltSide, trace: Trace) -> None:
 
 
 class LocalSide:
-    """A side whose model lives in this process.
-
-    A re-run executes the recorded calls (`interpreter.rerun_recorded`: the same results, several
-    times faster, and only the ops a cut leaves to compute) where the recording can stand in for
-    the model (see `Recording.replayable`), and the model's own code otherwise (`PatchedRerun`),
-    also once the recorded calls turn out not to stand in (autocast).
-    """
+    """A side whose model lives in this process: each request is answered by its engine (`ANSWERS`)."""
 
     def __init__(self, side: BuiltSide):
         self.side = side
-        self.recording = Recording()
+        self.recorded = RecordedCalls()
         self.trace: Trace | None = None
         self.trainers: dict[int, Trainer] = {}  # by width (`TrainStep`)
 
     def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
-        self.trace, self.recording = record_side(self.side, writer, options, watch)
+        self.trace, self.recorded = record_side(self.side, writer, options, watch)
         return self.trace
 
     def run(self, request: Request) -> Any:
-        adapter, trace, calls = self.side.adapter, self.trace, self.recording.calls
-        match request:
-            case Rerun(patches, capture):
-                return self.rerun(patches, capture)
-            case Replay(indices, values, float64):
-                replay = ValuesInterpreter(adapter, trace, calls, self.recording.own_values(values), float64, self.recording.leaves)
-                replay.run(indices)
-                return {tid: replay.computed[tid] for index in indices for tid in trace.ops[index].outputs}
-            case ReplayVJP(indices, values, upstream, float64):
-                vjp = VJPInterpreter(adapter, trace, calls, self.recording.own_values(values), float64)
-                with adapter.enable_grad():
-                    vjp.run(indices)
-                return vjp.gradients(upstream)
-            case Backward(seeds, gradient_patches, activations):
-                return self.backward(seeds, gradient_patches, activations)
-            case Float64Outputs(leaf_values):
-                return self.float64_outputs(leaf_values)
-            case Float64Gradients(seeds, leaf_values):
-                return self.float64_gradients(seeds, leaf_values)
-            case LeafValue(tid):
-                return adapter.to_numpy(self.recording.leaves[tid][0])
-            case RecordedCall(index):
-                return calls[index] if index < len(calls) else None
-            case TrainStep(width, number, seeds):
-                return self._trainer(width, seeds).step(number)
-            case StepValues(width, measure, parameter):
-                return self.trainers[width].read(measure, parameter)
-            case TrainerSettings(width):
-                return self.trainers[width].settings(), self.trainers[width].weight_decays()
-            case SearchCompiled(index, values):
-                replay = ValuesInterpreter(adapter, trace, calls, self.recording.own_values(values), leaves=self.recording.leaves)
-                args, kwargs = calls[index].filled(replay.fetch)
-                return adapter.search_compiled(calls[index].fn, args, kwargs)
-        raise TypeError(f"not a side request: {request!r}")
+        answer = self.ANSWERS.get(type(request))
+        if answer is None:
+            raise TypeError(f"not a side request: {request!r}")
+        return answer(self, request)
+
+    def _rerun(self, request: Rerun) -> RerunResult:
+        return rerun(self.side, self.trace, self.recorded, request.patches, request.capture)
+
+    def _replay(self, request: Replay) -> dict[int, np.ndarray]:
+        return replay(self.side.adapter, self.trace, self.recorded, request.indices, request.values, request.float64)
+
+    def _replay_vjp(self, request: ReplayVJP) -> dict[int, np.ndarray | None]:
+        return replay_vjp(self.side.adapter, self.trace, self.recorded, request.indices, request.values,
+                          request.upstream, request.float64)
+
+    def _backward(self, request: Backward) -> Gradients:
+        return backward(self.side, self.trace, request.seeds, request.gradient_patches, request.activations)
+
+    def _float64_outputs(self, request: Float64Outputs) -> Float64Run:
+        return float64_outputs(self.side, self.trace, self.recorded, request.leaf_values)
+
+    def _float64_gradients(self, request: Float64Gradients) -> Float64Run:
+        return float64_gradients(self.side, self.trace, request.seeds, request.leaf_values)
+
+    def _leaf_value(self, request: LeafValue) -> np.ndarray:
+        return self.side.adapter.to_numpy(self.recorded.leaves[request.tid][0])
+
+    def _recorded_call(self, request: RecordedCall) -> Call | None:
+        calls = self.recorded.calls
+        return calls[request.index] if request.index < len(calls) else None
+
+    def _train_step(self, request: TrainStep) -> StepFacts:
+        return self._trainer(request.width, request.seeds).step(request.number)
+
+    def _step_values(self, request: StepValues) -> np.ndarray | None:
+        return self.trainers[request.width].read(request.measure, request.parameter)
+
+    def _trainer_settings(self, request: TrainerSettings) -> tuple[dict, dict]:
+        trainer = self.trainers[request.width]
+        return trainer.settings(), trainer.weight_decays()
+
+    def _search_compiled(self, request: SearchCompiled) -> Any:
+        adapter, trace, calls = self.side.adapter, self.trace, self.recorded.calls
+        interpreter = ValuesInterpreter(adapter, trace, calls, self.recorded.own_values(request.values),
+                                        leaves=self.recorded.leaves)
+        args, kwargs = calls[request.index].filled(interpreter.fetch)
+        return adapter.search_compiled(calls[request.index].fn, args, kwargs)
 
     def _trainer(self, width: int, seeds: dict[str, np.ndarray]) -> Trainer:
         """The trainer at `width`, made at its first step (from the model file as the side was built from it)."""
@@ -296,212 +287,9 @@ class LocalSide:
             self.trainers[width] = Trainer(side, module, seeds, float64=width == 64)
         return self.trainers[width]
 
-    def rerun(self, patches: dict[int, Any], capture: frozenset[int] = frozenset()) -> RerunResult:
-        adapter, recording = self.side.adapter, self.recording
-        if recording.replayable(adapter):
-            try:
-                return rerun_recorded(adapter, self.trace, recording, patches, capture)
-            except UnfaithfulReplay:
-                recording.faithful = False
-        return self.rerun_model(patches, capture)
-
-    def rerun_model(self, patches: dict[int, Any], capture: frozenset[int] = frozenset()) -> RerunResult:
-        """A re-run of the model's own code (see `PatchedRerun`)."""
-        side = self.side
-        listener = PatchedRerun(side.adapter, self.trace, patches, capture)
-        outputs = intercepted_forward(side, listener)
-        return listener.finish(output_pairs(side.adapter, outputs))
-
-    def float64_outputs(self, leaf_values: dict[str, np.ndarray]) -> Float64Run:
-        """The side's outputs in float64: the recorded calls executed in float64 where they can stand in
-        for the model's code and run (`Float64Interpreter`), else the model's code under `Float64Listener`,
-        which also says why a forward cannot run in float64."""
-        _refuse_plain_function(self.side)
-        values, calls = self.float64_replay(leaf_values) or self.float64_forward(leaf_values)
-        narrowed = next((key for key, v in values.items() if v.dtype.kind == "f" and v.dtype != np.float64), None)
-        if narrowed is not None:
-            raise CannotUpcast(f"its output {narrowed!r} stays {values[narrowed].dtype} (a dtype fixed inside the forward)")
-        return Float64Run(values, calls.narrow_ops())
-
-    def float64_replay(self, leaf_values: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Float64Calls] | None:
-        adapter = self.side.adapter
-        if not self.recording.replayable(adapter):
-            return None
-        replay = Float64Interpreter(adapter, self.trace, self.recording, leaf_values)
-        try:
-            return replay.outputs(), replay.float64_calls
-        except UnfaithfulReplay:
-            return None
-
-    def float64_forward(self, leaf_values: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Float64Calls]:
-        side, adapter = self.side, self.side.adapter
-        listener = Float64Listener(adapter, side.model, self.trace, leaf_values)
-        upcast = replace(side, inputs=_float64_inputs(side))
-        try:
-            with adapter.intercept(side.model, listener), adapter.float64_defaults():
-                outputs = upcast.forward()
-        except UserModelError as exc:
-            raise CannotUpcast(f"its float64 forward raised: {exc.raised}") from None
-        return {key: adapter.to_numpy(tensor) for key, tensor in output_pairs(adapter, outputs)}, listener.calls
-
-    def backward(self, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
-                 activations: dict[int, np.ndarray]) -> Gradients:
-        side, adapter, trace = self.side, self.side.adapter, self.trace
-        listener = GradientRerun(adapter, trace, gradient_patches, activations)
-        differentiated = _with_gradient_inputs(side, side.inputs)
-        outputs = intercepted_forward(differentiated, listener, gradients=True)
-        listener.finish(output_pairs(adapter, outputs))
-        leaves = {tid: tensor for tid, tensor in listener.leaves.items()
-                  if leaf_kind(trace.tensors[tid].leaf) in ("param", "input") and is_floating(trace.tensors[tid].dtype)}
-        grads, loss = _backward(side, outputs, seeds, leaves, listener.patched)
-        return Gradients(listener.gradients, grads, loss)
-
-    def float64_gradients(self, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]) -> Float64Run:
-        side, adapter = self.side, self.side.adapter
-        upcast = _with_gradient_inputs(side, _float64_inputs(side))
-        listener = Float64Listener(adapter, side.model, self.trace, leaf_values, gradients=True)
-        try:
-            with adapter.intercept(side.model, listener, gradients=True), adapter.float64_defaults():
-                outputs = upcast.forward()
-            leaves = {name: copy for name, copy in listener.upcast.items() if leaf_kind(name) == "param"}
-            leaves.update((str(LeafRef("input", str(key))), t) for key, t in upcast.input_items() if adapter.is_tensor(t) and adapter.requires_grad(t))
-            with adapter.enable_grad():
-                grads, _ = _backward(upcast, outputs, seeds, leaves)
-        except UserModelError as exc:
-            raise CannotUpcast(f"its float64 backward raised: {exc.raised}") from None
-        grads.update((name, None) for name in listener.parameter_names() if name not in grads)  # no op read it
-        return Float64Run(grads, listener.calls.narrow_ops())
-
-
-def _refuse_plain_function(side: BuiltSide) -> None:
-    """A float64 run of a plain function is refused: bisectr cannot reach its parameters."""
-    if not side.adapter.is_module(side.model):
-        raise CannotUpcast("it is a plain function, whose tensors bisectr cannot reach")
-
-
-def _float64_inputs(side: BuiltSide) -> tuple | dict:
-    """The side's inputs with each floating tensor upcast to float64 (see `_refuse_plain_function`)."""
-    adapter = side.adapter
-    _refuse_plain_function(side)
-    return map_tensors(side.inputs, adapter.is_tensor, lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
-
-
-@dataclass
-class Float64Run:
-    """What a float64 run gave (outputs by key, or gradients by leaf name), and the ops that still
-    ran below float64 in it."""
-
-    values: dict[str, Any]
-    narrow_ops: list[str]
-
-
-class Float64Listener:
-    """Runs the model's own code in float64 with no float64 copy of the model: an op reading a
-    floating parameter or buffer reads a float64 copy made for it (of `leaf_values[name]` where
-    given, `Float64Copies`), released after it; each op is called as `Float64Calls` calls it in the
-    float64 check (`calls.narrow`: the ops that still ran below float64), the `trace` recorded giving
-    the dtypes of an op that cannot run in float64, as the code follows the recording op for op. With
-    `gradients` each leaf's copy is made once and kept in `upcast` (a parameter's a leaf requiring a
-    gradient, the parameter's own float64 gradient)."""
-
-    def __init__(self, adapter: Adapter, model: Any, trace: Trace, leaf_values: dict[str, np.ndarray], gradients: bool = False):
-        self.adapter = adapter
-        self.trace = trace
-        self.leaves = {id(t): (name, t) for name, t in adapter.named_leaves(model) if is_floating(adapter.dtype_name(t))}
-        self.copies = Float64Copies(adapter, leaf_values)
-        self.calls = Float64Calls(adapter, trace, fall_back=True)
-        self.gradients = gradients
-        self.upcast: dict[str, Any] = {}  # leaf name -> its float64 copy, with `gradients`
-        self.modules: list[str] = []
-        self.op_count = 0  # the ops run so far, counted as a recording counts them
-        self._upcasting = False  # the ops that make a copy are bisectr's, not the model's
-
-    def call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        if self._upcasting:
-            return fn(*args, **kwargs)
-        args = map_tensors(args, self._is_model_leaf, self._float64)
-        kwargs = map_tensors(kwargs, self._is_model_leaf, self._float64)
-        inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
-        versions = [self.adapter.version(t) for t in inputs]
-        result = self.calls.call(name, self.modules[-1] if self.modules else "", self._recorded(name), fn, *args, **kwargs)
-        outputs = iter_tensors(result, self.adapter.is_tensor)
-        if outputs or any(self.adapter.version(t) != v for t, v in zip(inputs, versions)):  # an op, as a recording counts them
-            self.op_count += 1
-        if not self.gradients:
-            self.copies.note_outputs(outputs)
-            for tensor in iter_tensors((args, kwargs), self.adapter.is_tensor):
-                self.copies.release(tensor)
-        return result
-
-    def enter_module(self, path: str) -> None:
-        self.modules.append(path)
-
-    def exit_module(self) -> None:
-        self.modules.pop()
-
-    def _recorded(self, name: str) -> OpNode | None:
-        """The recording's op this call is, where the model's code still follows the recording."""
-        ops = self.trace.ops
-        recorded = ops[self.op_count] if self.op_count < len(ops) else None
-        return recorded if recorded is not None and recorded.framework_op == name else None
-
-    def parameter_names(self) -> list[str]:
-        return [name for name, _ in self.leaves.values() if leaf_kind(name) == "param"]
-
-    def _is_model_leaf(self, obj: Any) -> bool:
-        entry = self.leaves.get(id(obj))
-        return entry is not None and entry[1] is obj
-
-    def _float64(self, tensor: Any) -> Any:
-        adapter = self.adapter
-        name = self.leaves[id(tensor)][0]
-        if name in self.upcast:
-            return self.upcast[name]
-        self._upcasting = True
-        try:
-            copy = self.copies.make(tensor, name)
-            if self.gradients and leaf_kind(name) == "param" and adapter.requires_grad(tensor):
-                copy = adapter.gradient_leaf(copy)
-        finally:
-            self._upcasting = False
-        if self.gradients:
-            self.upcast[name] = copy
-        return copy
-
-
-def _with_gradient_inputs(side: BuiltSide, inputs: tuple | dict) -> BuiltSide:
-    """`side` run on `inputs` with each floating tensor a new leaf requiring a gradient: the gradient
-    reaching the inputs is the backward's last word, and compared with the parameters'."""
-    adapter = side.adapter
-    return replace(side, inputs=map_tensors(inputs, adapter.is_tensor,
-                                            lambda t: adapter.gradient_leaf(t) if is_floating(adapter.dtype_name(t)) else t))
-
-
-def _backward(side: BuiltSide, outputs: Any, seeds: dict[str, np.ndarray], parameters: dict,
-              patched: list[Any] = ()) -> tuple[dict, float | None]:
-    """The gradients of `parameters` (key -> parameter or input tensor; None for one no gradient
-    reaches) from the side's loss of `outputs`, or from `seeds` on its outputs; and the loss.
-    The `patched` tensors are roots too, with a zero gradient their hooks replace."""
-    adapter = side.adapter
-    loss = None
-    if side.loss is not None:
-        value = loss_of(side, outputs)
-        roots, upstream = [value], [adapter.like(value, np.ones(value.shape))]
-        loss = float(adapter.to_numpy(value).reshape(()))
-    else:
-        seeded = [(key, t) for key, t in output_pairs(adapter, outputs) if key in seeds and adapter.requires_grad(t)]
-        roots = [t for _, t in seeded]
-        upstream = [adapter.like(t, seeds[key]) for key, t in seeded]
-    for tensor in patched:
-        if not any(tensor is root for root in roots):  # its zero gradient adds nothing, and paddle refuses a root given twice
-            roots.append(tensor)
-            upstream.append(adapter.like(tensor, np.zeros(tensor.shape)))
-    reached = [key for key, tensor in parameters.items() if adapter.requires_grad(tensor)]
-    if not roots or not reached:
-        raise ModelFileError(f"{side.model_file}: no gradient reaches any parameter or input of the {side.role} model "
-                             "(every parameter frozen and no floating input, or the forward runs without gradients): "
-                             "a backward pass has nothing to compare")
-    grads = dict.fromkeys(parameters)
-    for key, grad in zip(reached, adapter.gradients(roots, upstream, [parameters[k] for k in reached])):
-        grads[key] = None if grad is None else adapter.to_numpy(grad)
-    return grads, loss
+    ANSWERS: dict[type, Callable[[LocalSide, Any], Any]] = {
+        Rerun: _rerun, Replay: _replay, ReplayVJP: _replay_vjp, Backward: _backward,
+        Float64Outputs: _float64_outputs, Float64Gradients: _float64_gradients, LeafValue: _leaf_value,
+        RecordedCall: _recorded_call, TrainStep: _train_step, StepValues: _step_values,
+        TrainerSettings: _trainer_settings, SearchCompiled: _search_compiled,
+    }

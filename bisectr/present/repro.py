@@ -17,7 +17,7 @@ import numpy as np
 
 from ..adapters import adapter_named, registered
 from ..adapters.base import ReproSnippets
-from ..capture.interpreter import Call, Slot
+from ..engines.interpreter import Call, Slot
 from .report import short_source, source_text
 from ..measure.runrecord import RunRecord, output_seeds
 from ..capture.sides import Backward, RecordedCall

@@ -42,7 +42,8 @@ from .precision import float64_runs, noted
 from ..measure.numerics import GRADIENT_FLOOR, coarsest_dtype, confirms, judge, judge_float64, magnitude, relative_to
 from ..measure.runrecord import RunRecord, output_seeds
 from .window import fetch_all, needs_window
-from ..capture.interpreter import Gradients, Shift
+from ..engines.gradient import Gradients
+from ..engines.patched import Shift
 from ..measure.result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow
 from .core import Decided, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before, site
 from ..capture.sides import Backward, Float64Gradients, ReplayVJP

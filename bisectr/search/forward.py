@@ -37,7 +37,7 @@ from .nonfinite import NonFiniteStart, nonfinite_culprit, nonfinite_start, nonfi
 from .precision import float64_check
 from ..measure.live import LiveRun
 from ..measure.runrecord import RunRecord
-from ..capture.interpreter import PassOn, Shift
+from ..engines.patched import PassOn, Shift
 from ..capture.ops import UNINITIALISED
 from ..measure.metrics import OutputError
 from ..measure.result import (BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, Placements, ProfileRow, Recurrence,

@@ -10,10 +10,10 @@ import numpy as np
 from ..adapters import CannotUpcast
 from ..errors import ModelFileError
 from ..leafref import leaf_kind
-from .modelfile import BuiltSide, loss_of, run_user_code
-from .recording import output_pairs
-from .structure import map_tensors
-from .trace import is_floating
+from ..capture.modelfile import BuiltSide, loss_of, run_user_code
+from ..capture.recording import output_pairs
+from ..capture.structure import map_tensors
+from ..capture.trace import is_floating
 
 
 @dataclass
