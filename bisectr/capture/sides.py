@@ -2,7 +2,8 @@
 
 A side runner records the forward pass (`record`) and answers requests about it (`run`): a
 re-run with patches, a replay of ops or of their backward, a backward pass, the float64 runs,
-a recorded call, a training step. `LocalSide` keeps the model in this process; a runner in another process
+a recorded call, a training step, the questions of the search inside a compiled module's call
+(`compiled`). `LocalSide` keeps the model in this process; a runner in another process
 (`--isolate`) sends the same requests to its worker, so the analysis and the search never know
 where a model lives. `Sides` holds both runners with the traces they recorded; a run record
 (`runrecord.RunRecord`) never does.
@@ -18,8 +19,9 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from ..adapters import Adapter, CannotUpcast
-from ..adapters.base import OpListener
+from ..adapters.base import CompiledGraphs, CompiledProbe, OpListener
 from ..errors import InterceptionFailure, ModelFileError, UnreadableTensorError, UnrecordedOutputError, UserModelError
+from .compiled import CloseCompiled, CompiledQuestion, OpenCompiled, answer_compiled
 from .interpreter import (Float64Calls, Float64Copies, Float64Interpreter, Gradients, Recording, RerunResult, UnfaithfulReplay,
                           ValuesInterpreter, VJPInterpreter, rerun_recorded)
 from .modelfile import BuiltSide, load_module, loss_of, module_name
@@ -137,18 +139,8 @@ class TrainerSettings:
     width: int
 
 
-@dataclass
-class SearchCompiled:
-    """Where the compiled code of op `index`, a compiled module's call, differs from its eager code, the
-    op called on `values` (tid -> array) for the inputs that are no parameter (see
-    `Interception.search_compiled`). -> `InCompiled`, or None where op `index` is no compiled call"""
-
-    index: int
-    values: dict[int, np.ndarray]
-
-
 Request = (Rerun | Replay | ReplayVJP | Backward | Float64Outputs | Float64Gradients | LeafValue | RecordedCall | TrainStep
-           | StepValues | TrainerSettings | SearchCompiled)
+           | StepValues | TrainerSettings | OpenCompiled | CloseCompiled | CompiledQuestion)
 
 
 class SideRunner(Protocol):
@@ -240,6 +232,7 @@ class LocalSide:
         self.recording = Recording()
         self.trace: Trace | None = None
         self.trainers: dict[int, Trainer] = {}  # by width (`TrainStep`)
+        self.compiled: CompiledProbe | None = None  # the compiled call `OpenCompiled` made ready
 
     def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
         self.trace, self.recording = record_side(self.side, writer, options, watch)
@@ -275,11 +268,25 @@ class LocalSide:
                 return self.trainers[width].read(measure, parameter)
             case TrainerSettings(width):
                 return self.trainers[width].settings(), self.trainers[width].weight_decays()
-            case SearchCompiled(index, values):
-                replay = ValuesInterpreter(adapter, trace, calls, self.recording.own_values(values), leaves=self.recording.leaves)
-                args, kwargs = calls[index].filled(replay.fetch)
-                return adapter.search_compiled(calls[index].fn, args, kwargs)
+            case OpenCompiled(index, values):
+                self.compiled = self._probe_compiled(index, values)
+                return None if self.compiled is None else (self.compiled.backend, self.compiled.rounding())
+            case CloseCompiled():
+                self.compiled = None
+                return None
+            case CompiledQuestion():
+                return answer_compiled(self.compiled, request)
         raise TypeError(f"not a side request: {request!r}")
+
+    def _probe_compiled(self, index: int, values: dict[int, np.ndarray]) -> CompiledProbe | None:
+        """Op `index`'s call probed on its recorded inputs, `values` for those that are no parameter."""
+        adapter, calls = self.side.adapter, self.recording.calls
+        if not isinstance(adapter, CompiledGraphs):
+            raise TypeError(f"the {adapter.name} adapter cannot search inside compiled code (it is no CompiledGraphs)")
+        recording = self.recording
+        replay = ValuesInterpreter(adapter, self.trace, calls, recording.own_values(values), leaves=recording.leaves)
+        args, kwargs = calls[index].filled(replay.fetch)
+        return adapter.probe_compiled(calls[index].fn, args, kwargs)
 
     def _trainer(self, width: int, seeds: dict[str, np.ndarray]) -> Trainer:
         """The trainer at `width`, made at its first step (from the model file as the side was built from it)."""
