@@ -17,13 +17,14 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from ..adapters import COMPILED_OP, InCompiled
+from ..adapters import COMPILED_OP
 from ..capture.compiled import (CalledChildren, CaptureGraphs, CloseCompiled, CompiledError, CompilerBisection,
                                 CuttableNodes, CutError, ExecutedLines, ModulesOfClass, OpenCompiled)
 from ..capture.sides import Request, Sides
 from ..leafref import leaf_kind
 from ..measure.numerics import (COMPILED_CONFIRMED_ROUNDING, COMPILED_CONFIRMED_SHARE, COMPILED_NODE_FACTOR,
                                 COMPILED_NODE_FLOOR, COMPILED_SHARE)
+from ..measure.result import InCompiled
 from ..measure.runrecord import RunRecord
 
 
