@@ -10,7 +10,7 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
-from .base import COMPILED_OP, REGISTERED, Adapter, Autograd, CannotUpcast, InCompiled, Interception, Layers, OpListener, Reductions, Tensors, Training
+from .base import COMPILED_OP, REGISTERED, Adapter, Autograd, CannotUpcast, CompiledGraphs, Interception, Layers, OpListener, Reductions, Tensors, Training
 
 
 @lru_cache(maxsize=1)
@@ -56,5 +56,5 @@ def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
     return None
 
 
-__all__ = ["COMPILED_OP", "Adapter", "CannotUpcast", "InCompiled", "OpListener", "Reductions", "adapter_for", "adapter_named",
+__all__ = ["COMPILED_OP", "Adapter", "CannotUpcast", "CompiledGraphs", "OpListener", "Reductions", "adapter_for", "adapter_named",
            "input_layout", "op_synonyms", "registered", "silence_import_warnings"]

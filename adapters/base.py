@@ -13,7 +13,7 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
@@ -121,32 +121,6 @@ class Reductions:
 
 # The op a compiled module's call is recorded as: the compiler runs its code as one graph.
 COMPILED_OP = "compiled"
-
-
-@dataclass
-class InCompiled:
-    """Where inside a compiled module its compiled code differs from its eager code, on the inputs it
-    was recorded with (`Interception.search_compiled`); errors relative, outputs against the eager's."""
-
-    module: str  # the deepest module whose compiled code alone makes the difference, relative to the compiled one ("": itself)
-    module_class: str
-    error: float  # the compiled module's
-    module_error: float  # with only `module` compiled
-    op: str | None  # the first op of `module`'s compiled graph whose value differs beyond rounding
-    source: str  # "path:line" of that op in the model's code ("" unknown)
-    code: str
-    op_error: float | None  # that op's value compiled, against float64 (its eager rounding stays far below)
-    other_path: bool  # no op's compiled value differs: the op is the first on a line only the compiled code runs
-    step: str  # the compiler step that makes it: a backend, and for inductor a subsystem
-    step_detail: str  # which application of the subsystem (a decomposition, a lowering), where bisected
-    eager_modules: list[str]  # every module of `module`'s class, kept eager in the confirmation
-    confirmed_error: float  # the compiled module's error with them eager
-    rounding: float  # the eager module's own: its float32 outputs against float64
-    confirmed: bool
-    compiles: int
-    seconds: float
-    backend: str
-    eager_ops: list[int] = field(default_factory=list)  # the other side's ops at the op's line (set by the search)
 
 
 # Layouts of a linear layer's weight matrix.
@@ -291,11 +265,6 @@ class Interception(ABC):
     def is_compiled_function(self, model: Any) -> bool:
         """Is `model` a function a compiler runs as one graph (whose tensors bisectr cannot reach)?"""
         return False
-
-    def search_compiled(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> InCompiled | None:
-        """Where the compiled code of the recorded op `fn` (called on `args`/`kwargs`) differs from its
-        eager code (None: `fn` is no compiled module's call). Each step compiles afresh: slow."""
-        return None
 
     @abstractmethod
     def internal_paths(self) -> tuple[str, ...]:
@@ -484,6 +453,86 @@ class Layers:
         """What the running statistic `local` of a BatchNorm layer `owner` holds; None for anything else."""
         statistic = self.norm_statistics.get(local)
         return statistic if statistic is not None and isinstance(owner, self.batch_norm_classes()) else None
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """A node of a compiled module's graph, as its compiler captured it (`CompiledProbe.capture_graphs`)."""
+
+    op: str  # named as the adapter names recorded ops ("Tensor.mul", "nn.functional.gelu")
+    source: str  # "path:line" of the model's code it was traced from ("" where the compiler kept none)
+    code: str
+
+
+@dataclass(frozen=True)
+class CompilerStep:
+    """A step of a compiler (`CompiledProbe.bisect_compiler`): a backend, or one of its subsystems."""
+
+    backend: str
+    subsystem: str | None = None  # the backend's subsystem, where the bisection narrowed it to one
+    applied_to: str = ""  # the op the subsystem was applied to ("aten.mean.dim"), where the compiler names one
+    adds: str = ""  # what the backend adds to the one before it, for a step that is a whole backend
+
+
+class CompiledProbe(ABC):
+    """One compiled module's call, probed on the inputs it was recorded with (`CompiledGraphs.probe_compiled`).
+    Modules are named by path from the compiled module ("": itself). Each probe that compiles does so once,
+    afresh, with the call's own compiler settings. Errors are relative (the largest difference over the
+    largest magnitude, of each output); an error of the compiled module is its outputs against its eager ones."""
+
+    backend: str  # the compiler backend's name
+
+    @abstractmethod
+    def rounding(self) -> float:
+        """The eager module's own rounding: its float32 outputs against a float64 copy's."""
+
+    @abstractmethod
+    def called_children(self, path: str) -> list[str]:
+        """The paths of module `path`'s submodules that are called, in order (a container's items in its place)."""
+
+    @abstractmethod
+    def error_compiled(self, path: str, kept_eager: list[str]) -> tuple[float, bool]:
+        """The error with only module `path` compiled, the modules `kept_eager` run eagerly inside it; and
+        whether the compiler captured any graph of the code it compiled."""
+
+    @abstractmethod
+    def capture_graphs(self, path: str) -> list[list[GraphNode]]:
+        """The graphs the compiler captures of module `path`'s code, each as its nodes in order (the graphs
+        are kept for `cuttable_nodes` and `cut_error`, until the next capture)."""
+
+    @abstractmethod
+    def cuttable_nodes(self, graph: int) -> list[int]:
+        """The positions in captured graph `graph` of the nodes a cut can end at: those it computes whose eager
+        value is floating (their eager values are kept for `cut_error`)."""
+
+    @abstractmethod
+    def cut_error(self, graph: int, node: int) -> tuple[float, float]:
+        """Captured graph `graph` cut after its node at position `node` and compiled: the node's compiled value
+        against its eager value in float64, and its eager float32 value against the same (its rounding)."""
+
+    @abstractmethod
+    def executed_lines(self, files: set[str]) -> set[str]:
+        """The "path:line"s of `files` that the eager module's run executes."""
+
+    @abstractmethod
+    def bisect_compiler(self, path: str, good_below: float) -> tuple[CompilerStep | None, int]:
+        """The compiler step that makes the difference of module `path` compiled alone, a try being good
+        where its error stays below `good_below` (None: no single step does), and the compiles it took. A
+        compiler that cannot be bisected gives its backend as the step, compiling nothing."""
+
+    @abstractmethod
+    def modules_of_class(self, path: str) -> tuple[str, list[str]]:
+        """The class name of module `path`, and the paths of every module of that class."""
+
+
+class CompiledGraphs(ABC):
+    """Optional facet of an adapter whose framework compiles modules into graphs (their calls recorded as
+    `COMPILED_OP`): the primitives of the search inside a compiled module's call (`bisectr.search.compiled`)."""
+
+    @abstractmethod
+    def probe_compiled(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> CompiledProbe | None:
+        """The compiled module's call that the recorded op `fn` makes, probed on `args`/`kwargs` (its eager
+        outputs computed now); None where `fn` is no compiled module's call. Every probe is slow."""
 
 
 class Adapter(Tensors, Interception, Autograd, Training, Layers):

@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..leafref import LeafRef
-from .base import (API, CALLER, COMPILED_OP, IN_OUT, OUT_IN, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast, InCompiled,
-                   ModulePaths, OpListener, Reductions, ReproSnippets)
+from .base import (API, CALLER, COMPILED_OP, IN_OUT, OUT_IN, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast,
+                   CompiledGraphs, CompiledProbe, ModulePaths, OpListener, Reductions, ReproSnippets)
 
 
 # Tensor methods that cast to a floating dtype below float64.
@@ -95,7 +95,7 @@ _OP_SYNONYMS = {
 _BATCH_NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
 
 
-class TorchAdapter(Adapter):
+class TorchAdapter(Adapter, CompiledGraphs):
     name = "torch"
     op_synonyms = _OP_SYNONYMS
     module_kind = "torch.nn.Module"
@@ -208,11 +208,11 @@ class TorchAdapter(Adapter):
     def is_compiled_function(self, model: Any) -> bool:
         return not isinstance(model, _torch().nn.Module) and hasattr(model, "_torchdynamo_orig_callable")
 
-    def search_compiled(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> InCompiled | None:
+    def probe_compiled(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> CompiledProbe | None:
         if not isinstance(fn, CompiledCall):
             return None
-        from .torch_compile import search_compiled
-        return search_compiled(fn.eager, fn.settings, args, kwargs)
+        from .torch_compile import TorchCompiledProbe
+        return TorchCompiledProbe(fn.eager, fn.settings, args, kwargs)
 
     def linear_class(self) -> type:
         return _torch().nn.Linear

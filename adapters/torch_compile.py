@@ -1,19 +1,15 @@
-"""Inside a `torch.compile`d module: which of its modules' compiled code, which op of that module's
-graph and which compiler step make a difference its eager code does not (`TorchAdapter.search_compiled`).
+"""`torch.compile`'s primitives for the search inside a compiled module's call (`TorchAdapter.probe_compiled`,
+`bisectr.search.compiled` decides from what they answer).
 
 Every probe compiles afresh (`torch._dynamo.reset()` first, so no cached code or guard stands in)
 with the module's own compile settings (its `dynamo_ctx`) and runs on the inputs the compiled module
 was recorded with, against the same code run eagerly:
-- where: the module's children compiled one at a time, the rest eager; the first child whose
-  compiled code alone makes the difference is searched the same way, down to a module none of
-  whose children does (the compiled code of several modules together, or of its own code);
-- the op: that module's graphs as dynamo captures them, cut after one node and compiled, in a
-  binary search for the first node whose compiled value leaves what rounding makes (its eager
-  float32 value against float64); where none does, the graph itself computes otherwise: the first
-  node on a line the eager code never runs;
-- why: `CompilerBisector` (eager -> aot_eager -> aot_eager_decomp_partition -> inductor, then
-  inductor's subsystems and passes), for a module compiled by inductor;
-- the proof: the compiled module again, every module of the culprit's class left eager.
+- a module compiled alone, the rest eager (the whole module, some of its modules kept eager);
+- a module's graphs as dynamo captures them, one cut after a node and compiled: the node's compiled
+  value, and its eager float32 value, against its eager float64 value;
+- the lines the eager code executes (where a graph computes otherwise, the lines only it runs);
+- `CompilerBisector` (eager -> aot_eager -> aot_eager_decomp_partition -> inductor, then inductor's
+  subsystems and passes), for a module compiled by inductor.
 """
 from __future__ import annotations
 
@@ -22,20 +18,10 @@ import copy
 import io
 import re
 import sys
-import time
 from typing import Any, Iterator
 
-from .base import InCompiled
+from .base import CompiledProbe, CompilerStep, GraphNode
 
-# A probe's difference counts as the module's when it reaches this share of the whole module's.
-_SHARE = 0.1
-# Confirmed: with the culprit's class eager, the compiled module's error within this many times its
-# eager rounding, or below this share of its difference.
-_CONFIRMED_ROUNDING = 10
-_CONFIRMED_SHARE = 0.01
-# A node's compiled value differs where it leaves its eager rounding this many times over.
-_ROUNDING_FACTOR = 100
-_FLOOR = 1e-5
 # What each of `CompilerBisector`'s backends adds to the one before it.
 _BACKEND_STEPS = {"eager": "dynamo's graph capture: the graph it traced computes otherwise",
                   "aot_eager": "AOTAutograd's tracing and functionalization",
@@ -44,122 +30,86 @@ _BACKEND_STEPS = {"eager": "dynamo's graph capture: the graph it traced computes
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in \S+\n\s*(?P<code>[^\n]*)')
 
 
-def search_compiled(module: Any, settings: Any, args: tuple, kwargs: dict) -> InCompiled:
-    """Where `module` compiled with `settings` (dynamo's context) differs from its eager self, called on `args`/`kwargs`."""
-    import torch
+class TorchCompiledProbe(CompiledProbe):
+    """`root` (the module as written) compiled with `settings` (dynamo's context), probed on `args`/`kwargs`."""
 
-    compiled_in_place = module._compiled_call_impl
-    module._compiled_call_impl = None  # `module.compile()`: the module runs eagerly unless the search compiles it
-    try:
-        with torch.no_grad():
-            return _Search(module, settings, args, kwargs).run()
-    finally:
-        module._compiled_call_impl = compiled_in_place
-
-
-class _Search:
     def __init__(self, root: Any, settings: Any, args: tuple, kwargs: dict):
         self.root, self.settings, self.args, self.kwargs = root, settings, args, kwargs
-        self.eager = _floating(root(*args, **kwargs))
-        self.compiles = 0
-        self.started = time.monotonic()
+        self.backend = _backend_name(settings)
+        self.graphs: list[tuple[Any, list[Any]]] = []  # the last capture's graph modules and their example inputs
+        # The graph `cuttable_nodes` was last asked of: its nodes' eager float32 and float64 values by name.
+        self.node_values: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+        with self._probing():
+            self.eager = _floating(root(*args, **kwargs))
 
-    def run(self) -> InCompiled:
-        whole = self.error_alone(self.root)
-        path, module, module_error = self.culprit_module(whole)
-        op, source, code, op_error, other_path = self.culprit_op(module)
-        step, detail = self.compiler_step(module, module_error)
-        eager_modules = [] if module is self.root else [name for name, m in self.root.named_modules() if type(m) is type(module)]
-        confirmed_error = self.error_kept_eager([self.root.get_submodule(name) for name in eager_modules]) if eager_modules else 0.0
-        rounding = self.rounding()
-        return InCompiled(path, type(module).__name__, whole, module_error, op, source, code, op_error, other_path, step, detail,
-                          eager_modules, confirmed_error, rounding,
-                          confirmed=bool(eager_modules) and confirmed_error <= max(_CONFIRMED_ROUNDING * rounding, _CONFIRMED_SHARE * whole),
-                          compiles=self.compiles, seconds=round(time.monotonic() - self.started, 1),
-                          backend=_backend_name(self.settings))
-
-    # -- probes ------------------------------------------------------------------------------------
-    def compile(self, module: Any) -> Any:
-        """`module` compiled afresh as the recorded module is."""
+    @contextlib.contextmanager
+    def _probing(self) -> Iterator[None]:
+        """No gradients, and the root run eagerly unless a probe compiles it (`module.compile()` compiles in place)."""
         import torch
 
-        torch._dynamo.reset()
-        self.compiles += 1
-        return torch._dynamo.eval_frame.OptimizedModule(module, self.settings)
+        compiled_in_place = self.root._compiled_call_impl
+        self.root._compiled_call_impl = None
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.root._compiled_call_impl = compiled_in_place
 
-    def run_with(self, module: Any, replacement: Any) -> list[Any]:
-        """The root's floating outputs with `module` (one of its modules, or itself) replaced by `replacement`."""
-        if module is self.root:
-            return _floating(replacement(*self.args, **self.kwargs))
-        with _swapped(self.root, _path_of(self.root, module), replacement):
-            return _floating(self.root(*self.args, **self.kwargs))
+    def rounding(self) -> float:
+        with self._probing():
+            exact = _floating(copy.deepcopy(self.root).double()(*_double(self.args), **_double(self.kwargs)))
+        return _error([t.double() for t in self.eager], exact)
 
-    def error_alone(self, module: Any) -> float:
-        """The root's difference from its eager self with only `module` compiled."""
-        return _error(self.run_with(module, self.compile(module)), self.eager)
+    def called_children(self, path: str) -> list[str]:
+        return [child_path for child_path, _ in _called_children(self.root.get_submodule(path), path)]
 
-    def captured_alone(self, module: Any) -> tuple[float, bool]:
-        """`error_alone`, and whether dynamo captured any graph of `module`'s code (a frame it skips, such as
-        a forward under some decorators, is run eagerly whole, its submodules' code too)."""
+    def error_compiled(self, path: str, kept_eager: list[str]) -> tuple[float, bool]:
         from torch._dynamo.utils import counters
 
-        counters.clear()
-        error = self.error_alone(module)
-        return error, counters["stats"]["unique_graphs"] > 0
+        module = self.root.get_submodule(path)
+        with self._probing(), _kept_eager([self.root.get_submodule(name) for name in kept_eager]):
+            counters.clear()
+            error = _error(self._run_with(module, self._compile(module)), self.eager)
+            # A frame dynamo skips (a forward under some decorators) runs eagerly whole, its submodules' code too.
+            return error, counters["stats"]["unique_graphs"] > 0
 
-    def error_kept_eager(self, eager: list[Any]) -> float:
-        """The root's difference from its eager self compiled whole, `eager` modules kept eager."""
-        with _kept_eager(eager):
-            return self.error_alone(self.root)
-
-    def culprit_module(self, whole: float) -> tuple[str, Any, float]:
-        """The deepest module whose compiled code alone makes the difference (the root where no child's does).
-        A child that compiled alone captures no graph says nothing of its own children, which are tried in its place."""
-        path, module, error = "", self.root, whole
-        while True:
-            children = list(_called_children(module, path))
-            while children:
-                child_path, child = children.pop(0)
-                child_error, captured = self.captured_alone(child)
-                if child_error >= _SHARE * whole:
-                    path, module, error = child_path, child, child_error
-                    break
-                if not captured:
-                    children[:0] = _called_children(child, child_path)
-            else:
-                return path, module, error
-
-    def culprit_op(self, module: Any) -> tuple[str | None, str, str, float | None, bool]:
-        """The first node of the module's captured graphs whose compiled value differs beyond rounding;
-        else the first on a line its eager run never executes (and True)."""
+    def capture_graphs(self, path: str) -> list[list[GraphNode]]:
         import torch
 
-        graphs: list[tuple[Any, list[Any]]] = []
+        module = self.root.get_submodule(path)
+        self.graphs, self.node_values = [], {}
 
         def capture(gm, example_inputs):
-            graphs.append((gm, list(example_inputs)))
+            self.graphs.append((gm, list(example_inputs)))
             return gm.forward
 
-        torch._dynamo.reset()
-        self.run_with(module, torch.compile(module, backend=capture))
-        for gm, inputs in graphs:
-            found = self.first_differing_node(gm, inputs)
-            if found is not None:
-                node, error = found
-                source, code = _source(node)
-                return _node_name(node), source, code, error, False
-        # No node's compiled value differs from the graph's own eager run: the graph itself computes
-        # something else, where dynamo traced a path the eager code does not take.
-        executed = self.executed_lines(module, {_source(n)[0].rpartition(":")[0] for gm, _ in graphs for n in gm.graph.nodes})
-        for gm, _ in graphs:
-            for node in gm.graph.nodes:
-                source, code = _source(node)
-                if source and source not in executed:
-                    return _node_name(node), source, code, None, True
-        return None, "", "", None, False
+        with self._probing():
+            torch._dynamo.reset()
+            self._run_with(module, torch.compile(module, backend=capture))
+        return [[GraphNode(_node_name(node), *_source(node)) for node in gm.graph.nodes] for gm, _ in self.graphs]
 
-    def executed_lines(self, module: Any, files: set[str]) -> set[str]:
-        """The "path:line"s of `files` that the module's eager run executes."""
+    def cuttable_nodes(self, graph: int) -> list[int]:
+        gm, inputs = self.graphs[graph]
+        with self._probing():
+            eager32 = _node_values(gm, inputs)
+            try:
+                eager64 = _node_values(copy.deepcopy(gm).double(), [_double(t) for t in inputs])
+            except RuntimeError:  # a dtype the graph fixes (a cast to float32) meets float64 values: the floor judges
+                eager64 = {name: _double(value) for name, value in eager32.items()}
+        self.node_values = {graph: (eager32, eager64)}
+        return [position for position, node in enumerate(gm.graph.nodes)
+                if node.op != "placeholder" and _is_floating(eager32.get(node.name))]
+
+    def cut_error(self, graph: int, node: int) -> tuple[float, float]:
+        gm, inputs = self.graphs[graph]
+        eager32, eager64 = self.node_values[graph]
+        last = list(gm.graph.nodes)[node]
+        with self._probing():
+            compiled = self._compile(_cut_after(gm, last))(*inputs)
+        exact = eager64[last.name]
+        return _error([compiled.double()], [exact]), _error([eager32[last.name].double()], [exact])
+
+    def executed_lines(self, files: set[str]) -> set[str]:
         executed: set[str] = set()
 
         def lines(frame, event, arg):
@@ -170,69 +120,56 @@ class _Search:
         def calls(frame, event, arg):
             return lines if frame.f_code.co_filename in files else None
 
-        sys.settrace(calls)
-        try:
-            self.root(*self.args, **self.kwargs)
-        finally:
-            sys.settrace(None)
+        with self._probing():
+            sys.settrace(calls)
+            try:
+                self.root(*self.args, **self.kwargs)
+            finally:
+                sys.settrace(None)
         return executed
 
-    def first_differing_node(self, gm: Any, inputs: list[Any]) -> tuple[Any, float] | None:
-        eager32 = _node_values(gm, inputs)
-        try:
-            eager64 = _node_values(copy.deepcopy(gm).double(), [_double(t) for t in inputs])
-        except RuntimeError:  # a dtype the graph fixes (a cast to float32) meets float64 values: the floor judges
-            eager64 = {name: _double(value) for name, value in eager32.items()}
-        nodes = [n for n in gm.graph.nodes if n.op != "placeholder" and _is_floating(eager32.get(n.name))]
-
-        def error_of(index: int) -> float | None:
-            node = nodes[index]
-            compiled = self.compile(_cut_after(gm, node))(*inputs)
-            exact, rounded = eager64[node.name], eager32[node.name]
-            rounding = _error([rounded.double()], [exact])
-            error = _error([compiled.double()], [exact])
-            return error if error > max(_ROUNDING_FACTOR * rounding, _FLOOR) else None
-
-        low, high = 0, len(nodes) - 1  # the first differing node lies in [low, high]; high differs
-        found = error_of(high) if nodes else None
-        if found is None:
-            return None
-        while low < high:
-            middle = (low + high) // 2
-            error = error_of(middle)
-            if error is None:
-                low = middle + 1
-            else:
-                high, found = middle, error
-        return nodes[high], found
-
-    def compiler_step(self, module: Any, module_error: float) -> tuple[str, str]:
-        """The compiler backend and, for inductor, the subsystem and pass that make the module's difference."""
+    def bisect_compiler(self, path: str, good_below: float) -> tuple[CompilerStep | None, int]:
         import torch
         from torch._inductor.compiler_bisector import CompilerBisector
 
-        backend = _backend_name(self.settings)
-        if backend != "inductor":
-            return backend, _BACKEND_STEPS.get(backend, "")
+        if self.backend != "inductor":
+            return CompilerStep(self.backend, adds=_BACKEND_STEPS.get(self.backend, "")), 0
+        module = self.root.get_submodule(path)
+        tries = 0
 
         def good() -> bool:  # compiled as CompilerBisector sets inductor up for this try
+            nonlocal tries
             torch._dynamo.reset()
-            self.compiles += 1
-            return _error(self.run_with(module, torch.compile(module)), self.eager) < _SHARE * module_error
+            tries += 1
+            return _error(self._run_with(module, torch.compile(module)), self.eager) < good_below
 
-        with contextlib.redirect_stdout(io.StringIO()):
+        with self._probing(), contextlib.redirect_stdout(io.StringIO()):
             found = CompilerBisector.do_bisect(good)
         torch._dynamo.reset()
         if found is None:
-            return "inductor", "no single compiler step: every backend and subsystem reproduced it, or none did alone"
+            return None, tries
         if found.subsystem is None:
-            return found.backend, _BACKEND_STEPS.get(found.backend, "")
-        return f"{found.backend}, {found.subsystem}", f"applied to {_short_op(found.debug_info)}" if found.debug_info else ""
+            return CompilerStep(found.backend, adds=_BACKEND_STEPS.get(found.backend, "")), tries
+        applied_to = _short_op(found.debug_info) if found.debug_info else ""
+        return CompilerStep(found.backend, found.subsystem, applied_to), tries
 
-    def rounding(self) -> float:
-        """The eager module's own rounding: its float32 outputs against a float64 copy's."""
-        exact = _floating(copy.deepcopy(self.root).double()(*_double(self.args), **_double(self.kwargs)))
-        return _error([t.double() for t in self.eager], exact)
+    def modules_of_class(self, path: str) -> tuple[str, list[str]]:
+        module = self.root.get_submodule(path)
+        return type(module).__name__, [name for name, m in self.root.named_modules() if type(m) is type(module)]
+
+    def _compile(self, module: Any) -> Any:
+        """`module` compiled afresh as the recorded module is."""
+        import torch
+
+        torch._dynamo.reset()
+        return torch._dynamo.eval_frame.OptimizedModule(module, self.settings)
+
+    def _run_with(self, module: Any, replacement: Any) -> list[Any]:
+        """The root's floating outputs with `module` (one of its modules, or itself) replaced by `replacement`."""
+        if module is self.root:
+            return _floating(replacement(*self.args, **self.kwargs))
+        with _swapped(self.root, _path_of(self.root, module), replacement):
+            return _floating(self.root(*self.args, **self.kwargs))
 
 
 # -- helpers -----------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Eager against `torch.compile`: a compiled model is compared with its eager self (or with a paddle
 reference), its compiled module's call recorded as one op; where that op is the culprit, bisectr
-searches inside it (`adapters/torch_compile.py`): the module whose compiled code alone makes the
+searches inside it (`bisectr/search/compiled.py`): the module whose compiled code alone makes the
 difference, the op of its graph, the compiler step, and the proof with that module's class eager.
 
 Inductor compiles for the CPU here with the system's C++ compiler: each model takes 15-60 s.

@@ -2,7 +2,8 @@
 
 A side runner records the forward pass (`record`) and answers requests about it (`run`): a
 re-run with patches, a replay of ops or of their backward, a backward pass, the float64 runs,
-a recorded call, a training step. `LocalSide` keeps the model in this process and answers each request
+a recorded call, a training step, the questions of the search inside a compiled module's call
+(`bisectr.engines.compiled`). `LocalSide` keeps the model in this process and answers each request
 with its engine (`bisectr.engines`); a runner in another process
 (`--isolate`) sends the same requests to its worker, so the analysis and the search never know
 where a model lives. A live run (`bisectr.measure.live.LiveRun`) holds both runners with the run they
@@ -16,12 +17,14 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from ..adapters.base import CompiledProbe
+from ..engines.compiled import CloseCompiled, CompiledQuestion, OpenCompiled, answer_compiled, probe_compiled
 from ..engines.float64 import Float64Run, float64_outputs
 from ..engines.gradient import Gradients, backward, float64_gradients, replay_vjp
 from ..engines.interpreter import Call, RecordedCalls
 from ..engines.patched import RerunResult, rerun
 from ..engines.training import StepFacts, Trainer
-from ..engines.values import ValuesInterpreter, replay
+from ..engines.values import replay
 from ..errors import ModelFileError, UnreadableTensorError, UnrecordedOutputError
 from .modelfile import BuiltSide, intercepted_forward, load_module, module_name
 from .recording import RecordOptions, Recorder, output_pairs
@@ -137,18 +140,8 @@ class TrainerSettings:
     width: int
 
 
-@dataclass
-class SearchCompiled:
-    """Where the compiled code of op `index`, a compiled module's call, differs from its eager code, the
-    op called on `values` (tid -> array) for the inputs that are no parameter (see
-    `Interception.search_compiled`). -> `InCompiled`, or None where op `index` is no compiled call"""
-
-    index: int
-    values: dict[int, np.ndarray]
-
-
 Request = (Rerun | Replay | ReplayVJP | Backward | Float64Outputs | Float64Gradients | LeafValue | RecordedCall | TrainStep
-           | StepValues | TrainerSettings | SearchCompiled)
+           | StepValues | TrainerSettings | OpenCompiled | CloseCompiled | CompiledQuestion)
 
 
 class SideRunner(Protocol):
@@ -225,6 +218,7 @@ class LocalSide:
         self.recorded = RecordedCalls()
         self.trace: Trace | None = None
         self.trainers: dict[int, Trainer] = {}  # by width (`TrainStep`)
+        self.compiled: CompiledProbe | None = None  # the compiled call `OpenCompiled` made ready
 
     def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
         self.trace, self.recorded = record_side(self.side, writer, options, watch)
@@ -272,12 +266,15 @@ class LocalSide:
         trainer = self.trainers[request.width]
         return trainer.settings(), trainer.weight_decays()
 
-    def _search_compiled(self, request: SearchCompiled) -> Any:
-        adapter, trace, calls = self.side.adapter, self.trace, self.recorded.calls
-        interpreter = ValuesInterpreter(adapter, trace, calls, self.recorded.own_values(request.values),
-                                        leaves=self.recorded.leaves)
-        args, kwargs = calls[request.index].filled(interpreter.fetch)
-        return adapter.search_compiled(calls[request.index].fn, args, kwargs)
+    def _open_compiled(self, request: OpenCompiled) -> tuple[str, float] | None:
+        self.compiled = probe_compiled(self.side.adapter, self.trace, self.recorded, request.index, request.values)
+        return None if self.compiled is None else (self.compiled.backend, self.compiled.rounding())
+
+    def _close_compiled(self, request: CloseCompiled) -> None:
+        self.compiled = None
+
+    def _compiled_question(self, request: CompiledQuestion) -> Any:
+        return answer_compiled(self.compiled, request)
 
     def _trainer(self, width: int, seeds: dict[str, np.ndarray]) -> Trainer:
         """The trainer at `width`, made at its first step (from the model file as the side was built from it)."""
@@ -291,5 +288,6 @@ class LocalSide:
         Rerun: _rerun, Replay: _replay, ReplayVJP: _replay_vjp, Backward: _backward,
         Float64Outputs: _float64_outputs, Float64Gradients: _float64_gradients, LeafValue: _leaf_value,
         RecordedCall: _recorded_call, TrainStep: _train_step, StepValues: _step_values,
-        TrainerSettings: _trainer_settings, SearchCompiled: _search_compiled,
+        TrainerSettings: _trainer_settings, OpenCompiled: _open_compiled, CloseCompiled: _close_compiled,
+        **dict.fromkeys(CompiledQuestion.__subclasses__(), _compiled_question),
     }

@@ -1,6 +1,7 @@
 """The numbers every judgement rests on: a dtype's noise floor, whether an op's own difference
-is rounding, errors relative to a magnitude, the float64 rule, and the search's thresholds.
-The forward and backward searches and the training comparison all judge with these.
+is rounding, errors relative to a magnitude, the float64 rule, and the searches' thresholds.
+The forward and backward searches, the search inside compiled code and the training comparison
+all judge with these.
 """
 from __future__ import annotations
 
@@ -28,6 +29,17 @@ ENTRY_FRACTION = 0.5
 REACH_FRACTION = 0.1  # a difference reaches the outputs if it alone makes this share of the error
 NOISE_REACH_FRACTION = 0.01  # an op's own rounding must make this share of the error to be named
 CONFIRM_FRACTION = 0.1  # a confirmation takes the error under this share of it (or down to rounding)
+
+# The search inside a compiled module's call (`search.compiled`): a module's compiled code makes the
+# difference where, compiled alone, it makes COMPILED_SHARE of the whole module's error (and a compiler step
+# where, without the step, the module's error stays below that share of it).
+COMPILED_SHARE = 0.1
+COMPILED_NODE_FACTOR = 100  # a graph node's compiled value differs where its error is over this many times its rounding
+COMPILED_NODE_FLOOR = 1e-5  # and over this (both against its eager value in float64)
+# Confirmed: with every module of the culprit's class eager, the compiled module's error is within this many times
+# its eager rounding, or under this share of its difference.
+COMPILED_CONFIRMED_ROUNDING = 10
+COMPILED_CONFIRMED_SHARE = 0.01
 
 
 def noise_floor(dtype: str) -> float:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..adapters import InCompiled
 from .align import LeafPairing
 from ..serial import PlainError, from_plain, to_plain
 from .metrics import Float64Evidence, OpVerdict, OutputError
@@ -54,6 +53,33 @@ class Placements:
     ranks: int
     reads: list[str]
     hands_on: list[str]
+
+
+@dataclass
+class InCompiled:
+    """Where inside a compiled module its compiled code differs from its eager code, on the inputs it
+    was recorded with (`search.compiled.in_compiled`); errors relative, outputs against the eager's."""
+
+    # the deepest module whose compiled code alone makes the difference, relative to the compiled one ("": itself)
+    module: str
+    module_class: str
+    error: float  # the compiled module's
+    module_error: float  # with only `module` compiled
+    op: str | None  # the first op of `module`'s compiled graph whose value differs beyond rounding
+    source: str  # "path:line" of that op in the model's code ("" unknown)
+    code: str
+    op_error: float | None  # that op's value compiled, against float64 (its eager rounding stays far below)
+    other_path: bool  # no op's compiled value differs: the op is the first on a line only the compiled code runs
+    step: str  # the compiler step that makes it: a backend, and for inductor a subsystem
+    step_detail: str  # which application of the subsystem (a decomposition, a lowering), where bisected
+    eager_modules: list[str]  # every module of `module`'s class, kept eager in the confirmation
+    confirmed_error: float  # the compiled module's error with them eager
+    rounding: float  # the eager module's own: its float32 outputs against float64
+    confirmed: bool
+    compiles: int
+    seconds: float
+    backend: str
+    eager_ops: list[int] = field(default_factory=list)  # the other side's ops at the op's line (set by the search)
 
 
 @dataclass

@@ -10,10 +10,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..adapters import InCompiled
 from ..measure.runrecord import RunRecord
-from ..measure.result import (BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, NotBlamed, Placements, ProfileRow,
-                              Result, Rewired)
+from ..measure.result import (BlockOps, Bracket, Confirmation, Culprit, Float64Check, InCompiled, NonFinite, NotBlamed,
+                              Placements, ProfileRow, Result, Rewired)
 from ..leafref import LeafRef
 from ..capture.trace import LOCAL_PART, RANKS_DIFFER
 
