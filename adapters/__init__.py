@@ -1,6 +1,7 @@
 """Framework adapters, installed as `bisectr.adapters`: one module per framework, each defining
-one `Adapter` subclass. Every module of this package but `base` is an adapter: importing it
-registers its adapter (`Adapter.__init_subclass__`), and importing one never imports its framework.
+one `Adapter` subclass (which may also implement the optional interfaces `Training` and
+`WeightConversion`, asked for with `facet`). Every module of this package but `base` is an adapter:
+importing it registers its adapter (`Adapter.__init_subclass__`), and importing one never imports its framework.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
-from .base import COMPILED_OP, REGISTERED, Adapter, Autograd, CannotUpcast, CompiledGraphs, Interception, Layers, OpListener, Reductions, Tensors, Training
+from .base import (COMPILED_OP, REGISTERED, Adapter, Autograd, CannotUpcast, CompiledGraphs, Interception, OpListener,
+                   Reductions, Tensors, Training, WeightConversion, facet)
 
 
 @lru_cache(maxsize=1)
@@ -56,5 +58,6 @@ def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
     return None
 
 
-__all__ = ["COMPILED_OP", "Adapter", "CannotUpcast", "CompiledGraphs", "OpListener", "Reductions", "adapter_for", "adapter_named",
-           "input_layout", "op_synonyms", "registered", "silence_import_warnings"]
+__all__ = ["COMPILED_OP", "Adapter", "Autograd", "CannotUpcast", "CompiledGraphs", "Interception", "OpListener",
+           "Reductions", "Tensors", "Training", "WeightConversion", "adapter_for", "adapter_named", "facet", "input_layout", "op_synonyms", "registered",
+           "silence_import_warnings"]

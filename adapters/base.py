@@ -1,10 +1,15 @@
-"""The narrow interface every framework adapter implements.
+"""The narrow interface every framework adapter implements, and the optional ones it may.
 
 An adapter knows how to talk to one framework and nothing about traces. The
-core records, re-runs with patches and replays ops using only these methods, the
-way einops' backends hide each framework behind a few primitives. A new framework
-is one module of this package with one `Adapter` subclass; tests/test_adapters.py
-is the conformance test every adapter passes.
+core records, re-runs with patches, replays ops and checks them in float64 using
+only the methods of `Adapter` (its facets `Tensors`, `Interception`, `Autograd`,
+`Models`), the way einops' backends hide each framework behind a few primitives.
+A new framework is one module of this package with one `Adapter` subclass;
+tests/test_adapters.py is the conformance test every adapter passes.
+
+Two more interfaces are optional: `Training` (`bisectr train`) and `WeightConversion`
+(`bisectr.weights`). An adapter that implements one also subclasses it, and a caller
+asks for it by type with `facet(adapter, Training)`.
 """
 from __future__ import annotations
 
@@ -13,8 +18,8 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
 import numpy as np
 
@@ -358,16 +363,42 @@ class Autograd(ABC):
         return nullcontext()
 
 
-class Training:
-    """Training steps (see `bisectr.training`)."""
+class Models(ABC):
+    """The framework's models (modules, layers): what they are called, telling them apart from other
+    objects, and what their BatchNorm statistics hold (see `bisectr.measure.leaves`)."""
 
+    module_kind: str = ""  # what its models are called: "torch.nn.Module"
+    # Its BatchNorm layers' names for their running statistics -> what they hold ("mean", "variance", "count").
+    norm_statistics: dict[str, str] = {}
+
+    def is_module(self, obj: Any) -> bool:
+        """Is `obj` a model (module, layer) of this framework? Must not import the framework."""
+        return False
+
+
+class Adapter(Tensors, Interception, Autograd, Models):
+    """One framework behind the interface the core uses, in facets: `Tensors`, `Interception`,
+    `Autograd`, `Models`. A subclass with a `name` registers itself."""
+
+    name: str = ""
+    repro: ReproSnippets | None = None  # None: no standalone repro scripts for this framework
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.name:
+            REGISTERED.append(cls)
+
+
+class Training(ABC):
+    """Optional: training steps (see `bisectr.training`), for an `Adapter` that also subclasses this."""
+
+    @abstractmethod
     def copy_model(self, model: Any) -> Any:
         """A copy of the model to train (the model itself stays as recorded). Raises `CannotUpcast`."""
-        raise CannotUpcast(f"the {self.name} adapter cannot copy models")
 
+    @abstractmethod
     def clear_gradients(self, optimizer: Any) -> None:
         """Drop the gradients the optimizer's parameters hold."""
-        raise NotImplementedError
 
     def backward(self, loss: Any) -> None:
         """Accumulate the gradients of `loss` into the parameters (torch and paddle spell it alike)."""
@@ -388,43 +419,36 @@ class Training:
         "moment2"); empty for an optimizer without them or before its first step."""
         return {}
 
+    @abstractmethod
     def learning_rate(self, optimizer: Any) -> float:
         """The learning rate the optimizer's next step uses."""
-        raise NotImplementedError
 
+    @abstractmethod
     def optimizer_settings(self, optimizer: Any) -> dict[str, Any]:
         """The optimizer's settings under shared names: optimizer, epsilon, beta1, beta2,
         weight_decay, weight_decay_kind ("decoupled" | "coupled (L2)" | None), amsgrad, gradient_clipping."""
-        raise NotImplementedError
 
+    @abstractmethod
     def weight_decays(self, optimizer: Any, parameters: dict[str, Any]) -> dict[str, float]:
         """The weight decay coefficient the optimizer applies to each of `parameters` (name ->
         tensor), read from its parameter groups and exemption rules (0 for an exempt one)."""
-        raise NotImplementedError
 
 
-class Layers:
-    """Models' layers and their weights (see `bisectr.weights`, `bisectr.measure.leaves`), and repro scripts."""
+class WeightConversion(ABC):
+    """Optional: a model's weights by the layers holding them, for copying weights between frameworks
+    (see `bisectr.weights`), for an `Adapter` that also subclasses this."""
 
-    repro: ReproSnippets | None = None  # None: no standalone repro scripts for this framework
-    module_kind: str = ""  # what its models are called: "torch.nn.Module"
     linear_layout: str = OUT_IN  # how its nn.Linear stores `weight`
     # Model libraries' layers that are linear layers but not nn.Linear: (top-level package, class name) -> layout.
     library_linears: dict[tuple[str, str], str] = {}
-    # Its BatchNorm layers' names for their running statistics -> what they hold ("mean", "variance", "count").
-    norm_statistics: dict[str, str] = {}
 
-    def is_module(self, obj: Any) -> bool:
-        """Is `obj` a model (module, layer) of this framework? Must not import the framework."""
-        return False
-
+    @abstractmethod
     def named_modules(self, root: Any) -> Iterator[tuple[str, Any]]:
         """Every module under `root` (itself as ""), shared ones under each of their names."""
-        return iter(())
 
+    @abstractmethod
     def linear_class(self) -> type:
         """Its nn.Linear."""
-        raise NotImplementedError
 
     def batch_norm_classes(self) -> tuple[type, ...]:
         """Its BatchNorm layers."""
@@ -450,7 +474,8 @@ class Layers:
         return self.library_linears.get((kind.__module__.partition(".")[0], kind.__name__))
 
     def norm_statistic(self, owner: Any, local: str) -> str | None:
-        """What the running statistic `local` of a BatchNorm layer `owner` holds; None for anything else."""
+        """What the running statistic `local` of a BatchNorm layer `owner` holds (its adapter's
+        `Models.norm_statistics`); None for anything else."""
         statistic = self.norm_statistics.get(local)
         return statistic if statistic is not None and isinstance(owner, self.batch_norm_classes()) else None
 
@@ -535,13 +560,13 @@ class CompiledGraphs(ABC):
         outputs computed now); None where `fn` is no compiled module's call. Every probe is slow."""
 
 
-class Adapter(Tensors, Interception, Autograd, Training, Layers):
-    """One framework behind the interface the core uses, in facets: `Tensors`, `Interception`,
-    `Autograd`, `Training`, `Layers`. A subclass with a `name` registers itself."""
+Facet = TypeVar("Facet", Training, WeightConversion, CompiledGraphs)
 
-    name: str = ""
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.name:
-            REGISTERED.append(cls)
+def facet(adapter: Adapter, interface: type[Facet]) -> Facet:
+    """`adapter` as the optional interface `interface` (`Training`, `WeightConversion`, `CompiledGraphs`); a TypeError
+    naming the framework and what it lacks where its adapter does not implement it."""
+    if not isinstance(adapter, interface):
+        missing = ", ".join(sorted(interface.__abstractmethods__))
+        raise TypeError(f"the {adapter.name} adapter does not implement {interface.__name__} ({missing})")
+    return adapter

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..leafref import LeafRef
 from .base import (API, CALLER, IN_OUT, OUT_IN, PLUMBING, VALUE_READ_METHODS, Adapter, CannotUpcast, ModulePaths, OpListener,
-                   Reductions, ReproSnippets)
+                   Reductions, ReproSnippets, Training, WeightConversion)
 
 
 def _paddle():
@@ -307,7 +307,7 @@ _OP_SYNONYMS = {
 _BATCH_NORM_LAYERS = ("BatchNorm", "BatchNorm1D", "BatchNorm2D", "BatchNorm3D", "SyncBatchNorm")
 
 
-class PaddleAdapter(Adapter):
+class PaddleAdapter(Adapter, Training, WeightConversion):
     name = "paddle"
     module_kind = "paddle.nn.Layer"
     repro = ReproSnippets("import paddle", "paddle.to_tensor(a.astype('float32') if dtype == 'bfloat16' else a, dtype=dtype)",

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..leafref import LeafRef
 from .base import (API, CALLER, COMPILED_OP, IN_OUT, OUT_IN, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast,
-                   CompiledGraphs, CompiledProbe, ModulePaths, OpListener, Reductions, ReproSnippets)
+                   CompiledGraphs, CompiledProbe, ModulePaths, OpListener, Reductions, ReproSnippets, Training,
+                   WeightConversion)
 
 
 # Tensor methods that cast to a floating dtype below float64.
@@ -95,7 +96,7 @@ _OP_SYNONYMS = {
 _BATCH_NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
 
 
-class TorchAdapter(Adapter, CompiledGraphs):
+class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
     name = "torch"
     op_synonyms = _OP_SYNONYMS
     module_kind = "torch.nn.Module"

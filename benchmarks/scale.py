@@ -89,6 +89,7 @@ print(json.dumps({"seconds": time.perf_counter() - start, "search": search, "ver
 PLAIN_TRAIN = """
 import json, sys, time
 start = time.perf_counter()
+from bisectr.adapters import Training, facet
 from bisectr.capture.modelfile import build_side, load_module
 from bisectr.capture.recording import output_pairs
 module = load_module(sys.argv[1])
@@ -96,11 +97,12 @@ sides = [build_side(module, sys.argv[1], role, function) for role, function in (
 optimizers = [getattr(module, function + "_optimizer")(side.model) for side, function in zip(sides, ("reference", sys.argv[2]))]
 for step in range(int(sys.argv[3])):
     for side, optimizer in zip(sides, optimizers):
-        side.adapter.clear_gradients(optimizer)
+        training = facet(side.adapter, Training)
+        training.clear_gradients(optimizer)
         with side.adapter.enable_grad():
             loss = sum(tensor.sum() for _, tensor in output_pairs(side.adapter, side.forward()))
-        side.adapter.backward(loss)
-        side.adapter.optimizer_step(optimizer, None)
+        training.backward(loss)
+        training.optimizer_step(optimizer, None)
 print(json.dumps({"seconds": time.perf_counter() - start}))
 """
 

@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .adapters import Adapter, Layers, adapter_for, adapter_named, registered
+from .adapters import Adapter, WeightConversion, adapter_for, adapter_named, facet, registered
 
 __all__ = ["WeightReport", "torch_to_paddle", "paddle_to_torch", "copy_weights"]
 
@@ -208,11 +208,12 @@ def _pair(src_entries: dict[str, _Entry], dst_entries: dict[str, _Entry], rules:
     return pairs
 
 
-def _state_dict_entries(state: Mapping[str, Any], framework: Layers, dst_entries: dict[str, _Entry],
+def _state_dict_entries(state: Mapping[str, Any], framework: Adapter, dst_entries: dict[str, _Entry],
                         rules: list[tuple[re.Pattern, str]]) -> dict[str, _Entry]:
     """A state dict's entries, each in `framework`'s nn.Linear layout where its destination is a linear
     weight, and named as `framework` names BatchNorm statistics where its destination's owner is a BatchNorm."""
     norms = {_owner_path(name) for name, entry in dst_entries.items() if entry.statistic}
+    linear_layout = facet(framework, WeightConversion).linear_layout
     entries = {}
     for name, value in state.items():
         target = _rename(name, rules)
@@ -220,7 +221,7 @@ def _state_dict_entries(state: Mapping[str, Any], framework: Layers, dst_entries
         linear = dst is not None and dst.layout is not None
         owner, _, local = target.rpartition(".")
         statistic = framework.norm_statistics.get(local) if owner in norms else None
-        entries[name] = _Entry(name, value, framework.linear_layout if linear else None, statistic)
+        entries[name] = _Entry(name, value, linear_layout if linear else None, statistic)
     return entries
 
 
@@ -252,12 +253,14 @@ def _entries(root: Any, persistent_only: bool = False) -> dict[str, _Entry]:
     if adapter is None:
         kinds = " or a ".join(a.module_kind for a in registered())
         raise TypeError(f"expected a {kinds}, got {type(root).__qualname__}")
-    owners = dict(adapter.named_modules(root))
+    conversion = facet(adapter, WeightConversion)
+    owners = dict(conversion.named_modules(root))
     entries = {}
-    for name, tensor in adapter.named_tensors(root, persistent_only):
+    for name, tensor in conversion.named_tensors(root, persistent_only):
         owner_name, _, local = name.rpartition(".")
         owner = owners[owner_name]
-        entries[name] = _Entry(name, tensor, adapter.weight_layout(owner, local), adapter.norm_statistic(owner, local))
+        entries[name] = _Entry(name, tensor, conversion.weight_layout(owner, local),
+                               conversion.norm_statistic(owner, local))
     return entries
 
 

@@ -1,7 +1,7 @@
 """The conformance test every framework adapter passes (each registered adapter whose framework
 imports here): values in and out, in-place versions, float64 copies and memory addresses,
 interception of a function of tensors with a recording and a patched re-run through the core,
-gradients, and the tables the core reads.
+gradients, the tables the core reads, and the optional interfaces asked for by type.
 Everything is written with the adapter's own primitives and tensor operators, so a new framework
 is tested by adding its module to `adapters/`."""
 import importlib.util
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import bisectr
-from bisectr.adapters import OpListener, registered
+from bisectr.adapters import Adapter, OpListener, Training, WeightConversion, adapter_named, facet, registered
 from bisectr.adapters.base import IN_OUT, OUT_IN
 from bisectr.capture.ops import canonical_op
 from bisectr.capture.sides import Rerun
@@ -132,7 +132,16 @@ def test_gradients_are_those_of_the_ops_run(adapter):
 
 
 def test_the_tables_the_core_reads_use_the_shared_vocabulary(adapter):
-    assert adapter.linear_layout in (OUT_IN, IN_OUT)
+    assert not isinstance(adapter, WeightConversion) or adapter.linear_layout in (OUT_IN, IN_OUT)
     assert set(adapter.norm_statistics.values()) <= {"mean", "variance", "count"}
     assert all(canonical == canonical_op(canonical) for canonical in adapter.op_synonyms.values())
     assert not adapter.is_module(object()) and not adapter.owns(np.zeros(2))
+
+
+def test_an_optional_interface_is_asked_for_by_type():
+    torch = adapter_named("torch")
+    assert facet(torch, Training) is torch and facet(torch, WeightConversion) is torch
+    core_only = type("CoreOnly", (Adapter,), dict.fromkeys(Adapter.__abstractmethods__, lambda *args: None))()
+    core_only.name = "other"
+    with pytest.raises(TypeError, match=r"the other adapter does not implement Training \(clear_gradients, copy_model"):
+        facet(core_only, Training)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..adapters.base import CompiledGraphs, CompiledProbe
+from ..adapters.base import Adapter, CompiledGraphs, CompiledProbe, facet
 from ..capture.trace import Trace
 from .interpreter import RecordedCalls
 from .values import ValuesInterpreter
@@ -123,13 +123,11 @@ def answer_compiled(probe: CompiledProbe | None, question: CompiledQuestion) -> 
     raise TypeError(f"not a question about a compiled call: {question!r}")
 
 
-def probe_compiled(adapter: Any, trace: Trace, recorded: RecordedCalls, index: int,
+def probe_compiled(adapter: Adapter, trace: Trace, recorded: RecordedCalls, index: int,
                    values: dict[int, np.ndarray]) -> CompiledProbe | None:
     """Op `index`'s call probed on its recorded inputs, `values` for those that are no parameter (None:
     op `index` is no compiled call)."""
-    if not isinstance(adapter, CompiledGraphs):
-        raise TypeError(f"the {adapter.name} adapter cannot search inside compiled code (it is no CompiledGraphs)")
     calls = recorded.calls
     replay = ValuesInterpreter(adapter, trace, calls, recorded.own_values(values), leaves=recorded.leaves)
     args, kwargs = calls[index].filled(replay.fetch)
-    return adapter.probe_compiled(calls[index].fn, args, kwargs)
+    return facet(adapter, CompiledGraphs).probe_compiled(calls[index].fn, args, kwargs)

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..adapters import CannotUpcast
+from ..adapters import CannotUpcast, Training, facet
 from ..errors import ModelFileError
 from ..leafref import leaf_kind
 from ..capture.modelfile import BuiltSide, loss_of, run_user_code
@@ -32,8 +32,9 @@ class Trainer:
     def __init__(self, side: BuiltSide, module: Any, seeds: dict[str, np.ndarray], float64: bool):
         self.side, self.float64, self.seeds = side, float64, seeds
         adapter = side.adapter
+        self.training = facet(adapter, Training)
         try:
-            self.model = adapter.float64_model(side.model) if float64 else adapter.copy_model(side.model)
+            self.model = adapter.float64_model(side.model) if float64 else self.training.copy_model(side.model)
         except CannotUpcast as exc:
             raise ModelFileError(f"{side.model_file}: the {side.role} cannot be trained here: {exc}") from None
         factory = _function(module, side, "optimizer", required=True)
@@ -44,11 +45,11 @@ class Trainer:
         self._before: dict[str, np.ndarray] = {}  # each parameter's values before the last step
 
     def settings(self) -> dict[str, Any]:
-        return self.side.adapter.optimizer_settings(self.optimizer)
+        return self.training.optimizer_settings(self.optimizer)
 
     def weight_decays(self) -> dict[str, float]:
         """Each parameter's weight decay coefficient, by leaf name."""
-        return self.side.adapter.weight_decays(self.optimizer, self.parameters)
+        return self.training.weight_decays(self.optimizer, self.parameters)
 
     def step(self, number: int) -> StepFacts:
         side, adapter = self.side, self.side.adapter
@@ -57,14 +58,14 @@ class Trainer:
         if self.float64:
             inputs = map_tensors(inputs, adapter.is_tensor,
                                  lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
-        learning_rate = adapter.learning_rate(self.optimizer)
-        adapter.clear_gradients(self.optimizer)
+        learning_rate = self.training.learning_rate(self.optimizer)
+        self.training.clear_gradients(self.optimizer)
         with adapter.enable_grad():
             outputs = replace(side, model=self.model, inputs=inputs).forward()
             loss = self._loss(outputs)
-        adapter.backward(loss)
+        self.training.backward(loss)
         self._before = {name: np.array(adapter.to_numpy(t)) for name, t in self.parameters.items()}
-        adapter.optimizer_step(self.optimizer, self.scheduler)
+        self.training.optimizer_step(self.optimizer, self.scheduler)
         return StepFacts(float(adapter.to_numpy(loss).reshape(())), learning_rate, list(self.parameters))
 
     def read(self, measure: str, name: str) -> np.ndarray | None:
@@ -74,11 +75,11 @@ class Trainer:
         if parameter is None:
             return None
         if measure == "gradient":
-            values = adapter.gradient(parameter)
+            values = self.training.gradient(parameter)
         elif measure == "update":
             values = adapter.to_numpy(parameter).astype(np.float64) - self._before[name]
         else:
-            values = adapter.optimizer_moments(self.optimizer, parameter).get(measure)
+            values = self.training.optimizer_moments(self.optimizer, parameter).get(measure)
         return None if values is None else values.astype(np.float64, copy=False)
 
     def _loss(self, outputs: Any) -> Any:
