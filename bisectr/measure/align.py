@@ -261,7 +261,7 @@ class _TracePair:
 def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None = None,
                  input_layout: InputLayout | None = None) -> Alignment:
     """Align `candidate` to `reference`; `pins` maps candidate module paths to reference ones."""
-    sides = _TracePair(reference, candidate)
+    both = _TracePair(reference, candidate)
     pairs: dict[int, tuple[int, str, float]] = {}  # cand op -> (ref op, how, distance)
     pinned_cand: set[int] = set()
     pinned_ref: set[int] = set()
@@ -270,30 +270,30 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
         ref_ops = [op for op in reference.ops if _under(op.module, ref_prefix)]
         pinned_cand.update(op.index for op in cand_ops)
         pinned_ref.update(op.index for op in ref_ops)
-        pairs.update({c: (r, "pin", d) for c, (r, _, d) in _align_sequences(sides, cand_ops, ref_ops, use_layers=False).items()})
-    rest_cand = [op for op in candidate.ops if op.index not in pinned_cand and not _makes_parts(sides, op)]
+        pairs.update({c: (r, "pin", d) for c, (r, _, d) in _align_sequences(both, cand_ops, ref_ops, use_layers=False).items()})
+    rest_cand = [op for op in candidate.ops if op.index not in pinned_cand and not _makes_parts(both, op)]
     rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
-    pairs.update(_align_sequences(sides, rest_cand, rest_ref, use_layers=sides.use_layers))
-    _follow_data_flow(sides, pairs)
-    _drop_layout_pairs_that_cannot_correspond(sides, pairs)
-    _drop_pairs_whose_parameter_is_read_later(sides, pairs)
-    _drop_output_pairs_that_outputs_contradict(sides, pairs)
+    pairs.update(_align_sequences(both, rest_cand, rest_ref, use_layers=both.use_layers))
+    _follow_data_flow(both, pairs)
+    _drop_layout_pairs_that_cannot_correspond(both, pairs)
+    _drop_pairs_whose_parameter_is_read_later(both, pairs)
+    _drop_output_pairs_that_outputs_contradict(both, pairs)
 
     alignment = Alignment()
     for cand_index in sorted(pairs):
         ref_index, how, distance = pairs[cand_index]
         cand_op, ref_op = candidate.ops[cand_index], reference.ops[ref_index]
-        alignment.pairs.append(OpPair(cand_index, ref_index, _confidence(sides, cand_op, ref_op, distance), PairEvidence(
+        alignment.pairs.append(OpPair(cand_index, ref_index, _confidence(both, cand_op, ref_op, distance), PairEvidence(
             how, cand_op.op, cand_op.module, ref_op.module,
-            list(sides.output("candidate", cand_op).shape) if cand_op.outputs else [], distance)))
-    _pair_op_tensors(sides, alignment, input_layout)
-    _form_blocks(sides, alignment)
+            list(both.output("candidate", cand_op).shape) if cand_op.outputs else [], distance)))
+    _pair_op_tensors(both, alignment, input_layout)
+    _form_blocks(both, alignment)
     return alignment
 
 
-def _makes_parts(sides: _TracePair, op: OpNode) -> bool:
+def _makes_parts(both: _TracePair, op: OpNode) -> bool:
     """Does the candidate op compute each process's own part of a value (never a whole tensor to pair)?"""
-    return bool(op.outputs) and all(t in sides.parts for t in op.outputs)
+    return bool(op.outputs) and all(t in both.parts for t in op.outputs)
 
 
 def parts_of_values(trace: Trace, readers: dict[int, list[int]]) -> set[int]:
@@ -411,13 +411,13 @@ def row_order(reference: np.ndarray, candidate: np.ndarray, axis: int, dtype: st
 LAYOUT_OPS = frozenset({"transpose", "reshape", "expand", "copy", "contiguous"})
 
 
-def _follow_data_flow(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
+def _follow_data_flow(both: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
     """Re-pair layout ops by the data they move: a candidate layout op reading output k of a paired
     op pairs with the reference's layout op of the same kind reading output k of its partner, its
     pair swapped with the candidate op that held it. Paired by order alone, q, k and v, viewed in
     another order on each side, rotate: values tell them apart only while the forward agrees.
     In candidate order, so that a re-paired op's readers follow it."""
-    candidate, reference = sides.traces["candidate"], sides.traces["reference"]
+    candidate, reference = both.traces["candidate"], both.traces["reference"]
     cand_of = {r: c for c, (r, _, _) in pairs.items()}
     for c in sorted(pairs):
         cand_op = candidate.ops[c]
@@ -434,7 +434,7 @@ def _follow_data_flow(sides: _TracePair, pairs: dict[int, tuple[int, str, float]
         current = reference.ops[pairs[c][0]]
         if current.inputs and current.inputs[0] == expected:
             continue
-        readers = [reference.ops[r] for r in sides.readers["reference"].get(expected, [])]
+        readers = [reference.ops[r] for r in both.readers["reference"].get(expected, [])]
         moved = next((r for r in readers if r.op == cand_op.op and r.inputs[0] == expected and r.index in cand_of
                       and r.outputs and cand_op.outputs
                       and reference.tensors[r.outputs[0]].shape == candidate.tensors[cand_op.outputs[0]].shape), None)
@@ -450,14 +450,14 @@ def _follow_data_flow(sides: _TracePair, pairs: dict[int, tuple[int, str, float]
 DATA_MOVING_OPS = LAYOUT_OPS | {"getitem", "cast"}
 
 
-def _drop_layout_pairs_that_cannot_correspond(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
+def _drop_layout_pairs_that_cannot_correspond(both: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
     """Unpair data-moving ops (`DATA_MOVING_OPS`) that cannot be the same step: the shapes they take
     and make differ, or their inputs come from ops paired elsewhere. `k.transpose(-1, -2)` of a
     hand-written attention is not `nn.MultiheadAttention`'s batch-first transpose of the layer's
     input, whatever their names and sizes; a port's `positions.float()` is not the reference's
     `inv_freq.to(float32)`; the rotary's slice of 4 key heads is not the slice that repeats 2 of them.
     In candidate order, so that a dropped pair's readers are judged without it."""
-    candidate, reference = sides.traces["candidate"], sides.traces["reference"]
+    candidate, reference = both.traces["candidate"], both.traces["reference"]
     cand_of = {r: c for c, (r, _, _) in pairs.items()}
     for c in sorted(pairs):
         r = pairs[c][0]
@@ -477,11 +477,11 @@ def _drop_layout_pairs_that_cannot_correspond(sides: _TracePair, pairs: dict[int
             del cand_of[r]
 
 
-def _drop_pairs_whose_parameter_is_read_later(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
+def _drop_pairs_whose_parameter_is_read_later(both: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
     """Unpair ops where one side reads a parameter that the other side's op does not, but a later
     op of that side does: paddle's `conv2d` adds its bias in ops of its own (reshape, add), torch's
     takes it in the call. The step is one op against several, a block for `_form_blocks`."""
-    traces = sides.traces
+    traces = both.traces
     first_reader = {side: _first_parameter_readers(traces[side]) for side in traces}
     for c in sorted(pairs):
         ops = {"candidate": c, "reference": pairs[c][0]}
@@ -492,14 +492,14 @@ def _drop_pairs_whose_parameter_is_read_later(sides: _TracePair, pairs: dict[int
                 break
 
 
-def _drop_output_pairs_that_outputs_contradict(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
+def _drop_output_pairs_that_outputs_contradict(both: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> None:
     """Unpair an op making a candidate output from a reference op that does not make the reference output it
     is compared with: the reference goes on computing (a final soft-cap the candidate lacks), and the op
     belongs in a block with the reference's ops up to that output."""
-    candidate, reference = sides.traces["candidate"], sides.traces["reference"]
+    candidate, reference = both.traces["candidate"], both.traces["reference"]
     for cand_index, (ref_index, _, _) in list(pairs.items()):
         cand_outputs, ref_outputs = candidate.ops[cand_index].outputs, reference.ops[ref_index].outputs
-        partners = [sides.output_partner[t] for t in cand_outputs if t in sides.output_partner]
+        partners = [both.output_partner[t] for t in cand_outputs if t in both.output_partner]
         if partners and not set(partners) <= set(ref_outputs):
             del pairs[cand_index]
 
@@ -521,19 +521,19 @@ def _under(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
-def _confidence(sides: _TracePair, cand_op: OpNode, ref_op: OpNode, distance: float) -> float:
+def _confidence(both: _TracePair, cand_op: OpNode, ref_op: OpNode, distance: float) -> float:
     same_layers = layer_numbers(cand_op.module) == layer_numbers(ref_op.module)
     closeness = 1.0 / (1.0 + 1e3 * distance)  # 1 for equal values, ~0.5 at 1e-3 apart
     return round(0.5 + 0.3 * closeness + 0.2 * same_layers, 3)
 
 
-def _align_sequences(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode],
+def _align_sequences(both: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode],
                      use_layers: bool) -> dict[int, tuple[int, str, float]]:
-    anchors = _anchors(sides, cand_ops, ref_ops, use_layers)
+    anchors = _anchors(both, cand_ops, ref_ops, use_layers)
     backbone, extra = _backbone(anchors)
-    crossed = _crossing_dataflow(sides, backbone + extra)
+    crossed = _crossing_dataflow(both, backbone + extra)
     backbone, extra = [a for a in backbone if a not in crossed], [a for a in extra if a not in crossed]
-    anchored = {c: (r, "anchor", sides.distance(sides.traces["candidate"].ops[c], sides.traces["reference"].ops[r]))
+    anchored = {c: (r, "anchor", both.distance(both.traces["candidate"].ops[c], both.traces["reference"].ops[r]))
                 for c, r in backbone + extra}
     crossed_cands = {c for c, _ in crossed}
     cand_positions = [op.index for op in cand_ops if op.index not in crossed_cands]
@@ -548,13 +548,13 @@ def _align_sequences(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[Op
             gap_cand = [candidate for candidate in _between(cand_positions, c0, c1) if candidate not in pairs]
             gap_ref = [reference for reference in _between(ref_positions, r0, r1) if reference not in matched_ref]
             if gap_cand and gap_ref:
-                for c, r, d in _match_gap(sides, gap_cand, gap_ref, usual):
+                for c, r, d in _match_gap(both, gap_cand, gap_ref, usual):
                     pairs[c] = (r, "gap", d)
                     matched_ref.add(r)
         return pairs
 
     pairs = with_gaps({})
-    usual = _usual_partners(sides, pairs)
+    usual = _usual_partners(both, pairs)
     return with_gaps(usual) if usual else pairs
 
 
@@ -563,13 +563,13 @@ def code_place(op: OpNode) -> tuple:
     return op.op, op.source, layerless(op.module + ".")
 
 
-def _usual_partners(sides: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> dict[tuple, tuple]:
+def _usual_partners(both: _TracePair, pairs: dict[int, tuple[int, str, float]]) -> dict[tuple, tuple]:
     """For each piece of candidate code run more than once whose gap pairings disagree, the reference
     code its occurrences pair with, weighted by how closely their values agree: a greedy decoding
     loop's cache write pairs by value while the tokens agree, and keeps that pairing once they part."""
     votes: dict[tuple, Counter] = {}
     gap_places: dict[tuple, set[tuple]] = {}
-    candidate, reference = sides.traces["candidate"], sides.traces["reference"]
+    candidate, reference = both.traces["candidate"], both.traces["reference"]
     for c, (r, how, distance) in pairs.items():
         place, partner = code_place(candidate.ops[c]), code_place(reference.ops[r])
         votes.setdefault(place, Counter())[partner] += 1.0 / (1.0 + 1e3 * distance)
@@ -584,23 +584,23 @@ def _between(sorted_positions: list[int], low: int, high: int) -> list[int]:
     return sorted_positions[start:stop]
 
 
-def _anchors(sides: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode], use_layers: bool) -> list[tuple[int, int]]:
+def _anchors(both: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode], use_layers: bool) -> list[tuple[int, int]]:
     groups: dict[tuple, tuple[list[OpNode], list[OpNode]]] = {}
     for side, ops in (("candidate", cand_ops), ("reference", ref_ops)):
         for op in ops:
-            key = sides.key(side, op)
+            key = both.key(side, op)
             if not use_layers:
                 key = key[:2]
             groups.setdefault(key, ([], []))[0 if side == "candidate" else 1].append(op)
     anchors = []
     for cand_group, ref_group in groups.values():
         if len(cand_group) == len(ref_group):
-            anchors.extend(_pair_group(sides, cand_group, ref_group))
+            anchors.extend(_pair_group(both, cand_group, ref_group))
     anchors.sort()
     return anchors
 
 
-def _pair_group(sides: _TracePair, cand_group: list[OpNode], ref_group: list[OpNode]) -> list[tuple[int, int]]:
+def _pair_group(both: _TracePair, cand_group: list[OpNode], ref_group: list[OpNode]) -> list[tuple[int, int]]:
     """Pair the k-th occurrence with the k-th, unless an unused occurrence near k is clearly
     closer in value (q/k/v projections computed in another order). Values decide only
     clearly: downstream of a real bug every occurrence is far from every other."""
@@ -610,7 +610,7 @@ def _pair_group(sides: _TracePair, cand_group: list[OpNode], ref_group: list[OpN
         window = [j for j in range(max(0, k - NEIGHBOURHOOD), min(len(ref_group), k + NEIGHBOURHOOD + 1)) if not used[j]]
         if not window:
             continue
-        distance = {j: sides.distance(cand_op, ref_group[j]) for j in window}
+        distance = {j: both.distance(cand_op, ref_group[j]) for j in window}
         best = min(window, key=lambda j: (distance[j], abs(j - k)))
         in_order = min(window, key=lambda j: abs(j - k))
         if distance[best] > CLEARLY_CLOSER * distance[in_order]:
@@ -620,7 +620,7 @@ def _pair_group(sides: _TracePair, cand_group: list[OpNode], ref_group: list[OpN
     return pairs
 
 
-def _crossing_dataflow(sides: _TracePair, anchors: list[tuple[int, int]]) -> set[tuple[int, int]]:
+def _crossing_dataflow(both: _TracePair, anchors: list[tuple[int, int]]) -> set[tuple[int, int]]:
     """Anchors two of which cross where one op reads the other's output (the candidate adds a mask, then
     scales; the reference scales, then adds): their partners cannot read each other's in turn, so
     neither pairing holds, and those ops are left to be compared together as a block."""
@@ -628,7 +628,7 @@ def _crossing_dataflow(sides: _TracePair, anchors: list[tuple[int, int]]) -> set
     candidate_of = {r: c for c, r in anchors}
     crossed: set[tuple[int, int]] = set()
     for role, partner_of in (("candidate", reference_of), ("reference", candidate_of)):
-        trace = sides.traces[role]
+        trace = both.traces[role]
         for index, partner in partner_of.items():
             for tid in trace.ops[index].inputs:
                 producer = trace.tensors[tid].producer
@@ -674,14 +674,14 @@ def _backbone(anchors: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], li
     return backbone, extra
 
 
-def _match_gap(sides: _TracePair, gap_cand: list[int], gap_ref: list[int],
+def _match_gap(both: _TracePair, gap_cand: list[int], gap_ref: list[int],
                usual: dict[tuple, tuple]) -> list[tuple[int, int, float]]:
     """Best order-preserving matching of two short op runs (same canonical op and output size)."""
-    cand_ops = [sides.traces["candidate"].ops[i] for i in gap_cand]
-    ref_ops = [sides.traces["reference"].ops[i] for i in gap_ref]
+    cand_ops = [both.traces["candidate"].ops[i] for i in gap_cand]
+    ref_ops = [both.traces["reference"].ops[i] for i in gap_ref]
 
     def similarity(c: OpNode, r: OpNode) -> float | None:
-        a, b = sides.output("candidate", c), sides.output("reference", r)
+        a, b = both.output("candidate", c), both.output("reference", r)
         if c.op != r.op or a is None or b is None or a.size != b.size:
             return None
         return 2.0 - value_distance(a, b)
@@ -733,9 +733,9 @@ def _match_gap_greedy(cand_ops: list[OpNode], ref_ops: list[OpNode], similarity)
     return matches
 
 
-def _pair_op_tensors(sides: _TracePair, alignment: Alignment, input_layout: InputLayout | None) -> None:
+def _pair_op_tensors(both: _TracePair, alignment: Alignment, input_layout: InputLayout | None) -> None:
     """Outputs of paired ops pair by position; leaf inputs pair by position among same-sized inputs."""
-    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    reference, candidate = both.traces["reference"], both.traces["candidate"]
     for pair in alignment.pairs:
         cand_op, ref_op = candidate.ops[pair.candidate], reference.ops[pair.reference]
         for c_tid, r_tid in zip(cand_op.outputs, ref_op.outputs):
@@ -770,13 +770,13 @@ def _leaf_transform(candidate: Trace, reference: Trace, cand_op: OpNode, ref_op:
     return tuple(ref_perm[i] for i in inverse_cand)
 
 
-def _form_blocks(sides: _TracePair, alignment: Alignment) -> None:
+def _form_blocks(both: _TracePair, alignment: Alignment) -> None:
     """Group unpaired ops into blocks between paired ones and pair the tensors they hand on.
     A block whose floating hand-ons find no partner (an attention kernel's internals, say) is
     merged with the next run of unpaired ops when that run reads them, until they do; one read by a
     later run only (k/v projections with more heads than the reference's, read where the reference
     repeats its heads) is merged with that run when together they hand on tensors that pair."""
-    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    reference, candidate = both.traces["reference"], both.traces["candidate"]
     paired_ref_of = {p.candidate: p.reference for p in alignment.pairs}
     paired_refs = set(paired_ref_of.values())
     runs = consecutive_runs([op.index for op in candidate.ops if op.index not in paired_ref_of])
@@ -788,16 +788,16 @@ def _form_blocks(sides: _TracePair, alignment: Alignment) -> None:
     pending: list[int] = []
     for position, run in enumerate(runs):
         pending += run
-        block, unpartnered = _block_for(sides, alignment, pending, paired_cands, paired_ref_of, unpaired_ref)
+        block, unpartnered = _block_for(both, alignment, pending, paired_cands, paired_ref_of, unpaired_ref)
         for earlier in [w for w in waiting if position in w[1]]:
             claimed = {r for b in blocks for r in b.reference}
-            merged, _ = _block_for(sides, alignment, earlier[0].candidate + pending, paired_cands, paired_ref_of,
+            merged, _ = _block_for(both, alignment, earlier[0].candidate + pending, paired_cands, paired_ref_of,
                                    [r for r in unpaired_ref if r not in claimed])
             if merged.matched:
                 waiting.remove(earlier)
                 block = merged
                 break
-        reading = {run_at[reader] for tid in unpartnered for reader in sides.readers["candidate"].get(tid, []) if reader in run_at}
+        reading = {run_at[reader] for tid in unpartnered for reader in both.readers["candidate"].get(tid, []) if reader in run_at}
         if block.matched or position + 1 not in reading:
             later = {r for r in reading if r > position}
             if block.matched or not later:
@@ -806,7 +806,7 @@ def _form_blocks(sides: _TracePair, alignment: Alignment) -> None:
                 waiting.append((block, later))
             pending = []
     blocks += [block for block, _ in waiting]
-    blocks = [part for block in blocks for part in _narrowed(sides, alignment, block)]
+    blocks = [part for block in blocks for part in _narrowed(both, alignment, block)]
     blocks.sort(key=lambda block: block.candidate[0])
     claimed = {r for b in blocks for r in b.reference}
     leftover = [r for r in unpaired_ref if r not in claimed]
@@ -815,24 +815,24 @@ def _form_blocks(sides: _TracePair, alignment: Alignment) -> None:
     alignment.blocks = blocks
 
 
-def _narrowed(sides: _TracePair, alignment: Alignment, block: Block) -> list[Block]:
+def _narrowed(both: _TracePair, alignment: Alignment, block: Block) -> list[Block]:
     """A matched block split into sub-blocks where its first ops hand the rest only tensors that pair
     with the reference block's (by value, or as the same attention mask): the mask made before a
     fused attention, a router before its experts. Each part is judged on its own."""
     if not block.matched:
         return [block]
-    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
-    readers = sides.readers["candidate"]
+    reference, candidate = both.traces["reference"], both.traces["candidate"]
+    readers = both.readers["candidate"]
     options = [t for r in block.reference for t in reference.ops[r].outputs]
     found: dict[int, int | None] = {}  # candidate tid -> its partner among `options`, once looked for
 
     def partner_of(c_tid: int) -> int | None:
         if c_tid in alignment.tensors:
             return alignment.tensors[c_tid].reference
-        if c_tid in sides.parts:  # a process's own part of a value pairs with no whole tensor
+        if c_tid in both.parts:  # a process's own part of a value pairs with no whole tensor
             return None
         if c_tid not in found:
-            partner = _partner_by_value(sides, c_tid, options) or _partner_by_mask(sides, c_tid, options)
+            partner = _partner_by_value(both, c_tid, options) or _partner_by_mask(both, c_tid, options)
             # Of reference tensors holding the same values (a norm's output before and after a weight of
             # ones), the last: the ops between them belong to the first part.
             found[c_tid] = partner if partner is None else max(
@@ -845,7 +845,7 @@ def _narrowed(sides: _TracePair, alignment: Alignment, block: Block) -> list[Blo
         partners: dict[int, int] = {}
         for c_tid in handed_on(candidate, first, readers):
             partner = partner_of(c_tid)
-            if partner is None and (is_floating(candidate.tensors[c_tid].dtype) or c_tid in sides.parts):
+            if partner is None and (is_floating(candidate.tensors[c_tid].dtype) or c_tid in both.parts):
                 break
             if partner is not None:
                 partners[c_tid] = partner
@@ -859,7 +859,7 @@ def _narrowed(sides: _TracePair, alignment: Alignment, block: Block) -> list[Blo
             split = max(made)
             head = Block(first, [r for r in block.reference if r <= split], True)
             rest = Block(block.candidate[end:], [r for r in block.reference if r > split], True)
-            return [head, *_narrowed(sides, alignment, rest)]
+            return [head, *_narrowed(both, alignment, rest)]
     return [block]
 
 
@@ -874,10 +874,10 @@ def consecutive_runs(indices: list[int]) -> list[list[int]]:
     return runs
 
 
-def _block_for(sides: _TracePair, alignment: Alignment, cand_ops: list[int], paired_cands: list[int],
+def _block_for(both: _TracePair, alignment: Alignment, cand_ops: list[int], paired_cands: list[int],
                paired_ref_of: dict[int, int], unpaired_ref: list[int]) -> tuple[Block, set[int]]:
     """The block of `cand_ops`, and its floating hand-ons that found no partner."""
-    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    reference, candidate = both.traces["reference"], both.traces["candidate"]
     first = _bisect.bisect_left(paired_cands, cand_ops[0])
     last = _bisect.bisect_right(paired_cands, cand_ops[-1])
     ref_low = paired_ref_of[paired_cands[first - 1]] if first > 0 else -1
@@ -889,12 +889,12 @@ def _block_for(sides: _TracePair, alignment: Alignment, cand_ops: list[int], pai
     options += [alignment.tensors[t].reference for i in cand_ops for t in candidate.ops[i].inputs if t in alignment.tensors]
     unpartnered: set[int] = set()
     unpaired = set(unpaired_ref)
-    for c_tid in handed_on(candidate, cand_ops, sides.readers["candidate"]):
-        if c_tid in sides.parts:
+    for c_tid in handed_on(candidate, cand_ops, both.readers["candidate"]):
+        if c_tid in both.parts:
             unpartnered.add(c_tid)
             continue
-        partner = _partner_by_consumer(sides, alignment, c_tid, paired_ref_of) or sides.output_partner.get(c_tid) \
-            or _partner_by_value(sides, c_tid, options) or _partner_by_mask(sides, c_tid, options)
+        partner = _partner_by_consumer(both, alignment, c_tid, paired_ref_of) or both.output_partner.get(c_tid) \
+            or _partner_by_value(both, c_tid, options) or _partner_by_mask(both, c_tid, options)
         producer = reference.tensors[partner].producer if partner is not None else None
         if producer in unpaired and producer not in ref_ops:
             # The two sides order the block's ops differently (paddle's MLP computes `up` before the
@@ -904,7 +904,7 @@ def _block_for(sides: _TracePair, alignment: Alignment, cand_ops: list[int], pai
             # Integer and boolean hand-ons (indices, masks, shapes) are structure, and so is
             # a scalar the reference passes as a Python number: a block is matched when the
             # values it passes on are.
-            if is_floating(candidate.tensors[c_tid].dtype) and not _constant_argument(sides, c_tid, paired_ref_of):
+            if is_floating(candidate.tensors[c_tid].dtype) and not _constant_argument(both, c_tid, paired_ref_of):
                 unpartnered.add(c_tid)
         elif c_tid not in alignment.tensors:
             alignment.tensors[c_tid] = _block_pair(reference, candidate, c_tid, partner)
@@ -921,14 +921,14 @@ def _block_pair(reference: Trace, candidate: Trace, c_tid: int, r_tid: int) -> T
 COMMUTATIVE_OPS = frozenset({"add", "mul", "maximum", "minimum"})
 
 
-def _partner_by_consumer(sides: _TracePair, alignment: Alignment, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
+def _partner_by_consumer(both: _TracePair, alignment: Alignment, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
     """The reference tensor in the same argument position of a paired op that reads `c_tid` (any
     position of a commutative op: `x + attn` against `attn + x`, the closest in values), not one
     that another argument of that op is paired with already, nor a copy of one (Hugging Face's
     `hidden_states.to(torch.float32)` of a float32 residual holds the residual's values)."""
-    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    reference, candidate = both.traces["reference"], both.traces["candidate"]
     info = candidate.tensors[c_tid]
-    for reader in sides.readers["candidate"].get(c_tid, []):
+    for reader in both.readers["candidate"].get(c_tid, []):
         if reader not in paired_ref_of:
             continue
         cand_inputs, ref_inputs = candidate.ops[reader].inputs, reference.ops[paired_ref_of[reader]].inputs
@@ -947,19 +947,19 @@ def _partner_by_consumer(sides: _TracePair, alignment: Alignment, c_tid: int, pa
     return None
 
 
-def _constant_argument(sides: _TracePair, c_tid: int, paired_ref_of: dict[int, int]) -> bool:
+def _constant_argument(both: _TracePair, c_tid: int, paired_ref_of: dict[int, int]) -> bool:
     """Every reader of `c_tid` is paired with a reference op that takes no tensor in its
     place (`paddle.arange` reads three `full` scalars, `torch.arange(0, n)` none)."""
-    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
-    readers = sides.readers["candidate"].get(c_tid, [])
+    reference, candidate = both.traces["reference"], both.traces["candidate"]
+    readers = both.readers["candidate"].get(c_tid, [])
     return bool(readers) and all(
         reader in paired_ref_of
         and candidate.ops[reader].inputs.index(c_tid) >= len(reference.ops[paired_ref_of[reader]].inputs)
         for reader in readers)
 
 
-def _partner_by_value(sides: _TracePair, c_tid: int, options: list[int]) -> int | None:
-    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+def _partner_by_value(both: _TracePair, c_tid: int, options: list[int]) -> int | None:
+    reference, candidate = both.traces["reference"], both.traces["candidate"]
     info = candidate.tensors[c_tid]
     fits = [r for r in options if reference.tensors[r].size == info.size and reference.tensors[r].dtype == info.dtype]
     scored = [(_layout(reference, candidate, c_tid, r)[1], r) for r in fits]
@@ -967,11 +967,11 @@ def _partner_by_value(sides: _TracePair, c_tid: int, options: list[int]) -> int 
     return best[1] if best is not None and best[0] <= VALUE_MATCH else None
 
 
-def _partner_by_mask(sides: _TracePair, c_tid: int, options: list[int]) -> int | None:
+def _partner_by_mask(both: _TracePair, c_tid: int, options: list[int]) -> int | None:
     """The reference's attention mask that a candidate mask stands for, made in another way (-1e9
     against -inf) or wrongly (blocking the keys the other keeps): the only reference mask of its size
     among `options`, or of several, the one blocking the most keys alike (their values at hand)."""
-    reference, candidate = sides.traces["reference"], sides.traces["candidate"]
+    reference, candidate = both.traces["reference"], both.traces["candidate"]
     info = candidate.tensors[c_tid]
     if not (is_floating(info.dtype) and _may_be_mask(info)):
         return None

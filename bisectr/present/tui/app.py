@@ -272,7 +272,7 @@ class BisectrApp(App[int]):
     @work(thread=True, exclusive=True, group="bisect", exit_on_error=False)
     def bisect_worker(self, progress: SearchProgress, model_file: str | None) -> None:
         try:
-            result = self.data.bisect(progress=lambda message: self.call_from_thread(progress.stage, message),
+            result = self.data.search_again(progress=lambda message: self.call_from_thread(progress.stage, message),
                                       model_file=model_file)
         except Exception as exc:
             self.call_from_thread(self._bisect_failed, exc)

@@ -371,7 +371,7 @@ class RunData:
                 "only_this": search.candidate_error(_op_patches(analysis, self.run, index)),
                 "up_to_here": search.candidate_error(search.patches_up_to(index))}
 
-    def bisect(self, progress: Callable[[str], None] | None = None, model_file: str | None = None) -> Result:
+    def search_again(self, progress: Callable[[str], None] | None = None, model_file: str | None = None) -> Result:
         """Run the whole search again and save the run with its result (`refresh` then shows it).
         A saved run re-runs nothing by itself: `model_file` names the file it is traced again from
         (`Run.traced_again`), into a new run that takes its place."""

@@ -12,7 +12,7 @@ from textual.widgets import Button, Footer, Header, Input, Static
 from ...errors import BisectrError
 from ..report import fmt
 from .data import RunData
-from .widgets import EvidencePanel, HeatMapView, SourcePanel, TensorStats, verdict_style
+from .widgets import EvidencePanel, HeatMapView, SourcePanel, TensorStatsPanel, verdict_style
 
 KEYS = [
     ("f", "the culprit (op table; the detail when it is open)"),
@@ -103,7 +103,7 @@ class DetailScreen(Screen):
                     yield EvidencePanel(id="evidence", classes="panel")
                 with Vertical(id="detail-right"):
                     yield HeatMapView(id="heatmap", classes="panel")
-                    yield TensorStats(id="tensors", classes="panel")
+                    yield TensorStatsPanel(id="tensors", classes="panel")
                     with Horizontal(id="actions"):
                         yield Button("Patch & re-run (r)", id="patch", variant="warning")
                         yield Button("Export repro (e)", id="export", variant="primary")
@@ -140,7 +140,7 @@ class DetailScreen(Screen):
         except BisectrError as exc:  # a damaged tensor file: say so where the map would be
             heat, problem = None, str(exc)
         self.query_one(HeatMapView).show(heat, problem)
-        self.query_one(TensorStats).show(data, index)
+        self.query_one(TensorStatsPanel).show(data, index)
         self.query_one("#action-log", Static).update(
             "" if data.live else Content.styled("patch & re-run needs a live run (bisectr trace)", "$text-muted"))
         if pending:

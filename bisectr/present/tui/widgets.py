@@ -391,7 +391,7 @@ class EvidencePanel(Static):
 DTYPE_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64", "int32": "i32"}
 
 
-class TensorStats(Static):
+class TensorStatsPanel(Static):
     """Input and output statistics of both sides' op."""
 
     def show(self, data: RunData, index: int) -> None:
