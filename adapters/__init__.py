@@ -3,6 +3,7 @@ one `Adapter` subclass (which may also implement the optional interfaces `Traini
 `WeightConversion`, asked for with `facet`). Every module of this package but `base` is an adapter:
 importing it registers its adapter (`Adapter.__init_subclass__`), and importing one never imports its framework.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -11,8 +12,21 @@ import warnings
 from functools import lru_cache
 from typing import Any
 
-from .base import (COMPILED_OP, REGISTERED, Adapter, Autograd, CannotUpcast, CompiledGraphs, Interception, OpListener,
-                   Reductions, Tensors, Training, WeightConversion, facet)
+from .base import (
+    COMPILED_OP,
+    REGISTERED,
+    Adapter,
+    Autograd,
+    CannotUpcast,
+    CompiledGraphs,
+    Interception,
+    OpListener,
+    Reductions,
+    Tensors,
+    Training,
+    WeightConversion,
+    facet,
+)
 
 
 @lru_cache(maxsize=1)
@@ -58,6 +72,23 @@ def adapter_for(model: Any, inputs: list[Any]) -> Adapter | None:
     return None
 
 
-__all__ = ["COMPILED_OP", "Adapter", "Autograd", "CannotUpcast", "CompiledGraphs", "Interception", "OpListener",
-           "Reductions", "Tensors", "Training", "WeightConversion", "adapter_for", "adapter_named", "facet", "input_layout", "op_synonyms", "registered",
-           "silence_import_warnings"]
+__all__ = [
+    "COMPILED_OP",
+    "Adapter",
+    "Autograd",
+    "CannotUpcast",
+    "CompiledGraphs",
+    "Interception",
+    "OpListener",
+    "Reductions",
+    "Tensors",
+    "Training",
+    "WeightConversion",
+    "adapter_for",
+    "adapter_named",
+    "facet",
+    "input_layout",
+    "op_synonyms",
+    "registered",
+    "silence_import_warnings",
+]

@@ -11,6 +11,7 @@ Two more interfaces are optional: `Training` (`bisectr train`) and `WeightConver
 (`bisectr.weights`). An adapter that implements one also subclasses it, and a caller
 asks for it by type with `facet(adapter, Training)`.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -18,7 +19,7 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
 import numpy as np
@@ -44,8 +45,18 @@ class OpListener(Protocol):
 # Tensor methods that bring a tensor's values into Python (`t.item()`, `if t:`). A value read this
 # way is baked into the calls recorded after it, so the recorder counts them.
 VALUE_READ_METHODS = (
-    "item", "tolist", "numpy", "__bool__", "__nonzero__", "__float__", "__int__", "__index__", "__complex__",
-    "__array__", "__format__", "__contains__",
+    "item",
+    "tolist",
+    "numpy",
+    "__bool__",
+    "__nonzero__",
+    "__float__",
+    "__int__",
+    "__index__",
+    "__complex__",
+    "__array__",
+    "__format__",
+    "__contains__",
 )
 TENSOR_VALUE_READS = frozenset(f"Tensor.{method}" for method in VALUE_READ_METHODS)
 
@@ -64,8 +75,12 @@ class ModulePaths:
     submodules: the first root unprefixed, as a side's model is, a later one prefixed by its
     class name. Adopted roots are kept alive while this object lives, so that ids stay theirs."""
 
-    def __init__(self, named_modules: Callable[[Any], Iterable[tuple[str, Any]]], model: Any = None,
-                 on_root: Callable[[Any, str], None] | None = None):
+    def __init__(
+        self,
+        named_modules: Callable[[Any], Iterable[tuple[str, Any]]],
+        model: Any = None,
+        on_root: Callable[[Any, str], None] | None = None,
+    ):
         self._named_modules = named_modules
         self._on_root = on_root
         self._paths: dict[int, tuple[Any, str]] = {}  # id(module) -> (module, path)
@@ -208,7 +223,6 @@ class Tensors(ABC):
         One process: `to_numpy`."""
         return self.to_numpy(tensor)
 
-
     @abstractmethod
     def dtype_name(self, tensor: Any) -> str:
         """Framework-neutral dtype name: 'float32', 'bfloat16', 'int64', 'bool', ..."""
@@ -234,7 +248,9 @@ class Tensors(ABC):
 
     def describe(self, model: Any, inputs: list[Any]) -> tuple[str, str]:
         """(device, dtype) of the model: its first floating parameter, else its first input."""
-        tensors = itertools.chain((tensor for _, tensor in self.named_leaves(model)), (x for x in inputs if self.is_tensor(x)))
+        tensors = itertools.chain(
+            (tensor for _, tensor in self.named_leaves(model)), (x for x in inputs if self.is_tensor(x))
+        )
         chosen = None
         for tensor in tensors:  # stops at the first floating one: a large model's parameters are not all walked
             if self.dtype_name(tensor).startswith(("float", "bfloat", "complex")):
@@ -285,7 +301,7 @@ class Interception(ABC):
         """`filename` relative to the directory of the framework's internal path holding it, '/'-separated."""
         for directory in self.internal_paths():
             if filename.startswith(directory):
-                return filename[len(directory):].replace(os.sep, "/")
+                return filename[len(directory) :].replace(os.sep, "/")
         return filename
 
     def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
@@ -340,7 +356,9 @@ class Autograd(ABC):
         """(its dtype objects below float64: float32, float16, bfloat16; its float64), for `float64_call`."""
         return (), None
 
-    def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
+    def float64_call(
+        self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> tuple[Callable[..., Any], tuple, dict]:
         """Op `name` as a float64 run makes it: a cast down to float32, bfloat16 or float16 (a cast
         op, a dtype argument, also in a dict of options) kept at float64."""
         narrow, float64 = self.narrowing_dtypes()
@@ -356,6 +374,7 @@ class Autograd(ABC):
             if isinstance(value, dict):
                 return {key: widened(item) for key, item in value.items()}
             return float64 if isinstance(value, dtype_type) and value in narrow else value
+
         return fn, tuple(widened(a) for a in args), {key: widened(value) for key, value in kwargs.items()}
 
     def float64_defaults(self) -> AbstractContextManager:

@@ -10,6 +10,7 @@ them are replaced by thin wrappers for the duration of `intercept` only; a
 wrapper hands the outermost call to the listener and lets every nested call
 (Paddle internals, the listener's own work) go straight to the original.
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,8 +27,22 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..leafref import LeafRef
-from .base import (API, CALLER, IN_OUT, OUT_IN, PLUMBING, VALUE_READ_METHODS, Adapter, CannotUpcast, ModulePaths, OpListener,
-                   Reductions, ReproSnippets, Training, WeightConversion)
+from .base import (
+    API,
+    CALLER,
+    IN_OUT,
+    OUT_IN,
+    PLUMBING,
+    VALUE_READ_METHODS,
+    Adapter,
+    CannotUpcast,
+    ModulePaths,
+    OpListener,
+    Reductions,
+    ReproSnippets,
+    Training,
+    WeightConversion,
+)
 
 
 def _paddle():
@@ -125,10 +140,14 @@ def _layer_call_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
 # dygraph-only and in-place checks: `__impl__`, `wrapper`). API: the public functions and Tensor
 # methods that pass a call on to its `_C_ops` op (`F.linear`, `paddle.reshape`, `x.matmul`), whose
 # caller is the line to show: `nn.Linear.forward`'s `F.linear(...)`, not `_C_ops.linear(...)`.
-_PLUMBING_FILES = frozenset({"utils/decorator_utils.py", "base/wrapped_decorator.py", "utils/inplace_utils.py",
-                             "utils/deprecated.py"})
-_PLUMBING_FUNCTIONS = {"nn/layer/layers.py": frozenset({"__call__", "_dygraph_call_func"}),
-                       "base/framework.py": frozenset({"__impl__"}), "base/dygraph/base.py": frozenset({"__impl__"})}
+_PLUMBING_FILES = frozenset(
+    {"utils/decorator_utils.py", "base/wrapped_decorator.py", "utils/inplace_utils.py", "utils/deprecated.py"}
+)
+_PLUMBING_FUNCTIONS = {
+    "nn/layer/layers.py": frozenset({"__call__", "_dygraph_call_func"}),
+    "base/framework.py": frozenset({"__impl__"}),
+    "base/dygraph/base.py": frozenset({"__impl__"}),
+}
 _API_PREFIXES = ("tensor/", "nn/functional/", "incubate/nn/functional/", "base/dygraph/")
 
 # `_C_ops` names that are not forward ops of a model: gradients and backward passes.
@@ -136,21 +155,64 @@ _BACKWARD = re.compile(r"(^|_)(grad|double_grad|triple_grad|backward)(_|$)")
 
 # C-level Tensor methods (method descriptors) that compute without going through `_C_ops`.
 _TENSOR_C_METHODS = (
-    "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__div__", "__rdiv__",
-    "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__",
-    "__matmul__", "__rmatmul__", "__pow__", "__rpow__", "__eq__", "__ne__", "__lt__", "__le__",
-    "__gt__", "__ge__", "clone", "contiguous", "copy_", "detach", "detach_", "_copy_to",
+    "__add__",
+    "__radd__",
+    "__sub__",
+    "__rsub__",
+    "__mul__",
+    "__rmul__",
+    "__div__",
+    "__rdiv__",
+    "__truediv__",
+    "__rtruediv__",
+    "__floordiv__",
+    "__rfloordiv__",
+    "__mod__",
+    "__rmod__",
+    "__matmul__",
+    "__rmatmul__",
+    "__pow__",
+    "__rpow__",
+    "__eq__",
+    "__ne__",
+    "__lt__",
+    "__le__",
+    "__gt__",
+    "__ge__",
+    "clone",
+    "contiguous",
+    "copy_",
+    "detach",
+    "detach_",
+    "_copy_to",
     # New Tensor objects over an existing tensor's data (`adaptive_avg_pool2d` runs
     # `x._use_gpudnn(False)`). Unrecorded, the next op reads an unknown tensor: a leaf that
     # holds the recorded values, so replays and patches before it do not reach that op.
-    "_tensor_use_gpudnn", "_new_shared_tensor",
+    "_tensor_use_gpudnn",
+    "_new_shared_tensor",
 )
 # Python-level Tensor methods recorded under their own name, as torch names them: their inner
 # call is a C++ method (`x[i]`, `x.cpu()`) or another op (`-x` is `scale`, `~x` is `bitwise_not`).
 _TENSOR_PY_METHODS = (
-    "__getitem__", "__setitem__", "__neg__", "__pos__", "__abs__", "__invert__", "__and__", "__rand__",
-    "__or__", "__ror__", "__xor__", "__rxor__", "__lshift__", "__rlshift__", "__rshift__", "__rrshift__",
-    "to", "cpu", "cuda",
+    "__getitem__",
+    "__setitem__",
+    "__neg__",
+    "__pos__",
+    "__abs__",
+    "__invert__",
+    "__and__",
+    "__rand__",
+    "__or__",
+    "__ror__",
+    "__xor__",
+    "__rxor__",
+    "__lshift__",
+    "__rlshift__",
+    "__rshift__",
+    "__rrshift__",
+    "to",
+    "cpu",
+    "cuda",
 )
 
 
@@ -161,8 +223,17 @@ class _Patches:
         self.paddle = paddle
         self._wrappers: dict[int, tuple[Any, Callable[..., Any]]] = {}  # id(original) -> (original, wrapper)
         self.op_tables = [
-            (prefix, table, [attr for attr, fn in vars(table).items() if not attr.startswith("_")
-                             and not _BACKWARD.search(attr) and isinstance(fn, types.BuiltinFunctionType)])
+            (
+                prefix,
+                table,
+                [
+                    attr
+                    for attr, fn in vars(table).items()
+                    if not attr.startswith("_")
+                    and not _BACKWARD.search(attr)
+                    and isinstance(fn, types.BuiltinFunctionType)
+                ],
+            )
             for prefix, table in (("_C_ops", paddle._C_ops), ("_legacy_C_ops", paddle._legacy_C_ops))
         ]
         self._bindings: list[tuple[Any, str, Any, Any]] = []
@@ -193,7 +264,9 @@ class _Patches:
             self._bindings_key = len(sys.modules)
         plan += [entry for entry in self._bindings if getattr(entry[0], entry[1], None) is entry[2]]
         tensor = paddle.Tensor
-        for attr in _TENSOR_C_METHODS + _TENSOR_PY_METHODS + VALUE_READ_METHODS:  # value reads: for the recorder's count
+        for attr in (
+            _TENSOR_C_METHODS + _TENSOR_PY_METHODS + VALUE_READ_METHODS
+        ):  # value reads: for the recorder's count
             original = tensor.__dict__.get(attr)
             if original is not None:
                 replay = _copy_and_bump(original) if attr == "copy_" else None
@@ -212,8 +285,11 @@ class _Patches:
         found = []
         ids = frozenset(builtins)
         for name, module in list(sys.modules.items()):
-            if (not isinstance(module, types.ModuleType) or id(module) in tables
-                    or name.startswith(("paddle._pir_ops", "paddle.base.libpaddle"))):
+            if (
+                not isinstance(module, types.ModuleType)
+                or id(module) in tables
+                or name.startswith(("paddle._pir_ops", "paddle.base.libpaddle"))
+            ):
                 continue
             try:
                 namespace = vars(module)
@@ -273,33 +349,115 @@ _patches: _Patches | None = None
 
 # This framework's op names (or their last dotted part) -> the shared vocabulary (`bisectr.capture.ops`).
 _OP_SYNONYMS = {
-    "linear_v2": "linear", "fused_linear": "linear", "multiply": "mul", "subtract": "sub", "divide": "div",
-    "truediv": "div", "floordiv": "floor_divide", "elementwise_add": "add", "elementwise_sub": "sub",
-    "elementwise_mul": "mul", "elementwise_div": "div", "elementwise_pow": "pow", "negative": "neg",
-    "slice": "getitem", "strided_slice": "getitem", "set_value": "setitem", "set_value_with_tensor": "setitem",
-    "t": "transpose", "reshape_": "reshape", "flatten": "reshape", "squeeze": "reshape", "unsqueeze": "reshape",
-    "astype": "cast", "bfloat16": "cast", "assign": "copy", "tensor_use_gpudnn": "copy", "new_shared_tensor": "copy",
-    "masked_fill": "where", "lookup_table_v2": "embedding", "softmax_": "softmax", "chunk": "split",
-    "split_with_num": "split", "unbind": "split", "concat": "cat", "concatenate": "cat", "greater_than": "gt",
-    "less_than": "lt", "greater_equal": "ge", "less_equal": "le", "not_equal": "ne", "expand_as": "expand",
-    "broadcast_to": "expand", "full_like": "full", "fill_constant": "full", "reduce_mean": "mean",
-    "reduce_sum": "sum", "mod": "remainder", "floor_mod": "remainder", "tile": "repeat", "clip": "clamp",
-    "p_norm": "norm", "swish": "silu", "scale": "mul", "flash_attn": "attention", "flash_attn_unpadded": "attention",
-    "flashmask_attention": "attention", "memory_efficient_attention": "attention", "take_along_axis": "gather",
-    "put_along_axis": "scatter", "unstack": "split", "view_shape": "reshape", "tensor_unfold": "unfold",
-    "nearest_interp": "interpolate", "bilinear_interp": "interpolate", "linear_interp": "interpolate",
-    "trilinear_interp": "interpolate", "bicubic_interp": "interpolate", "pad3d": "pad",
-    "conv2d_transpose": "conv_transpose2d", "conv3d_transpose": "conv_transpose3d", "depthwise_conv2d": "conv2d",
-    "cross_entropy_with_softmax": "cross_entropy", "softmax_with_cross_entropy": "cross_entropy",
-    "sigmoid_cross_entropy_with_logits": "binary_cross_entropy_with_logits", "bce_loss": "binary_cross_entropy",
-    "kldiv_loss": "kl_div", "range_v2": "arange", "reverse": "flip", "rint": "round",
-    "as_complex": "view_as_complex", "as_real": "view_as_real", "zeros": "full", "ones": "full",
-    "zeros_like": "full", "ones_like": "full", "full_with_tensor": "full", "full_batch_size_like": "full",
-    "assign_out": "copy", "increment": "add", "add_n": "add", "fc": "linear", "mean_all": "mean",
-    "max_with_index": "max", "min_with_index": "min", "copy_to": "cast", "invert": "bitwise_not",
-    "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor", "matmul_v2": "matmul", "reshape2": "reshape",
-    "transpose2": "transpose", "unsqueeze2": "reshape", "squeeze2": "reshape", "flatten_contiguous_range": "reshape",
-    "expand_v2": "expand", "top_k_v2": "topk", "max_pool2d": "max_pool", "avg_pool2d": "pool2d",
+    "linear_v2": "linear",
+    "fused_linear": "linear",
+    "multiply": "mul",
+    "subtract": "sub",
+    "divide": "div",
+    "truediv": "div",
+    "floordiv": "floor_divide",
+    "elementwise_add": "add",
+    "elementwise_sub": "sub",
+    "elementwise_mul": "mul",
+    "elementwise_div": "div",
+    "elementwise_pow": "pow",
+    "negative": "neg",
+    "slice": "getitem",
+    "strided_slice": "getitem",
+    "set_value": "setitem",
+    "set_value_with_tensor": "setitem",
+    "t": "transpose",
+    "reshape_": "reshape",
+    "flatten": "reshape",
+    "squeeze": "reshape",
+    "unsqueeze": "reshape",
+    "astype": "cast",
+    "bfloat16": "cast",
+    "assign": "copy",
+    "tensor_use_gpudnn": "copy",
+    "new_shared_tensor": "copy",
+    "masked_fill": "where",
+    "lookup_table_v2": "embedding",
+    "softmax_": "softmax",
+    "chunk": "split",
+    "split_with_num": "split",
+    "unbind": "split",
+    "concat": "cat",
+    "concatenate": "cat",
+    "greater_than": "gt",
+    "less_than": "lt",
+    "greater_equal": "ge",
+    "less_equal": "le",
+    "not_equal": "ne",
+    "expand_as": "expand",
+    "broadcast_to": "expand",
+    "full_like": "full",
+    "fill_constant": "full",
+    "reduce_mean": "mean",
+    "reduce_sum": "sum",
+    "mod": "remainder",
+    "floor_mod": "remainder",
+    "tile": "repeat",
+    "clip": "clamp",
+    "p_norm": "norm",
+    "swish": "silu",
+    "scale": "mul",
+    "flash_attn": "attention",
+    "flash_attn_unpadded": "attention",
+    "flashmask_attention": "attention",
+    "memory_efficient_attention": "attention",
+    "take_along_axis": "gather",
+    "put_along_axis": "scatter",
+    "unstack": "split",
+    "view_shape": "reshape",
+    "tensor_unfold": "unfold",
+    "nearest_interp": "interpolate",
+    "bilinear_interp": "interpolate",
+    "linear_interp": "interpolate",
+    "trilinear_interp": "interpolate",
+    "bicubic_interp": "interpolate",
+    "pad3d": "pad",
+    "conv2d_transpose": "conv_transpose2d",
+    "conv3d_transpose": "conv_transpose3d",
+    "depthwise_conv2d": "conv2d",
+    "cross_entropy_with_softmax": "cross_entropy",
+    "softmax_with_cross_entropy": "cross_entropy",
+    "sigmoid_cross_entropy_with_logits": "binary_cross_entropy_with_logits",
+    "bce_loss": "binary_cross_entropy",
+    "kldiv_loss": "kl_div",
+    "range_v2": "arange",
+    "reverse": "flip",
+    "rint": "round",
+    "as_complex": "view_as_complex",
+    "as_real": "view_as_real",
+    "zeros": "full",
+    "ones": "full",
+    "zeros_like": "full",
+    "ones_like": "full",
+    "full_with_tensor": "full",
+    "full_batch_size_like": "full",
+    "assign_out": "copy",
+    "increment": "add",
+    "add_n": "add",
+    "fc": "linear",
+    "mean_all": "mean",
+    "max_with_index": "max",
+    "min_with_index": "min",
+    "copy_to": "cast",
+    "invert": "bitwise_not",
+    "and": "bitwise_and",
+    "or": "bitwise_or",
+    "xor": "bitwise_xor",
+    "matmul_v2": "matmul",
+    "reshape2": "reshape",
+    "transpose2": "transpose",
+    "unsqueeze2": "reshape",
+    "squeeze2": "reshape",
+    "flatten_contiguous_range": "reshape",
+    "expand_v2": "expand",
+    "top_k_v2": "topk",
+    "max_pool2d": "max_pool",
+    "avg_pool2d": "pool2d",
     "adaptive_avg_pool2d": "pool2d",
 }
 
@@ -310,9 +468,13 @@ _BATCH_NORM_LAYERS = ("BatchNorm", "BatchNorm1D", "BatchNorm2D", "BatchNorm3D", 
 class PaddleAdapter(Adapter, Training, WeightConversion):
     name = "paddle"
     module_kind = "paddle.nn.Layer"
-    repro = ReproSnippets("import paddle", "paddle.to_tensor(a.astype('float32') if dtype == 'bfloat16' else a, dtype=dtype)",
-                          "t.astype('float64').numpy()", "setattr(t, 'stop_gradient', False)",
-                          "paddle.grad(outputs, inputs, upstream, allow_unused=True)")
+    repro = ReproSnippets(
+        "import paddle",
+        "paddle.to_tensor(a.astype('float32') if dtype == 'bfloat16' else a, dtype=dtype)",
+        "t.astype('float64').numpy()",
+        "setattr(t, 'stop_gradient', False)",
+        "paddle.grad(outputs, inputs, upstream, allow_unused=True)",
+    )
     linear_layout = IN_OUT
     library_linears = {("paddleformers", "LMHead"): OUT_IN}  # (vocab, hidden), as Hugging Face's lm_head
     norm_statistics = {"_mean": "mean", "_variance": "variance"}
@@ -343,18 +505,34 @@ class PaddleAdapter(Adapter, Training, WeightConversion):
             flat = tensor.detach().reshape([-1])
             complex_values = flat.is_complex()
             wide = (paddle.abs(flat) if complex_values else flat).astype("float64")
-            picked = paddle.gather(paddle.real(flat).astype("float64") if complex_values else wide,
-                                   paddle.to_tensor(positions, place=flat.place))
+            picked = paddle.gather(
+                paddle.real(flat).astype("float64") if complex_values else wide,
+                paddle.to_tensor(positions, place=flat.place),
+            )
             finite = paddle.isfinite(wide)
             clean = paddle.where(finite, wide, paddle.zeros_like(wide))
-            sums = paddle.stack([paddle.where(finite, wide, paddle.full_like(wide, math.inf)).min(),
-                                 paddle.where(finite, wide, paddle.full_like(wide, -math.inf)).max(),
-                                 clean.sum(), paddle.dot(clean, clean), finite.astype("float64").sum(),
-                                 paddle.isnan(wide).astype("float64").sum()])
+            sums = paddle.stack(
+                [
+                    paddle.where(finite, wide, paddle.full_like(wide, math.inf)).min(),
+                    paddle.where(finite, wide, paddle.full_like(wide, -math.inf)).max(),
+                    clean.sum(),
+                    paddle.dot(clean, clean),
+                    finite.astype("float64").sum(),
+                    paddle.isnan(wide).astype("float64").sum(),
+                ]
+            )
             numbers = paddle.concat([sums, picked]).tolist()
         low, high, total, squares, finite_count, nan_count = numbers[:6]
-        return Reductions(low, high, total, squares, int(finite_count), int(nan_count),
-                          flat.size - int(finite_count) - int(nan_count), numbers[6:])
+        return Reductions(
+            low,
+            high,
+            total,
+            squares,
+            int(finite_count),
+            int(nan_count),
+            flat.size - int(finite_count) - int(nan_count),
+            numbers[6:],
+        )
 
     def from_numpy(self, values: np.ndarray, dtype: str, device: str, layout: Any = None) -> Any:
         paddle = _paddle()
@@ -446,8 +624,11 @@ class PaddleAdapter(Adapter, Training, WeightConversion):
 
     def optimizer_moments(self, optimizer: Any, parameter: Any) -> dict[str, np.ndarray]:
         accumulators = getattr(optimizer, "_accumulators", {})
-        return {name: self.to_numpy(accumulators[name][parameter.name]) for name in ("moment1", "moment2")
-                if parameter.name in accumulators.get(name, {})}
+        return {
+            name: self.to_numpy(accumulators[name][parameter.name])
+            for name in ("moment1", "moment2")
+            if parameter.name in accumulators.get(name, {})
+        }
 
     def learning_rate(self, optimizer: Any) -> float:
         return float(optimizer.get_lr())
@@ -456,18 +637,25 @@ class PaddleAdapter(Adapter, Training, WeightConversion):
         decay, kind = 0.0, None
         if type(optimizer).__name__ == "AdamW" and isinstance(getattr(optimizer, "_weight_decay", None), (int, float)):
             decay, kind = float(optimizer._weight_decay), "decoupled"
-        elif getattr(optimizer, "regularization", None) is not None:  # Adam(weight_decay=...): an L2 term in the gradient
+        elif (
+            getattr(optimizer, "regularization", None) is not None
+        ):  # Adam(weight_decay=...): an L2 term in the gradient
             decay, kind = float(getattr(optimizer.regularization, "_coeff", 0.0)), "coupled (L2)"
         clip = getattr(optimizer, "_grad_clip", None)
 
         def number(value: Any) -> float | None:
             return None if value is None else float(value)
 
-        return {"optimizer": type(optimizer).__name__, "epsilon": number(getattr(optimizer, "_epsilon", None)),
-                "beta1": number(getattr(optimizer, "_beta1", None)), "beta2": number(getattr(optimizer, "_beta2", None)),
-                "weight_decay": decay, "weight_decay_kind": kind if decay else None,
-                "amsgrad": bool(getattr(optimizer, "_amsgrad", False)),
-                "gradient_clipping": None if clip is None else f"{type(clip).__name__}({getattr(clip, 'clip_norm', '')})"}
+        return {
+            "optimizer": type(optimizer).__name__,
+            "epsilon": number(getattr(optimizer, "_epsilon", None)),
+            "beta1": number(getattr(optimizer, "_beta1", None)),
+            "beta2": number(getattr(optimizer, "_beta2", None)),
+            "weight_decay": decay,
+            "weight_decay_kind": kind if decay else None,
+            "amsgrad": bool(getattr(optimizer, "_amsgrad", False)),
+            "gradient_clipping": None if clip is None else f"{type(clip).__name__}({getattr(clip, 'clip_norm', '')})",
+        }
 
     def weight_decays(self, optimizer: Any, parameters: dict[str, Any]) -> dict[str, float]:
         default = self.optimizer_settings(optimizer)["weight_decay"]
@@ -481,8 +669,10 @@ class PaddleAdapter(Adapter, Training, WeightConversion):
             else:
                 decay[id(group)] = default
         exempt = getattr(optimizer, "_apply_decay_param_fun", None)  # AdamW(apply_decay_param_fun=...)
-        return {name: 0.0 if exempt is not None and not exempt(tensor.name) else decay.get(id(tensor), default)
-                for name, tensor in parameters.items()}
+        return {
+            name: 0.0 if exempt is not None and not exempt(tensor.name) else decay.get(id(tensor), default)
+            for name, tensor in parameters.items()
+        }
 
     def no_grad(self) -> Any:
         return _paddle().no_grad()
@@ -523,9 +713,11 @@ class PaddleAdapter(Adapter, Training, WeightConversion):
             raise RuntimeError("bisectr: a paddle forward is already being intercepted")
         if _patches is None:
             _patches = _Patches(paddle)
-        paths = ModulePaths(lambda root: root.named_sublayers(include_self=True),
-                            model if isinstance(model, paddle.nn.Layer) else None,
-                            getattr(listener, "adopt_root", None))
+        paths = ModulePaths(
+            lambda root: root.named_sublayers(include_self=True),
+            model if isinstance(model, paddle.nn.Layer) else None,
+            getattr(listener, "adopt_root", None),
+        )
         installed: list[tuple[Any, str, Any]] = []
         try:
             for owner, attr, original, replacement in _patches.plan():
@@ -560,8 +752,12 @@ def _float64_memory(tensor: Any) -> np.ndarray:
 def patch_counts() -> dict[str, int]:
     """How many objects `intercept` replaces, by kind (for tests and reports)."""
     paddle = _paddle()
-    kinds = {id(paddle._C_ops): "_C_ops", id(paddle._legacy_C_ops): "_legacy_C_ops", id(paddle.Tensor): "Tensor",
-             id(paddle.nn.Layer): "Layer"}
+    kinds = {
+        id(paddle._C_ops): "_C_ops",
+        id(paddle._legacy_C_ops): "_legacy_C_ops",
+        id(paddle.Tensor): "Tensor",
+        id(paddle.nn.Layer): "Layer",
+    }
     counts: dict[str, int] = {}
     for owner, *_ in (_patches or _Patches(paddle)).plan():
         kind = kinds.get(id(owner), "module_bindings")

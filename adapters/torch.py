@@ -1,4 +1,5 @@
 """PyTorch adapter: `TorchFunctionMode` sees every API call, global module hooks give paths."""
+
 from __future__ import annotations
 
 import copy
@@ -14,9 +15,25 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..leafref import LeafRef
-from .base import (API, CALLER, COMPILED_OP, IN_OUT, OUT_IN, PLUMBING, TENSOR_VALUE_READS, Adapter, CannotUpcast,
-                   CompiledGraphs, CompiledProbe, ModulePaths, OpListener, Reductions, ReproSnippets, Training,
-                   WeightConversion)
+from .base import (
+    API,
+    CALLER,
+    COMPILED_OP,
+    IN_OUT,
+    OUT_IN,
+    PLUMBING,
+    TENSOR_VALUE_READS,
+    Adapter,
+    CannotUpcast,
+    CompiledGraphs,
+    CompiledProbe,
+    ModulePaths,
+    OpListener,
+    Reductions,
+    ReproSnippets,
+    Training,
+    WeightConversion,
+)
 
 
 # Tensor methods that cast to a floating dtype below float64.
@@ -51,7 +68,11 @@ def _whole(tensor: Any) -> Any:
     if _is_dtensor(tensor):
         # Reducing a masked partial sum (a vocabulary-parallel embedding's output) drops its mask,
         # which the model's own reduction still needs.
-        masks = [(p.mask_buffer, p.mask_buffer.refcount, p.mask_buffer.data) for p in tensor.placements if hasattr(p, "mask_buffer")]
+        masks = [
+            (p.mask_buffer, p.mask_buffer.refcount, p.mask_buffer.data)
+            for p in tensor.placements
+            if hasattr(p, "mask_buffer")
+        ]
         whole = tensor.detach().full_tensor()
         for mask, refcount, data in masks:
             mask.refcount, mask.data = refcount, data
@@ -65,7 +86,9 @@ def _whole(tensor: Any) -> Any:
 # to torch's directory. Plumbing: `__torch_function__` dispatch, decorators, the module call
 # machinery. API: the Python bodies of the ops the mode records (`F.relu` runs until it hands itself
 # to `handle_torch_function`), whose caller is the line to show: `_ff_block`'s, not `relu`'s.
-_PLUMBING_FILES = frozenset({"overrides.py", "_jit_internal.py", "_compile.py", "utils/_contextlib.py", "utils/_device.py"})
+_PLUMBING_FILES = frozenset(
+    {"overrides.py", "_jit_internal.py", "_compile.py", "utils/_contextlib.py", "utils/_device.py"}
+)
 _PLUMBING_PREFIXES = ("_dynamo/",)
 _PLUMBING_FUNCTIONS = {"nn/modules/module.py": frozenset({"__call__", "_call_impl", "_wrapped_call_impl", "inner"})}
 _API_FILES = frozenset({"nn/functional.py", "functional.py", "_tensor.py"})
@@ -74,22 +97,72 @@ _API_FILES = frozenset({"nn/functional.py", "functional.py", "_tensor.py"})
 # This framework's op names (or their last dotted part) -> the shared vocabulary (`bisectr.capture.ops`).
 # Average pools go by paddle's name, `pool2d`: paddle runs them all as one op.
 _OP_SYNONYMS = {
-    "mm": "matmul", "bmm": "matmul", "multiply": "mul", "subtract": "sub", "divide": "div", "truediv": "div",
-    "true_divide": "div", "floordiv": "floor_divide", "negative": "neg", "permute": "transpose",
-    "swapaxes": "transpose", "T": "transpose", "mT": "transpose", "t": "transpose", "view": "reshape",
-    "flatten": "reshape", "squeeze": "reshape", "unsqueeze": "reshape", "to": "cast", "type": "cast",
-    "float": "cast", "half": "cast", "bfloat16": "cast", "double": "cast", "long": "cast", "int": "cast",
-    "bool": "cast", "clone": "copy", "contiguous": "copy", "detach": "copy", "masked_fill": "where",
-    "scaled_dot_product_attention": "attention", "multi_head_attention_forward": "attention", "chunk": "split",
-    "unbind": "split", "concatenate": "cat", "greater_equal": "ge", "less_equal": "le", "not_equal": "ne",
-    "expand_as": "expand", "broadcast_to": "expand", "full_like": "full", "mod": "remainder", "tile": "repeat",
-    "clip": "clamp", "vector_norm": "norm", "zeros": "full", "ones": "full", "zeros_like": "full",
-    "ones_like": "full", "invert": "bitwise_not", "and": "bitwise_and", "or": "bitwise_or", "xor": "bitwise_xor",
-    "max_pool2d": "max_pool", "avg_pool2d": "pool2d", "adaptive_avg_pool2d": "pool2d",
+    "mm": "matmul",
+    "bmm": "matmul",
+    "multiply": "mul",
+    "subtract": "sub",
+    "divide": "div",
+    "truediv": "div",
+    "true_divide": "div",
+    "floordiv": "floor_divide",
+    "negative": "neg",
+    "permute": "transpose",
+    "swapaxes": "transpose",
+    "T": "transpose",
+    "mT": "transpose",
+    "t": "transpose",
+    "view": "reshape",
+    "flatten": "reshape",
+    "squeeze": "reshape",
+    "unsqueeze": "reshape",
+    "to": "cast",
+    "type": "cast",
+    "float": "cast",
+    "half": "cast",
+    "bfloat16": "cast",
+    "double": "cast",
+    "long": "cast",
+    "int": "cast",
+    "bool": "cast",
+    "clone": "copy",
+    "contiguous": "copy",
+    "detach": "copy",
+    "masked_fill": "where",
+    "scaled_dot_product_attention": "attention",
+    "multi_head_attention_forward": "attention",
+    "chunk": "split",
+    "unbind": "split",
+    "concatenate": "cat",
+    "greater_equal": "ge",
+    "less_equal": "le",
+    "not_equal": "ne",
+    "expand_as": "expand",
+    "broadcast_to": "expand",
+    "full_like": "full",
+    "mod": "remainder",
+    "tile": "repeat",
+    "clip": "clamp",
+    "vector_norm": "norm",
+    "zeros": "full",
+    "ones": "full",
+    "zeros_like": "full",
+    "ones_like": "full",
+    "invert": "bitwise_not",
+    "and": "bitwise_and",
+    "or": "bitwise_or",
+    "xor": "bitwise_xor",
+    "max_pool2d": "max_pool",
+    "avg_pool2d": "pool2d",
+    "adaptive_avg_pool2d": "pool2d",
     # A DTensor's own plumbing, which leaves its global values as they are: its shards taken out or
     # wrapped, moved between placements (autograd functions go by their class names).
-    "to_local": "copy", "from_local": "copy", "redistribute": "copy", "full_tensor": "copy",
-    "_FromTorchTensor": "copy", "_ToTorchTensor": "copy", "Redistribute": "copy",
+    "to_local": "copy",
+    "from_local": "copy",
+    "redistribute": "copy",
+    "full_tensor": "copy",
+    "_FromTorchTensor": "copy",
+    "_ToTorchTensor": "copy",
+    "Redistribute": "copy",
 }
 
 
@@ -100,8 +173,13 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
     name = "torch"
     op_synonyms = _OP_SYNONYMS
     module_kind = "torch.nn.Module"
-    repro = ReproSnippets("import torch", "torch.from_numpy(a).to(getattr(torch, dtype))", "t.detach().to(torch.float64).cpu().numpy()",
-                          "t.requires_grad_(True)", "torch.autograd.grad(outputs, inputs, upstream, allow_unused=True)")
+    repro = ReproSnippets(
+        "import torch",
+        "torch.from_numpy(a).to(getattr(torch, dtype))",
+        "t.detach().to(torch.float64).cpu().numpy()",
+        "t.requires_grad_(True)",
+        "torch.autograd.grad(outputs, inputs, upstream, allow_unused=True)",
+    )
     linear_layout = OUT_IN
     library_linears = {("transformers", "Conv1D"): IN_OUT}  # Hugging Face GPT-2's
     norm_statistics = {"running_mean": "mean", "running_var": "variance", "num_batches_tracked": "count"}
@@ -129,7 +207,9 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
 
     def unreadable(self, tensor: Any) -> str | None:
         kind = type(tensor)
-        if kind.__torch_dispatch__ is _torch().Tensor.__torch_dispatch__:  # plain tensors, parameters, subclasses of theirs
+        if (
+            kind.__torch_dispatch__ is _torch().Tensor.__torch_dispatch__
+        ):  # plain tensors, parameters, subclasses of theirs
             return None
         if _is_dtensor(tensor) or _is_pending_collective(tensor):
             return None
@@ -145,12 +225,28 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
         picked = (flat.real.double() if flat.is_complex() else wide)[torch.as_tensor(positions, device=flat.device)]
         finite = torch.isfinite(wide)
         clean = torch.where(finite, wide, 0.0)
-        sums = torch.stack([torch.where(finite, wide, math.inf).amin(), torch.where(finite, wide, -math.inf).amax(),
-                            clean.sum(), clean.dot(clean), finite.sum().double(), torch.isnan(wide).sum().double()])
+        sums = torch.stack(
+            [
+                torch.where(finite, wide, math.inf).amin(),
+                torch.where(finite, wide, -math.inf).amax(),
+                clean.sum(),
+                clean.dot(clean),
+                finite.sum().double(),
+                torch.isnan(wide).sum().double(),
+            ]
+        )
         numbers = torch.cat([sums, picked]).tolist()
         low, high, total, squares, finite_count, nan_count = numbers[:6]
-        return Reductions(low, high, total, squares, int(finite_count), int(nan_count),
-                          flat.numel() - int(finite_count) - int(nan_count), numbers[6:])
+        return Reductions(
+            low,
+            high,
+            total,
+            squares,
+            int(finite_count),
+            int(nan_count),
+            flat.numel() - int(finite_count) - int(nan_count),
+            numbers[6:],
+        )
 
     def from_numpy(self, values: np.ndarray, dtype: str, device: str, layout: Any = None) -> Any:
         torch = _torch()
@@ -171,7 +267,12 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
 
     def shared_numpy(self, tensor: Any) -> np.ndarray:
         distributed = sys.modules.get("torch.distributed")
-        if _is_dtensor(tensor) or distributed is None or not distributed.is_initialized() or distributed.get_world_size() == 1:
+        if (
+            _is_dtensor(tensor)
+            or distributed is None
+            or not distributed.is_initialized()
+            or distributed.get_world_size() == 1
+        ):
             return self.to_numpy(tensor)
         first = _whole(tensor).detach().clone()
         distributed.broadcast(first, src=0)
@@ -213,6 +314,7 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
         if not isinstance(fn, CompiledCall):
             return None
         from .torch_compile import TorchCompiledProbe
+
         return TorchCompiledProbe(fn.eager, fn.settings, args, kwargs)
 
     def linear_class(self) -> type:
@@ -240,7 +342,9 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
         torch = _torch()
         return (torch.float32, torch.float16, torch.bfloat16), torch.float64
 
-    def float64_call(self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Callable[..., Any], tuple, dict]:
+    def float64_call(
+        self, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict
+    ) -> tuple[Callable[..., Any], tuple, dict]:
         if name in _NARROWING_METHODS:
             return _torch().Tensor.double, args[:1], {}
         if name == COMPILED_OP:
@@ -267,8 +371,11 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
 
     def optimizer_moments(self, optimizer: Any, parameter: Any) -> dict[str, np.ndarray]:
         state = optimizer.state.get(parameter, {})
-        return {shared: self.to_numpy(state[own]) for shared, own in (("moment1", "exp_avg"), ("moment2", "exp_avg_sq"))
-                if own in state}
+        return {
+            shared: self.to_numpy(state[own])
+            for shared, own in (("moment1", "exp_avg"), ("moment2", "exp_avg_sq"))
+            if own in state
+        }
 
     def learning_rate(self, optimizer: Any) -> float:
         return float(optimizer.param_groups[0]["lr"])
@@ -278,12 +385,21 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
         beta1, beta2 = group.get("betas", (None, None))
         decay = float(group.get("weight_decay", 0.0))
         decoupled = group.get("decoupled_weight_decay", type(optimizer).__name__ == "AdamW")
-        return {"optimizer": type(optimizer).__name__, "epsilon": group.get("eps"), "beta1": beta1, "beta2": beta2,
-                "weight_decay": decay, "weight_decay_kind": ("decoupled" if decoupled else "coupled (L2)") if decay else None,
-                "amsgrad": bool(group.get("amsgrad", False)), "gradient_clipping": None}
+        return {
+            "optimizer": type(optimizer).__name__,
+            "epsilon": group.get("eps"),
+            "beta1": beta1,
+            "beta2": beta2,
+            "weight_decay": decay,
+            "weight_decay_kind": ("decoupled" if decoupled else "coupled (L2)") if decay else None,
+            "amsgrad": bool(group.get("amsgrad", False)),
+            "gradient_clipping": None,
+        }
 
     def weight_decays(self, optimizer: Any, parameters: dict[str, Any]) -> dict[str, float]:
-        decay = {id(p): float(group.get("weight_decay", 0.0)) for group in optimizer.param_groups for p in group["params"]}
+        decay = {
+            id(p): float(group.get("weight_decay", 0.0)) for group in optimizer.param_groups for p in group["params"]
+        }
         return {name: decay.get(id(tensor), 0.0) for name, tensor in parameters.items()}
 
     def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
@@ -327,16 +443,22 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
 
     def frame_role(self, filename: str, function: str) -> int:
         relative = self._relative(filename)
-        if (relative in _PLUMBING_FILES or relative.startswith(_PLUMBING_PREFIXES)
-                or function in _PLUMBING_FUNCTIONS.get(relative, ())):
+        if (
+            relative in _PLUMBING_FILES
+            or relative.startswith(_PLUMBING_PREFIXES)
+            or function in _PLUMBING_FUNCTIONS.get(relative, ())
+        ):
             return PLUMBING
         return API if relative in _API_FILES else CALLER
 
     @contextmanager
     def intercept(self, model: Any, listener: OpListener, gradients: bool = False) -> Iterator[None]:
         torch = _torch()
-        paths = ModulePaths(lambda root: root.named_modules(), model if isinstance(model, torch.nn.Module) else None,
-                            getattr(listener, "adopt_root", None))
+        paths = ModulePaths(
+            lambda root: root.named_modules(),
+            model if isinstance(model, torch.nn.Module) else None,
+            getattr(listener, "adopt_root", None),
+        )
         mode = _CallRouter(listener)
 
         # torch runs the global forward hooks before a module's own, so a module with hooks of its own (a
@@ -373,7 +495,11 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
         for name, collective in collectives.items():
             setattr(distributed, name, _routed_method(_in_place(collective), f"distributed.{name}", mode))
         try:
-            with (torch.enable_grad() if gradients else torch.no_grad()), mode, _compiled_calls_routed(model, mode, paths.path, listener):
+            with (
+                torch.enable_grad() if gradients else torch.no_grad(),
+                mode,
+                _compiled_calls_routed(model, mode, paths.path, listener),
+            ):
                 yield
         finally:
             function.apply = apply
@@ -404,17 +530,34 @@ def _distributed(whole: Any, layout: _Placement) -> Any:
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
     if layout.split_like is not None:  # added rank by rank: as DTensors, two partial sums would be reduced first
-        change = _distributed(whole - _whole(layout.split_like).to(whole.dtype), _Placement(layout.mesh, layout.placements))
-        return DTensor.from_local(layout.split_like.to_local().to(whole.dtype) + change.to_local(), layout.mesh, layout.placements,
-                                  run_check=False, shape=whole.shape, stride=whole.stride())
+        change = _distributed(
+            whole - _whole(layout.split_like).to(whole.dtype), _Placement(layout.mesh, layout.placements)
+        )
+        return DTensor.from_local(
+            layout.split_like.to_local().to(whole.dtype) + change.to_local(),
+            layout.mesh,
+            layout.placements,
+            run_check=False,
+            shape=whole.shape,
+            stride=whole.stride(),
+        )
     spread = [Replicate() if placement.is_partial() else placement for placement in layout.placements]
     placed = distribute_tensor(whole, layout.mesh, spread, src_data_rank=None)  # each rank cuts its own shard
-    shares = math.prod(layout.mesh.size(dim) for dim, placement in enumerate(layout.placements)
-                       if placement.is_partial() and placement.reduce_op == "sum")
+    shares = math.prod(
+        layout.mesh.size(dim)
+        for dim, placement in enumerate(layout.placements)
+        if placement.is_partial() and placement.reduce_op == "sum"
+    )
     if spread == list(layout.placements):
         return placed
-    return DTensor.from_local(placed.to_local() / shares, layout.mesh, layout.placements, run_check=False,
-                              shape=whole.shape, stride=whole.stride())
+    return DTensor.from_local(
+        placed.to_local() / shares,
+        layout.mesh,
+        layout.placements,
+        run_check=False,
+        shape=whole.shape,
+        stride=whole.stride(),
+    )
 
 
 def _routed(mode: Any, name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -432,6 +575,7 @@ def _routed(mode: Any, name: str, fn: Callable[..., Any], args: tuple, kwargs: d
 
 def _routed_apply(apply: Callable[..., Any], mode: Any) -> classmethod:
     """`autograd.Function.apply` as one op named after the function's class: its backward is the class's own."""
+
     def routed(cls, *args, **kwargs):
         run = functools.partial(apply, cls)
         run.__qualname__ = name = f"{cls.__qualname__}.apply"
@@ -458,7 +602,11 @@ class CompiledCall:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         modules = _torch().nn.modules.module
-        hooks = (modules._global_forward_pre_hooks, modules._global_forward_hooks, modules._global_forward_hooks_always_called)
+        hooks = (
+            modules._global_forward_pre_hooks,
+            modules._global_forward_hooks,
+            modules._global_forward_hooks_always_called,
+        )
         held = [dict(hook) for hook in hooks]
         for hook in hooks:
             hook.clear()
@@ -493,6 +641,7 @@ def _compiled_calls_routed(model: Any, mode: Any, path: Callable[[Any], str], li
     """While active, each compiled module's call is one op `COMPILED_OP` in the compiled module's path:
     an `OptimizedModule`'s (`torch.compile(module)`), and that of each module of `model` compiled in
     place (`module.compile()`)."""
+
     def routed(module: Any, call: CompiledCall, *args: Any, **kwargs: Any) -> Any:
         listener.enter_module(path(module))
         try:
@@ -510,10 +659,17 @@ def _compiled_calls_routed(model: Any, mode: Any, path: Callable[[Any], str], li
         run = functools.partial(optimized_call, module)
         return routed(module, CompiledCall(module._orig_mod, module.dynamo_ctx, run), *args, **kwargs)
 
-    in_place = ({m: m._compiled_call_impl for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None}
-                if isinstance(model, _torch().nn.Module) else {})
+    in_place = (
+        {m: m._compiled_call_impl for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None}
+        if isinstance(model, _torch().nn.Module)
+        else {}
+    )
     for module, compiled in in_place.items():
-        settings = next(cell.cell_contents for cell in compiled.__closure__ if type(cell.cell_contents).__name__ == "OptimizeContext")
+        settings = next(
+            cell.cell_contents
+            for cell in compiled.__closure__
+            if type(cell.cell_contents).__name__ == "OptimizeContext"
+        )
         module._compiled_call_impl = functools.partial(routed, module, CompiledCall(module, settings, compiled))
     compiled_class.__call__ = optimized
     try:
@@ -526,13 +682,21 @@ def _compiled_calls_routed(model: Any, mode: Any, path: Callable[[Any], str], li
 
 # torch.distributed's collectives on plain tensors that write their result into their first argument
 # (a tensor, or a list of tensors).
-_IN_PLACE_COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast", "all_gather", "all_to_all")
+_IN_PLACE_COLLECTIVES = (
+    "all_reduce",
+    "reduce_scatter_tensor",
+    "all_gather_into_tensor",
+    "broadcast",
+    "all_gather",
+    "all_to_all",
+)
 
 
 def _in_place(collective: Callable[..., Any]) -> Callable[..., Any]:
     """`collective`, finished before it returns, with the write into its first argument (each
     tensor of it, for a list) counted in that tensor's version (the backends' own writes are not),
     as any in-place op's is."""
+
     def run(written, *args, **kwargs):
         work = collective(written, *args, **kwargs)
         if work is not None:

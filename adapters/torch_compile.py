@@ -11,6 +11,7 @@ was recorded with, against the same code run eagerly:
 - `CompilerBisector` (eager -> aot_eager -> aot_eager_decomp_partition -> inductor, then inductor's
   subsystems and passes), for a module compiled by inductor.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,10 +24,12 @@ from typing import Any, Iterator
 from .base import CompiledProbe, CompilerStep, GraphNode
 
 # What each of `CompilerBisector`'s backends adds to the one before it.
-_BACKEND_STEPS = {"eager": "dynamo's graph capture: the graph it traced computes otherwise",
-                  "aot_eager": "AOTAutograd's tracing and functionalization",
-                  "aot_eager_decomp_partition": "AOTAutograd with inductor's decompositions and partitioner",
-                  "inductor": "inductor's lowering and generated code"}
+_BACKEND_STEPS = {
+    "eager": "dynamo's graph capture: the graph it traced computes otherwise",
+    "aot_eager": "AOTAutograd's tracing and functionalization",
+    "aot_eager_decomp_partition": "AOTAutograd with inductor's decompositions and partitioner",
+    "inductor": "inductor's lowering and generated code",
+}
 _FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in \S+\n\s*(?P<code>[^\n]*)')
 
 
@@ -97,8 +100,11 @@ class TorchCompiledProbe(CompiledProbe):
             except RuntimeError:  # a dtype the graph fixes (a cast to float32) meets float64 values: the floor judges
                 eager64 = {name: _double(value) for name, value in eager32.items()}
         self.node_values = {graph: (eager32, eager64)}
-        return [position for position, node in enumerate(gm.graph.nodes)
-                if node.op != "placeholder" and _is_floating(eager32.get(node.name))]
+        return [
+            position
+            for position, node in enumerate(gm.graph.nodes)
+            if node.op != "placeholder" and _is_floating(eager32.get(node.name))
+        ]
 
     def cut_error(self, graph: int, node: int) -> tuple[float, float]:
         gm, inputs = self.graphs[graph]
@@ -234,7 +240,9 @@ def _kept_eager(modules: list[Any]) -> Iterator[None]:
     """`modules` run eagerly inside compiled code (dynamo breaks the graph at each call)."""
     import torch
 
-    own = {id(module): module.__dict__["forward"] for module in modules if "forward" in module.__dict__}  # a patched forward (accelerate's hooks)
+    own = {
+        id(module): module.__dict__["forward"] for module in modules if "forward" in module.__dict__
+    }  # a patched forward (accelerate's hooks)
     for module in modules:
         module.forward = torch._dynamo.disable(module.forward)
     try:

@@ -9,6 +9,7 @@ inductor on this CPU; `--bug`: the planted wrong decomposition, Llama only): fir
 then, in another fresh process, the whole `bisectr bisect` (build, trace both sides, search, and for
 a divergent one the search inside the compiled code), from start to result. Prints both, and the ratio.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,22 +49,35 @@ def main() -> None:
     args = parser.parse_args()
     model = ROOT / "tests" / "models" / f"compiled_{args.model}.py"
     env = {**os.environ, **({"COMPILE_BUG": "mean_decomposition"} if args.bug else {})}
-    done = subprocess.run([sys.executable, "-c", _ONE_COMPILE, str(model)], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", _ONE_COMPILE, str(model)], capture_output=True, text=True, env=env, timeout=600
+    )
     if done.returncode != 0:
         raise SystemExit(f"the plain compile failed:\n{done.stderr[-3000:]}")
     plain = json.loads(done.stdout.splitlines()[-1])
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(model), "--json"], capture_output=True, text=True,
-                          env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(model), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     seconds = time.perf_counter() - start
     if done.returncode not in (0, 1):
         raise SystemExit(f"bisectr bisect failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout)
     one = plain["compile_s"] + plain["forward_s"]
     compiled = (result.get("culprit") or {}).get("compiled")
-    inside = f", of which the search inside the compiled code {compiled['seconds']:.0f} s ({compiled['compiles']} compiles)" if compiled else ""
+    inside = (
+        f", of which the search inside the compiled code {compiled['seconds']:.0f} s ({compiled['compiles']} compiles)"
+        if compiled
+        else ""
+    )
     print(f"bisect of compiled_{args.model}.py ({result['verdict']}): {seconds:.1f} s{inside}")
-    print(f"one compile + one forward: {one:.1f} s (compile {plain['compile_s']:.1f} s, forward {plain['forward_s'] * 1e3:.2f} ms)")
+    print(
+        f"one compile + one forward: {one:.1f} s (compile {plain['compile_s']:.1f} s, forward {plain['forward_s'] * 1e3:.2f} ms)"
+    )
     print(f"ratio: {seconds / one:.1f}x one compile + one forward")
 
 

@@ -19,6 +19,7 @@ measured numbers beyond three digits: verdict, entry point, culprit with its sit
 confirmation, what was not blamed, re-run counts, for the forward and the backward pass); `--against PATH`
 compares them with a file written before (a refactoring must change none) and lists each difference.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,21 +65,32 @@ def measure(pair: Pair, reference_python: str | None = None) -> tuple[dict, dict
     if result["verdict"] == "noise" and not narrow:
         analysis = Analysis(run)
         outputs = (run.candidate.ops[p.candidate].outputs[0] for p in run.alignment.pairs)
-        errors = (analysis.tensor_error(tid) for tid in outputs if run.candidate.tensors[tid].stats.absmax < MASK_MAGNITUDE)
+        errors = (
+            analysis.tensor_error(tid) for tid in outputs if run.candidate.tensors[tid].stats.absmax < MASK_MAGNITUDE
+        )
         contradicted = sum(1 for e in errors if e is not None and e.max_rel > CONTRADICTION)
         if contradicted:
             found.append(f"{contradicted} pairs the values contradict")
     backward = result.get("backward") or {}
-    return {"pair": pair.name, "expected": pair.verdict + (f" / backward {pair.backward}" if pair.backward else ""),
-            "verdict": result["verdict"] + (f" / backward {backward['verdict']}" if backward else ""),
-            "culprit": f"{culprit['op']} at {culprit['candidate']['module']}" if culprit else None,
-            "confirmed": bool((result["confirmation"] or {}).get("confirmed")), "reruns": result["reruns"], "budget": budget,
-            "coverage": coverage, "contradicted": contradicted, "seconds": seconds, "problems": found}, result
+    return {
+        "pair": pair.name,
+        "expected": pair.verdict + (f" / backward {pair.backward}" if pair.backward else ""),
+        "verdict": result["verdict"] + (f" / backward {backward['verdict']}" if backward else ""),
+        "culprit": f"{culprit['op']} at {culprit['candidate']['module']}" if culprit else None,
+        "confirmed": bool((result["confirmation"] or {}).get("confirmed")),
+        "reruns": result["reruns"],
+        "budget": budget,
+        "coverage": coverage,
+        "contradicted": contradicted,
+        "seconds": seconds,
+        "problems": found,
+    }, result
 
 
 def decisions(result: dict) -> dict:
     """What a search decided, as `bisect --json` says it, with numbers to three digits and source
     paths without the directories that differ between checkouts."""
+
     def number(value):
         return float(f"{value:.3g}") if isinstance(value, float) else value
 
@@ -86,18 +98,28 @@ def decisions(result: dict) -> dict:
         if where is None:
             return None
         path, _, line = where["source"].rpartition(":")
-        return {"index": where["index"], "op": where["op"], "module": where["module"],
-                "source": f"{'/'.join(Path(path).parts[-2:])}:{line}" if path else where["source"]}
+        return {
+            "index": where["index"],
+            "op": where["op"],
+            "module": where["module"],
+            "source": f"{'/'.join(Path(path).parts[-2:])}:{line}" if path else where["source"],
+        }
 
     culprit, confirmation = result["culprit"], result["confirmation"]
     backward = result.get("backward")
     return {
-        "verdict": result["verdict"], "entry": result["entry"], "reruns": result["reruns"],
+        "verdict": result["verdict"],
+        "entry": result["entry"],
+        "reruns": result["reruns"],
         "reference_reruns": result["reference_reruns"],
-        "culprit": None if culprit is None else {
+        "culprit": None
+        if culprit is None
+        else {
             **{key: culprit.get(key) for key in ("kind", "op", "leaf", "description", "block", "verdict")},
-            "candidate": site(culprit.get("candidate")), "reference": site(culprit.get("reference")),
-            "local_error": number(culprit.get("local_error"))},
+            "candidate": site(culprit.get("candidate")),
+            "reference": site(culprit.get("reference")),
+            "local_error": number(culprit.get("local_error")),
+        },
         "recurrences": [item["index"] for item in result["recurrences"]],
         "confirmation": None if confirmation is None else {key: number(value) for key, value in confirmation.items()},
         "not_blamed": [item["index"] for item in result["not_blamed"]],
@@ -112,7 +134,9 @@ def compare_decisions(before: dict, after: dict) -> list[str]:
     for name in sorted(before.keys() | after.keys()):
         old, new = before.get(name), after.get(name)
         if old != new:
-            fields = sorted(k for k in (old or {}).keys() | (new or {}).keys() if (old or {}).get(k) != (new or {}).get(k))
+            fields = sorted(
+                k for k in (old or {}).keys() | (new or {}).keys() if (old or {}).get(k) != (new or {}).get(k)
+            )
             lines.append(f"{name}: " + "; ".join(f"{k}: {(old or {}).get(k)} -> {(new or {}).get(k)}" for k in fields))
     return lines
 
@@ -121,8 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="run only the pairs whose model file stem is NAME")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON to PATH")
-    parser.add_argument("--reference-python", metavar="PATH",
-                        help="interpreter for the Hugging Face reference of the pairs that need PaddleFormers")
+    parser.add_argument(
+        "--reference-python",
+        metavar="PATH",
+        help="interpreter for the Hugging Face reference of the pairs that need PaddleFormers",
+    )
     parser.add_argument("--decisions", type=Path, help="write what each pair's search decided to PATH")
     parser.add_argument("--against", type=Path, help="compare what each search decided with PATH (from --decisions)")
     args = parser.parse_args(argv)
@@ -131,17 +158,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no pair in the corpus is named {args.only!r}")
     rows, decided = [], {}
     for pair in chosen:
-        missing = pair.missing() + (["--reference-python"] if "paddleformers" in pair.needs and not args.reference_python else [])
+        missing = pair.missing() + (
+            ["--reference-python"] if "paddleformers" in pair.needs and not args.reference_python else []
+        )
         if missing:
             print(f"{pair.name:<58} skipped: needs {', '.join(missing)}", flush=True)
             continue
         row, result = measure(pair, args.reference_python)
         rows.append(row)
         decided[pair.name] = decisions(result)
-        print(f"{row['pair']:<58} {row['verdict']:<28} {'ok ' if not row['problems'] else 'BAD'} {row['culprit'] or '':<44} "
-              f"confirmed={row['confirmed']!s:<5} re-runs {row['reruns']}/{row['budget']}  coverage {row['coverage']:.0%}"
-              + (f"  contradicted pairs {row['contradicted']}" if row["contradicted"] is not None else "")
-              + "".join(f"\n    {problem}" for problem in row["problems"]), flush=True)
+        print(
+            f"{row['pair']:<58} {row['verdict']:<28} {'ok ' if not row['problems'] else 'BAD'} {row['culprit'] or '':<44} "
+            f"confirmed={row['confirmed']!s:<5} re-runs {row['reruns']}/{row['budget']}  coverage {row['coverage']:.0%}"
+            + (f"  contradicted pairs {row['contradicted']}" if row["contradicted"] is not None else "")
+            + "".join(f"\n    {problem}" for problem in row["problems"]),
+            flush=True,
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.decisions:
@@ -150,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         before = json.loads(args.against.read_text())
         changed = compare_decisions({name: before[name] for name in before if name in decided}, decided)
-        print(f"decisions against {args.against}: " + ("the same for every pair" if not changed else f"{len(changed)} pairs differ"))
+        print(
+            f"decisions against {args.against}: "
+            + ("the same for every pair" if not changed else f"{len(changed)} pairs differ")
+        )
         for line in changed:
             print(f"  {line}")
     return 0 if all(not row["problems"] for row in rows) and not changed else 1

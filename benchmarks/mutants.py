@@ -36,6 +36,7 @@ between the projections), with the converter's mistakes. `--forms decode` runs b
 `--device cuda` runs every candidate on the GPU (the reference stays on the CPU): the controls are then CPU against
 GPU rounding.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -111,8 +112,14 @@ class Row:
 # The kind of operator each form holds: the compiler's bugs for the compiled form, the widening
 # converter's for the widened one, the converter's for the paddle port, the converter's and the plan's
 # for the tensor-parallel one, the converter's under sequence parallel, the decoding loop's for the decoding one, the rest for the others.
-FORM_KINDS = {"compiled": ("compile",), "kv_widened": ("widen",), "paddle": ("weight",), "tp": ("weight", "tp"),
-              "sp": ("weight",), "decode": ("decode",)}
+FORM_KINDS = {
+    "compiled": ("compile",),
+    "kv_widened": ("widen",),
+    "paddle": ("weight",),
+    "tp": ("weight", "tp"),
+    "sp": ("weight",),
+    "decode": ("decode",),
+}
 OTHER_KINDS = ("weight", "op")
 
 
@@ -130,15 +137,22 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
     cases = []
     for form in forms:
         for family in families:
-            if ((form == "sdpa" and not runs_attention(family, "sdpa")) or (form == "paddle" and family not in PORTED)
-                    or (form == "kv_widened" and not has_grouped_kv_heads(family))
-                    or (form == "tp" and not shards_over_ranks(family)) or (form == "sp" and not splits_sequence(family))
-                    or (form == "decode" and not decodes(build(family)[0]))):
+            if (
+                (form == "sdpa" and not runs_attention(family, "sdpa"))
+                or (form == "paddle" and family not in PORTED)
+                or (form == "kv_widened" and not has_grouped_kv_heads(family))
+                or (form == "tp" and not shards_over_ranks(family))
+                or (form == "sp" and not splits_sequence(family))
+                or (form == "decode" and not decodes(build(family)[0]))
+            ):
                 continue
             cases += [Case(family, control, 0, form) for control in CONTROLS]
             fitting = [o for o in operators if OPERATORS[o].kind in FORM_KINDS.get(form, OTHER_KINDS)]
-            cases += [Case(family, operator, case_seed, form) for operator in fitting
-                      for case_seed in _sites(family, operator, sites, seed, form)]
+            cases += [
+                Case(family, operator, case_seed, form)
+                for operator in fitting
+                for case_seed in _sites(family, operator, sites, seed, form)
+            ]
     return cases
 
 
@@ -153,7 +167,7 @@ def _sites(family: str, operator: str, sites: int, seed: int, form: str) -> list
     for draw in range(sites * 3):
         if len(seen) == sites:
             break
-        case_seed = random.Random(f"{seed}:{form}:{family}:{operator}:{draw}").randrange(10 ** 6)
+        case_seed = random.Random(f"{seed}:{form}:{family}:{operator}:{draw}").randrange(10**6)
         model, _, _ = mutant(family, "none", 0, form if form in ("kv_widened", "decode") else "copy")
         try:
             site = OPERATORS[operator].apply(model, random.Random(case_seed))
@@ -191,8 +205,11 @@ def _outputs(model, inputs) -> "torch.Tensor":
 
     with torch.no_grad():
         out = model(**inputs)
-    first = out if torch.is_tensor(out) else next(v for v in (out.values() if hasattr(out, "values") else out)
-                                                   if torch.is_tensor(v))
+    first = (
+        out
+        if torch.is_tensor(out)
+        else next(v for v in (out.values() if hasattr(out, "values") else out) if torch.is_tensor(v))
+    )
     return first.double().cpu()
 
 
@@ -207,7 +224,9 @@ def check(case: Case, row: Row) -> None:
     from mutations import OPERATORS
     from paddle_ports import ported_name
 
-    torch_form = "copy" if case.form in ("paddle", "tp", "sp") else case.form  # a port's mistake is judged visible on the copy
+    torch_form = (
+        "copy" if case.form in ("paddle", "tp", "sp") else case.form
+    )  # a port's mistake is judged visible on the copy
     reference, inputs = built_reference(case.family, torch_form)
     reference32 = _outputs(reference, inputs)
     if not case.is_control:  # the unmutated copy first: a compiler bug is planted for the whole process
@@ -217,9 +236,17 @@ def check(case: Case, row: Row) -> None:
     candidate, _, site = mutant(case.family, case.operator, case.seed, torch_form)
     candidate, inputs = on_candidate_device(candidate, inputs)
     if site is not None:
-        row.site, row.expected_module, row.expected_leaf, row.expected_aten = site.what, site.module, site.leaf, site.aten
+        row.site, row.expected_module, row.expected_leaf, row.expected_aten = (
+            site.what,
+            site.module,
+            site.leaf,
+            site.aten,
+        )
         if case.form == "paddle":
-            row.expected_module, row.expected_leaf = ported_name(case.family, site.module), ported_name(case.family, site.leaf)
+            row.expected_module, row.expected_leaf = (
+                ported_name(case.family, site.module),
+                ported_name(case.family, site.leaf),
+            )
     if case.is_control or OPERATORS[case.operator].kind == "tp":  # a plan's mistake shows on the ranks only: `judge`
         return
     first = _outputs(candidate, inputs)
@@ -228,7 +255,9 @@ def check(case: Case, row: Row) -> None:
         return
     inputs64 = {k: v.double() if torch.is_tensor(v) and torch.is_floating_point(v) else v for k, v in inputs.items()}
     try:
-        reference64 = _outputs(reference.double(), {k: v.cpu() if torch.is_tensor(v) else v for k, v in inputs64.items()})
+        reference64 = _outputs(
+            reference.double(), {k: v.cpu() if torch.is_tensor(v) else v for k, v in inputs64.items()}
+        )
         row.rounding = max(_relative(reference32, reference64), copy_error)
         row.float64_error = _relative(_outputs(candidate.double(), inputs64), reference64)
     except RuntimeError:  # an op without a float64 kernel (torch._grouped_mm): the float32 errors judge
@@ -274,9 +303,14 @@ def judge(row: Row, result: dict) -> None:
     if row.expected_aten is not None:  # a wrong decomposition: named as the compiler step applied to that op
         at_site = f"aten.{row.expected_aten}" in (compiled.get("step_detail") or "")
     else:
-        at_site = culprit and (culprit.get("leaf") is not None and culprit.get("leaf") == row.expected_leaf
-                               or module is not None and _under(module, row.expected_module)
-                               or bool(compiled) and _under(compiled.get("module") or "", row.expected_module))
+        at_site = culprit and (
+            culprit.get("leaf") is not None
+            and culprit.get("leaf") == row.expected_leaf
+            or module is not None
+            and _under(module, row.expected_module)
+            or bool(compiled)
+            and _under(compiled.get("module") or "", row.expected_module)
+        )
     if row.verdict != "divergent":
         row.problem = f"{row.verdict} on a mutant"
     elif not at_site:
@@ -337,8 +371,14 @@ def _traced_against_paddle(case: Case, scratch: Path):
     model, inputs, _ = mutant(case.family, planted, case.seed, "copy")
     write_checkpoint(scratch / "checkpoint", model, inputs)
     os.environ[PORT_CHECKPOINT] = str(scratch / "checkpoint")
-    return bisectr.trace(MODEL_FILE, "reference", "candidate_paddle", out=scratch / "run", isolate=True,
-                         candidate_python=os.environ[PADDLE_PYTHON])
+    return bisectr.trace(
+        MODEL_FILE,
+        "reference",
+        "candidate_paddle",
+        out=scratch / "run",
+        isolate=True,
+        candidate_python=os.environ[PADDLE_PYTHON],
+    )
 
 
 def _quiet() -> None:
@@ -391,7 +431,9 @@ def table(rows: list[dict]) -> tuple[str, bool]:
     by_operator = defaultdict(list)
     for r in mutants:
         by_operator[r["operator"]].append(r)
-    worst = min((sum(r["right"] for r in g) / len(g), op) for op, g in by_operator.items()) if by_operator else (1.0, "-")
+    worst = (
+        min((sum(r["right"] for r in g) / len(g), op) for op, g in by_operator.items()) if by_operator else (1.0, "-")
+    )
     right = sum(r["right"] for r in mutants) / max(len(mutants), 1)
     excluded = [r for r in rows if r["excluded"] is not None]
     lines += [
@@ -406,8 +448,10 @@ def table(rows: list[dict]) -> tuple[str, bool]:
     wrong = [r for r in counted if not r["right"]]
     if wrong:
         lines.append("\nwrong:")
-        lines += [f"  {r['case']:<36} {r['problem']}: {r['verdict']}, culprit {r['culprit']}; planted {r['site']}"
-                  for r in sorted(wrong, key=lambda r: r["case"])]
+        lines += [
+            f"  {r['case']:<36} {r['problem']}: {r['verdict']}, culprit {r['culprit']}; planted {r['site']}"
+            for r in sorted(wrong, key=lambda r: r["case"])
+        ]
     holds = right >= 0.95 and worst[0] >= 0.9 and not noise_on_mutants and not divergent_controls and not over_budget
     return "\n".join(lines), holds
 
@@ -428,8 +472,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--only", help="one case, FAMILY:OPERATOR:SEED[:FORM]: print its row")
     parser.add_argument("--device", default="cpu", help="where the candidates run (cuda: on the GPU)")
-    parser.add_argument("--paddle-python", metavar="PATH",
-                        help="interpreter of an environment with PaddleFormers: adds the paddle form to the default forms")
+    parser.add_argument(
+        "--paddle-python",
+        metavar="PATH",
+        help="interpreter of an environment with PaddleFormers: adds the paddle form to the default forms",
+    )
     args = parser.parse_args(argv)
     os.environ[DEVICE] = args.device  # read by each case's model file, in every worker
     # The workers (the reference's process) hash strings as the tp form's ranks do (docs/limitations.md).
@@ -447,8 +494,11 @@ def main(argv: list[str] | None = None) -> int:
     cases = plant(args.families.split(","), args.operators.split(","), args.sites, args.seed, forms)
     if args.sample:
         cases = sample(cases, args.sample, args.seed)
-    print(f"{len(cases)} cases ({sum(c.is_control for c in cases)} controls), {args.workers} workers, candidates on "
-          f"{args.device}", flush=True)
+    print(
+        f"{len(cases)} cases ({sum(c.is_control for c in cases)} controls), {args.workers} workers, candidates on "
+        f"{args.device}",
+        flush=True,
+    )
     started = time.perf_counter()
 
     def progress(row: dict) -> dict:

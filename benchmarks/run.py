@@ -36,6 +36,7 @@ machine a 2-thread torch forward of the base encoder measured 2.2-2.8 s against 
 PaDiff needs `pip install padiff pyyaml` (it imports yaml without declaring it).
 Exit status: 0 unless a torch (core) measurement failed; paddle failures are reported as skipped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,7 +107,9 @@ class Plan:
     training_steps: int  # of `bisectr train`
 
 
-FULL = Plan(False, {"small": 7, "base": 3, "deep": 5}, ("small", "base", "deep"), (1_000, 10_000, 100_000), 3, ("torch",), 20)
+FULL = Plan(
+    False, {"small": 7, "base": 3, "deep": 5}, ("small", "base", "deep"), (1_000, 10_000, 100_000), 3, ("torch",), 20
+)
 QUICK = Plan(True, {"small": 2, "base": 2, "deep": 2}, ("small",), (300, 1_000, 3_000), 1, FRAMEWORKS, 3)
 
 
@@ -283,7 +286,7 @@ def measure_overhead(framework: str, model: str, repeats: int, scratch: Path) ->
     times: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             gc.collect()
             start = time.perf_counter()
             variants[name]()
@@ -450,7 +453,15 @@ def phase_timer():
     import bisectr.run as run_module
     import bisectr.capture.sides as sides_module
 
-    spent = {"align": 0.0, "analysis": 0.0, "reruns": 0.0, "float64": 0.0, "reproduce": 0.0, "leaves": 0.0, "leaf_search": 0.0}
+    spent = {
+        "align": 0.0,
+        "analysis": 0.0,
+        "reruns": 0.0,
+        "float64": 0.0,
+        "reproduce": 0.0,
+        "leaves": 0.0,
+        "leaf_search": 0.0,
+    }
     patches: list[tuple[Any, str, Any]] = []
 
     def wrap(owner: Any, name: str, phase: str) -> None:
@@ -508,12 +519,23 @@ def measure_search(reference: str, candidate: str, scratch: Path, exhaustive: bo
     culprit = result.culprit
     cand = culprit.candidate if culprit else None
     return {
-        "total": trace_time + bisect_time, "trace": trace_time, "bisect": bisect_time, "forward": statistics.median(forwards),
-        "align": traced["align"], "analysis": spent["analysis"], "rerun_time": spent["reruns"],
-        "float64": spent["float64"], "reproduce": spent["reproduce"], "leaves": traced["leaves"] + spent["leaf_search"],
-        "reruns": result.reruns, "reference_reruns": result.reference_reruns,
-        "ops": result.ops.candidate, "verdict": result.verdict,
-        "culprit_op": culprit and culprit.op, "culprit_module": cand and cand.module, "culprit_index": cand and cand.index,
+        "total": trace_time + bisect_time,
+        "trace": trace_time,
+        "bisect": bisect_time,
+        "forward": statistics.median(forwards),
+        "align": traced["align"],
+        "analysis": spent["analysis"],
+        "rerun_time": spent["reruns"],
+        "float64": spent["float64"],
+        "reproduce": spent["reproduce"],
+        "leaves": traced["leaves"] + spent["leaf_search"],
+        "reruns": result.reruns,
+        "reference_reruns": result.reference_reruns,
+        "ops": result.ops.candidate,
+        "verdict": result.verdict,
+        "culprit_op": culprit and culprit.op,
+        "culprit_module": cand and cand.module,
+        "culprit_index": cand and cand.index,
         "culprit_source": cand and cand.source,
     }
 
@@ -531,13 +553,17 @@ def measure_backward(reference: str, candidate: str, scratch: Path, repeats: int
     side = run.live.runners["candidate"].side
     adapter = side.adapter
     seeds = output_seeds(run)["candidate"]
-    parameters = [t for name, t in adapter.named_leaves(side.model) if name.startswith("param:") and adapter.requires_grad(t)]
+    parameters = [
+        t for name, t in adapter.named_leaves(side.model) if name.startswith("param:") and adapter.requires_grad(t)
+    ]
 
     def forward_backward():
         with adapter.enable_grad():
             outputs = dict(output_pairs(adapter, side.forward()))
-        upstream = [adapter.from_numpy(np.asarray(values), adapter.dtype_name(outputs[key]), adapter.device_name(outputs[key]))
-                    for key, values in seeds.items()]
+        upstream = [
+            adapter.from_numpy(np.asarray(values), adapter.dtype_name(outputs[key]), adapter.device_name(outputs[key]))
+            for key, values in seeds.items()
+        ]
         adapter.gradients([outputs[key] for key in seeds], upstream, parameters)
 
     passes, searches = [], []
@@ -549,9 +575,15 @@ def measure_backward(reference: str, candidate: str, scratch: Path, repeats: int
     shutil.rmtree(out, ignore_errors=True)
     seconds, result = sorted(searches, key=lambda entry: entry[0])[len(searches) // 2]
     culprit = result.culprit
-    return {"seconds": seconds, "pass": statistics.median(passes), "reruns": result.reruns, "ops": result.ops.candidate,
-            "verdict": result.verdict, "culprit_op": culprit and culprit.op,
-            "culprit_module": culprit and culprit.candidate.module}
+    return {
+        "seconds": seconds,
+        "pass": statistics.median(passes),
+        "reruns": result.reruns,
+        "ops": result.ops.candidate,
+        "verdict": result.verdict,
+        "culprit_op": culprit and culprit.op,
+        "culprit_module": culprit and culprit.candidate.module,
+    }
 
 
 TRAINING_MODEL = HERE.parent / "tests" / "models" / "training_ports.py"
@@ -572,7 +604,12 @@ def measure_training(candidate: str, steps: int) -> dict:
     step_time = median_time(lambda: plain.step(next(counter)), 9)
     started = time.perf_counter()
     result = train(str(TRAINING_MODEL), "reference", candidate, steps)
-    return {"seconds": time.perf_counter() - started, "steps": steps, "plain_step": step_time, "verdict": result.verdict}
+    return {
+        "seconds": time.perf_counter() - started,
+        "steps": steps,
+        "plain_step": step_time,
+        "verdict": result.verdict,
+    }
 
 
 def _output_shapes(side) -> dict:
@@ -592,13 +629,16 @@ def replicate(trace, blocks: int):
     module paths and parameter names renumbered `layers.{i}`, constants made unique."""
     from bisectr.capture.trace import Trace
 
-    (output_key, output_tid), = trace.outputs.items()
+    ((output_key, output_tid),) = trace.outputs.items()
     chained = [tid for tid, info in trace.tensors.items() if info.leaf == "input:0"]
     if len(chained) != 1:
         raise Skipped("the one-block trace has no single input:0 leaf")
     chained_tid = chained[0]
-    shared = {tid for tid, info in trace.tensors.items()
-              if info.leaf and info.leaf.startswith("input:") and tid != chained_tid}
+    shared = {
+        tid
+        for tid, info in trace.tensors.items()
+        if info.leaf and info.leaf.startswith("input:") and tid != chained_tid
+    }
     n_ops = len(trace.ops)
     out = Trace(trace.side, trace.framework, trace.device, trace.dtype)
     next_tid = 0
@@ -626,10 +666,15 @@ def replicate(trace, blocks: int):
                 mapping_shared[tid] = next_tid
             next_tid += 1
         for op in trace.ops:
-            out.ops.append(dataclasses.replace(
-                op, index=op.index + block * n_ops,
-                module=_LAYER_ZERO.sub(lambda m: f"{m.group(1)}layers.{block}", op.module),
-                inputs=[mapping[t] for t in op.inputs], outputs=[mapping[t] for t in op.outputs]))
+            out.ops.append(
+                dataclasses.replace(
+                    op,
+                    index=op.index + block * n_ops,
+                    module=_LAYER_ZERO.sub(lambda m: f"{m.group(1)}layers.{block}", op.module),
+                    inputs=[mapping[t] for t in op.inputs],
+                    outputs=[mapping[t] for t in op.outputs],
+                )
+            )
         previous_output = mapping[output_tid]
     out.outputs = {output_key: previous_output}
     return out
@@ -643,7 +688,8 @@ def measure_alignment(reference_fn: str, candidate_fn: str, sizes: tuple[int, ..
 
     # what `bisectr.trace` passes (older cores had no `adapters.input_layout`)
     input_layout = getattr(adapters, "input_layout", None) or (
-        lambda framework, op, position: adapters.adapter_named(framework).input_layout(op, position))
+        lambda framework, op, position: adapters.adapter_named(framework).input_layout(op, position)
+    )
 
     options = RecordOptions(store_values=False)
     base_ref = record_side(build(reference_fn, "reference"), None, options)[0]
@@ -659,14 +705,28 @@ def measure_alignment(reference_fn: str, candidate_fn: str, sizes: tuple[int, ..
             alignment = align_traces(reference, candidate, None, input_layout)
             times.append(time.perf_counter() - start)
         aligned = len(alignment.aligned_ops("candidate")) / len(candidate.ops)
-        same_layer = sum(layer_numbers(candidate.ops[p.candidate].module) == layer_numbers(reference.ops[p.reference].module)
-                         for p in alignment.pairs) / max(1, len(alignment.pairs))
-        rows.append({"size": size, "ops": len(candidate.ops), "reference_ops": len(reference.ops), "blocks": blocks,
-                     "seconds": statistics.median(times), "aligned": aligned, "same_layer": same_layer})
+        same_layer = sum(
+            layer_numbers(candidate.ops[p.candidate].module) == layer_numbers(reference.ops[p.reference].module)
+            for p in alignment.pairs
+        ) / max(1, len(alignment.pairs))
+        rows.append(
+            {
+                "size": size,
+                "ops": len(candidate.ops),
+                "reference_ops": len(reference.ops),
+                "blocks": blocks,
+                "seconds": statistics.median(times),
+                "aligned": aligned,
+                "same_layer": same_layer,
+            }
+        )
         del reference, candidate, alignment
     first, last = rows[0], rows[-1]
-    exponent = (math.log(last["seconds"] / first["seconds"]) / math.log(last["ops"] / first["ops"])
-                if len(rows) > 1 and first["seconds"] > 0 else float("nan"))
+    exponent = (
+        math.log(last["seconds"] / first["seconds"]) / math.log(last["ops"] / first["ops"])
+        if len(rows) > 1 and first["seconds"] > 0
+        else float("nan")
+    )
     return {"rows": rows, "exponent": exponent, "block_ops": (len(base_ref.ops), len(base_cand.ops))}
 
 
@@ -690,8 +750,10 @@ def _padiff_runs(workdir: str) -> dict:
     sys.path.remove(workdir)
     module = models_module()
     results: dict[str, Any] = {"version": getattr(padiff, "__version__", "?")}
-    for mode, options in (("default", {"diff_phase": "forward"}),
-                          ("single_step", {"diff_phase": "forward", "single_step": True})):
+    for mode, options in (
+        ("default", {"diff_phase": "forward"}),
+        ("single_step", {"diff_phase": "forward", "single_step": True}),
+    ):
         torch_model, (torch_x,) = module.torch_deep()
         paddle_model, (paddle_x,) = module.paddle_deep_tanh_ported()
         sys.path.insert(0, workdir)
@@ -701,8 +763,13 @@ def _padiff_runs(workdir: str) -> dict:
         ret = None
         try:
             with contextlib.redirect_stdout(log):
-                ret = padiff.auto_diff(paddle_model, torch_model, ({"x": paddle_x}, {"x": torch_x}),
-                                       auto_weights=False, options=dict(options))
+                ret = padiff.auto_diff(
+                    paddle_model,
+                    torch_model,
+                    ({"x": paddle_x}, {"x": torch_x}),
+                    auto_weights=False,
+                    options=dict(options),
+                )
         except Exception as exc:  # noqa: BLE001
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:100] if str(exc).strip() else ''}"
         finally:
@@ -711,7 +778,9 @@ def _padiff_runs(workdir: str) -> dict:
         text = log.getvalue()
         found = re.search(r"diff found at torch: (.*?) vs paddle: (.*)", text)
         results[mode] = {
-            "seconds": elapsed, "ret": ret, "error": error,
+            "seconds": elapsed,
+            "ret": ret,
+            "error": error,
             "torch_at": found.group(1).strip() if found else None,
             "paddle_at": found.group(2).strip() if found else None,
             "api_count_differs": "number of api is different" in text,
@@ -820,8 +889,10 @@ def ok(value: Any) -> bool:
 
 
 def describe_size(cfg: dict) -> str:
-    return (f"{cfg['layers']} layers, d={cfg['dim']}, {cfg['heads']} heads, FFN {cfg['hidden']}, "
-            f"batch {cfg['batch']} x seq {cfg['seq']}")
+    return (
+        f"{cfg['layers']} layers, d={cfg['dim']}, {cfg['heads']} heads, FFN {cfg['hidden']}, "
+        f"batch {cfg['batch']} x seq {cfg['seq']}"
+    )
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -831,9 +902,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch math threads (default 1; paddle uses 1)")
     parser.add_argument("--json", type=Path, help="also write every raw figure to this file")
     parser.add_argument("--no-padiff", action="store_true", help="skip the PaDiff comparison")
-    parser.add_argument("--profile", nargs=3, metavar=("FRAMEWORK", "MODEL", "MODE"),
-                        help="instead of the table, pyinstrument's profile of recording one side: FRAMEWORK torch|paddle, "
-                             "MODEL small|base|deep, MODE stats|stored")
+    parser.add_argument(
+        "--profile",
+        nargs=3,
+        metavar=("FRAMEWORK", "MODEL", "MODE"),
+        help="instead of the table, pyinstrument's profile of recording one side: FRAMEWORK torch|paddle, "
+        "MODEL small|base|deep, MODE stats|stored",
+    )
     parser.add_argument("--probe-memory", nargs=3, metavar=("FRAMEWORK", "MODEL", "MODE"), help=argparse.SUPPRESS)
     parser.add_argument("--probe-padiff", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -914,9 +989,16 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
     for model in ("small", "base", "deep"):
         for fw in FRAMEWORKS:
             say(f"recording overhead: {fw} {model}")
-            overhead[fw, model] = guarded(report, fw, paddle_reason, f"overhead {fw} {model}",
-                                          lambda fw=fw, model=model: measure_overhead(fw, model, plan.repeats[model], scratch))
-    report.data["overhead"] = {f"{fw}/{m}": dataclasses.asdict(v) if ok(v) else str(v) for (fw, m), v in overhead.items()}
+            overhead[fw, model] = guarded(
+                report,
+                fw,
+                paddle_reason,
+                f"overhead {fw} {model}",
+                lambda fw=fw, model=model: measure_overhead(fw, model, plan.repeats[model], scratch),
+            )
+    report.data["overhead"] = {
+        f"{fw}/{m}": dataclasses.asdict(v) if ok(v) else str(v) for (fw, m), v in overhead.items()
+    }
 
     def short(model: str) -> str:
         cfg = sizes(model)
@@ -927,23 +1009,68 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
         title = f"{MODEL_TITLES[model]} ({describe_size(sizes(model))})"
         results = {fw: overhead[fw, model] for fw in FRAMEWORKS}
         cell = lambda fw, f: f(results[fw]) if ok(results[fw]) else str(results[fw])  # noqa: E731
-        report.row(f"{title}: ops recorded", {fw: cell(fw, lambda o: f"{o.ops} ops, {o.tensors} tensors") for fw in FRAMEWORKS})
-        report.row("  plain forward", {fw: cell(fw, lambda o: f"{ms(o.plain)} ({o.plain / o.ops * 1e6:.0f} us/op)") for fw in FRAMEWORKS})
-        report.row("  interception alone, nothing recorded (the floor)",
-                   {fw: cell(fw, lambda o: f"{ms(o.intercept)} = {o.intercept_ratio:.2f}x "
-                                           f"(+{(o.intercept - o.plain) / o.ops * 1e6:.0f} us/op)") for fw in FRAMEWORKS})
+        report.row(
+            f"{title}: ops recorded", {fw: cell(fw, lambda o: f"{o.ops} ops, {o.tensors} tensors") for fw in FRAMEWORKS}
+        )
+        report.row(
+            "  plain forward",
+            {fw: cell(fw, lambda o: f"{ms(o.plain)} ({o.plain / o.ops * 1e6:.0f} us/op)") for fw in FRAMEWORKS},
+        )
+        report.row(
+            "  interception alone, nothing recorded (the floor)",
+            {
+                fw: cell(
+                    fw,
+                    lambda o: (
+                        f"{ms(o.intercept)} = {o.intercept_ratio:.2f}x "
+                        f"(+{(o.intercept - o.plain) / o.ops * 1e6:.0f} us/op)"
+                    ),
+                )
+                for fw in FRAMEWORKS
+            },
+        )
         stats_ok = {fw: results[fw].stats_ratio <= TARGET_STATS if ok(results[fw]) else None for fw in FRAMEWORKS}
-        report.row("  traced, statistics only", {fw: cell(fw, lambda o: f"{ms(o.stats)} = [bold]{o.stats_ratio:.2f}x[/] "
-                                                           f"(+{(o.stats - o.plain) / o.ops * 1e6:.0f} us/op)") for fw in FRAMEWORKS},
-                   f"<= {TARGET_STATS}x", stats_ok)
+        report.row(
+            "  traced, statistics only",
+            {
+                fw: cell(
+                    fw,
+                    lambda o: (
+                        f"{ms(o.stats)} = [bold]{o.stats_ratio:.2f}x[/] "
+                        f"(+{(o.stats - o.plain) / o.ops * 1e6:.0f} us/op)"
+                    ),
+                )
+                for fw in FRAMEWORKS
+            },
+            f"<= {TARGET_STATS}x",
+            stats_ok,
+        )
         stored_ok = {fw: results[fw].stored_ratio <= TARGET_STORED if ok(results[fw]) else None for fw in FRAMEWORKS}
-        report.row("  traced, every tensor stored", {fw: cell(fw, lambda o: f"{ms(o.stored)} = [bold]{o.stored_ratio:.2f}x[/] "
-                                                              f"(+{(o.stored - o.plain) / o.ops * 1e6:.0f} us/op)") for fw in FRAMEWORKS},
-                   f"<= {TARGET_STORED}x", stored_ok)
-        report.target(f"stats-only <= {TARGET_STATS}x plain, {short(model)}", stats_ok,
-                      " / ".join(f"{fw} {results[fw].stats_ratio:.2f}x" for fw in FRAMEWORKS if ok(results[fw])))
-        report.target(f"stored <= {TARGET_STORED}x plain, {short(model)}", stored_ok,
-                      " / ".join(f"{fw} {results[fw].stored_ratio:.2f}x" for fw in FRAMEWORKS if ok(results[fw])))
+        report.row(
+            "  traced, every tensor stored",
+            {
+                fw: cell(
+                    fw,
+                    lambda o: (
+                        f"{ms(o.stored)} = [bold]{o.stored_ratio:.2f}x[/] "
+                        f"(+{(o.stored - o.plain) / o.ops * 1e6:.0f} us/op)"
+                    ),
+                )
+                for fw in FRAMEWORKS
+            },
+            f"<= {TARGET_STORED}x",
+            stored_ok,
+        )
+        report.target(
+            f"stats-only <= {TARGET_STATS}x plain, {short(model)}",
+            stats_ok,
+            " / ".join(f"{fw} {results[fw].stats_ratio:.2f}x" for fw in FRAMEWORKS if ok(results[fw])),
+        )
+        report.target(
+            f"stored <= {TARGET_STORED}x plain, {short(model)}",
+            stored_ok,
+            " / ".join(f"{fw} {results[fw].stored_ratio:.2f}x" for fw in FRAMEWORKS if ok(results[fw])),
+        )
 
     # 2. store size and memory --------------------------------------------------------------------
     memory: dict[tuple[str, str, int, str], Any] = {}
@@ -953,10 +1080,16 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
                 for mode in ("plain", "stored"):
                     say(f"peak memory: {fw} {model} batch x{scale} {mode}")
                     memory[fw, model, scale, mode] = guarded(
-                        report, fw, paddle_reason, f"memory {fw} {model} x{scale} {mode}",
+                        report,
+                        fw,
+                        paddle_reason,
+                        f"memory {fw} {model} x{scale} {mode}",
                         lambda fw=fw, model=model, scale=scale, mode=mode: run_probe(
-                            ["--probe-memory", fw, model, mode], args.threads,
-                            env={"BISECTR_BENCH_BATCH_SCALE": str(scale)}))
+                            ["--probe-memory", fw, model, mode],
+                            args.threads,
+                            env={"BISECTR_BENCH_BATCH_SCALE": str(scale)},
+                        ),
+                    )
     report.data["memory"] = {"/".join(map(str, k)): v if ok(v) else str(v) for k, v in memory.items()}
 
     report.section("Store size and peak memory")
@@ -965,15 +1098,27 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
     for model in ("small", "base", "deep"):
         results = {fw: overhead[fw, model] for fw in FRAMEWORKS}
         cell = lambda fw, f: f(results[fw]) if ok(results[fw]) else str(results[fw])  # noqa: E731
-        report.row(f"{short(model)}: tensors.bin vs tensors held",
-                   {fw: cell(fw, lambda o: f"{mb(o.store_bytes)} for {mb(o.activation_bytes)} activations + "
-                                           f"{mb(o.leaf_bytes)} params/inputs = {o.store_bytes / max(1, o.activation_bytes + o.leaf_bytes):.2f}x; "
-                                           f"trace.json {mb(o.json_bytes)}") for fw in FRAMEWORKS})
+        report.row(
+            f"{short(model)}: tensors.bin vs tensors held",
+            {
+                fw: cell(
+                    fw,
+                    lambda o: (
+                        f"{mb(o.store_bytes)} for {mb(o.activation_bytes)} activations + "
+                        f"{mb(o.leaf_bytes)} params/inputs = {o.store_bytes / max(1, o.activation_bytes + o.leaf_bytes):.2f}x; "
+                        f"trace.json {mb(o.json_bytes)}"
+                    ),
+                )
+                for fw in FRAMEWORKS
+            },
+        )
         if model not in plan.memory_models:
             continue
         growth_cells, scaling_cells, verdicts = {}, {}, {}
         for fw in FRAMEWORKS:
-            probes = [memory[fw, model, scale, mode] for scale in (1, MEMORY_BATCH_SCALE) for mode in ("plain", "stored")]
+            probes = [
+                memory[fw, model, scale, mode] for scale in (1, MEMORY_BATCH_SCALE) for mode in ("plain", "stored")
+            ]
             failed = next((probe for probe in probes if not ok(probe)), None)
             if failed is not None:
                 growth_cells[fw] = scaling_cells[fw] = str(failed)
@@ -984,20 +1129,31 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
             extra, big_extra = growth(stored) - growth(plain), growth(big_stored) - growth(big_plain)
             big_layer = big_stored["layer_bytes"]
             verdicts[fw] = big_extra - extra <= big_layer
-            growth_cells[fw] = (f"forward +{mb(growth(plain))}, traced +{mb(growth(stored))} (one layer "
-                                f"{mb(stored['layer_bytes'])}; trace metadata {mb(stored['metadata_bytes'])})")
-            scaling_cells[fw] = (f"traced - forward +{mb(extra)} -> +{mb(big_extra)} while tensors.bin "
-                                 f"{mb(stored['store_bytes'])} -> {mb(big_stored['store_bytes'])} (one layer {mb(big_layer)})")
+            growth_cells[fw] = (
+                f"forward +{mb(growth(plain))}, traced +{mb(growth(stored))} (one layer "
+                f"{mb(stored['layer_bytes'])}; trace metadata {mb(stored['metadata_bytes'])})"
+            )
+            scaling_cells[fw] = (
+                f"traced - forward +{mb(extra)} -> +{mb(big_extra)} while tensors.bin "
+                f"{mb(stored['store_bytes'])} -> {mb(big_stored['store_bytes'])} (one layer {mb(big_layer)})"
+            )
             memory_ok[fw] = verdicts[fw] if memory_ok[fw] is None else (memory_ok[fw] and verdicts[fw])
-            memory_detail.append((verdicts[fw], f"{fw} {short(model)} +{mb(extra)} -> +{mb(big_extra)}, "
-                                                f"one layer {mb(big_layer)}"))
+            memory_detail.append(
+                (verdicts[fw], f"{fw} {short(model)} +{mb(extra)} -> +{mb(big_extra)}, one layer {mb(big_layer)}")
+            )
         report.row("  peak RSS growth in one forward: plain, traced+stored", growth_cells)
-        report.row(f"  recording's extra memory, batch x1 -> x{MEMORY_BATCH_SCALE}", scaling_cells,
-                   "grows <= 1 layer", verdicts)
-    report.target(f"memory bounded with tensors on disk (what recording adds grows <= one layer at batch "
-                  f"x{MEMORY_BATCH_SCALE})", memory_ok,
-                  f"{sum(held for held, _ in memory_detail)}/{len(memory_detail)} configurations"
-                  + "".join(f"; {text}" for held, text in memory_detail if not held))
+        report.row(
+            f"  recording's extra memory, batch x1 -> x{MEMORY_BATCH_SCALE}",
+            scaling_cells,
+            "grows <= 1 layer",
+            verdicts,
+        )
+    report.target(
+        f"memory bounded with tensors on disk (what recording adds grows <= one layer at batch x{MEMORY_BATCH_SCALE})",
+        memory_ok,
+        f"{sum(held for held, _ in memory_detail)}/{len(memory_detail)} configurations"
+        + "".join(f"; {text}" for held, text in memory_detail if not held),
+    )
 
     # 3. the search -------------------------------------------------------------------------------
     deep_layers = sizes("deep")["layers"]
@@ -1008,27 +1164,56 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
     forwards: dict[tuple[str, str], Any] = {}
     for fw in FRAMEWORKS:
         say(f"search: {fw} deep")
-        search[fw, "deep"] = guarded(report, fw, paddle_reason, f"search {fw} deep",
-                                     lambda fw=fw: measure_search(f"{fw}_deep", f"{fw}_deep_tanh", scratch, repeats=3))
+        search[fw, "deep"] = guarded(
+            report,
+            fw,
+            paddle_reason,
+            f"search {fw} deep",
+            lambda fw=fw: measure_search(f"{fw}_deep", f"{fw}_deep_tanh", scratch, repeats=3),
+        )
         for mode in ("binary", "exhaustive"):
             say(f"search: {fw} shallow {mode}")
             search[fw, f"shallow-{mode}"] = guarded(
-                report, fw, paddle_reason, f"search {fw} shallow {mode}",
-                lambda fw=fw, mode=mode: measure_search(f"{fw}_shallow", f"{fw}_shallow_tanh", scratch, mode == "exhaustive"))
+                report,
+                fw,
+                paddle_reason,
+                f"search {fw} shallow {mode}",
+                lambda fw=fw, mode=mode: measure_search(
+                    f"{fw}_shallow", f"{fw}_shallow_tanh", scratch, mode == "exhaustive"
+                ),
+            )
         if fw in plan.base_search:
             say(f"search: {fw} base")
-            search[fw, "base"] = guarded(report, fw, paddle_reason, f"search {fw} base",
-                                         lambda fw=fw: measure_search(f"{fw}_base", f"{fw}_base_tanh", scratch))
+            search[fw, "base"] = guarded(
+                report,
+                fw,
+                paddle_reason,
+                f"search {fw} base",
+                lambda fw=fw: measure_search(f"{fw}_base", f"{fw}_base_tanh", scratch),
+            )
         else:
             search[fw, "base"] = Skipped("not run in the full benchmark (time: ~25 paddle forwards of ~2 s)")
         say(f"search: {fw} deep, backward")
-        search[fw, "backward"] = guarded(report, fw, paddle_reason, f"backward search {fw} deep",
-                                         lambda fw=fw: measure_backward(f"{fw}_deep", f"{fw}_deep_tanh", scratch))
+        search[fw, "backward"] = guarded(
+            report,
+            fw,
+            paddle_reason,
+            f"backward search {fw} deep",
+            lambda fw=fw: measure_backward(f"{fw}_deep", f"{fw}_deep_tanh", scratch),
+        )
         say(f"training: torch vs {fw}")
-        search[fw, "training"] = guarded(report, fw, paddle_reason, f"training torch vs {fw}",
-                                         lambda fw=fw: measure_training("torch_port" if fw == "torch" else "candidate",
-                                                                        plan.training_steps))
-        for key, measured in (("deep", search[fw, "deep"]), ("shallow", search[fw, "shallow-binary"]), ("base", search[fw, "base"])):
+        search[fw, "training"] = guarded(
+            report,
+            fw,
+            paddle_reason,
+            f"training torch vs {fw}",
+            lambda fw=fw: measure_training("torch_port" if fw == "torch" else "candidate", plan.training_steps),
+        )
+        for key, measured in (
+            ("deep", search[fw, "deep"]),
+            ("shallow", search[fw, "shallow-binary"]),
+            ("base", search[fw, "base"]),
+        ):
             forwards[fw, key] = measured["forward"] if ok(measured) else None  # beside the search it divides
     report.data["search"] = {"/".join(k): v if ok(v) else str(v) for k, v in search.items()}
 
@@ -1036,50 +1221,141 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
     deep = {fw: search[fw, "deep"] for fw in FRAMEWORKS}
     cell = lambda fw, f, results=deep: f(results[fw]) if ok(results[fw]) else str(results[fw])  # noqa: E731
     expected_module = f"layers.{tanh_deep}.ffn"
-    found = {fw: (deep[fw]["verdict"] == "divergent" and deep[fw]["culprit_op"] == "gelu"
-                  and deep[fw]["culprit_module"] == expected_module) if ok(deep[fw]) else None for fw in FRAMEWORKS}
-    report.row(f"{deep_layers}-layer stack, GELU of {expected_module} is tanh: culprit",
-               {fw: cell(fw, lambda s: f"{s['verdict']}: {s['culprit_op']} at {s['culprit_module']} (op {s['culprit_index']})")
-                for fw in FRAMEWORKS}, f"gelu at {expected_module}", found)
+    found = {
+        fw: (
+            deep[fw]["verdict"] == "divergent"
+            and deep[fw]["culprit_op"] == "gelu"
+            and deep[fw]["culprit_module"] == expected_module
+        )
+        if ok(deep[fw])
+        else None
+        for fw in FRAMEWORKS
+    }
+    report.row(
+        f"{deep_layers}-layer stack, GELU of {expected_module} is tanh: culprit",
+        {
+            fw: cell(
+                fw, lambda s: f"{s['verdict']}: {s['culprit_op']} at {s['culprit_module']} (op {s['culprit_index']})"
+            )
+            for fw in FRAMEWORKS
+        },
+        f"gelu at {expected_module}",
+        found,
+    )
     bound = {fw: math.ceil(math.log2(deep[fw]["ops"])) if ok(deep[fw]) else None for fw in FRAMEWORKS}
-    reruns_ok = {fw: deep[fw]["reruns"] <= bound[fw] + TARGET_RERUN_SLACK if ok(deep[fw]) else None for fw in FRAMEWORKS}
-    report.row("  candidate re-runs vs ceil(log2 ops)",
-               {fw: cell(fw, lambda s, fw=fw: f"{s['reruns']} vs {bound[fw]} ({s['ops']} ops); "
-                                              f"+{s['reference_reruns']} reference re-runs") for fw in FRAMEWORKS},
-               f"<= ceil(log2 ops) + {TARGET_RERUN_SLACK}", reruns_ok)
+    reruns_ok = {
+        fw: deep[fw]["reruns"] <= bound[fw] + TARGET_RERUN_SLACK if ok(deep[fw]) else None for fw in FRAMEWORKS
+    }
+    report.row(
+        "  candidate re-runs vs ceil(log2 ops)",
+        {
+            fw: cell(
+                fw,
+                lambda s, fw=fw: (
+                    f"{s['reruns']} vs {bound[fw]} ({s['ops']} ops); +{s['reference_reruns']} reference re-runs"
+                ),
+            )
+            for fw in FRAMEWORKS
+        },
+        f"<= ceil(log2 ops) + {TARGET_RERUN_SLACK}",
+        reruns_ok,
+    )
     training = {fw: search[fw, "training"] for fw in FRAMEWORKS}
-    report.row("`bisectr train` (torch vs torch | torch vs paddle): per step, in plain training steps of the candidate",
-               {fw: cell(fw, lambda s: f"{secs(s['seconds'])} for {s['steps']} steps = [bold]{s['seconds'] / s['steps'] / s['plain_step']:.0f}x[/] "
-                                       f"one step ({ms(s['plain_step'])}); {s['verdict']}", training)
-                for fw in FRAMEWORKS})
+    report.row(
+        "`bisectr train` (torch vs torch | torch vs paddle): per step, in plain training steps of the candidate",
+        {
+            fw: cell(
+                fw,
+                lambda s: (
+                    f"{secs(s['seconds'])} for {s['steps']} steps = [bold]{s['seconds'] / s['steps'] / s['plain_step']:.0f}x[/] "
+                    f"one step ({ms(s['plain_step'])}); {s['verdict']}"
+                ),
+                training,
+            )
+            for fw in FRAMEWORKS
+        },
+    )
     backward = {fw: search[fw, "backward"] for fw in FRAMEWORKS}
-    report.row("  --backward: the backward search, in plain forward+backward passes of the candidate",
-               {fw: cell(fw, lambda s: f"{secs(s['seconds'])} = [bold]{s['seconds'] / s['pass']:.0f}x[/] one pass "
-                                       f"({ms(s['pass'])}); {s['verdict']} at {s['culprit_op']} {s['culprit_module']}, "
-                                       f"{s['reruns']} re-runs ({s['ops']} ops)", backward)
-                for fw in FRAMEWORKS})
+    report.row(
+        "  --backward: the backward search, in plain forward+backward passes of the candidate",
+        {
+            fw: cell(
+                fw,
+                lambda s: (
+                    f"{secs(s['seconds'])} = [bold]{s['seconds'] / s['pass']:.0f}x[/] one pass "
+                    f"({ms(s['pass'])}); {s['verdict']} at {s['culprit_op']} {s['culprit_module']}, "
+                    f"{s['reruns']} re-runs ({s['ops']} ops)"
+                ),
+                backward,
+            )
+            for fw in FRAMEWORKS
+        },
+    )
 
     def in_forwards(fw, key="deep", phase="bisect"):
         s, f = search[fw, key], forwards[fw, key]
         return s[phase] / f if ok(s) and f is not None and not isinstance(f, Skipped) else None
 
-    wall_ok = {fw: (in_forwards(fw) <= TARGET_SEARCH_FORWARDS) if in_forwards(fw) is not None else None for fw in FRAMEWORKS}
-    report.row("  the search (Run.bisect() on the recorded run)",
-               {fw: cell(fw, lambda s, fw=fw: f"{secs(s['bisect'])} = [bold]{in_forwards(fw):.0f}x[/] one forward "
-                                              f"({ms(forwards[fw, 'deep'])})" if in_forwards(fw) is not None else secs(s["bisect"]))
-                for fw in FRAMEWORKS},
-               f"<= {TARGET_SEARCH_FORWARDS:.0f}x forward", wall_ok)
-    report.row("    of which: op analysis / re-runs",
-               {fw: cell(fw, lambda s: f"{secs(s['analysis'])} / {secs(s['rerun_time'])} for "
-                                       f"{s['reruns'] + s['reference_reruns']} re-runs") for fw in FRAMEWORKS})
-    report.row("    the float64 check / the reproducibility check (both sides each), in forwards",
-               {fw: cell(fw, lambda s, fw=fw: f"{in_forwards(fw, phase='float64'):.1f}x / {in_forwards(fw, phase='reproduce'):.1f}x"
-                         if in_forwards(fw) is not None else "") for fw in FRAMEWORKS})
-    report.row("  whole `bisectr bisect` (building both models, tracing both sides, the search)",
-               {fw: cell(fw, lambda s, fw=fw: f"{secs(s['total'])} = {in_forwards(fw, phase='total'):.0f}x one forward "
-                                              f"(trace {secs(s['trace'])}, of which align {secs(s['align'])})"
-                                              if in_forwards(fw) is not None else secs(s["total"]))
-                for fw in FRAMEWORKS})
+    wall_ok = {
+        fw: (in_forwards(fw) <= TARGET_SEARCH_FORWARDS) if in_forwards(fw) is not None else None for fw in FRAMEWORKS
+    }
+    report.row(
+        "  the search (Run.bisect() on the recorded run)",
+        {
+            fw: cell(
+                fw,
+                lambda s, fw=fw: (
+                    f"{secs(s['bisect'])} = [bold]{in_forwards(fw):.0f}x[/] one forward ({ms(forwards[fw, 'deep'])})"
+                    if in_forwards(fw) is not None
+                    else secs(s["bisect"])
+                ),
+            )
+            for fw in FRAMEWORKS
+        },
+        f"<= {TARGET_SEARCH_FORWARDS:.0f}x forward",
+        wall_ok,
+    )
+    report.row(
+        "    of which: op analysis / re-runs",
+        {
+            fw: cell(
+                fw,
+                lambda s: (
+                    f"{secs(s['analysis'])} / {secs(s['rerun_time'])} for {s['reruns'] + s['reference_reruns']} re-runs"
+                ),
+            )
+            for fw in FRAMEWORKS
+        },
+    )
+    report.row(
+        "    the float64 check / the reproducibility check (both sides each), in forwards",
+        {
+            fw: cell(
+                fw,
+                lambda s, fw=fw: (
+                    f"{in_forwards(fw, phase='float64'):.1f}x / {in_forwards(fw, phase='reproduce'):.1f}x"
+                    if in_forwards(fw) is not None
+                    else ""
+                ),
+            )
+            for fw in FRAMEWORKS
+        },
+    )
+    report.row(
+        "  whole `bisectr bisect` (building both models, tracing both sides, the search)",
+        {
+            fw: cell(
+                fw,
+                lambda s, fw=fw: (
+                    f"{secs(s['total'])} = {in_forwards(fw, phase='total'):.0f}x one forward "
+                    f"(trace {secs(s['trace'])}, of which align {secs(s['align'])})"
+                    if in_forwards(fw) is not None
+                    else secs(s["total"])
+                ),
+            )
+            for fw in FRAMEWORKS
+        },
+    )
     base = {fw: search[fw, "base"] for fw in FRAMEWORKS}
     base_cells = {}
     for fw in FRAMEWORKS:
@@ -1087,38 +1363,67 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
         if not ok(r):
             base_cells[fw] = str(r)
             continue
-        times = (f" = [bold]{in_forwards(fw, 'base'):.0f}x[/] forward (whole command {in_forwards(fw, 'base', 'total'):.0f}x, "
-                 f"float64 check {in_forwards(fw, 'base', 'float64'):.1f}x)" if in_forwards(fw, "base") is not None else "")
-        base_cells[fw] = (f"search {secs(r['bisect'])}{times}: analysis {secs(r['analysis'])}, "
-                          f"{r['reruns'] + r['reference_reruns']} re-runs {secs(r['rerun_time'])}, leaves paired, compared "
-                          f"and searched {secs(r['leaves'])} ({r['leaves'] / r['total']:.1%} of the whole command); "
-                          f"{r['culprit_op']} at {r['culprit_module']}")
-    report.row(f"contrast: base encoder {sizes('base')['layers']}L d={sizes('base')['dim']}, tanh GELU at "
-               f"layers.{models_module().tanh_layer('base')}.ffn", base_cells)
+        times = (
+            f" = [bold]{in_forwards(fw, 'base'):.0f}x[/] forward (whole command {in_forwards(fw, 'base', 'total'):.0f}x, "
+            f"float64 check {in_forwards(fw, 'base', 'float64'):.1f}x)"
+            if in_forwards(fw, "base") is not None
+            else ""
+        )
+        base_cells[fw] = (
+            f"search {secs(r['bisect'])}{times}: analysis {secs(r['analysis'])}, "
+            f"{r['reruns'] + r['reference_reruns']} re-runs {secs(r['rerun_time'])}, leaves paired, compared "
+            f"and searched {secs(r['leaves'])} ({r['leaves'] / r['total']:.1%} of the whole command); "
+            f"{r['culprit_op']} at {r['culprit_module']}"
+        )
+    report.row(
+        f"contrast: base encoder {sizes('base')['layers']}L d={sizes('base')['dim']}, tanh GELU at "
+        f"layers.{models_module().tanh_layer('base')}.ffn",
+        base_cells,
+    )
     for mode in ("binary", "exhaustive"):
         results = {fw: search[fw, f"shallow-{mode}"] for fw in FRAMEWORKS}
-        label = (f"{shallow_layers}-layer stack (tanh at layers.{tanh_shallow}), {mode} search"
-                 if mode == "binary" else "  same, exhaustive=True (contrast)")
+        label = (
+            f"{shallow_layers}-layer stack (tanh at layers.{tanh_shallow}), {mode} search"
+            if mode == "binary"
+            else "  same, exhaustive=True (contrast)"
+        )
         cells = {}
         for fw, r in results.items():
             if not ok(r):
                 cells[fw] = str(r)
                 continue
             times = f" = {r['bisect'] / forwards[fw, 'shallow']:.0f}x forward" if forwards[fw, "shallow"] else ""
-            cells[fw] = f"{r['reruns']} re-runs, search {secs(r['bisect'])}{times}; {r['culprit_op']} at {r['culprit_module']}"
+            cells[fw] = (
+                f"{r['reruns']} re-runs, search {secs(r['bisect'])}{times}; {r['culprit_op']} at {r['culprit_module']}"
+            )
         report.row(label, cells)
-    report.target(f"search re-runs <= ceil(log2 ops) + {TARGET_RERUN_SLACK}, {deep_layers}-layer stack", reruns_ok,
-                  " / ".join(f"{fw} {deep[fw]['reruns']} vs {bound[fw] + TARGET_RERUN_SLACK}" for fw in FRAMEWORKS if ok(deep[fw])))
-    report.target(f"search within {TARGET_SEARCH_FORWARDS:.0f}x one forward, {deep_layers}-layer stack", wall_ok,
-                  " / ".join(f"{fw} {in_forwards(fw):.0f}x" for fw in FRAMEWORKS if in_forwards(fw) is not None))
+    report.target(
+        f"search re-runs <= ceil(log2 ops) + {TARGET_RERUN_SLACK}, {deep_layers}-layer stack",
+        reruns_ok,
+        " / ".join(
+            f"{fw} {deep[fw]['reruns']} vs {bound[fw] + TARGET_RERUN_SLACK}" for fw in FRAMEWORKS if ok(deep[fw])
+        ),
+    )
+    report.target(
+        f"search within {TARGET_SEARCH_FORWARDS:.0f}x one forward, {deep_layers}-layer stack",
+        wall_ok,
+        " / ".join(f"{fw} {in_forwards(fw):.0f}x" for fw in FRAMEWORKS if in_forwards(fw) is not None),
+    )
 
     # 4. aligner ----------------------------------------------------------------------------------
     pairs = {"torch": ("torch_block", "torch_block"), "paddle": ("torch_block", "paddle_block_ported")}
     alignment: dict[str, Any] = {}
     for fw, (ref_fn, cand_fn) in pairs.items():
         say(f"aligner scaling: {ref_fn} vs {cand_fn}")
-        alignment[fw] = guarded(report, fw, paddle_reason, f"aligner {fw}",
-                                lambda ref_fn=ref_fn, cand_fn=cand_fn: measure_alignment(ref_fn, cand_fn, plan.align_sizes, plan.align_repeats))
+        alignment[fw] = guarded(
+            report,
+            fw,
+            paddle_reason,
+            f"aligner {fw}",
+            lambda ref_fn=ref_fn, cand_fn=cand_fn: measure_alignment(
+                ref_fn, cand_fn, plan.align_sizes, plan.align_repeats
+            ),
+        )
     report.data["alignment"] = {k: v if ok(v) else str(v) for k, v in alignment.items()}
     report.section("Aligner on synthetic traces (a recorded block repeated): torch vs torch | torch vs paddle")
     biggest = plan.align_sizes[-1]
@@ -1130,24 +1435,49 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
                 cells[fw] = str(a)
                 continue
             row = a["rows"][index]
-            cells[fw] = (f"{secs(row['seconds'])} ({row['ops']} ops, {row['seconds'] / row['ops'] * 1e6:.0f} us/op); "
-                         f"{row['aligned']:.0%} aligned, {row['same_layer']:.0%} same layer")
+            cells[fw] = (
+                f"{secs(row['seconds'])} ({row['ops']} ops, {row['seconds'] / row['ops'] * 1e6:.0f} us/op); "
+                f"{row['aligned']:.0%} aligned, {row['same_layer']:.0%} same layer"
+            )
             if size == biggest:
                 verdicts[fw] = row["seconds"] <= TARGET_ALIGN_SECONDS
-        report.row(f"{size // 1000}k ops" if size >= 1000 else f"{size} ops", cells,
-                   f"<= {TARGET_ALIGN_SECONDS:.0f} s" if size == biggest else "", verdicts)
+        report.row(
+            f"{size // 1000}k ops" if size >= 1000 else f"{size} ops",
+            cells,
+            f"<= {TARGET_ALIGN_SECONDS:.0f} s" if size == biggest else "",
+            verdicts,
+        )
     linear = {fw: alignment[fw]["exponent"] <= LINEAR_EXPONENT if ok(alignment[fw]) else None for fw in FRAMEWORKS}
-    report.row("  growth: time ~ ops^k", {fw: f"k = {alignment[fw]['exponent']:.2f} (blocks of {alignment[fw]['block_ops'][1]} ops)"
-                                          if ok(alignment[fw]) else str(alignment[fw]) for fw in FRAMEWORKS},
-               f"k <= {LINEAR_EXPONENT} (about linear)", linear)
-    big = {fw: alignment[fw]["rows"][-1]["seconds"] <= TARGET_ALIGN_SECONDS if ok(alignment[fw]) else None for fw in FRAMEWORKS}
-    report.target(f"{biggest // 1000}k-op alignment <= {TARGET_ALIGN_SECONDS:.0f} s", big,
-                  " / ".join(f"{fw} {secs(alignment[fw]['rows'][-1]['seconds'])}" for fw in FRAMEWORKS if ok(alignment[fw])))
-    report.target("alignment time about linear in ops", linear,
-                  " / ".join(f"{fw} k={alignment[fw]['exponent']:.2f}" for fw in FRAMEWORKS if ok(alignment[fw])))
+    report.row(
+        "  growth: time ~ ops^k",
+        {
+            fw: f"k = {alignment[fw]['exponent']:.2f} (blocks of {alignment[fw]['block_ops'][1]} ops)"
+            if ok(alignment[fw])
+            else str(alignment[fw])
+            for fw in FRAMEWORKS
+        },
+        f"k <= {LINEAR_EXPONENT} (about linear)",
+        linear,
+    )
+    big = {
+        fw: alignment[fw]["rows"][-1]["seconds"] <= TARGET_ALIGN_SECONDS if ok(alignment[fw]) else None
+        for fw in FRAMEWORKS
+    }
+    report.target(
+        f"{biggest // 1000}k-op alignment <= {TARGET_ALIGN_SECONDS:.0f} s",
+        big,
+        " / ".join(f"{fw} {secs(alignment[fw]['rows'][-1]['seconds'])}" for fw in FRAMEWORKS if ok(alignment[fw])),
+    )
+    report.target(
+        "alignment time about linear in ops",
+        linear,
+        " / ".join(f"{fw} k={alignment[fw]['exponent']:.2f}" for fw in FRAMEWORKS if ok(alignment[fw])),
+    )
 
     # 5. PaDiff -----------------------------------------------------------------------------------
-    report.section(f"PaDiff vs bisectr: torch {deep_layers}-layer stack vs its paddle port, tanh GELU at {expected_module}")
+    report.section(
+        f"PaDiff vs bisectr: torch {deep_layers}-layer stack vs its paddle port, tanh GELU at {expected_module}"
+    )
     if args.no_padiff:
         padiff: Any = Skipped("skipped: --no-padiff")
     elif paddle_reason:
@@ -1155,11 +1485,19 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
     else:
         reason = padiff_installed()
         say("PaDiff")
-        padiff = Skipped(f"skipped: {reason}") if reason else guarded(
-            report, "paddle", None, "padiff", lambda: run_probe(["--probe-padiff"], args.threads))
+        padiff = (
+            Skipped(f"skipped: {reason}")
+            if reason
+            else guarded(report, "paddle", None, "padiff", lambda: run_probe(["--probe-padiff"], args.threads))
+        )
     say("bisectr on the cross-framework pair")
-    cross = guarded(report, "paddle", paddle_reason, "search torch vs paddle",
-                    lambda: measure_search("torch_deep", "paddle_deep_tanh_ported", scratch))
+    cross = guarded(
+        report,
+        "paddle",
+        paddle_reason,
+        "search torch vs paddle",
+        lambda: measure_search("torch_deep", "paddle_deep_tanh_ported", scratch),
+    )
     report.data["padiff"] = padiff if ok(padiff) else str(padiff)
     report.data["cross_search"] = cross if ok(cross) else str(cross)
     for mode in ("default", "single_step"):
@@ -1175,13 +1513,30 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
             where = "reports SUCCESS: the planted difference is missed"
         else:
             where = f"no location ({p['error'] or 'failed'})"
-        report.row(f"PaDiff {padiff['version']} auto_diff ({mode.replace('_', ' ')})",
-                   {"torch": "", "paddle": f"{secs(p['seconds'])}; {where}"}, "the gelu op", {"paddle": False})
-    report.row("bisectr.bisect() on the same pair",
-               {"torch": "", "paddle": (f"{secs(cross['total'])}; {cross['verdict']}: {cross['culprit_op']} at "
-                                        f"{cross['culprit_module']} (op {cross['culprit_index']}), {cross['reruns']} re-runs")
-                if ok(cross) else str(cross)}, "the gelu op",
-               {"paddle": (cross["culprit_op"] == "gelu" and cross["culprit_module"] == expected_module) if ok(cross) else None})
+        report.row(
+            f"PaDiff {padiff['version']} auto_diff ({mode.replace('_', ' ')})",
+            {"torch": "", "paddle": f"{secs(p['seconds'])}; {where}"},
+            "the gelu op",
+            {"paddle": False},
+        )
+    report.row(
+        "bisectr.bisect() on the same pair",
+        {
+            "torch": "",
+            "paddle": (
+                f"{secs(cross['total'])}; {cross['verdict']}: {cross['culprit_op']} at "
+                f"{cross['culprit_module']} (op {cross['culprit_index']}), {cross['reruns']} re-runs"
+            )
+            if ok(cross)
+            else str(cross),
+        },
+        "the gelu op",
+        {
+            "paddle": (cross["culprit_op"] == "gelu" and cross["culprit_module"] == expected_module)
+            if ok(cross)
+            else None
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ AdamW steps (both held at once, the loss the sum of the outputs); **train** is `
 over STEPS steps (two float32 and two float64 trainers, and the search at the initial weights when
 step 1 differs). Each row: the verdict, first step, stage and culprit, peak memory and time over plain's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -120,8 +121,12 @@ print(json.dumps({"seconds": time.perf_counter() - start, "verdict": result.verd
 
 def measured(script: str, *args: str) -> tuple[dict, float]:
     """Run `script` in a child interpreter: its JSON answer and its peak resident memory (bytes)."""
-    child = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")})
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")},
+    )
     output = child.stdout.read()
     _, status, usage = os.wait4(child.pid, 0)
     if status != 0:
@@ -140,7 +145,9 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", help="where the torch candidate runs")
     parser.add_argument("--dtype", default="float32", help="the torch candidate's dtype")
     args = parser.parse_args()
-    os.environ.update(BISECTR_CTRL_LAYERS=str(args.layers), BISECTR_CTRL_DEVICE=args.device, BISECTR_CTRL_DTYPE=args.dtype)
+    os.environ.update(
+        BISECTR_CTRL_LAYERS=str(args.layers), BISECTR_CTRL_DEVICE=args.device, BISECTR_CTRL_DTYPE=args.dtype
+    )
     rows = train_rows(args) if args.train else bisect_rows(args)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
@@ -153,24 +160,45 @@ def bisect_rows(args: argparse.Namespace) -> list[dict]:
         function = PAIRS[pair]
         plain, plain_peak = measured(PLAIN, str(MODEL_FILE), function)
         with tempfile.TemporaryDirectory() as scratch:
-            bisect, bisect_peak = measured(BISECT, str(MODEL_FILE), function, str(Path(scratch) / "run"), args.value_budget,
-                                           "isolate" if args.isolate else "in-process")
+            bisect, bisect_peak = measured(
+                BISECT,
+                str(MODEL_FILE),
+                function,
+                str(Path(scratch) / "run"),
+                args.value_budget,
+                "isolate" if args.isolate else "in-process",
+            )
         moved = pair == "torch" and (args.device, args.dtype) != ("cpu", "float32")
         label = f"torch vs {pair}" + (f" ({args.device}, {args.dtype})" if moved else "")
-        rows.append({"pair": label, "layers": args.layers, "isolate": args.isolate, "plain_seconds": plain["seconds"],
-                     "plain_peak": plain_peak, "weights": plain["weights"], **{f"bisect_{k}": v for k, v in bisect.items()},
-                     "bisect_peak": bisect_peak, "peak_ratio": bisect_peak / plain_peak,
-                     "time_ratio": bisect["seconds"] / plain["seconds"], "run_dir_ratio": bisect["run_dir"] / plain["weights"],
-                     "plain_forwards": plain["forwards"], "search_forwards": bisect["search"] / plain["forwards"]})
+        rows.append(
+            {
+                "pair": label,
+                "layers": args.layers,
+                "isolate": args.isolate,
+                "plain_seconds": plain["seconds"],
+                "plain_peak": plain_peak,
+                "weights": plain["weights"],
+                **{f"bisect_{k}": v for k, v in bisect.items()},
+                "bisect_peak": bisect_peak,
+                "peak_ratio": bisect_peak / plain_peak,
+                "time_ratio": bisect["seconds"] / plain["seconds"],
+                "run_dir_ratio": bisect["run_dir"] / plain["weights"],
+                "plain_forwards": plain["forwards"],
+                "search_forwards": bisect["search"] / plain["forwards"],
+            }
+        )
         row = rows[-1]
-        print(f"{row['pair']}, {args.layers} layers{', isolated' if args.isolate else ''}: {bisect['verdict']} at {bisect['culprit']}"
-              f"{'' if bisect['confirmed'] else ' (unconfirmed)'} ({bisect['reruns']} candidate re-runs, {bisect['ops']} ops); "
-              f"{'largest process' if args.isolate else 'peak'} {bisect_peak / 1e9:.1f} GB / plain "
-              f"{plain_peak / 1e9:.1f} GB = {row['peak_ratio']:.2f}x (target {TARGET_PEAK}x); time {bisect['seconds']:.0f} s "
-              f"/ plain {plain['seconds']:.0f} s = {row['time_ratio']:.1f}x (target {TARGET_TIME}x); run dir "
-              f"{bisect['run_dir'] / 1e6:.0f} MB / weights {plain['weights'] / 1e9:.1f} GB = {row['run_dir_ratio']:.3f}; "
-              f"search {bisect['search']:.0f} s / one forward of both sides {plain['forwards']:.1f} s = "
-              f"{row['search_forwards']:.1f}x (target {TARGET_SEARCH_FORWARDS:.0f}x)", flush=True)
+        print(
+            f"{row['pair']}, {args.layers} layers{', isolated' if args.isolate else ''}: {bisect['verdict']} at {bisect['culprit']}"
+            f"{'' if bisect['confirmed'] else ' (unconfirmed)'} ({bisect['reruns']} candidate re-runs, {bisect['ops']} ops); "
+            f"{'largest process' if args.isolate else 'peak'} {bisect_peak / 1e9:.1f} GB / plain "
+            f"{plain_peak / 1e9:.1f} GB = {row['peak_ratio']:.2f}x (target {TARGET_PEAK}x); time {bisect['seconds']:.0f} s "
+            f"/ plain {plain['seconds']:.0f} s = {row['time_ratio']:.1f}x (target {TARGET_TIME}x); run dir "
+            f"{bisect['run_dir'] / 1e6:.0f} MB / weights {plain['weights'] / 1e9:.1f} GB = {row['run_dir_ratio']:.3f}; "
+            f"search {bisect['search']:.0f} s / one forward of both sides {plain['forwards']:.1f} s = "
+            f"{row['search_forwards']:.1f}x (target {TARGET_SEARCH_FORWARDS:.0f}x)",
+            flush=True,
+        )
         print("  stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in bisect["stages"].items()), flush=True)
     return rows
 
@@ -181,14 +209,27 @@ def train_rows(args: argparse.Namespace) -> list[dict]:
         function, steps = PAIRS[pair], str(args.train)
         plain, plain_peak = measured(PLAIN_TRAIN, str(MODEL_FILE), function, steps)
         trained, train_peak = measured(TRAIN, str(MODEL_FILE), function, steps)
-        rows.append({"pair": f"torch vs {pair}", "layers": args.layers, "steps": args.train, "plain_seconds": plain["seconds"],
-                     "plain_peak": plain_peak, **{f"train_{k}": v for k, v in trained.items()}, "train_peak": train_peak,
-                     "peak_ratio": train_peak / plain_peak, "time_ratio": trained["seconds"] / plain["seconds"]})
+        rows.append(
+            {
+                "pair": f"torch vs {pair}",
+                "layers": args.layers,
+                "steps": args.train,
+                "plain_seconds": plain["seconds"],
+                "plain_peak": plain_peak,
+                **{f"train_{k}": v for k, v in trained.items()},
+                "train_peak": train_peak,
+                "peak_ratio": train_peak / plain_peak,
+                "time_ratio": trained["seconds"] / plain["seconds"],
+            }
+        )
         row = rows[-1]
-        print(f"{row['pair']}, {args.layers} layers, {args.train} steps: {trained['verdict']}, first step "
-              f"{trained['first_step']} ({trained['stage']}) at {trained['culprit']}; peak {train_peak / 1e9:.1f} GB / plain "
-              f"{plain_peak / 1e9:.1f} GB = {row['peak_ratio']:.2f}x; time {trained['seconds']:.0f} s / plain "
-              f"{plain['seconds']:.0f} s = {row['time_ratio']:.1f}x", flush=True)
+        print(
+            f"{row['pair']}, {args.layers} layers, {args.train} steps: {trained['verdict']}, first step "
+            f"{trained['first_step']} ({trained['stage']}) at {trained['culprit']}; peak {train_peak / 1e9:.1f} GB / plain "
+            f"{plain_peak / 1e9:.1f} GB = {row['peak_ratio']:.2f}x; time {trained['seconds']:.0f} s / plain "
+            f"{plain['seconds']:.0f} s = {row['time_ratio']:.1f}x",
+            flush=True,
+        )
     return rows
 
 

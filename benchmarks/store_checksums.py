@@ -11,6 +11,7 @@ not checked again). "Without" replaces the store's checksum function with one re
 variants run the same code otherwise. Variants alternate, `--repeats` times; medians are printed,
 with the ratio with/without. No assertions: the figures depend on the machine and the disk.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,7 +95,7 @@ def main() -> None:
         write(scratch / "warm-up", tensors)
         times: dict[bool, list[dict[str, float]]] = {False: [], True: []}
         for repeat in range(args.repeats):
-            for checksums in ((False, True) if repeat % 2 == 0 else (True, False)):
+            for checksums in (False, True) if repeat % 2 == 0 else (True, False):
                 times[checksums].append(measure(scratch / f"crc-{checksums}", tensors, checksums))
         blob = np.concatenate([t.view(np.uint8) for t in tensors])
         crc_s = min(timed(lambda: zlib.crc32(blob))[0] for _ in range(3))
@@ -102,18 +103,24 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
     sizes = sorted(t.nbytes for t in tensors)
-    print(f"store checksums: {len(tensors)} tensors, {total / 1e6:.1f} MB (from {sizes[0]} B to {sizes[-1] / 1e6:.1f} MB, "
-          f"median {sizes[len(sizes) // 2] / 1e3:.1f} KB), in {scratch.parent}; medians of {args.repeats} runs")
+    print(
+        f"store checksums: {len(tensors)} tensors, {total / 1e6:.1f} MB (from {sizes[0]} B to {sizes[-1] / 1e6:.1f} MB, "
+        f"median {sizes[len(sizes) // 2] / 1e3:.1f} KB), in {scratch.parent}; medians of {args.repeats} runs"
+    )
     print(f"{'':38}{'without crc32':>15}{'with crc32':>13}{'ratio':>9}")
-    rows = {"write": "write (TensorWriter, closed)",
-            "first read": "first read of each + max (checked)",
-            "second read": "second read of each + max"}
+    rows = {
+        "write": "write (TensorWriter, closed)",
+        "first read": "first read of each + max (checked)",
+        "second read": "second read of each + max",
+    }
     for key, title in rows.items():
         without = statistics.median(t[key] for t in times[False])
         with_crc = statistics.median(t[key] for t in times[True])
         print(f"{title:38}{without:>13.3f} s{with_crc:>11.3f} s{with_crc / without:>8.2f}x")
-    print(f"crc32 alone on the {total / 1e6:.0f} MB: {crc_s:.3f} s = {total / crc_s / 1e9:.2f} GB/s "
-          f"(zlib {zlib.ZLIB_RUNTIME_VERSION})")
+    print(
+        f"crc32 alone on the {total / 1e6:.0f} MB: {crc_s:.3f} s = {total / crc_s / 1e9:.2f} GB/s "
+        f"(zlib {zlib.ZLIB_RUNTIME_VERSION})"
+    )
 
 
 if __name__ == "__main__":

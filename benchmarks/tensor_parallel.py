@@ -9,6 +9,7 @@ one warm-up, each rank's peak resident memory), then `bisectr.bisect(..., candid
 process (wall time from start to result, the peak resident memory of each of its ranks read from
 /proc before they exit). Prints both, and the ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,9 +49,25 @@ with open(os.path.join(sys.argv[3], f"rank{dist.get_rank()}.json"), "w") as out:
 def plain_forward(forwards: int) -> list[dict]:
     """Each rank's median forward time and peak memory, by rank."""
     with tempfile.TemporaryDirectory(prefix="bisectr-tp-bench-") as rows:
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python",
-                               sys.executable, "-c", _PLAIN_FORWARD, str(MODEL), str(forwards), rows],
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=2",
+                "--no-python",
+                sys.executable,
+                "-c",
+                _PLAIN_FORWARD,
+                str(MODEL),
+                str(forwards),
+                rows,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         written = sorted(Path(rows).glob("rank*.json"))
         if done.returncode != 0 or len(written) != 2:
             raise SystemExit(f"the plain TP=2 forward failed:\n{done.stderr[-3000:]}")
@@ -86,11 +103,15 @@ def main() -> None:
     plain = plain_forward(args.forwards)
     seconds, peaks, verdict = bisect_on_two_ranks()
     forward = max(row["forward_s"] for row in plain)
-    print(f"TP=2 bisect of {MODEL.name} ({verdict}): {seconds:.2f} s = {seconds / forward:.0f} plain TP=2 forwards "
-          f"({forward * 1e3:.2f} ms each, the slower rank's median of {args.forwards})")
+    print(
+        f"TP=2 bisect of {MODEL.name} ({verdict}): {seconds:.2f} s = {seconds / forward:.0f} plain TP=2 forwards "
+        f"({forward * 1e3:.2f} ms each, the slower rank's median of {args.forwards})"
+    )
     for rank, (row, peak) in enumerate(zip(plain, peaks)):
-        print(f"rank {rank}: peak memory {peak / 1024:.0f} MB in the bisect, {row['peak_kb'] / 1024:.0f} MB in the plain "
-              f"forward ({peak / row['peak_kb']:.2f}x)")
+        print(
+            f"rank {rank}: peak memory {peak / 1024:.0f} MB in the bisect, {row['peak_kb'] / 1024:.0f} MB in the plain "
+            f"forward ({peak / row['peak_kb']:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

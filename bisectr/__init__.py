@@ -1,4 +1,5 @@
 """bisectr: find where two implementations of the same neural network start to disagree."""
+
 from importlib.metadata import version
 
 from .errors import BisectrError

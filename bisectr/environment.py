@@ -1,4 +1,5 @@
 """The versions a bug report needs: bisectr's, Python's and those of the libraries found beside it."""
+
 from __future__ import annotations
 
 import platform
@@ -6,8 +7,13 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 # What is shown -> the distributions that install it, first found wins (paddle's CPU and GPU builds).
-LIBRARIES = {"numpy": ("numpy",), "torch": ("torch",), "paddle": ("paddlepaddle", "paddlepaddle-gpu"),
-             "transformers": ("transformers",), "paddleformers": ("paddleformers",)}
+LIBRARIES = {
+    "numpy": ("numpy",),
+    "torch": ("torch",),
+    "paddle": ("paddlepaddle", "paddlepaddle-gpu"),
+    "transformers": ("transformers",),
+    "paddleformers": ("paddleformers",),
+}
 
 
 def versions() -> dict[str, str | None]:
@@ -46,6 +52,8 @@ def describe() -> dict[str, str | None]:
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as info:
-            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.processor())
+            return next(
+                (line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), platform.processor()
+            )
     except OSError:
         return platform.processor() or platform.machine()

@@ -1,4 +1,5 @@
 """Errors bisectr reports to the user as a message and exit status 2 (and `InterceptionFailure`, its own: 3)."""
+
 from __future__ import annotations
 
 

@@ -3,6 +3,7 @@
 A trace stores a leaf's name as one string, "kind:name" (`param:blocks.0.fc.weight`, `input:0`); this
 module is the one place that knows that form. Everything else reads a leaf through `LeafRef`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ A `Run` is a `RunRecord` (plain data, what its run directory holds) that may als
 (`live`: its sides' runners, which re-runs go through): a run just traced is, a run
 loaded from disk never is (opening a run directory imports and starts nothing).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -52,20 +53,29 @@ class Run(RunRecord):
         """Can ops be replayed and sides re-run (models loaded)?"""
         return self.live is not None
 
-    def bisect(self, tolerance: float = 0.0, exhaustive: bool = False, progress: Callable[[str], None] | None = None,
-               backward: bool = False) -> Result:
+    def bisect(
+        self,
+        tolerance: float = 0.0,
+        exhaustive: bool = False,
+        progress: Callable[[str], None] | None = None,
+        backward: bool = False,
+    ) -> Result:
         """Search for the culprit (re-runs the models); the result is kept in `result` (see `save`).
         With `backward`, the backward pass is searched too (`bisectr.search.backward`): its result is
         the forward result's `backward`. A run loaded from disk runs nothing: `traced_again` first."""
         if self.live is None:
-            raise RunDirError(f"{self.run_dir}: a saved run runs nothing by itself; to search again, trace it again from "
-                              f"the model file it was traced from ({self.traced.model_file}): "
-                              "run.traced_again(model_file).bisect()")
+            raise RunDirError(
+                f"{self.run_dir}: a saved run runs nothing by itself; to search again, trace it again from "
+                f"the model file it was traced from ({self.traced.model_file}): "
+                "run.traced_again(model_file).bisect()"
+            )
         if progress is not None:
             self.live.say = progress
         result = decide(ForwardRules(self.live), tolerance, exhaustive)
         if backward:
-            result.backward = decide(BackwardRules(self.live, reference_activations=result.verdict == "divergent"), tolerance)
+            result.backward = decide(
+                BackwardRules(self.live, reference_activations=result.verdict == "divergent"), tolerance
+            )
         self.result = result
         return result
 
@@ -73,16 +83,26 @@ class Run(RunRecord):
         """A new live run of `model_file` as this run was traced (its functions, stored values and
         modules kept), into the same run directory, where it replaces this one once saved (the run
         directory is left as it is until then). `isolation`: the interpreters of isolated sides (see `trace`)."""
-        return trace(model_file, self.traced.reference_fn, self.traced.candidate_fn, out=self.run_dir,
-                     store_values=self.traced.store_values, keep_modules=tuple(self.traced.keep_modules),
-                     value_budget=self.traced.value_budget, commit=False, **isolation)
+        return trace(
+            model_file,
+            self.traced.reference_fn,
+            self.traced.candidate_fn,
+            out=self.run_dir,
+            store_values=self.traced.store_values,
+            keep_modules=tuple(self.traced.keep_modules),
+            value_budget=self.traced.value_budget,
+            commit=False,
+            **isolation,
+        )
 
     def save(self) -> Path:
         """Write the run into its directory: everything at once for a run traced with
         `commit=False` (an interrupted search leaves the previous run there untouched),
         else the result alone (result.json replaced atomically)."""
         if self.writer is not None:
-            documents = {"pairing": {"output_pairs": to_plain(self.output_pairs), "alignment": to_plain(self.alignment)}}
+            documents = {
+                "pairing": {"output_pairs": to_plain(self.output_pairs), "alignment": to_plain(self.alignment)}
+            }
             if self.result is not None:
                 documents["result"] = self.result.to_dict()
             manifest = {"run_id": self.run_id, "traced": to_plain(self.traced)}
@@ -100,18 +120,36 @@ class Run(RunRecord):
             self.writer = None
 
 
-def bisect(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
-           tolerance: float = 0.0, exhaustive: bool = False, backward: bool = False, **isolation: Any) -> Result:
+def bisect(
+    model_file: str | os.PathLike,
+    reference: str = "reference",
+    candidate: str = "candidate",
+    tolerance: float = 0.0,
+    exhaustive: bool = False,
+    backward: bool = False,
+    **isolation: Any,
+) -> Result:
     """Trace `model_file` into a temporary run and search for the culprit (`isolation`: see `trace`;
     `backward`: see `Run.bisect`)."""
     return trace(model_file, reference, candidate, **isolation).bisect(tolerance, exhaustive, backward=backward)
 
 
-def trace(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate",
-          out: str | os.PathLike | None = None, store_values: bool = True, keep_modules: tuple[str, ...] = (),
-          value_budget: int | None = DEFAULT_VALUE_BUDGET, isolate: bool = False, reference_python: str | None = None,
-          candidate_python: str | None = None, reference_nproc: int | None = None, candidate_nproc: int | None = None,
-          watch: Callable[[str, Callable[[], int]], None] | None = None, commit: bool = True) -> Run:
+def trace(
+    model_file: str | os.PathLike,
+    reference: str = "reference",
+    candidate: str = "candidate",
+    out: str | os.PathLike | None = None,
+    store_values: bool = True,
+    keep_modules: tuple[str, ...] = (),
+    value_budget: int | None = DEFAULT_VALUE_BUDGET,
+    isolate: bool = False,
+    reference_python: str | None = None,
+    candidate_python: str | None = None,
+    reference_nproc: int | None = None,
+    candidate_nproc: int | None = None,
+    watch: Callable[[str, Callable[[], int]], None] | None = None,
+    commit: bool = True,
+) -> Run:
     """Record both sides of `model_file`, pair their outputs and align them, into the run
     directory `out` (a temporary one if None). With `commit=False` nothing is moved into
     place until `Run.save()` (and `Run.discard()` drops it).
@@ -131,22 +169,44 @@ def trace(model_file: str | os.PathLike, reference: str = "reference", candidate
     """
     model_file = Path(model_file)
     module = load_module(model_file)
-    nprocs = {role: declared_nproc(module, model_file, function) if nproc is None else nproc
-              for role, function, nproc in (("reference", reference, reference_nproc), ("candidate", candidate, candidate_nproc))}
+    nprocs = {
+        role: declared_nproc(module, model_file, function) if nproc is None else nproc
+        for role, function, nproc in (
+            ("reference", reference, reference_nproc),
+            ("candidate", candidate, candidate_nproc),
+        )
+    }
     for role, nproc in nprocs.items():
         if nproc < 1:
             raise BisectrError(f"--{role}-nproc must be at least 1, not {nproc}")
-    traced = HowTraced(str(model_file.resolve()), reference, candidate, bool(isolate or reference_python or candidate_python),
-                       reference_python, candidate_python, store_values, list(keep_modules), value_budget,
-                       nprocs["reference"], nprocs["candidate"])
+    traced = HowTraced(
+        str(model_file.resolve()),
+        reference,
+        candidate,
+        bool(isolate or reference_python or candidate_python),
+        reference_python,
+        candidate_python,
+        store_values,
+        list(keep_modules),
+        value_budget,
+        nprocs["reference"],
+        nprocs["candidate"],
+    )
     run_dir = Path(out) if out is not None else temporary_run_dir(model_file.stem)
     with RunLock(run_dir):  # a run directory another process writes is refused before any model is built
         runners, pins = _start_sides(module, model_file, traced)
         return record_run(traced, runners, pins, run_dir, model_file, watch, commit)
 
 
-def record_run(traced: HowTraced, runners: dict[str, SideRunner], pins: dict[str, str] | None, run_dir: Path,
-               label: Path, watch: Callable[[str, Callable[[], int]], None] | None = None, commit: bool = True) -> Run:
+def record_run(
+    traced: HowTraced,
+    runners: dict[str, SideRunner],
+    pins: dict[str, str] | None,
+    run_dir: Path,
+    label: Path,
+    watch: Callable[[str, Callable[[], int]], None] | None = None,
+    commit: bool = True,
+) -> Run:
     """Record both sides through their runners into `run_dir`, pair the outputs and align the
     traces (with `pins`: candidate module -> reference module); see `trace`. `label` names the
     sides' origin in messages (the model file)."""
@@ -171,7 +231,9 @@ def record_run(traced: HowTraced, runners: dict[str, SideRunner], pins: dict[str
     return run
 
 
-def _start_sides(module: ModuleType, model_file: Path, traced: HowTraced) -> tuple[dict[str, SideRunner], dict[str, str] | None]:
+def _start_sides(
+    module: ModuleType, model_file: Path, traced: HowTraced
+) -> tuple[dict[str, SideRunner], dict[str, str] | None]:
     """Each side's runner, and the model file's `ALIGN_MODULES` pins (candidate module -> reference module).
     Sides in other processes build their models while this one builds its own (from `module`, the
     loaded model file); on any failure every process started is stopped."""
@@ -186,8 +248,11 @@ def _start_sides(module: ModuleType, model_file: Path, traced: HowTraced) -> tup
                 started[role] = RankedSide(model_file, role, function, nprocs[role], pythons[role])
             elif traced.isolate:
                 started[role] = IsolatedSide(model_file, role, function, pythons[role])
-        local = {role: LocalSide(build_side(module, model_file, role, function))
-                 for role, function in functions.items() if role not in started}
+        local = {
+            role: LocalSide(build_side(module, model_file, role, function))
+            for role, function in functions.items()
+            if role not in started
+        }
         for runner in started.values():
             runner.wait_built()
     except BaseException:
@@ -205,9 +270,11 @@ def _align(model_file: Path, pins: dict[str, str] | None, reference: Trace, cand
             modules = {op.module for op in traces[role].ops}
             if not any(m == prefix or m.startswith(prefix + ".") for m in modules):
                 tops = sorted({m.split(".")[0] for m in modules if m})
-                raise ModelFileError(f"{model_file}: ALIGN_MODULES pins {cand_prefix!r} to {ref_prefix!r}, but no "
-                                     f"op of the {role} ran in a module {prefix!r} (its top-level modules: "
-                                     f"{', '.join(tops) or 'none'})")
+                raise ModelFileError(
+                    f"{model_file}: ALIGN_MODULES pins {cand_prefix!r} to {ref_prefix!r}, but no "
+                    f"op of the {role} ran in a module {prefix!r} (its top-level modules: "
+                    f"{', '.join(tops) or 'none'})"
+                )
     return pair_leaves(reference, candidate, align_traces(reference, candidate, pins, input_layout))
 
 
@@ -225,7 +292,9 @@ def load(run_dir: str | os.PathLike) -> Run:
     pairing = read_document(run_dir, "pairing", run_id)
     if pairing is None:
         raise RunDirError(f"{run_dir / 'pairing.json'}: missing (the run is incomplete)")
-    output_pairs = _from_document(list[OutputPair], pairing.get("output_pairs"), run_dir / "pairing.json", "output_pairs")
+    output_pairs = _from_document(
+        list[OutputPair], pairing.get("output_pairs"), run_dir / "pairing.json", "output_pairs"
+    )
     alignment = _from_document(Alignment, pairing.get("alignment"), run_dir / "pairing.json", "alignment")
     result_document = read_document(run_dir, "result", run_id)
     result = None

@@ -17,6 +17,7 @@ default, or are refused when it has none. A field's JSON key is its name, or its
 The dialect is standard JSON: a number that is not finite is the string "Infinity",
 "-Infinity" or "NaN" (`plain_number`), read back as that float.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,8 +55,11 @@ def number(value: Any) -> Any:
 
 def to_plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.metadata.get("key", f.name): to_plain(getattr(value, f.name))
-                for f in dataclasses.fields(value) if f.metadata.get("plain", True)}
+        return {
+            f.metadata.get("key", f.name): to_plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.metadata.get("plain", True)
+        }
     if isinstance(value, dict):
         return {str(k): to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

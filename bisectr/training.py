@@ -28,6 +28,7 @@
    the gradient or decoupled), AMSGrad, gradient clipping; or, when no setting differs, the update
    rule itself (bias correction, for one).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,15 @@ import numpy as np
 
 from .measure.align import TensorPair
 from .errors import ModelFileError
-from .measure.numerics import GRADIENT_FLOOR, coarsest_dtype, magnitude, noise_floor, relative_to, rounding_allowance, rounding_explains
+from .measure.numerics import (
+    GRADIENT_FLOOR,
+    coarsest_dtype,
+    magnitude,
+    noise_floor,
+    relative_to,
+    rounding_allowance,
+    rounding_explains,
+)
 from .measure.runrecord import output_seeds
 from .measure.result import Culprit
 from .run import Run, trace
@@ -149,22 +158,40 @@ class StepComparison:
         def per_parameter(measure: str) -> list[float]:
             return self._per_parameter(measure, candidate, reference, same_side)
 
-        parameters = {"gradient": per_parameter("gradient"), "update": per_parameter("update"),
-                      "moments": list(map(max, per_parameter("moment1"), per_parameter("moment2")))}
+        parameters = {
+            "gradient": per_parameter("gradient"),
+            "update": per_parameter("update"),
+            "moments": list(map(max, per_parameter("moment1"), per_parameter("moment2"))),
+        }
         return Distances(relative_to(abs(candidate.loss - reference.loss), abs(reference.loss)), parameters)
 
-    def _per_parameter(self, measure: str, candidate: StepRecord, reference: StepRecord, same_side: bool) -> list[float]:
+    def _per_parameter(
+        self, measure: str, candidate: StepRecord, reference: StepRecord, same_side: bool
+    ) -> list[float]:
         scale = self._floor(measure, reference)
-        return [self._error(candidate.read(measure, r if same_side else c), reference.read(measure, r),
-                            None if same_side else pair, r, scale)
-                for r, c, pair in self.pairs]
+        return [
+            self._error(
+                candidate.read(measure, r if same_side else c),
+                reference.read(measure, r),
+                None if same_side else pair,
+                r,
+                scale,
+            )
+            for r, c, pair in self.pairs
+        ]
 
     @staticmethod
     def _floor(measure: str, record: StepRecord) -> float:
         return GRADIENT_FLOOR * max((magnitude(record.read(measure, name)) for name in record.parameters), default=0.0)
 
-    def _error(self, candidate: np.ndarray | None, reference: np.ndarray | None, pair: TensorPair | None,
-               reference_name: str, floor: float) -> float:
+    def _error(
+        self,
+        candidate: np.ndarray | None,
+        reference: np.ndarray | None,
+        pair: TensorPair | None,
+        reference_name: str,
+        floor: float,
+    ) -> float:
         if candidate is None or reference is None:
             return 0.0 if candidate is None and reference is None else math.inf
         if pair is not None:
@@ -177,26 +204,39 @@ def parameter_pairs(run: Run) -> list[tuple[str, str, TensorPair]]:
     """(reference leaf, candidate leaf, pair) of the parameters the forward alignment pairs."""
     pairs = []
     for cand_tid, pair in run.alignment.tensors.items():
-        cand_leaf, ref_leaf = run.candidate.tensors[cand_tid].leaf or "", run.reference.tensors[pair.reference].leaf or ""
+        cand_leaf, ref_leaf = (
+            run.candidate.tensors[cand_tid].leaf or "",
+            run.reference.tensors[pair.reference].leaf or "",
+        )
         if leaf_kind(cand_leaf) == leaf_kind(ref_leaf) == "param":
             pairs.append((ref_leaf, cand_leaf, pair))
     if not pairs:
-        raise ModelFileError(f"{run.model_file}: no parameter of the candidate is paired with one of the reference: "
-                             "nothing to compare over training steps")
+        raise ModelFileError(
+            f"{run.model_file}: no parameter of the candidate is paired with one of the reference: "
+            "nothing to compare over training steps"
+        )
     return pairs
 
 
-def _least_explained(float64_errors: list[float], reference_rounding: list[float], candidate_rounding: list[float],
-                     floor: float) -> tuple[float, float]:
+def _least_explained(
+    float64_errors: list[float], reference_rounding: list[float], candidate_rounding: list[float], floor: float
+) -> tuple[float, float]:
     """(float64 error, what rounding predicts for it) of the parameter whose float64 difference rounding
     explains least, each judged against its own two sides' rounding (for the loss: the one value)."""
-    judged = [(error, of_reference + of_candidate)
-              for error, of_reference, of_candidate in zip(float64_errors, reference_rounding, candidate_rounding)]
+    judged = [
+        (error, of_reference + of_candidate)
+        for error, of_reference, of_candidate in zip(float64_errors, reference_rounding, candidate_rounding)
+    ]
     return max(judged, key=lambda each: relative_to(each[0], rounding_allowance(each[1], floor)), default=(0.0, 0.0))
 
 
-def train(model_file: str, reference: str = "reference", candidate: str = "candidate", steps: int = 20,
-          progress: Callable[[str], None] | None = None) -> TrainingResult:
+def train(
+    model_file: str,
+    reference: str = "reference",
+    candidate: str = "candidate",
+    steps: int = 20,
+    progress: Callable[[str], None] | None = None,
+) -> TrainingResult:
     """Train both sides of `model_file` for `steps` steps and compare them (see the module docstring)."""
     say = progress or (lambda message: None)
     if steps < 1:
@@ -208,8 +248,10 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
     pairs = parameter_pairs(run)
     comparison = StepComparison(pairs, {r: run.reference.tensors[run.reference.leaves[r]].shape for r, _, _ in pairs})
     reference_itself = StepComparison([(r, r, None) for r, _, _ in pairs], comparison.shapes)
-    candidate_itself = StepComparison([(c, c, None) for _, c, _ in pairs],
-                                  {c: run.candidate.tensors[run.candidate.leaves[c]].shape for _, c, _ in pairs})
+    candidate_itself = StepComparison(
+        [(c, c, None) for _, c, _ in pairs],
+        {c: run.candidate.tensors[run.candidate.leaves[c]].shape for _, c, _ in pairs},
+    )
     floor = noise_floor(coarsest_dtype([run.reference.dtype, run.candidate.dtype]))
     rows: list[StepRow] = []
     first: tuple[int, str, tuple[str, float] | None] | None = None  # step, measure, the update that differs most
@@ -218,17 +260,30 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         records = {(role, width): _step(run.live, role, width, number, seeds[role]) for role, width in trained}
         as_run = comparison.between(records["candidate", 32], records["reference", 32])
         in_float64 = comparison.between(records["candidate", 64], records["reference", 64])
-        reference_rounding = reference_itself.between(records["reference", 32], records["reference", 64], same_side=True)
-        candidate_rounding = candidate_itself.between(records["candidate", 32], records["candidate", 64], same_side=True)
-        judged = {m: _least_explained(in_float64.of(m), reference_rounding.of(m), candidate_rounding.of(m), floor)
-                  for m in RECORDED}
+        reference_rounding = reference_itself.between(
+            records["reference", 32], records["reference", 64], same_side=True
+        )
+        candidate_rounding = candidate_itself.between(
+            records["candidate", 32], records["candidate", 64], same_side=True
+        )
+        judged = {
+            m: _least_explained(in_float64.of(m), reference_rounding.of(m), candidate_rounding.of(m), floor)
+            for m in RECORDED
+        }
         float64_error = {m: error for m, (error, _) in judged.items()}
         predicted = {m: prediction for m, (_, prediction) in judged.items()}
         semantic = [m for m in MEASURES if not rounding_explains(float64_error[m], predicted[m], floor)]
-        rows.append(StepRow(number, BySide(records["reference", 32].loss, records["candidate", 32].loss),
-                            BySide(records["reference", 32].learning_rate, records["candidate", 32].learning_rate),
-                            ByMeasure(**{m: as_run.worst(m) for m in RECORDED}), ByMeasure(**predicted),
-                            ByMeasure(**float64_error), bool(semantic)))
+        rows.append(
+            StepRow(
+                number,
+                BySide(records["reference", 32].loss, records["candidate", 32].loss),
+                BySide(records["reference", 32].learning_rate, records["candidate", 32].learning_rate),
+                ByMeasure(**{m: as_run.worst(m) for m in RECORDED}),
+                ByMeasure(**predicted),
+                ByMeasure(**float64_error),
+                bool(semantic),
+            )
+        )
         if semantic and first is None:
             worst = _most_different_update(in_float64, pairs) if semantic[0] == "update" else None
             first = (number, semantic[0], worst)
@@ -252,23 +307,33 @@ def train(model_file: str, reference: str = "reference", candidate: str = "candi
         if searched.verdict == "divergent":
             result.culprit = searched.culprit
         elif measure == "loss":
-            result.note = (f"the models' outputs agree ({searched.verdict}: {_error_text(searched)}), the losses do not "
-                           f"(reference {row.loss.reference:.6g}, candidate {row.loss.candidate:.6g}): the loss "
-                           "functions compute differently")
+            result.note = (
+                f"the models' outputs agree ({searched.verdict}: {_error_text(searched)}), the losses do not "
+                f"(reference {row.loss.reference:.6g}, candidate {row.loss.candidate:.6g}): the loss "
+                "functions compute differently"
+            )
         else:
-            result.note = (f"the backward search at the initial weights finds {searched.verdict} ({_error_text(searched)}): "
-                           "the gradients part in the losses' own backward")
+            result.note = (
+                f"the backward search at the initial weights finds {searched.verdict} ({_error_text(searched)}): "
+                "the gradients part in the losses' own backward"
+            )
     else:
-        result.note = (f"the {result.stage} first differs at step {number}; its search runs at the initial weights only "
-                       "(bisectr bisect" + (" --backward" if measure == "gradient" else "") + ")")
+        result.note = (
+            f"the {result.stage} first differs at step {number}; its search runs at the initial weights only "
+            "(bisectr bisect" + (" --backward" if measure == "gradient" else "") + ")"
+        )
     return result
 
 
 def _step(live: LiveRun, role: str, width: int, number: int, seeds: dict[str, np.ndarray]) -> StepRecord:
     """Step `number` of the `role` side's trainer at `width` bits, made where its model lives."""
     facts = live.ask(role, TrainStep(width, number, seeds))
-    return StepRecord(facts.loss, facts.learning_rate, facts.parameters,
-                      lambda measure, name: live.ask(role, StepValues(width, measure, name)))
+    return StepRecord(
+        facts.loss,
+        facts.learning_rate,
+        facts.parameters,
+        lambda measure, name: live.ask(role, StepValues(width, measure, name)),
+    )
 
 
 def _most_different_update(in_float64: Distances, pairs: list[tuple[str, str, TensorPair]]) -> tuple[str, float]:
@@ -281,14 +346,18 @@ def _error_text(result: Any) -> str:
     return f"relative difference {result.output_error.max_rel:.3g}"
 
 
-def _decay_differences(pairs: list[tuple[str, str, TensorPair]], decays: dict[str, dict[str, float]]) -> tuple[str, Any, Any] | None:
+def _decay_differences(
+    pairs: list[tuple[str, str, TensorPair]], decays: dict[str, dict[str, float]]
+) -> tuple[str, Any, Any] | None:
     """Parameters that one side decays and the other exempts: (what, reference's coefficient, candidate's)."""
     decayed_here = {"candidate": [], "reference": []}
     coefficients = {"candidate": set(), "reference": set()}
     for reference, candidate, _ in pairs:
         of_reference, of_candidate = decays["reference"].get(reference, 0.0), decays["candidate"].get(candidate, 0.0)
-        for role, name, mine, other in (("candidate", candidate, of_candidate, of_reference),
-                                        ("reference", reference, of_reference, of_candidate)):
+        for role, name, mine, other in (
+            ("candidate", candidate, of_candidate, of_reference),
+            ("reference", reference, of_reference, of_candidate),
+        ):
             if mine and not other:
                 decayed_here[role].append(leaf_name(name))
                 coefficients[role].add(mine)
@@ -312,8 +381,9 @@ def _kinds(names: list[str]) -> str:
     return ", ".join(kinds)
 
 
-def _differing_setting(row: StepRow, settings: dict[str, dict[str, Any]],
-                       decay_difference: tuple[str, Any, Any] | None = None) -> tuple[str, Any, Any]:
+def _differing_setting(
+    row: StepRow, settings: dict[str, dict[str, Any]], decay_difference: tuple[str, Any, Any] | None = None
+) -> tuple[str, Any, Any]:
     """What differs between the optimizers at this step: the learning rate, which parameters are
     decayed, a setting, else the update rule."""
     rates = row.learning_rate
@@ -324,7 +394,11 @@ def _differing_setting(row: StepRow, settings: dict[str, dict[str, Any]],
     reference, candidate = settings["reference"], settings["candidate"]
     for name in SETTINGS:
         of_reference, of_candidate = reference.get(name), candidate.get(name)
-        if isinstance(of_reference, float) and isinstance(of_candidate, float) and math.isclose(of_reference, of_candidate, rel_tol=1e-6):
+        if (
+            isinstance(of_reference, float)
+            and isinstance(of_candidate, float)
+            and math.isclose(of_reference, of_candidate, rel_tol=1e-6)
+        ):
             continue
         if of_reference != of_candidate:
             return name.replace("_", " "), of_reference, of_candidate

@@ -32,6 +32,7 @@ listed in the returned `WeightReport`; call `report.check()` to turn them into a
     report = torch_to_paddle(torch_model, paddle_model, name_map=[(r"^bert\\.", "")]).check()
     report = torch_to_paddle(hf_state_dict, paddleformers_model).check()
 """
+
 from __future__ import annotations
 
 import re
@@ -93,8 +94,12 @@ class WeightReport:
         return "; ".join(parts)
 
 
-def torch_to_paddle(torch_module: Source, paddle_layer: Any, name_map: NameMap | None = None,
-                    transpose_overrides: Mapping[str, bool] | None = None) -> WeightReport:
+def torch_to_paddle(
+    torch_module: Source,
+    paddle_layer: Any,
+    name_map: NameMap | None = None,
+    transpose_overrides: Mapping[str, bool] | None = None,
+) -> WeightReport:
     """Copy the parameters and buffers of a `torch.nn.Module` (or a torch state dict) into a `paddle.nn.Layer`.
 
     `name_map`: (regex, replacement) rules applied in order with `re.sub` to each source name.
@@ -106,8 +111,12 @@ def torch_to_paddle(torch_module: Source, paddle_layer: Any, name_map: NameMap |
     return copy_weights(torch_module, paddle_layer, name_map, transpose_overrides, source_framework="torch")
 
 
-def paddle_to_torch(paddle_layer: Source, torch_module: Any, name_map: NameMap | None = None,
-                    transpose_overrides: Mapping[str, bool] | None = None) -> WeightReport:
+def paddle_to_torch(
+    paddle_layer: Source,
+    torch_module: Any,
+    name_map: NameMap | None = None,
+    transpose_overrides: Mapping[str, bool] | None = None,
+) -> WeightReport:
     """Copy the parameters and buffers of a `paddle.nn.Layer` (or a paddle state dict) into a `torch.nn.Module`.
 
     Arguments as for `torch_to_paddle`.
@@ -117,9 +126,13 @@ def paddle_to_torch(paddle_layer: Source, torch_module: Any, name_map: NameMap |
     return copy_weights(paddle_layer, torch_module, name_map, transpose_overrides, source_framework="paddle")
 
 
-def copy_weights(source: Source, destination: Any, name_map: NameMap | None = None,
-                 transpose_overrides: Mapping[str, bool] | None = None,
-                 source_framework: str | None = None) -> WeightReport:
+def copy_weights(
+    source: Source,
+    destination: Any,
+    name_map: NameMap | None = None,
+    transpose_overrides: Mapping[str, bool] | None = None,
+    source_framework: str | None = None,
+) -> WeightReport:
     """Copy by name between any two torch modules / paddle layers (same framework too).
 
     A state dict `source` follows the layouts of `source_framework` (default: the destination's).
@@ -168,8 +181,11 @@ def copy_weights(source: Source, destination: Any, name_map: NameMap | None = No
         if transpose:
             report.transposed.append(name)
     # An entry under a second name of a tensor copied into (paddle's RNN cells' `0.cell.weight_ih` is its `weight_ih_l0`) is filled.
-    report.extra = [name for name, dst in dst_entries.items()
-                    if name not in pairs and dst.statistic != _BATCH_COUNT and id(dst.tensor) not in filled]
+    report.extra = [
+        name
+        for name, dst in dst_entries.items()
+        if name not in pairs and dst.statistic != _BATCH_COUNT and id(dst.tensor) not in filled
+    ]
     return report
 
 
@@ -187,8 +203,12 @@ def _rename(name: str, rules: list[tuple[re.Pattern, str]]) -> str:
     return name
 
 
-def _pair(src_entries: dict[str, _Entry], dst_entries: dict[str, _Entry], rules: list[tuple[re.Pattern, str]],
-          report: WeightReport) -> dict[str, _Entry]:
+def _pair(
+    src_entries: dict[str, _Entry],
+    dst_entries: dict[str, _Entry],
+    rules: list[tuple[re.Pattern, str]],
+    report: WeightReport,
+) -> dict[str, _Entry]:
     """Destination name -> source entry; source names without a destination go to `report.unmatched`.
     A BatchNorm statistic without a destination of its name goes to the same statistic of the
     destination's BatchNorm at the same path (the other framework's name for it)."""
@@ -208,8 +228,9 @@ def _pair(src_entries: dict[str, _Entry], dst_entries: dict[str, _Entry], rules:
     return pairs
 
 
-def _state_dict_entries(state: Mapping[str, Any], framework: Adapter, dst_entries: dict[str, _Entry],
-                        rules: list[tuple[re.Pattern, str]]) -> dict[str, _Entry]:
+def _state_dict_entries(
+    state: Mapping[str, Any], framework: Adapter, dst_entries: dict[str, _Entry], rules: list[tuple[re.Pattern, str]]
+) -> dict[str, _Entry]:
     """A state dict's entries, each in `framework`'s nn.Linear layout where its destination is a linear
     weight, and named as `framework` names BatchNorm statistics where its destination's owner is a BatchNorm."""
     norms = {_owner_path(name) for name, entry in dst_entries.items() if entry.statistic}
@@ -243,7 +264,9 @@ def _require(obj: Any, framework: str, state_dict_ok: bool = False) -> None:
     adapter = _adapter(obj)
     if (adapter is not None and adapter.name == framework) or (state_dict_ok and _is_state_dict(obj)):
         return
-    raise TypeError(f"expected a {adapter_named(framework).module_kind}, got {type(obj).__module__}.{type(obj).__qualname__}")
+    raise TypeError(
+        f"expected a {adapter_named(framework).module_kind}, got {type(obj).__module__}.{type(obj).__qualname__}"
+    )
 
 
 def _entries(root: Any, persistent_only: bool = False) -> dict[str, _Entry]:
@@ -259,8 +282,9 @@ def _entries(root: Any, persistent_only: bool = False) -> dict[str, _Entry]:
     for name, tensor in conversion.named_tensors(root, persistent_only):
         owner_name, _, local = name.rpartition(".")
         owner = owners[owner_name]
-        entries[name] = _Entry(name, tensor, conversion.weight_layout(owner, local),
-                               conversion.norm_statistic(owner, local))
+        entries[name] = _Entry(
+            name, tensor, conversion.weight_layout(owner, local), conversion.norm_statistic(owner, local)
+        )
     return entries
 
 

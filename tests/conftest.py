@@ -16,6 +16,8 @@ def pytest_configure(config):
     """A failed snapshot's report goes to the temporary directory, not into the work tree."""
     if getattr(config.option, "snapshot_report", None) == "snapshot_report.html":
         config.option.snapshot_report = str(Path(tempfile.gettempdir()) / "bisectr_snapshot_report.html")
+
+
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
@@ -27,7 +29,8 @@ def models() -> Path:
 needs_paddleformers = pytest.mark.skipif(
     any(importlib.util.find_spec(name) is None for name in ("transformers", "paddleformers")),
     reason="needs transformers and paddleformers in one environment (the reference runs in a copy of it that hides "
-           "paddlecodec's torchcodec module: see examples/hf_llama.py)")
+    "paddlecodec's torchcodec module: see examples/hf_llama.py)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +69,7 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
         patches = {tid: trace.value(tid) * 1.5 + 0.25 for tid in floating if trace.tensors[tid].producer <= cut}
         if cut == n // 3:
             patches[parameter] = trace.value(parameter) * 0.5
-        capture = {tid for op in trace.ops[n // 2:n // 2 + 3] for tid in op.outputs}
+        capture = {tid for op in trace.ops[n // 2 : n // 2 + 3] for tid in op.outputs}
         by_model = rerun_model(side.side, trace, patches, capture)
         by_calls = rerun_recorded(side.side.adapter, trace, side.recorded, patches, capture)
         for key, values in by_model.outputs.items():
@@ -75,7 +78,9 @@ def assert_replay_matches_model_rerun(run, role: str) -> None:
         for tid, values in by_model.captured.items():
             assert np.array_equal(by_calls.captured[tid], values, equal_nan=True), (cut, tid)
         patched += bool(patches)
-        moved += any(not np.array_equal(values, trace.value(trace.outputs[key])) for key, values in by_model.outputs.items())
+        moved += any(
+            not np.array_equal(values, trace.value(trace.outputs[key])) for key, values in by_model.outputs.items()
+        )
     assert moved == patched >= 3
 
 
@@ -90,7 +95,9 @@ def assert_verdict_contract(result: dict) -> None:
     if confirmation and confirmation["confirmed"] and math.isfinite(number(confirmation["before"])):
         assert number(confirmation["output_error"]) < 0.5 * number(confirmation["before"]), confirmation
     if result["verdict"] == "divergent":
-        assert (confirmation and confirmation["confirmed"]) or result["bracket"] or result.get("missing_gradient"), result
+        assert (confirmation and confirmation["confirmed"]) or result["bracket"] or result.get("missing_gradient"), (
+            result
+        )
     if result["verdict"] == "noise" and check:
         assert check["status"] != "disagree", check
         if check["status"] == "agree":  # the triangle inequality: measured <= predicted + what float64 leaves
@@ -107,8 +114,9 @@ def mounted_tmpfs(mount_point: Path, size: str):
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a small tmpfs needs root and mount(8)")
     mount_point.mkdir(exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:

@@ -6,6 +6,7 @@ or `unconfirmed` (`divergent` with the difference bracketed, the planted op amon
 `tests/test_corpus.py` runs the pairs the environment has the libraries for; `benchmarks/corpus.py`
 runs them as a user would and prints a row each (before and after a change: the same rows).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -60,8 +61,12 @@ CORPUS = [
     Pair("examples/span_head.py"),
     Pair("examples/tanh_gelu.py", verdict="divergent", module="layers.7.ffn"),
     Pair("examples/torch_vs_torch_bf16.py"),
-    Pair("examples/untransposed_weight.py", verdict="divergent", module="blocks.1.attn.q_proj",
-         leaf="blocks.1.attn.q_proj.weight"),
+    Pair(
+        "examples/untransposed_weight.py",
+        verdict="divergent",
+        module="blocks.1.attn.q_proj",
+        leaf="blocks.1.attn.q_proj.weight",
+    ),
     Pair("examples/wrong_eps.py", verdict="divergent", module="blocks.0.attn_norm"),
     # library layers and Hugging Face models against hand ports, and copies with one change
     Pair(M + "torch_mha.py"),
@@ -77,8 +82,14 @@ CORPUS = [
     Pair(M + "paddle_rnns.py"),
     Pair(M + "paddle_rnns.py", "candidate_gru_gate_order", verdict="divergent", module="", leaf="weight_ih_l0"),
     Pair(M + "paddle_rnns.py", "candidate_lstm", "reference_lstm"),
-    Pair(M + "paddle_rnns.py", "candidate_lstm_forget_bias", "reference_lstm", verdict="divergent", module="",
-         leaf="bias_hh_l1"),
+    Pair(
+        M + "paddle_rnns.py",
+        "candidate_lstm_forget_bias",
+        "reference_lstm",
+        verdict="divergent",
+        module="",
+        leaf="bias_hh_l1",
+    ),
     Pair(M + "paddle_rnns.py", "candidate_rnn", "reference_rnn"),
     Pair(M + "paddle_rnns.py", "candidate_rnn_default_activation", "reference_rnn", verdict="divergent", module=""),
     Pair(M + "transformer_encoder.py"),
@@ -92,7 +103,12 @@ CORPUS = [
     Pair(M + "mask_representations.py"),
     Pair(M + "mask_representations.py", "candidate_pool_full_length", verdict="divergent", module=""),
     Pair(M + "mask_representations.py", "candidate_padded_mask_pool_full_length", verdict="divergent", module=""),
-    Pair(M + "mask_representations.py", "candidate_padded_mask_scaled_by_model_width", verdict="divergent", module="blocks.0"),
+    Pair(
+        M + "mask_representations.py",
+        "candidate_padded_mask_scaled_by_model_width",
+        verdict="divergent",
+        module="blocks.0",
+    ),
     Pair(M + "every_layer_ports.py"),
     Pair(M + "every_layer_ports.py", "candidate_unbiased_norm", verdict="divergent", module="layers.0.norm1"),
     Pair(M + "every_layer_ports.py", "candidate_parallel_residual", verdict="divergent", module="layers.0"),
@@ -103,64 +119,149 @@ CORPUS = [
     Pair(M + "compiled_hf_resnet.py", needs=HF),
     Pair(M + "compiled_paddle_reference.py"),
     Pair(M + "hf_llama_activation.py", needs=HF),
-    Pair(M + "hf_llama_activation.py", "candidate_gelu_layer", verdict="divergent", module="model.layers.2.mlp", needs=HF),
+    Pair(
+        M + "hf_llama_activation.py", "candidate_gelu_layer", verdict="divergent", module="model.layers.2.mlp", needs=HF
+    ),
     Pair(M + "hf_llama_weights.py", "candidate_bf16", needs=HF),
-    Pair(M + "hf_llama_weights.py", "candidate_bf16_norm_scaled", verdict="divergent", module="model.layers.1",
-         leaf="model.layers.1.post_attention_layernorm.weight", needs=HF),
-    Pair(M + "hf_llama_weights.py", "candidate_rope_theta", verdict="divergent", module="model.rotary_emb",
-         leaf="model.rotary_emb.inv_freq", needs=HF),
+    Pair(
+        M + "hf_llama_weights.py",
+        "candidate_bf16_norm_scaled",
+        verdict="divergent",
+        module="model.layers.1",
+        leaf="model.layers.1.post_attention_layernorm.weight",
+        needs=HF,
+    ),
+    Pair(
+        M + "hf_llama_weights.py",
+        "candidate_rope_theta",
+        verdict="divergent",
+        module="model.rotary_emb",
+        leaf="model.rotary_emb.inv_freq",
+        needs=HF,
+    ),
     Pair(M + "hf_llama_greedy_cache.py", needs=HF),
-    Pair(M + "hf_llama_greedy_cache.py", "candidate_cache_before_rope", verdict="divergent", module="lm.model.layers.0.self_attn",
-         needs=HF),
+    Pair(
+        M + "hf_llama_greedy_cache.py",
+        "candidate_cache_before_rope",
+        verdict="divergent",
+        module="lm.model.layers.0.self_attn",
+        needs=HF,
+    ),
     Pair(M + "hf_mamba_dt_bias.py", needs=HF),
-    Pair(M + "hf_mamba_dt_bias.py", "candidate_dt_bias_twice", verdict="divergent", module="backbone.layers.0.mixer", needs=HF),
+    Pair(
+        M + "hf_mamba_dt_bias.py",
+        "candidate_dt_bias_twice",
+        verdict="divergent",
+        module="backbone.layers.0.mixer",
+        needs=HF,
+    ),
     Pair(M + "paddle_bool_mask.py"),
     Pair(M + "paddle_bool_mask.py", "candidate_mask_as_is", verdict="divergent", module="encoder"),
     Pair(M + "hf_qwen2_gqa_ports.py", needs=HF),
     Pair(M + "hf_qwen2_gqa_ports.py", "candidate_kv_heads_expanded", needs=HF),
-    Pair(M + "hf_qwen2_gqa_ports.py", "candidate_kv_heads_tiled", verdict="divergent",
-         module="model.layers.0.self_attn.k_proj", leaf="model.layers.0.self_attn.k_proj.weight", needs=HF),
-    Pair(M + "hf_qwen2_gqa_ports.py", "candidate_rotary_rows_permuted", verdict="divergent",
-         module="model.layers.0.self_attn.q_proj", leaf="model.layers.0.self_attn.q_proj.weight", needs=HF),
+    Pair(
+        M + "hf_qwen2_gqa_ports.py",
+        "candidate_kv_heads_tiled",
+        verdict="divergent",
+        module="model.layers.0.self_attn.k_proj",
+        leaf="model.layers.0.self_attn.k_proj.weight",
+        needs=HF,
+    ),
+    Pair(
+        M + "hf_qwen2_gqa_ports.py",
+        "candidate_rotary_rows_permuted",
+        verdict="divergent",
+        module="model.layers.0.self_attn.q_proj",
+        leaf="model.layers.0.self_attn.q_proj.weight",
+        needs=HF,
+    ),
     Pair(M + "hf_llama_shared.py", needs=HF),
     Pair(M + "hf_llama_shared.py", "candidate_mlp_act", verdict="divergent", module="model.layers.0.mlp", needs=HF),
     Pair(M + "hf_gpt2.py", needs=HF),
     Pair(M + "hf_gpt2.py", "candidate_untransposed", verdict="divergent", module="h.2.attn", needs=HF),
     Pair(M + "hf_gpt2.py", "candidate_exact_gelu", verdict="divergent", module="h.0.mlp", needs=HF),
     Pair(M + "hf_mixtral_experts.py", needs=HF),
-    Pair(M + "hf_mixtral_experts.py", "candidate_expert_gelu", verdict="divergent", module="model.layers.1.mlp.experts",
-         needs=HF),
+    Pair(
+        M + "hf_mixtral_experts.py",
+        "candidate_expert_gelu",
+        verdict="divergent",
+        module="model.layers.1.mlp.experts",
+        needs=HF,
+    ),
     Pair(M + "no_float64_kernel.py"),
     Pair(M + "no_float64_kernel.py", "candidate_exact_gelu", verdict="divergent", module=""),
     Pair(M + "no_float64_kernel.py", "fused_rms_norm", "rms_norm"),
     Pair(M + "hf_gpt2_paddle.py", backward="noise", needs=HF),
-    Pair(M + "hf_gpt2_paddle.py", "candidate_frozen_c_fc", backward="divergent", backward_module="transformer.h.2.mlp.c_fc",
-         needs=HF),
-    Pair(M + "hf_gpt2_paddle.py", "candidate_pylayer_ln_2", backward="divergent", backward_module="transformer.h.2.ln_2",
-         needs=HF),
-    Pair(M + "hf_gpt2_paddle.py", "candidate_bias_and_pylayer", verdict="divergent", module="transformer.h.0.mlp",
-         leaf="transformer.h.0.mlp.c_proj.bias", backward="divergent", backward_module="transformer.h.2.ln_2", needs=HF),
+    Pair(
+        M + "hf_gpt2_paddle.py",
+        "candidate_frozen_c_fc",
+        backward="divergent",
+        backward_module="transformer.h.2.mlp.c_fc",
+        needs=HF,
+    ),
+    Pair(
+        M + "hf_gpt2_paddle.py",
+        "candidate_pylayer_ln_2",
+        backward="divergent",
+        backward_module="transformer.h.2.ln_2",
+        needs=HF,
+    ),
+    Pair(
+        M + "hf_gpt2_paddle.py",
+        "candidate_bias_and_pylayer",
+        verdict="divergent",
+        module="transformer.h.0.mlp",
+        leaf="transformer.h.0.mlp.c_proj.bias",
+        backward="divergent",
+        backward_module="transformer.h.2.ln_2",
+        needs=HF,
+    ),
     # backward passes
     Pair(M + "backward_ports.py", backward="noise"),
     Pair(M + "backward_ports.py", "candidate_pylayer", backward="divergent", backward_module="blocks.1"),
     Pair(M + "backward_ports.py", "candidate_detached", backward="divergent", backward_module="blocks.1"),
     Pair(M + "backward_ports.py", "candidate_frozen", backward="divergent", backward_module="blocks.0.fc2"),
-    Pair(M + "backward_every_block.py", "candidate_pylayer_every_block", backward="divergent", backward_module="blocks."),
+    Pair(
+        M + "backward_every_block.py", "candidate_pylayer_every_block", backward="divergent", backward_module="blocks."
+    ),
     Pair(M + "hf_llama_function.py", backward="noise", needs=HF),
-    Pair(M + "hf_llama_function.py", "candidate_dropped_term", backward="divergent",
-         backward_module="model.layers.1.post_attention_layernorm", needs=HF),
+    Pair(
+        M + "hf_llama_function.py",
+        "candidate_dropped_term",
+        backward="divergent",
+        backward_module="model.layers.1.post_attention_layernorm",
+        needs=HF,
+    ),
     Pair(M + "hf_gpt2_detached.py", backward="noise", needs=HF),
     Pair(M + "hf_gpt2_detached.py", "candidate_detached", backward="divergent", backward_module="h.2.attn", needs=HF),
     Pair(M + "hf_bert_checkpointing.py", backward="noise", needs=HF),
     # PaddleFormers models (their environment: the Hugging Face reference runs in another interpreter)
     Pair(M + "pf_qwen2.py", needs=PF),
-    Pair(M + "pf_qwen2.py", "candidate_k_bias_missing", verdict="divergent", module="model.layers.2.self_attn",
-         leaf="model.layers.2.self_attn.qkv_proj.bias", needs=PF),
-    Pair(M + "pf_qwen2.py", "candidate_naive_qkv_order", verdict="divergent", module="model.layers.0.self_attn",
-         leaf="model.layers.0.self_attn.qkv_proj.weight", needs=PF),
+    Pair(
+        M + "pf_qwen2.py",
+        "candidate_k_bias_missing",
+        verdict="divergent",
+        module="model.layers.2.self_attn",
+        leaf="model.layers.2.self_attn.qkv_proj.bias",
+        needs=PF,
+    ),
+    Pair(
+        M + "pf_qwen2.py",
+        "candidate_naive_qkv_order",
+        verdict="divergent",
+        module="model.layers.0.self_attn",
+        leaf="model.layers.0.self_attn.qkv_proj.weight",
+        needs=PF,
+    ),
     Pair("examples/hf_llama.py", needs=PF),
-    Pair("examples/hf_llama.py", "candidate_untransposed", verdict="divergent", module="model.layers.1.self_attn.q_proj",
-         leaf="model.layers.1.self_attn.q_proj.weight", needs=PF),
+    Pair(
+        "examples/hf_llama.py",
+        "candidate_untransposed",
+        verdict="divergent",
+        module="model.layers.1.self_attn.q_proj",
+        leaf="model.layers.1.self_attn.q_proj.weight",
+        needs=PF,
+    ),
 ]
 
 
@@ -169,8 +270,14 @@ def problems(pair: Pair, result: dict) -> list[str]:
     found = _pass_problems(pair.verdict, pair.module, pair.leaf, result)
     if pair.backward is not None:
         backward = result.get("backward")
-        found += ["no backward pass"] if backward is None else \
-            [f"backward: {problem}" for problem in _pass_problems(pair.backward, pair.backward_module, None, backward)]
+        found += (
+            ["no backward pass"]
+            if backward is None
+            else [
+                f"backward: {problem}"
+                for problem in _pass_problems(pair.backward, pair.backward_module, None, backward)
+            ]
+        )
     return found
 
 
@@ -198,4 +305,3 @@ def _under(module: str, prefix: str | None) -> bool:
     if prefix is None or prefix == "":
         return True
     return module == prefix or module.startswith(prefix if prefix.endswith(".") else prefix + ".")
-

@@ -4,6 +4,7 @@ interception of a function of tensors with a recording and a patched re-run thro
 gradients, the tables the core reads, and the optional interfaces asked for by type.
 Everything is written with the adapter's own primitives and tensor operators, so a new framework
 is tested by adding its module to `adapters/`."""
+
 import importlib.util
 
 import numpy as np
@@ -72,15 +73,25 @@ def test_reductions_describe_a_tensor_as_its_host_values_do(adapter):
     path is the same code) gives the statistics and fingerprint the host's values give."""
     special = values(40)
     special[[3, 7, 11]] = [np.nan, np.inf, -np.inf]
-    cases = [(values(7, 33), "float32"), (values(300), "bfloat16"), (special, "float32"), (np.full(5, np.nan), "float32"),
-             (np.arange(-5, 40).reshape(5, 9), "int64"), (values(30) > 0, "bool"), (np.array(2.5), "float32"),
-             (values(20000) * 1e30, "float32"), (values(64), "float64")]
+    cases = [
+        (values(7, 33), "float32"),
+        (values(300), "bfloat16"),
+        (special, "float32"),
+        (np.full(5, np.nan), "float32"),
+        (np.arange(-5, 40).reshape(5, 9), "int64"),
+        (values(30) > 0, "bool"),
+        (np.array(2.5), "float32"),
+        (values(20000) * 1e30, "float32"),
+        (values(64), "float64"),
+    ]
     for data, dtype in cases:
         tensor = adapter.from_numpy(data, dtype, "cpu")
         host = adapter.to_numpy(tensor)
         reductions = adapter.reductions(tensor, fingerprint_positions(host.size))
         assert adapter.on_host(tensor)
-        assert reduced_stats(reductions).to_json() == pytest.approx(tensor_stats(host).to_json(), rel=1e-6, nan_ok=True), dtype
+        assert reduced_stats(reductions).to_json() == pytest.approx(
+            tensor_stats(host).to_json(), rel=1e-6, nan_ok=True
+        ), dtype
         assert np.array_equal(reductions.picked, fingerprint(host), equal_nan=True), dtype
 
 
@@ -102,20 +113,29 @@ class Listener(OpListener):
 
 
 def test_intercept_hands_every_op_to_the_listener_and_leaves_nothing_behind(adapter):
-    x, w = adapter.from_numpy(values(2, 3), "float32", "cpu"), adapter.from_numpy(values(3, 3, seed=1), "float32", "cpu")
+    x, w = (
+        adapter.from_numpy(values(2, 3), "float32", "cpu"),
+        adapter.from_numpy(values(3, 3, seed=1), "float32", "cpu"),
+    )
     listener = Listener()
     with adapter.intercept(lambda a, b: (a @ b + a) * a, listener):
         out = (x @ w + x) * x
     assert [canonical_op(name) for name in listener.names] == ["matmul", "add", "mul"]
-    np.testing.assert_allclose(adapter.to_numpy(out), (values(2, 3) @ values(3, 3, seed=1) + values(2, 3)) * values(2, 3), rtol=1e-5)
+    np.testing.assert_allclose(
+        adapter.to_numpy(out), (values(2, 3) @ values(3, 3, seed=1) + values(2, 3)) * values(2, 3), rtol=1e-5
+    )
     _ = x + x  # nothing intercepts once the context has exited
     assert len(listener.names) == 3
 
 
 def test_a_function_of_tensors_records_and_reruns_with_a_patch(adapter, tmp_path):
-    x, w = adapter.from_numpy(values(2, 3), "float32", "cpu"), adapter.from_numpy(values(3, 3, seed=1), "float32", "cpu")
-    run = bisectr.compare(reference=(lambda a, b: (a @ b) * a, (x, w)), candidate=(lambda a, b: (a @ b) * a, (x, w)),
-                          out=tmp_path / "run")
+    x, w = (
+        adapter.from_numpy(values(2, 3), "float32", "cpu"),
+        adapter.from_numpy(values(3, 3, seed=1), "float32", "cpu"),
+    )
+    run = bisectr.compare(
+        reference=(lambda a, b: (a @ b) * a, (x, w)), candidate=(lambda a, b: (a @ b) * a, (x, w)), out=tmp_path / "run"
+    )
     assert run.verdict == "match" and [op.op for op in run.run.candidate.ops] == ["matmul", "mul"]
     product = run.run.candidate.ops[0].outputs[0]
     rerun = run.run.live.ask("candidate", Rerun({product: np.zeros((2, 3), np.float32)}, frozenset({product})))

@@ -1,4 +1,5 @@
 """Aligning traces recorded from real torch code written two different ways."""
+
 import subprocess
 import sys
 
@@ -45,7 +46,15 @@ def test_fused_layer_norm_and_attention_form_matched_blocks(decomposed):
     blocks = {tuple(run.reference.ops[r].op for r in b.reference): b for b in alignment.blocks}
     norm_block = next(b for ops, b in blocks.items() if "layer_norm" in ops)
     assert norm_block.matched
-    assert [run.candidate.ops[i].op for i in norm_block.candidate][:7] == ["mean", "sub", "pow", "mean", "sub", "add", "rsqrt"]
+    assert [run.candidate.ops[i].op for i in norm_block.candidate][:7] == [
+        "mean",
+        "sub",
+        "pow",
+        "mean",
+        "sub",
+        "add",
+        "rsqrt",
+    ]
     attention_block = next(b for ops, b in blocks.items() if "attention" in ops)
     assert attention_block.matched
     assert {"softmax", "where", "div"} <= {run.candidate.ops[i].op for i in attention_block.candidate}
@@ -56,7 +65,10 @@ def test_fused_layer_norm_and_attention_form_matched_blocks(decomposed):
 
 def test_equivalent_spellings_pair_one_to_one(decomposed):
     run, alignment = decomposed
-    pairs = {(run.candidate.ops[p.candidate].framework_op, run.reference.ops[p.reference].framework_op) for p in alignment.pairs}
+    pairs = {
+        (run.candidate.ops[p.candidate].framework_op, run.reference.ops[p.reference].framework_op)
+        for p in alignment.pairs
+    }
     assert ("Tensor.split", "Tensor.chunk") in pairs
     assert ("Tensor.permute", "Tensor.transpose") in pairs
     extras = [o.index for o in run.candidate.ops if o.op in ("copy", "cast")]  # contiguous, clone, float()
@@ -67,7 +79,9 @@ def test_every_pair_has_confidence_and_evidence(decomposed):
     _, alignment = decomposed
     for pair in alignment.pairs:
         assert 0.5 <= pair.confidence <= 1.0
-        assert {"how", "op", "candidate_module", "reference_module", "shape", "value_distance"} <= set(vars(pair.evidence))
+        assert {"how", "op", "candidate_module", "reference_module", "shape", "value_distance"} <= set(
+            vars(pair.evidence)
+        )
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +115,22 @@ def test_pins_come_from_the_model_file(tmp_path):
     alignment = bisectr.trace(path).alignment
     pinned = [p for p in alignment.pairs if p.evidence.candidate_module == "blocks.3.mlp.fc_in"]
     assert [p.evidence.reference_module for p in pinned] == ["layers.4.ffn.up"]
-    done = subprocess.run([sys.executable, "-m", "bisectr", "trace", str(path), "--alignment", "--format", "tsv",
-                           "-o", str(tmp_path / "run")], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bisectr",
+            "trace",
+            str(path),
+            "--alignment",
+            "--format",
+            "tsv",
+            "-o",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     rows = [line.split("\t") for line in done.stdout.splitlines()]
     why = {row[3]: row[-1] for row in rows[1:]}  # candidate module -> why it was paired
     assert why["blocks.3.mlp.fc_in"].startswith("ALIGN_MODULES pins these modules together")
@@ -115,5 +143,8 @@ def test_a_pin_naming_no_module_is_a_model_file_error(tmp_path):
     path.write_text(source)
     done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(path)], capture_output=True, text=True)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "ALIGN_MODULES pins 'blocks.3' to 'layer.4', but no op of the reference ran in a module 'layer.4'" in done.stderr
+    assert (
+        "ALIGN_MODULES pins 'blocks.3' to 'layer.4', but no op of the reference ran in a module 'layer.4'"
+        in done.stderr
+    )
     assert "top-level modules: layers" in done.stderr

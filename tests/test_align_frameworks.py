@@ -1,4 +1,5 @@
 """Alignment of traces recorded from real torch (reference) and paddle (candidate) code."""
+
 import numpy as np
 import pytest
 
@@ -76,4 +77,6 @@ def test_coverage_is_reported_by_trace(tmp_path):
 
     run_pairs = run.alignment.pairs
     assert len(run_pairs) > 0.9 * result.ops.candidate
-    assert all(layer_numbers(p.evidence.candidate_module) == layer_numbers(p.evidence.reference_module) for p in run_pairs)
+    assert all(
+        layer_numbers(p.evidence.candidate_module) == layer_numbers(p.evidence.reference_module) for p in run_pairs
+    )

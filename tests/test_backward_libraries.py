@@ -2,6 +2,7 @@
 random configs, and a paddle port of GPT-2, each with one planted backward bug (a gradient cut
 inside attention, custom backwards that drop a term), gradient checkpointing, and a forward bug in
 front of a backward one."""
+
 import json
 import subprocess
 import sys
@@ -68,14 +69,31 @@ def test_hf_bert_with_a_reentrant_checkpoint_is_followed_or_refused_saying_why()
     """transformers up to 5.23 checkpoints with gradients off too (the recording then holds the
     checkpoint function); from 5.24 only with gradients on, so the backward's forward takes
     another path than the recorded one: exit 2, naming the checkpoint and what to pass instead."""
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(BERT_CHECKPOINTING), "--candidate",
-                           "candidate_reentrant", "--backward", "--json"], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bisectr",
+            "bisect",
+            str(BERT_CHECKPOINTING),
+            "--candidate",
+            "candidate_reentrant",
+            "--backward",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode == 2:
         assert "calls CheckpointFunction.apply where the recording called" in done.stderr
         assert "use_reentrant=False" in done.stderr and "Traceback" not in done.stderr
     else:
         result = json.loads(done.stdout)
-        assert done.returncode == 0 and result["verdict"] == "match" and result["backward"]["verdict"] in ("match", "noise")
+        assert (
+            done.returncode == 0
+            and result["verdict"] == "match"
+            and result["backward"]["verdict"] in ("match", "noise")
+        )
 
 
 def test_a_paddle_gpt2_port_is_backward_noise():
@@ -90,7 +108,9 @@ def test_a_paddle_gpt2_port_whose_ln_2_pylayer_drops_the_variance_term_is_confir
     assert status == 1 and result["verdict"] == "noise"
     assert backward["verdict"] == "divergent"
     culprit = backward["culprit"]
-    assert culprit["candidate"]["module"] == "transformer.h.2.ln_2" and culprit["candidate"]["op"].endswith("LayerNormFunction.apply")
+    assert culprit["candidate"]["module"] == "transformer.h.2.ln_2" and culprit["candidate"]["op"].endswith(
+        "LayerNormFunction.apply"
+    )
     assert culprit["reference"]["module"] == "transformer.h.2.ln_2"
     assert_confirmed_tenfold(backward)
 

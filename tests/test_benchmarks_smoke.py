@@ -2,6 +2,7 @@
 
 No timing assertions: the figures of a quick run on a shared machine mean little.
 """
+
 import json
 import os
 import re
@@ -38,14 +39,18 @@ def test_quick_benchmark_runs_and_prints_the_table(tmp_path):
     raw = tmp_path / "figures.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--json", str(raw)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
         env={**os.environ, "COLUMNS": "200"},
     )
-    assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    )
     for heading in HEADINGS:
         assert heading in done.stdout, f"missing {heading!r} in:\n{done.stdout[-3000:]}"
-    for row in ("interception alone", "the search (Run.bisect()", "whole `bisectr bisect`",
-                "recording's extra memory"):
+    for row in ("interception alone", "the search (Run.bisect()", "whole `bisectr bisect`", "recording's extra memory"):
         assert row in done.stdout, f"missing row {row!r}"
     for column in ("torch", "paddle", "target", "holds"):
         assert column in done.stdout
@@ -55,8 +60,13 @@ def test_quick_benchmark_runs_and_prints_the_table(tmp_path):
 def scale(tmp_path, *args: str) -> tuple[list[dict], str]:
     """`benchmarks/scale.py ARGS` at one layer: its JSON rows and what it printed."""
     raw = tmp_path / "scale.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--layers", "1", *args, "--json", str(raw)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--layers", "1", *args, "--json", str(raw)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(raw.read_text()), done.stdout
 
@@ -69,7 +79,12 @@ def test_scale_benchmark_finds_the_planted_gelu_in_a_one_layer_ctrl_sized_pair(t
     for row in rows:
         assert row["bisect_verdict"] == "divergent" and row["bisect_confirmed"], row
         assert row["bisect_culprit"].startswith("h.0.mlp"), row
-        assert row["peak_ratio"] > 0 and row["time_ratio"] > 0 and 0 < row["run_dir_ratio"] < 1 and row["search_forwards"] > 0
+        assert (
+            row["peak_ratio"] > 0
+            and row["time_ratio"] > 0
+            and 0 < row["run_dir_ratio"] < 1
+            and row["search_forwards"] > 0
+        )
     assert "peak" in printed and "run dir" in printed and "one forward of both sides" in printed
 
 
@@ -91,7 +106,9 @@ def test_scale_benchmark_trains_the_one_layer_pair_as_the_readme_quotes(tmp_path
     rows, _ = scale(tmp_path, "--train", "3")
     assert [row["pair"] for row in rows] == ["torch vs torch", "torch vs paddle"]
     for row in rows:
-        assert row["train_verdict"] == "divergent" and row["train_first_step"] == 1 and row["train_stage"] == "forward", row
+        assert (
+            row["train_verdict"] == "divergent" and row["train_first_step"] == 1 and row["train_stage"] == "forward"
+        ), row
         assert row["train_culprit"].startswith("h.0.mlp"), row
         assert 1 < row["peak_ratio"] < 4.5 and row["time_ratio"] > 0, row
 
@@ -99,7 +116,10 @@ def test_scale_benchmark_trains_the_one_layer_pair_as_the_readme_quotes(tmp_path
 def test_profile_names_the_recorders_own_functions():
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--profile", "torch", "deep", "stats"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, f"exit {done.returncode}\nstderr:\n{done.stderr[-3000:]}"
     tree, flat = done.stdout.split("Functions by own time")
@@ -110,19 +130,33 @@ def test_profile_names_the_recorders_own_functions():
 
 def test_tensor_parallel_benchmark_prints_time_and_each_ranks_memory():
     assert "python benchmarks/tensor_parallel.py" in documentation()
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tensor_parallel.py"), "--forwards", "3"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "tensor_parallel.py"), "--forwards", "3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert re.search(r"TP=2 bisect of tensor_parallel.py \(divergent\): [\d.]+ s = \d+ plain TP=2 forwards", done.stdout), done.stdout
+    assert re.search(
+        r"TP=2 bisect of tensor_parallel.py \(divergent\): [\d.]+ s = \d+ plain TP=2 forwards", done.stdout
+    ), done.stdout
     ratios = [float(r) for r in re.findall(r"in the plain forward \(([\d.]+)x\)", done.stdout)]
     assert len(ratios) == 2 and all(1.0 <= ratio < 2.0 for ratio in ratios), done.stdout
 
 
 def test_compiled_benchmark_prints_the_search_against_one_compile_and_forward():
     assert "python benchmarks/compiled.py" in documentation()
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compiled.py"), "--model", "hf_resnet"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "compiled.py"), "--model", "hf_resnet"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"bisect of compiled_hf_resnet.py \(noise\): [\d.]+ s\n", done.stdout), done.stdout
-    assert re.search(r"one compile \+ one forward: [\d.]+ s \(compile [\d.]+ s, forward [\d.]+ ms\)", done.stdout), done.stdout
+    assert re.search(r"one compile \+ one forward: [\d.]+ s \(compile [\d.]+ s, forward [\d.]+ ms\)", done.stdout), (
+        done.stdout
+    )
     assert re.search(r"ratio: [\d.]+x one compile \+ one forward", done.stdout), done.stdout

@@ -1,4 +1,5 @@
 """The search on small torch models: culprit, budget, exhaustive agreement, API."""
+
 import math
 
 import pytest
@@ -54,8 +55,18 @@ def test_python_api_and_json_shape():
     result = bisectr.bisect(GELU_FILE)
     data = result.to_dict()
     assert set(data) >= {"verdict", "output_error", "culprit", "reruns", "ops"}
-    assert set(data["culprit"]) >= {"kind", "op", "candidate", "reference", "leaf", "input_error", "output_error",
-                                   "local_error", "amplification", "fp64"}
+    assert set(data["culprit"]) >= {
+        "kind",
+        "op",
+        "candidate",
+        "reference",
+        "leaf",
+        "input_error",
+        "output_error",
+        "local_error",
+        "amplification",
+        "fp64",
+    }
     assert data["ops"]["aligned"] == data["ops"]["candidate"] == 12 * 5  # layer_norm, linear, gelu, linear, add
 
 
@@ -123,8 +134,13 @@ def test_replays_read_parameters_where_the_model_holds_them_and_never_write_them
     held = model[1].running_mean.clone()
     adapter = run.live.runners["candidate"].side.adapter
     copied = []
-    monkeypatch.setattr(type(adapter), "to_numpy", lambda self, tensor, original=type(adapter).to_numpy:
-                        copied.append(tuple(tensor.shape)) or original(self, tensor))
+    monkeypatch.setattr(
+        type(adapter),
+        "to_numpy",
+        lambda self, tensor, original=type(adapter).to_numpy: (
+            copied.append(tuple(tensor.shape)) or original(self, tensor)
+        ),
+    )
     inputs = {tid: trace.value(tid) for tid in linear.inputs if trace.tensors[tid].leaf == "input:0"}
     replayed = run.live.replay("candidate", [linear.index, norm.index], inputs)
     assert (16, 8) not in copied  # the linear weight stayed in the model

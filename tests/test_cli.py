@@ -1,4 +1,5 @@
 """The command line: summaries, tables, JSON, exit codes and bad input."""
+
 import json
 import os
 import pty
@@ -24,7 +25,15 @@ def bisectr_cli(*args, cwd=None):
 def test_trace_prints_sides_outputs_and_verdict(tmp_path):
     done = bisectr_cli("trace", MODELS / "torch_ops.py", "-o", tmp_path / "run", "--no-tui")
     assert done.returncode == 0, done.stderr
-    for text in ("reference", "candidate", "torch", "cpu", "float32", "verdict: match", f"bisectr view {tmp_path / 'run'}"):
+    for text in (
+        "reference",
+        "candidate",
+        "torch",
+        "cpu",
+        "float32",
+        "verdict: match",
+        f"bisectr view {tmp_path / 'run'}",
+    ):
         assert text in done.stdout
     assert json.loads((tmp_path / "run" / "result.json").read_text())["verdict"] == "match"
     viewed = bisectr_cli("view", tmp_path / "run", "--no-tui")
@@ -50,22 +59,41 @@ BAD_FILES = {
     "missing": (None, "no such model file"),
     "no functions": ("x = 1\n", "defines no function reference() for the reference side"),
     "syntax": ("def reference(:\n", "importing the model file raised SyntaxError"),
-    "wrong return": ("def reference():\n    return 3\ndef candidate():\n    return 3\n", "reference() returned int, not (model, inputs)"),
-    "bad inputs": ("import torch\ndef reference():\n    return torch.nn.Linear(2, 2), 5\ncandidate = reference\n",
-                   "inputs that are neither a tuple of positional arguments nor a dict of keyword arguments: int"),
-    "unsupported": ("def reference():\n    return (lambda x: x), ([1.0],)\ncandidate = reference\n",
-                    "cannot tell the framework of the reference side"),
-    "no tensors out": ("import torch\ndef reference():\n    return (lambda x: 3), (torch.ones(2),)\ncandidate = reference\n",
-                       "the reference model returned no tensors"),
-    "outputs unmatched": ("import torch\ndef reference():\n    return (lambda x: (x * 2, x * 3)), (torch.ones(2),)\n"
-                          "def candidate():\n    return (lambda x: x * 2), (torch.ones(2),)\n", "cannot pair the outputs"),
-    "chained cause": ("def reference():\n    try:\n        import no_such_module_xyz\n    except ImportError as exc:\n"
-                      "        raise RuntimeError('cannot build') from exc\ncandidate = reference\n",
-                      "No module named 'no_such_module_xyz' which caused:"),
-    "nan reference": ("import torch\ndef reference():\n    return (lambda x: x / 0 * 0), (torch.ones(2),)\ncandidate = reference\n",
-                      "holds 2 NaN"),
-    "compiled function": ("import torch\ndef reference():\n    return torch.compile(lambda x: x * 2), (torch.ones(2),)\n"
-                          "candidate = reference\n", "is a compiled function"),
+    "wrong return": (
+        "def reference():\n    return 3\ndef candidate():\n    return 3\n",
+        "reference() returned int, not (model, inputs)",
+    ),
+    "bad inputs": (
+        "import torch\ndef reference():\n    return torch.nn.Linear(2, 2), 5\ncandidate = reference\n",
+        "inputs that are neither a tuple of positional arguments nor a dict of keyword arguments: int",
+    ),
+    "unsupported": (
+        "def reference():\n    return (lambda x: x), ([1.0],)\ncandidate = reference\n",
+        "cannot tell the framework of the reference side",
+    ),
+    "no tensors out": (
+        "import torch\ndef reference():\n    return (lambda x: 3), (torch.ones(2),)\ncandidate = reference\n",
+        "the reference model returned no tensors",
+    ),
+    "outputs unmatched": (
+        "import torch\ndef reference():\n    return (lambda x: (x * 2, x * 3)), (torch.ones(2),)\n"
+        "def candidate():\n    return (lambda x: x * 2), (torch.ones(2),)\n",
+        "cannot pair the outputs",
+    ),
+    "chained cause": (
+        "def reference():\n    try:\n        import no_such_module_xyz\n    except ImportError as exc:\n"
+        "        raise RuntimeError('cannot build') from exc\ncandidate = reference\n",
+        "No module named 'no_such_module_xyz' which caused:",
+    ),
+    "nan reference": (
+        "import torch\ndef reference():\n    return (lambda x: x / 0 * 0), (torch.ones(2),)\ncandidate = reference\n",
+        "holds 2 NaN",
+    ),
+    "compiled function": (
+        "import torch\ndef reference():\n    return torch.compile(lambda x: x * 2), (torch.ones(2),)\n"
+        "candidate = reference\n",
+        "is a compiled function",
+    ),
 }
 
 
@@ -113,19 +141,36 @@ SPAN_HEAD = EXAMPLES / "span_head.py"
 
 def test_trace_in_a_pipe_prints_the_verdict_first_and_whole_table_cells(tmp_path):
     """Off a terminal, even with COLUMNS=80, tables keep their natural width: no cell is cut (`encoder.layer…`)."""
-    done = subprocess.run([sys.executable, "-m", "bisectr", "trace", str(SPAN_HEAD), "--ops", "--alignment", "--no-tui",
-                           "-o", str(tmp_path / "run")], capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bisectr",
+            "trace",
+            str(SPAN_HEAD),
+            "--ops",
+            "--alignment",
+            "--no-tui",
+            "-o",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "…" not in done.stdout
-    order = [next(i for i, line in enumerate(lines) if line.startswith(title))
-             for title in ("verdict: noise", "Sides", "Outputs", "Alignment (candidate", "Ops (candidate", "run saved in")]
+    order = [
+        next(i for i, line in enumerate(lines) if line.startswith(title))
+        for title in ("verdict: noise", "Sides", "Outputs", "Alignment (candidate", "Ops (candidate", "run saved in")
+    ]
     assert order == sorted(order)
-    ops = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines[order[4]:] if line.startswith("│ ")]
+    ops = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines[order[4] :] if line.startswith("│ ")]
     assert len(ops) == len(json.loads((tmp_path / "run" / "result.json").read_text())["profile"]) == 71
     query = next(row for row in ops if row[2] == "encoder.layers.0.attn.q_proj")
     assert query[1] == "linear" and query[3].startswith("examples/_paddle_blocks.py:")
-    assert max(map(len, lines[order[4]:order[5]])) > 80
+    assert max(map(len, lines[order[4] : order[5]])) > 80
 
 
 def test_trace_format_tsv_prints_one_table_at_full_precision(tmp_path):
@@ -138,7 +183,9 @@ def test_trace_format_tsv_prints_one_table_at_full_precision(tmp_path):
     assert len(rows) == len(profile) == 71
     for row, measured in zip(rows, profile):
         assert int(row[0]) == measured["index"] and row[1] == measured["op"] and row[8] == measured["verdict"]
-        assert [float(v) for v in row[4:8]] == [measured[k] for k in ("mean_abs", "max_abs", "output_error", "local_error")]
+        assert [float(v) for v in row[4:8]] == [
+            measured[k] for k in ("mean_abs", "max_abs", "output_error", "local_error")
+        ]
     assert max(float(row[5]) for row in rows) > 1e-3  # the amplified span logits
 
     done = bisectr_cli("trace", SPAN_HEAD, "--alignment", "--format", "tsv", "-o", run_dir)
@@ -147,7 +194,8 @@ def test_trace_format_tsv_prints_one_table_at_full_precision(tmp_path):
     assert header == ["cand op", "ref op", "op", "candidate module", "reference module", "confidence", "why"]
     run = load(run_dir)
     assert [(int(c), int(r), op) for c, r, op, *_ in rows] == [
-        (p.candidate, p.reference, run.candidate.ops[p.candidate].op) for p in run.alignment.pairs]
+        (p.candidate, p.reference, run.candidate.ops[p.candidate].op) for p in run.alignment.pairs
+    ]
     assert len(rows) == 70
 
 
@@ -178,8 +226,16 @@ def test_version_names_the_libraries_found_and_help_the_model_file():
         found = importlib.util.find_spec(library)
         assert (shown[library] == "not installed") == (found is None), library
     shown = bisectr_cli("--help").stdout
-    for text in ("def reference():", "def candidate():", "returning (model, inputs)", "bisectr trace examples/span_head.py",
-                 "0  match or noise", "1  divergent", "2  usage errors", "3  a bug in bisectr"):
+    for text in (
+        "def reference():",
+        "def candidate():",
+        "returning (model, inputs)",
+        "bisectr trace examples/span_head.py",
+        "0  match or noise",
+        "1  divergent",
+        "2  usage errors",
+        "3  a bug in bisectr",
+    ):
         assert text in shown, text
     assert "exit status:" in bisectr_cli("bisect", "--help").stdout
 
@@ -192,7 +248,10 @@ def test_a_bug_in_bisectr_exits_3_and_points_at_its_traceback(monkeypatch, capsy
     monkeypatch.setattr(report, "print_result", broken)
     assert main(["bisect", str(MODELS / "torch_ops.py")]) == 3
     err = " ".join(capsys.readouterr().err.split())
-    assert f"bisectr: internal error: KeyError: {message!r}" in err and "This is a bug in bisectr, not in your model" in err
+    assert (
+        f"bisectr: internal error: KeyError: {message!r}" in err
+        and "This is a bug in bisectr, not in your model" in err
+    )
     log = Path(re.search(r"Its traceback is in (\S+);", err).group(1))
     try:
         assert "Traceback (most recent call last)" in log.read_text() and "in broken" in log.read_text()
@@ -203,7 +262,9 @@ def test_a_bug_in_bisectr_exits_3_and_points_at_its_traceback(monkeypatch, capsy
 def _output_on_a_terminal(*args) -> str:
     """What `bisectr ARGS` writes to a terminal (a pseudo-terminal as stdout and stderr)."""
     main_end, side_end = pty.openpty()
-    process = subprocess.Popen([sys.executable, "-m", "bisectr", *map(str, args)], stdin=side_end, stdout=side_end, stderr=side_end)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bisectr", *map(str, args)], stdin=side_end, stdout=side_end, stderr=side_end
+    )
     os.close(side_end)
     chunks = []
     while True:
@@ -235,11 +296,17 @@ def test_recording_shows_the_op_count_on_a_terminal_only(tmp_path):
 
 def test_outputs_of_different_shapes_pair_only_through_a_layout_the_values_confirm():
     model = MODELS / "output_layouts.py"
-    transposed = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(model), "--candidate", "candidate_transposed",
-                                 "--json"], capture_output=True, text=True)
+    transposed = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(model), "--candidate", "candidate_transposed", "--json"],
+        capture_output=True,
+        text=True,
+    )
     assert transposed.returncode == 0 and json.loads(transposed.stdout)["verdict"] == "match"
-    reshaped = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(model), "--candidate", "candidate_reshaped"],
-                              capture_output=True, text=True)
+    reshaped = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(model), "--candidate", "candidate_reshaped"],
+        capture_output=True,
+        text=True,
+    )
     assert reshaped.returncode == 2 and "Traceback" not in reshaped.stderr
     assert "shape [2, 4] in the reference but 'output' has [4, 2]" in reshaped.stderr
     assert "no layout of the candidate's values matches" in reshaped.stderr

@@ -5,6 +5,7 @@ difference, the op of its graph, the compiler step, and the proof with that modu
 
 Inductor compiles for the CPU here with the system's C++ compiler: each model takes 15-60 s.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,13 @@ TIMEOUT_S = 300
 
 
 def bisect(model, *options: str, **env: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(model), "--json", *options],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **env})
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(model), "--json", *options],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**os.environ, **env},
+    )
     assert done.returncode in (0, 1), done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert_verdict_contract(result)
@@ -66,7 +72,10 @@ def test_a_wrong_decomposition_is_named_by_module_op_line_and_compiler_step():
     compiled = result["culprit"]["compiled"]
     assert compiled["backend"] == "inductor"
     assert compiled["module"] == "model.layers.0.input_layernorm" and compiled["module_class"] == "LlamaRMSNorm"
-    assert compiled["op"] == "Tensor.mean" and line_text(compiled["source"]) == "variance = hidden_states.pow(2).mean(-1, keepdim=True)"
+    assert (
+        compiled["op"] == "Tensor.mean"
+        and line_text(compiled["source"]) == "variance = hidden_states.pow(2).mean(-1, keepdim=True)"
+    )
     assert 0.014 < compiled["op_error"] < 0.018  # 1/63 of the mean
     assert compiled["step"] == "aot_eager_decomp_partition, decomposition"
     assert compiled["step_detail"] == "applied to aten.mean.dim"
@@ -76,7 +85,9 @@ def test_a_wrong_decomposition_is_named_by_module_op_line_and_compiler_step():
     assert compiled["confirmed_error"] < 1e-6 < compiled["error"]
     from bisectr.measure.result import Result
 
-    assert Result.from_dict(result).culprit.compiled.module == "model.layers.0.input_layernorm"  # as a saved run reads it
+    assert (
+        Result.from_dict(result).culprit.compiled.module == "model.layers.0.input_layernorm"
+    )  # as a saved run reads it
     assert compiled["compiles"] <= 30
 
 
@@ -88,7 +99,10 @@ def test_a_compiled_port_against_a_paddle_reference_answers_as_the_eager_port_do
     compiled = result["culprit"]["compiled"]
     assert compiled["module"] == "layers.0.ffn" and compiled["op"] == "nn.functional.gelu"
     assert line_text(compiled["source"]) == "h = F.gelu(h)"
-    assert compiled["step"] == "aot_eager_decomp_partition, decomposition" and compiled["step_detail"] == "applied to aten.gelu.default"
+    assert (
+        compiled["step"] == "aot_eager_decomp_partition, decomposition"
+        and compiled["step_detail"] == "applied to aten.gelu.default"
+    )
     assert compiled["confirmed"] and len(compiled["eager_modules"]) == 4
     assert len(compiled["eager_ops"]) == 1  # the paddle reference's gelu in layers.0.ffn
 
@@ -111,7 +125,7 @@ def test_the_example_names_the_branch_only_compiled_code_takes(tmp_path):
     assert bisect(example, "--candidate", "candidate_fixed")["verdict"] == "noise"
 
 
-MLP_STACK = '''
+MLP_STACK = """
 import torch
 
 def _model():
@@ -126,7 +140,7 @@ def candidate():
     model, inputs = _model()
     COMPILE
     return model, inputs
-'''
+"""
 
 
 @pytest.mark.parametrize("compile_block", ["model[1] = torch.compile(model[1])", "model[1].compile()"])
@@ -152,4 +166,6 @@ def test_a_backend_without_float64_leaves_the_float64_check_unable_to_tell_and_n
     [narrow] = check["narrow_ops"]["candidate"]
     assert narrow.startswith("compiled (run at its recorded dtypes: in float64 it raised BackendCompilerFailed")
     assert result["verdict"] == "divergent" and result["culprit"] is None and result["output_error"]["max_rel"] < 1e-6
-    assert result["bracket"]["why"].startswith("rounding does not explain the outputs' error: the float64 check did not run")
+    assert result["bracket"]["why"].startswith(
+        "rounding does not explain the outputs' error: the float64 check did not run"
+    )

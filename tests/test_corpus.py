@@ -1,6 +1,7 @@
 """The regression corpus (`tests/corpus.py`): every pair keeps its verdict and culprit, its culprit
 confirmed, its re-runs within ceil(log2 ops) + 3, a correct port aligned and uncontradicted
 (`benchmarks/corpus.py` judges each run)."""
+
 import importlib.util
 import sys
 

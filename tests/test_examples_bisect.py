@@ -1,4 +1,5 @@
 """`bisectr bisect --json` on every example: the verdict and culprit its docstring promises."""
+
 import json
 import math
 import os
@@ -12,8 +13,11 @@ from conftest import EXAMPLES, assert_verdict_contract
 
 
 def bisect_json(name, *args):
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / name), "--json", *args],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / name), "--json", *args],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode in (0, 1), done.stderr
     result = json.loads(done.stdout)
     assert done.returncode == (1 if result["verdict"] == "divergent" else 0)
@@ -34,8 +38,12 @@ def test_span_head_is_noise_amplified_by_the_span_matmul():
     assert result["verdict"] == "noise"
     assert culprit["op"] == "matmul" and culprit["candidate"]["module"] == "span_head"
     assert culprit_line(result).startswith(("start_logits = paddle.matmul(temp", "end_logits = paddle.matmul(temp"))
-    assert culprit_line(result, "reference").startswith(("start_logits = torch.matmul(temp", "end_logits = torch.matmul(temp"))
-    assert 1e-5 < culprit["input_error"] < 1e-4 and 1e-3 < culprit["output_error"] < 1e-2  # absolute: the growth seed 004 saw
+    assert culprit_line(result, "reference").startswith(
+        ("start_logits = torch.matmul(temp", "end_logits = torch.matmul(temp")
+    )
+    assert (
+        1e-5 < culprit["input_error"] < 1e-4 and 1e-3 < culprit["output_error"] < 1e-2
+    )  # absolute: the growth seed 004 saw
     fp64 = culprit["fp64"]  # both frameworks equally accurate: bit-equal (no oracle needed), or as far from float64
     assert culprit["local_error"] == 0 or fp64["candidate_error"] < 2 * fp64["reference_error"] + 1e-7
 
@@ -81,8 +89,17 @@ def test_float64_cube_root_is_found_by_the_fp64_oracle():
     assert culprit["fp64"]["candidate_error"] > 1e-9 > 1e-14 > culprit["fp64"]["reference_error"]
 
 
-@pytest.mark.parametrize("name", ["correct_port.py", "paddle_vs_torch.py", "paddle_vs_paddle.py", "op_substitution.py",
-                                  "reformer_local_attention.py", "torch_vs_torch_bf16.py"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "correct_port.py",
+        "paddle_vs_torch.py",
+        "paddle_vs_paddle.py",
+        "op_substitution.py",
+        "reformer_local_attention.py",
+        "torch_vs_torch_bf16.py",
+    ],
+)
 def test_correct_ports_are_noise_or_match(name):
     assert bisect_json(name)["verdict"] in ("noise", "match")
 
@@ -109,17 +126,50 @@ def test_repro_reproduces_the_culprit_alone_in_both_frameworks(tmp_path):
 
 def test_reformer_numbered_op_list_replaces_the_hand_numbered_ids(tmp_path):
     """Seeds 001/002 numbered ops by hand and printed `max dif` after each: `trace --ops` does it."""
-    done = subprocess.run([sys.executable, "-m", "bisectr", "trace", str(EXAMPLES / "reformer_local_attention.py"),
-                           "--reference", "reference_trained", "--candidate", "candidate_trained",
-                           "--ops", "--no-tui", "-o", str(tmp_path / "run")],
-                          capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bisectr",
+            "trace",
+            str(EXAMPLES / "reformer_local_attention.py"),
+            "--reference",
+            "reference_trained",
+            "--candidate",
+            "candidate_trained",
+            "--ops",
+            "--no-tui",
+            "-o",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert done.returncode == 0, done.stderr
-    rows = [line.split("│")[1:-1] for line in done.stdout.splitlines() if line.startswith("│ ") and len(line.split("│")) == 11]
+    rows = [
+        line.split("│")[1:-1]
+        for line in done.stdout.splitlines()
+        if line.startswith("│ ") and len(line.split("│")) == 11
+    ]
     rows = [[cell.strip() for cell in row] for row in rows if row[0].strip().isdigit()]
     layer0 = [(name, module) for _, name, module, *_ in rows if module.startswith(("embed", "layers.0"))]
     names = [name for name, _ in layer0]
-    expected = ["embedding", "layer_norm", "linear", "linear", "linear", "div", "matmul", "where", "logsumexp", "exp",
-                "matmul", "linear", "add"]
+    expected = [
+        "embedding",
+        "layer_norm",
+        "linear",
+        "linear",
+        "linear",
+        "div",
+        "matmul",
+        "where",
+        "logsumexp",
+        "exp",
+        "matmul",
+        "linear",
+        "add",
+    ]
     positions = [names.index(expected[0])]
     for name in expected[1:]:  # the seed's ops appear in this order
         positions.append(names.index(name, positions[-1] + 1))
@@ -148,18 +198,24 @@ def test_substituting_the_culprit_removes_a_real_bug():
     assert substitution["before"] > 1e-4 > 1e-5 > substitution["output_error"]
 
 
-@pytest.mark.parametrize("name, reference, candidate, seed_error", [
-    ("deep_stack.py", "reference_trained", "candidate_trained", 3e-4),  # seed 000: logits off by ~3e-4
-    ("reformer_local_attention.py", "reference_12_layers", "candidate_12_layers", None),  # seed 002's depth
-])
+@pytest.mark.parametrize(
+    "name, reference, candidate, seed_error",
+    [
+        ("deep_stack.py", "reference_trained", "candidate_trained", 3e-4),  # seed 000: logits off by ~3e-4
+        ("reformer_local_attention.py", "reference_12_layers", "candidate_12_layers", None),  # seed 002's depth
+    ],
+)
 def test_trained_stacks_are_noise_with_error_growing_layer_by_layer(name, reference, candidate, seed_error):
     result = bisect_json(name, "--reference", reference, "--candidate", candidate)
     assert result["verdict"] == "noise" and result["culprit"]["op"] != "add"
     if seed_error is not None:
         assert seed_error / 3 < result["output_error"]["max_abs"] < seed_error * 3
     blocks = re.compile(r"(blocks|layers)\.\d+$")
-    residual = [row["max_abs"] for row in result["profile"]
-                if row["op"] == "add" and blocks.search(row["module"]) and row["max_abs"] > 0]
+    residual = [
+        row["max_abs"]
+        for row in result["profile"]
+        if row["op"] == "add" and blocks.search(row["module"]) and row["max_abs"] > 0
+    ]
     assert residual[-1] > 10 * residual[0]
     masks = [row for row in result["profile"] if row["op"] == "add" and row["module"].endswith(".attn")]
     if masks:  # the -1e4 mask add's jump is shown (rounding at magnitude 1e4) and not blamed

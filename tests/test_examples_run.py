@@ -4,6 +4,7 @@ Each case loads `examples/NAME.py` the way bisectr does (by path), builds both s
 forwards and checks the relative output difference max|c - r| / max|r| (and for some cases the
 absolute one) against the numbers the example's docstring states. Also tests `bisectr.weights`.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -59,8 +60,9 @@ CASES = [
     Expect("torch_vs_torch_bf16", rel_min=1e-3, rel_max=1e-1),
     Expect("paddle_vs_paddle", rel_max=NOISE),
     Expect("reformer_local_attention", rel_max=NOISE),
-    Expect("reformer_local_attention", "reference_trained", "candidate_trained", rel_min=1e-6, rel_max=1e-4,
-           abs_min=1e-5),
+    Expect(
+        "reformer_local_attention", "reference_trained", "candidate_trained", rel_min=1e-6, rel_max=1e-4, abs_min=1e-5
+    ),
     Expect("op_substitution", rel_min=1e-8, rel_max=NOISE, abs_min=1e-5),
 ]
 
@@ -180,8 +182,9 @@ def test_square_linear_is_transposed_by_type_not_shape():
     assert report.ok and sorted(report.copied) == ["bias", "weight"] and report.transposed == ["weight"]
     np.testing.assert_array_equal(target.weight.numpy(), source.weight.detach().numpy().T)
     x = np.random.RandomState(0).normal(size=(3, 8)).astype("float32")
-    np.testing.assert_allclose(target(paddle.to_tensor(x)).numpy(), source(torch.from_numpy(x)).detach().numpy(),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        target(paddle.to_tensor(x)).numpy(), source(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_square_non_linear_weights_are_not_transposed():
@@ -203,9 +206,11 @@ def test_buffers_are_copied():
 
 def test_report_lists_unmatched_extra_and_mis_shaped_entries():
     source = torch.nn.ModuleDict(
-        {"a": torch.nn.Linear(4, 4), "b": torch.nn.Linear(4, 3), "only_src": torch.nn.Linear(2, 2)})
+        {"a": torch.nn.Linear(4, 4), "b": torch.nn.Linear(4, 3), "only_src": torch.nn.Linear(2, 2)}
+    )
     target = paddle.nn.LayerDict(
-        {"a": paddle.nn.Linear(4, 4), "b": paddle.nn.Linear(4, 5), "only_dst": paddle.nn.Linear(2, 2)})
+        {"a": paddle.nn.Linear(4, 4), "b": paddle.nn.Linear(4, 5), "only_dst": paddle.nn.Linear(2, 2)}
+    )
     report = torch_to_paddle(source, target)
     assert sorted(report.copied) == ["a.bias", "a.weight"]
     assert sorted(report.unmatched) == ["only_src.bias", "only_src.weight"]

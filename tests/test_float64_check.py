@@ -1,6 +1,7 @@
 """The float64 check runs the model in float64 without a float64 copy of the model: an op
 reading a parameter reads a float64 copy made for it and freed after it, whose memory the next
 copy of its shape reuses unless a view of it may still read it."""
+
 import textwrap
 import weakref
 
@@ -42,13 +43,16 @@ def test_the_float64_forward_holds_the_float64_parameters_of_one_op_at_a_time(mo
     assert abs(float64.values["output"] - recorded).max() <= 1e-5 * abs(recorded).max()
 
 
-@pytest.mark.parametrize("model_file, candidate", [
-    ("torch_stack.py", "candidate"),
-    ("transformer_encoder.py", "candidate"),  # nn.TransformerEncoder against its paddle port
-    ("hf_gpt2_paddle.py", "candidate"),  # HF's GPT-2 (reading a mask made from integer positions) vs a paddle port
-    ("paddle_resnet.py", "candidate_bn_eps"),  # BatchNorm buffers
-    ("torch_mha.py", "candidate"),
-])
+@pytest.mark.parametrize(
+    "model_file, candidate",
+    [
+        ("torch_stack.py", "candidate"),
+        ("transformer_encoder.py", "candidate"),  # nn.TransformerEncoder against its paddle port
+        ("hf_gpt2_paddle.py", "candidate"),  # HF's GPT-2 (reading a mask made from integer positions) vs a paddle port
+        ("paddle_resnet.py", "candidate_bn_eps"),  # BatchNorm buffers
+        ("torch_mha.py", "candidate"),
+    ],
+)
 def test_the_recorded_calls_in_float64_compute_what_the_model_code_does_in_float64(model_file, candidate, tmp_path):
     run = bisectr.trace(MODELS / model_file, "reference", candidate, out=tmp_path / "run")
     for role, side in run.live.runners.items():
@@ -77,7 +81,12 @@ def test_the_released_float64_copies_kept_hold_at_most_four_times_the_largest():
         addresses[rows] = adapter.data_address(copy)
         copies.release(copy)
         assert copies.kept_bytes <= 4 * copies.largest == 4 * rows * 64 * 8
-    assert [key[0] for _, key, _ in copies.kept.values()] == [(17, 64), (18, 64), (19, 64), (20, 64)]  # the oldest dropped
+    assert [key[0] for _, key, _ in copies.kept.values()] == [
+        (17, 64),
+        (18, 64),
+        (19, 64),
+        (20, 64),
+    ]  # the oldest dropped
     again = copies.make(torch.full((20, 64), 7.0), "param:again")  # a kept shape: cast into its memory
     assert adapter.data_address(again) == addresses[20] and bool((again == 7.0).all())
 

@@ -1,6 +1,7 @@
 """An op without a float64 kernel (torch's `_grouped_mm`, paddle's `fused_rms_norm` on CPU) runs at its
 recorded dtype in the float64 check and is listed below float64; the fp64 oracle of such an op is
 missing, and says why. Neither is a crash, nor blamed on the model."""
+
 import importlib.metadata
 import json
 import math
@@ -31,7 +32,7 @@ def _grouped_experts_in_float64(side, tanh: bool) -> np.ndarray:
     groups = [slice(start, end) for start, end in zip([0, *model.offsets.tolist()], model.offsets.tolist())]
     h = np.concatenate([x[rows] @ up[g] for g, rows in enumerate(groups)])
     if tanh:
-        h = 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
+        h = 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
     else:
         h = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
     return np.concatenate([h[rows] @ down[g] for g, rows in enumerate(groups)])
@@ -98,7 +99,9 @@ def test_an_isolated_side_runs_its_grouped_products_at_float32_too():
 
 def test_an_op_without_a_float64_kernel_has_no_oracle_and_says_why(tmp_path):
     run = bisectr.trace(NO_FLOAT64, "reference", "candidate_expert_weights", out=tmp_path / "run")
-    with pytest.raises(CannotUpcast, match=f"{GROUPED_MM} cannot run in float64 \\(it raised RuntimeError: Expected mat_a"):
+    with pytest.raises(
+        CannotUpcast, match=f"{GROUPED_MM} cannot run in float64 \\(it raised RuntimeError: Expected mat_a"
+    ):
         run.live.replay("reference", [0], {}, float64=True)
     values = {tid: run.reference.value(tid) for tid in run.reference.ops[0].inputs if run.reference.has_value(tid)}
     upstream = {run.reference.ops[0].outputs[0]: np.ones((24, 32))}
@@ -114,9 +117,11 @@ def test_an_op_that_writes_in_place_and_has_no_float64_kernel_skips_the_check_na
     assert_verdict_contract(result)
     check = result["fp64_check"]
     assert check["status"] == "skipped"
-    assert check["reason"] == ("the candidate cannot run in float64: _experts.<locals>.ExactGeluInPlace.apply cannot run "
-                               "in float64 (it raised TypeError: ExactGeluInPlace takes float32 only, got torch.float64), "
-                               "and it writes in place: it cannot run at its recorded dtypes on a copy")
+    assert check["reason"] == (
+        "the candidate cannot run in float64: _experts.<locals>.ExactGeluInPlace.apply cannot run "
+        "in float64 (it raised TypeError: ExactGeluInPlace takes float32 only, got torch.float64), "
+        "and it writes in place: it cannot run at its recorded dtypes on a copy"
+    )
     assert result["verdict"] == "divergent" and result["confirmation"]["confirmed"]
     assert result["culprit"]["candidate"]["op"] == "_experts.<locals>.ExactGeluInPlace.apply"
 
@@ -129,24 +134,49 @@ def test_paddles_fused_rms_norm_runs_at_float32_and_the_port_is_noise():
     assert check["status"] == "agree" and 1e-8 < check["float64_error"] < 3e-7  # the fused norm's float32 rounding
     assert check["narrow_ops"].keys() == {"candidate"}
     [listed] = check["narrow_ops"]["candidate"]
-    assert listed.startswith("_C_ops.fused_rms_norm_quant (run at float32: in float64 it raised RuntimeError: (NotFound) "
-                             "The kernel with key (CPU, Undefined(AnyLayout), float64) of kernel `fused_rms_norm_quant` "
-                             "is not registered")
+    assert listed.startswith(
+        "_C_ops.fused_rms_norm_quant (run at float32: in float64 it raised RuntimeError: (NotFound) "
+        "The kernel with key (CPU, Undefined(AnyLayout), float64) of kernel `fused_rms_norm_quant` "
+        "is not registered"
+    )
 
 
 def test_a_culprit_whose_reference_has_no_float64_kernel_is_judged_by_its_local_error_and_says_so():
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(NO_FLOAT64), "--reference", "fused_rms_norm",
-                           "--candidate", "rms_norm_wide_eps"], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bisectr",
+            "bisect",
+            str(NO_FLOAT64),
+            "--reference",
+            "fused_rms_norm",
+            "--candidate",
+            "rms_norm_wide_eps",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1, done.stderr
-    assert ("  vs fp64: no oracle (_C_ops.fused_rms_norm_quant cannot run in float64 (it raised RuntimeError: (NotFound) "
-            "The kernel with key (CPU, Undefined(AnyLayout), float64) of kernel `fused_rms_norm_quant` is not registered.") \
-        in done.stdout
+    assert (
+        "  vs fp64: no oracle (_C_ops.fused_rms_norm_quant cannot run in float64 (it raised RuntimeError: (NotFound) "
+        "The kernel with key (CPU, Undefined(AnyLayout), float64) of kernel `fused_rms_norm_quant` is not registered."
+    ) in done.stdout
     result = bisectr.bisect(NO_FLOAT64, "fused_rms_norm", "rms_norm_wide_eps").to_dict()
     assert_verdict_contract(result)
     culprit = result["culprit"]
     assert result["verdict"] == "divergent" and result["confirmation"]["confirmed"]
-    assert culprit["reference"]["op"] == "_C_ops.fused_rms_norm_quant" and culprit["block"]["candidate"] == [0, 1, 2, 3, 4, 5]
-    assert culprit["fp64"] is None and culprit["fp64_unavailable"].startswith("_C_ops.fused_rms_norm_quant cannot run in float64")
+    assert culprit["reference"]["op"] == "_C_ops.fused_rms_norm_quant" and culprit["block"]["candidate"] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
+    assert culprit["fp64"] is None and culprit["fp64_unavailable"].startswith(
+        "_C_ops.fused_rms_norm_quant cannot run in float64"
+    )
     assert 0.005 < culprit["local_error"] < 0.02 and culprit["verdict"] == "different"  # epsilon 1e-2 against 1e-6
 
 
@@ -154,7 +184,8 @@ def test_a_culprit_whose_reference_has_no_float64_kernel_is_judged_by_its_local_
 
 needs_grouped_experts = pytest.mark.skipif(
     int(importlib.metadata.version("transformers").split(".")[0]) < 5,
-    reason="transformers 5 runs Mixtral's experts with grouped matrix products")
+    reason="transformers 5 runs Mixtral's experts with grouped matrix products",
+)
 
 
 @needs_grouped_experts
@@ -165,8 +196,11 @@ def test_mixtral_against_itself_is_a_match():
 
 @needs_grouped_experts
 def test_mixtral_with_one_experts_gelu_is_divergent_at_that_layers_experts_confirmed():
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MIXTRAL), "--candidate", "candidate_expert_gelu",
-                           "--json"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(MIXTRAL), "--candidate", "candidate_expert_gelu", "--json"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1, done.stderr
     result = json.loads(done.stdout)
     assert_verdict_contract(result)
@@ -178,8 +212,9 @@ def test_mixtral_with_one_experts_gelu_is_divergent_at_that_layers_experts_confi
     assert confirmation["confirmed"] and confirmation["output_error"] < 1e-6 < 1e-3 < confirmation["before"]
     assert check["status"] == "disagree" and 1e-3 < check["float64_error"] < 3e-3 and check["predicted"] < 1e-6
     for role in ("reference", "candidate"):
-        assert [op.split(" (x2; ")[0] for op in check["narrow_ops"][role]] == \
-            [f"{GROUPED_MM} in model.layers.{layer}.mlp.experts" for layer in (0, 1)]
+        assert [op.split(" (x2; ")[0] for op in check["narrow_ops"][role]] == [
+            f"{GROUPED_MM} in model.layers.{layer}.mlp.experts" for layer in (0, 1)
+        ]
         assert all(GROUPED_MM_RAISED in op for op in check["narrow_ops"][role])
 
 
@@ -192,5 +227,8 @@ def test_mixtrals_float64_runs_agree_on_the_recorded_calls_and_the_models_code(t
         replayed, replayed_calls = float64_replay(side.side.adapter, side.trace, side.recorded, {})
         own, own_calls = float64_forward(side.side, side.trace, {})
         assert np.array_equal(replayed["logits"], own["logits"]) and own["logits"].dtype == np.float64, role
-        assert replayed_calls.narrow == own_calls.narrow == {f"{GROUPED_MM} in model.layers.{layer}.mlp.experts": 2
-                                                             for layer in (0, 1)}
+        assert (
+            replayed_calls.narrow
+            == own_calls.narrow
+            == {f"{GROUPED_MM} in model.layers.{layer}.mlp.experts": 2 for layer in (0, 1)}
+        )

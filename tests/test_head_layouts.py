@@ -2,6 +2,7 @@
 attention) against a hand port loaded through a converter (`tests/models/hf_qwen2_gqa_ports.py`): the
 leaf named and described by which heads or rows went where, every layer one cause, confirmed by giving
 the candidate the reference's layout; the correct converters agree."""
+
 import math
 
 import pytest
@@ -30,12 +31,18 @@ def test_kv_heads_tiled_by_the_converter_are_the_k_and_v_weights_of_every_layer(
     assert result["verdict"] == "divergent" and culprit["kind"] == "leaf"
     assert culprit["leaf"] == "model.layers.0.self_attn.k_proj.weight"
     # Heads h0 h1 h0 h1 where the port's query heads, grouped in order, read h0 h0 h1 h1.
-    assert culprit["description"] == ("blocks repeated along axis 0: holds the reference's blocks of 16 in order "
-                                      "[0, 1, 0, 1] where its ops read them in order [0, 0, 1, 1]")
+    assert culprit["description"] == (
+        "blocks repeated along axis 0: holds the reference's blocks of 16 in order "
+        "[0, 1, 0, 1] where its ops read them in order [0, 0, 1, 1]"
+    )
     assert culprit["layout"].endswith("each row 2 times of axis 0 of the candidate's [64, 64]")
-    assert [r["module"] for r in result["recurrences"]] == [f"model.layers.{n}.self_attn.{p}_proj" for n in range(3) for p in "kv"]
+    assert [r["module"] for r in result["recurrences"]] == [
+        f"model.layers.{n}.self_attn.{p}_proj" for n in range(3) for p in "kv"
+    ]
     different = [p["candidate"] for p in result["leaves"]["pairs"] if p["status"] == "different"]
-    assert different == [f"param:model.layers.{n}.self_attn.{p}_proj.{w}" for n in range(3) for p in "kv" for w in ("weight", "bias")]
+    assert different == [
+        f"param:model.layers.{n}.self_attn.{p}_proj.{w}" for n in range(3) for p in "kv" for w in ("weight", "bias")
+    ]
     assert not result["leaves"]["unpaired"][:-1]  # only the reference's unread rotary table
     assert confirmation["confirmed"] and confirmation["leaves"] == 12
     assert 0.7 < confirmation["before"] < 0.85 and confirmation["output_error"] < 1e-6
@@ -49,8 +56,10 @@ def test_kv_heads_tiled_are_named_where_no_value_equals_the_references_bit_for_b
     result = bisect(GQA, "candidate_kv_heads_tiled_rounded_otherwise")
     culprit, confirmation = result["culprit"], result["confirmation"]
     assert result["verdict"] == "divergent" and culprit["leaf"] == "model.layers.0.self_attn.k_proj.weight"
-    assert culprit["description"] == ("blocks repeated along axis 0: holds the reference's blocks of 16 in order "
-                                      "[0, 1, 0, 1] where its ops read them in order [0, 0, 1, 1]")
+    assert culprit["description"] == (
+        "blocks repeated along axis 0: holds the reference's blocks of 16 in order "
+        "[0, 1, 0, 1] where its ops read them in order [0, 0, 1, 1]"
+    )
     assert len(result["recurrences"]) == 6
     assert confirmation["confirmed"] and confirmation["leaves"] == 12 and confirmation["output_error"] < 1e-5
     correct = bisect(GQA, "candidate_kv_heads_expanded_rounded_otherwise")
@@ -62,7 +71,11 @@ def test_q_and_k_rows_permuted_for_the_other_rotary_convention_say_which_row_eac
     result = bisect(GQA, "candidate_rotary_rows_permuted")
     culprit = result["culprit"]
     assert result["verdict"] == "divergent" and culprit["leaf"] == "model.layers.0.self_attn.q_proj.weight"
-    assert culprit["description"] == ("rows permuted within each block of 16 along axis 0: each holds the reference's rows "
-                                      "[0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15]")
-    assert [r["module"] for r in result["recurrences"]] == [f"model.layers.{n}.self_attn.{p}_proj" for n in range(3) for p in "qk"]
+    assert culprit["description"] == (
+        "rows permuted within each block of 16 along axis 0: each holds the reference's rows "
+        "[0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15]"
+    )
+    assert [r["module"] for r in result["recurrences"]] == [
+        f"model.layers.{n}.self_attn.{p}_proj" for n in range(3) for p in "qk"
+    ]
     assert result["confirmation"]["confirmed"] and result["confirmation"]["output_error"] < 1e-6

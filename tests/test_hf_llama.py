@@ -1,4 +1,5 @@
 """Hugging Face Llama vs PaddleFormers' Llama (`examples/hf_llama.py`), and the state-dict weight copies it uses."""
+
 import json
 import math
 import subprocess
@@ -54,10 +55,26 @@ def test_a_state_dict_is_no_destination():
 
 # ---------------------------------------------------------------- the example (needs transformers and paddleformers)
 
+
 def bisect_hf_llama(hf_python: str, candidate: str, *options: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / "hf_llama.py"), "--json",
-                           "--candidate", candidate, "--isolate", "--reference-python", hf_python, *options],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bisectr",
+            "bisect",
+            str(EXAMPLES / "hf_llama.py"),
+            "--json",
+            "--candidate",
+            candidate,
+            "--isolate",
+            "--reference-python",
+            hf_python,
+            *options,
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode in (0, 1), done.stderr
     result = json.loads(done.stdout)
     assert_verdict_contract(result)
@@ -74,8 +91,10 @@ def test_the_right_weights_are_noise(hf_python):
     # `paddle.where` builds in float32 from Python numbers (0 and the most negative value: nothing to round).
     check = result["fp64_check"]
     assert check["float64_error"] < 1e-10
-    assert check["narrow_ops"] == {"candidate": ["_C_ops.expand in model (x2)", "_C_ops.where in model"] + [
-        f"Tensor.__getitem__ in model.layers.{layer}.self_attn" for layer in range(4)]}
+    assert check["narrow_ops"] == {
+        "candidate": ["_C_ops.expand in model (x2)", "_C_ops.where in model"]
+        + [f"Tensor.__getitem__ in model.layers.{layer}.self_attn" for layer in range(4)]
+    }
     assert result["ops"]["aligned"] >= 0.9 * result["ops"]["candidate"]
 
 

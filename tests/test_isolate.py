@@ -1,4 +1,5 @@
 """`--isolate`: each side in its own worker process, with the same results and errors as in-process."""
+
 import json
 import os
 import pickle
@@ -22,8 +23,13 @@ from conftest import EXAMPLES, MODELS
 
 
 def bisectr_cli(*args, env=None, cwd=None):
-    return subprocess.run([sys.executable, "-m", "bisectr", *map(str, args)], capture_output=True, text=True,
-                          env=None if env is None else {**os.environ, **env}, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "bisectr", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=None if env is None else {**os.environ, **env},
+        cwd=cwd,
+    )
 
 
 def make_interpreter(directory: Path, hide: tuple[str, ...] | None = None) -> str:
@@ -35,7 +41,8 @@ def make_interpreter(directory: Path, hide: tuple[str, ...] | None = None) -> st
         own = Path(sysconfig.get_path("purelib", vars={"base": str(directory), "platbase": str(directory)}))
         (own / "_overlay.pth").write_text(
             f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
-            f"import sys; sys.modules.update(dict.fromkeys({list(hide)!r}))\n")
+            f"import sys; sys.modules.update(dict.fromkeys({list(hide)!r}))\n"
+        )
     return str(directory / "bin" / "python")
 
 
@@ -52,8 +59,10 @@ def test_isolated_bisect_gives_the_in_process_result(example):
 
 
 def test_isolated_recording_writes_the_same_run_directory(tmp_path):
-    runs = [bisectr.trace(EXAMPLES / "untransposed_weight.py", out=tmp_path / name, isolate=isolate)
-            for name, isolate in (("in_process", False), ("isolated", True))]
+    runs = [
+        bisectr.trace(EXAMPLES / "untransposed_weight.py", out=tmp_path / name, isolate=isolate)
+        for name, isolate in (("in_process", False), ("isolated", True))
+    ]
     ids = [run.run_id.encode() for run in runs]  # each file names its own run
     for side in ("reference", "candidate"):
         for name in ("trace.json", "tensors.bin"):
@@ -119,13 +128,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize("model_text, model_name", [
-    pytest.param(None, "torch_raises.py", id="exception in the user's forward"),
-    pytest.param("def reference():\n    return 3\ndef candidate():\n    return 3\n", "wrong_return.py",
-                 id="model file error"),
-    pytest.param("import torch\ndef reference():\n    return (lambda x: x / 0 * 0), (torch.ones(2),)\n"
-                 "candidate = reference\n", "nan_reference.py", id="NaN reference output"),
-])
+@pytest.mark.parametrize(
+    "model_text, model_name",
+    [
+        pytest.param(None, "torch_raises.py", id="exception in the user's forward"),
+        pytest.param(
+            "def reference():\n    return 3\ndef candidate():\n    return 3\n", "wrong_return.py", id="model file error"
+        ),
+        pytest.param(
+            "import torch\ndef reference():\n    return (lambda x: x / 0 * 0), (torch.ones(2),)\n"
+            "candidate = reference\n",
+            "nan_reference.py",
+            id="NaN reference output",
+        ),
+    ],
+)
 def test_errors_in_workers_are_reported_as_in_process(tmp_path, capsys, model_text, model_name):
     path = MODELS / model_name
     if model_text is not None:
@@ -147,7 +164,9 @@ def test_a_departing_rerun_raises_trace_mismatch_and_the_worker_keeps_serving(mo
     result = run.live.ask("candidate", Rerun({doubled: np.full(4, 3.0, np.float32)}, {doubled}))
     np.testing.assert_array_equal(result.outputs["output"], np.exp(np.full(4, 3.0, np.float32)))
     np.testing.assert_array_equal(result.captured[doubled], 3.0)
-    call = run.live.ask("candidate", RecordedCall(0))  # y = x * 2: the arguments come back, the function stays in the worker
+    call = run.live.ask(
+        "candidate", RecordedCall(0)
+    )  # y = x * 2: the arguments come back, the function stays in the worker
     assert isinstance(call.args[0], Slot) and call.args[1:] == (2,)
     with pytest.raises(BisectrError, match="lives in its side's worker"):
         call.fn()

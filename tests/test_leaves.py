@@ -1,6 +1,7 @@
 """Parameters and buffers on pairs built from public libraries: paired across layouts (transposes,
 slices of a fused parameter, tied and frozen weights), compared before any op is blamed, described
 when they differ, and rounding when they are the reference's rounded to a lower dtype."""
+
 import json
 import subprocess
 import sys
@@ -24,7 +25,10 @@ def assert_leaf_culprit(result: dict, leaf: str, description: str) -> None:
     culprit = result["culprit"]
     assert result["verdict"] == "divergent" and culprit["kind"] == "leaf"
     assert culprit["leaf"] == leaf and culprit["description"].startswith(description)
-    assert result["confirmation"]["confirmed"] and result["confirmation"]["output_error"] < result["confirmation"]["before"] / 2
+    assert (
+        result["confirmation"]["confirmed"]
+        and result["confirmation"]["output_error"] < result["confirmation"]["before"] / 2
+    )
 
 
 def test_a_llama_cast_whole_to_bfloat16_is_rounding_with_its_weights_only_rounded():
@@ -32,7 +36,11 @@ def test_a_llama_cast_whole_to_bfloat16_is_rounding_with_its_weights_only_rounde
     check = result["fp64_check"]
     assert result["verdict"] == "noise" and 1e-3 < result["output_error"]["max_rel"] < 5e-2
     assert statuses(result) == {"rounded": 40}
-    never_read = {"side": "candidate", "name": "buffer:model.rotary_emb.original_inv_freq", "reason": "no op of the forward reads it"}
+    never_read = {
+        "side": "candidate",
+        "name": "buffer:model.rotary_emb.original_inv_freq",
+        "reason": "no op of the forward reads it",
+    }
     assert result["leaves"]["unpaired"] == [never_read, {**never_read, "side": "reference"}]
     assert "2 never read" in result["leaves"]["summary"] and "unpaired" not in result["leaves"]["summary"]
     assert "rounded to bfloat16" in result["leaves"]["summary"]
@@ -61,7 +69,11 @@ def test_resnet_whose_converter_left_every_batch_norm_statistic_at_defaults_is_a
     listed = [r["module"] for r in result["recurrences"]]
     assert len(listed) == 20 and listed[0] == "bn1" and len(set(listed)) == 20
     assert result["confirmation"]["leaves"] == 40  # every mean and variance, given back together
-    different = {p["candidate"].rpartition(".")[2]: p["description"] for p in result["leaves"]["pairs"] if p["status"] == "different"}
+    different = {
+        p["candidate"].rpartition(".")[2]: p["description"]
+        for p in result["leaves"]["pairs"]
+        if p["status"] == "different"
+    }
     assert different == {"running_mean": "all zeros", "running_var": "all ones"}
 
 
@@ -94,28 +106,49 @@ def test_gpt2_against_a_paddle_linear_port_pairs_all_52_parameters_and_finds_a_f
 
 def test_constant_leaves_are_not_paired_by_their_values():
     """Every LayerNorm bias starts at zero: equal values say nothing about which leaf is which."""
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / "paddle_vs_paddle.py"), "--json"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / "paddle_vs_paddle.py"), "--json"],
+        capture_output=True,
+        text=True,
+    )
     pairs = {p["candidate"]: p["reference"] for p in json.loads(done.stdout)["leaves"]["pairs"]}
     assert pairs["param:layers.0.out_weight"] == "param:layers.0.attn.out_proj.weight"
     assert pairs["param:layers.1.fc2_weight"] == "param:layers.1.ffn.fc2.weight"
     assert not any(name.endswith(("norm1_bias", "norm2_bias", "out_bias")) for name in pairs)
 
 
-@pytest.mark.parametrize("make, dtype, status, description", [
-    (lambda w: w.astype(np.float16).astype(np.float32), "float16", "rounded", "the reference's rounded to float16"),
-    # a checkpoint saved in a narrower dtype, loaded into float32
-    (lambda w: w.astype(np.float16).astype(np.float32), "float32", "rounded", "the reference's rounded to float16, held in float32"),
-    (lambda w: rounded_to(w, "bfloat16"), "float32", "rounded", "the reference's rounded to bfloat16, held in float32"),
-    (lambda w: rounded_to(w, "bfloat16") * np.float32(1 + 2 ** -20), "float32", "different", "values differ"),
-    (lambda w: np.zeros_like(w), "float32", "different", "all zeros"),
-    (lambda w: np.ones_like(w), "float32", "different", "all ones"),
-    (lambda w: w * 1.1, "float32", "different", "scaled by 1.1"),
-    (lambda w: w + 1, "float32", "different", "offset by 1 (1 + w)"),
-    (lambda w: w.T.copy(), "float32", "different", "transposed"),
-    (lambda w: np.concatenate([w[4:], w[:4]]), "float32", "different", "blocks permuted along axis 0: the reference's blocks of 4 in order [1, 0]"),
-    (lambda w: w + np.eye(8, dtype=np.float32) * 0.5, "float32", "different", "values differ (max rel"),
-])
+@pytest.mark.parametrize(
+    "make, dtype, status, description",
+    [
+        (lambda w: w.astype(np.float16).astype(np.float32), "float16", "rounded", "the reference's rounded to float16"),
+        # a checkpoint saved in a narrower dtype, loaded into float32
+        (
+            lambda w: w.astype(np.float16).astype(np.float32),
+            "float32",
+            "rounded",
+            "the reference's rounded to float16, held in float32",
+        ),
+        (
+            lambda w: rounded_to(w, "bfloat16"),
+            "float32",
+            "rounded",
+            "the reference's rounded to bfloat16, held in float32",
+        ),
+        (lambda w: rounded_to(w, "bfloat16") * np.float32(1 + 2**-20), "float32", "different", "values differ"),
+        (lambda w: np.zeros_like(w), "float32", "different", "all zeros"),
+        (lambda w: np.ones_like(w), "float32", "different", "all ones"),
+        (lambda w: w * 1.1, "float32", "different", "scaled by 1.1"),
+        (lambda w: w + 1, "float32", "different", "offset by 1 (1 + w)"),
+        (lambda w: w.T.copy(), "float32", "different", "transposed"),
+        (
+            lambda w: np.concatenate([w[4:], w[:4]]),
+            "float32",
+            "different",
+            "blocks permuted along axis 0: the reference's blocks of 4 in order [1, 0]",
+        ),
+        (lambda w: w + np.eye(8, dtype=np.float32) * 0.5, "float32", "different", "values differ (max rel"),
+    ],
+)
 def test_a_leaf_comparison_says_how_it_differs(make, dtype, status, description):
     weight = np.random.default_rng(0).normal(size=(8, 8)).astype(np.float32)
     found, text, _ = compare(weight, make(weight), dtype, "float32")
@@ -134,7 +167,9 @@ def test_paddleformers_fused_qwen2_pairs_q_k_v_inside_qkv_proj_and_is_noise(hf_p
     parts = [p for p in result["leaves"]["pairs"] if p["candidate"] == "param:model.layers.0.self_attn.qkv_proj.bias"]
     assert {p["reference"].rpartition(".")[0].rpartition(".")[2] for p in parts} == {"q_proj", "k_proj", "v_proj"}
     assert statuses(result) == {"equal": len(result["leaves"]["pairs"])}
-    assert [(u["side"], u["name"]) for u in result["leaves"]["unpaired"]] == [("reference", "buffer:model.rotary_emb.original_inv_freq")]
+    assert [(u["side"], u["name"]) for u in result["leaves"]["unpaired"]] == [
+        ("reference", "buffer:model.rotary_emb.original_inv_freq")
+    ]
 
 
 @needs_paddleformers
@@ -149,8 +184,13 @@ def test_paddleformers_qwen2_whose_k_bias_was_not_copied_is_that_slice_of_the_fu
 def test_paddleformers_qwen2_with_q_k_v_concatenated_naively_is_every_fused_qkv_with_its_blocks_permuted(hf_python):
     result = bisect_qwen2(hf_python, "candidate_naive_qkv_order")
     read = "q_proj 0:32, k_proj 0:16, v_proj 0:16, q_proj 32:64, k_proj 16:32, v_proj 16:32"  # the grouped layout its split reads
-    assert_leaf_culprit(result, "model.layers.0.self_attn.qkv_proj.weight",
-                        f"blocks permuted along axis 1: holds q_proj 0:64, k_proj 0:32, v_proj 0:32 where its ops read {read}")
+    assert_leaf_culprit(
+        result,
+        "model.layers.0.self_attn.qkv_proj.weight",
+        f"blocks permuted along axis 1: holds q_proj 0:64, k_proj 0:32, v_proj 0:32 where its ops read {read}",
+    )
     different = {p["candidate"] for p in result["leaves"]["pairs"] if p["status"] == "different"}
-    assert different == {f"param:model.layers.{n}.self_attn.qkv_proj.{kind}" for n in range(4) for kind in ("weight", "bias")}
+    assert different == {
+        f"param:model.layers.{n}.self_attn.qkv_proj.{kind}" for n in range(4) for kind in ("weight", "bias")
+    }
     assert result["confirmation"]["output_error"] < 1e-3 < 0.5 < result["confirmation"]["before"]

@@ -2,6 +2,7 @@
 cast of the padded positions, whose values refute the pairing of the two casts): the masks do not steer
 the search, and a bug after the mask, in the pooling or in the attention's scale, is named at its line
 and confirmed (`tests/models/mask_representations.py`)."""
+
 import math
 
 import pytest
@@ -42,7 +43,9 @@ def test_a_scale_applied_after_the_mask_is_the_add_and_mul_compared_as_one_block
     result = _bisect("candidate_padded_mask_scaled_by_model_width")
     culprit, source = result.culprit, f"{MASKS}:{line_of(MASKS, '# @scale_after_mask')}"
     assert result.verdict == "divergent" and result.confirmation.confirmed
-    assert sorted(culprit.op.split("+")) == ["add", "mul"] and len(culprit.block.candidate) == 2 == len(culprit.block.reference)
+    assert sorted(culprit.op.split("+")) == ["add", "mul"] and len(culprit.block.candidate) == 2 == len(
+        culprit.block.reference
+    )
     assert culprit.candidate.source == source and culprit.candidate.module == "blocks.0"
     # The keys both masks block are alike (-1e9 * 32 ** -0.5 against -1e9); the kept ones are scaled by
     # 32 ** -0.5 where the reference's are by 8 ** -0.5 (1 - 0.5).

@@ -3,6 +3,7 @@
 The sample holds every operator in every form it applies to at least once, plus controls; the full run (`python
 benchmarks/mutants.py`, ~930 cases) is a benchmark, its table in docs/third-party-models.md.
 """
+
 import json
 import os
 import subprocess
@@ -21,8 +22,14 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
 
 
 def mutants(*args: str, timeout: int = 900, python: str = sys.executable) -> subprocess.CompletedProcess:
-    return subprocess.run([python, str(BENCHMARK), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
+    return subprocess.run(
+        [python, str(BENCHMARK), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"},
+    )
 
 
 def test_a_stratified_sample_meets_the_targets(tmp_path):
@@ -32,7 +39,9 @@ def test_a_stratified_sample_meets_the_targets(tmp_path):
     done = mutants("--sample", "48", "--json", str(rows_file))
     assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(rows_file.read_text())
-    assert {r["operator"] for r in rows} >= {name for name, operator in OPERATORS.items() if operator.kind not in ("compile", "tp", "decode")}
+    assert {r["operator"] for r in rows} >= {
+        name for name, operator in OPERATORS.items() if operator.kind not in ("compile", "tp", "decode")
+    }
     assert {r["form"] for r in rows} == {"copy", "sdpa", "kv_widened"}
     counted = [r for r in rows if r["excluded"] is None]
     mutated = [r for r in counted if not r["control"]]
@@ -54,27 +63,35 @@ def test_mistakes_in_a_decoding_loop_are_named_at_their_code_and_confirmed_after
     done = mutants("--forms", "decode", "--families", "llama,gpt2", "--sites", "1", "--json", str(rows_file))
     assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(rows_file.read_text())
-    assert {(r["family"], r["operator"]) for r in rows} == {(family, operator) for family in ("llama", "gpt2") for operator in
-                                                           ("none", "bfloat16", "positions_stuck", "self_blocked", "cache_kv_swapped")}
+    assert {(r["family"], r["operator"]) for r in rows} == {
+        (family, operator)
+        for family in ("llama", "gpt2")
+        for operator in ("none", "bfloat16", "positions_stuck", "self_blocked", "cache_kv_swapped")
+    }
     assert [(r["case"], r["problem"], r["culprit"]) for r in rows if not r["right"] or r["excluded"]] == []
     culprits = {(r["family"], r["operator"]): r["culprit"] for r in rows}
-    assert culprits["llama", "positions_stuck"].endswith("at 'positions'") and culprits["gpt2", "self_blocked"].endswith("at 'mask'")
+    assert culprits["llama", "positions_stuck"].endswith("at 'positions'") and culprits[
+        "gpt2", "self_blocked"
+    ].endswith("at 'mask'")
     assert culprits["gpt2", "cache_kv_swapped"].startswith("cat at 'lm.transformer.h.")
 
 
 def only(case: str, *options: str, python: str = sys.executable) -> dict:
     done = mutants("--only", case, *options, timeout=600, python=python)
-    return json.loads(done.stdout[done.stdout.index("{"):])
+    return json.loads(done.stdout[done.stdout.index("{") :])
 
 
-@pytest.mark.parametrize("case, module", [
-    # The router's top-k renormalised: the patched re-runs route tokens as the reference does, another path
-    # than the candidate recorded (they once stopped with "the patch for tensor 400 has shape (2, 64)").
-    ("qwen2_moe:router_topk_norm:256898:copy", "model.layers.0.mlp.gate"),
-    ("qwen2_moe:extra_scale:451749:copy", "model.layers.0.self_attn"),
-    # Gemma-2's final logit soft-cap left out: ops only the reference has, at the tail (once bracketed only).
-    ("gemma2:soft_cap:373723:copy", ""),
-])
+@pytest.mark.parametrize(
+    "case, module",
+    [
+        # The router's top-k renormalised: the patched re-runs route tokens as the reference does, another path
+        # than the candidate recorded (they once stopped with "the patch for tensor 400 has shape (2, 64)").
+        ("qwen2_moe:router_topk_norm:256898:copy", "model.layers.0.mlp.gate"),
+        ("qwen2_moe:extra_scale:451749:copy", "model.layers.0.self_attn"),
+        # Gemma-2's final logit soft-cap left out: ops only the reference has, at the tail (once bracketed only).
+        ("gemma2:soft_cap:373723:copy", ""),
+    ],
+)
 def test_cases_once_missed_are_named_and_confirmed(case, module):
     row = only(case)
     assert row["right"], row
@@ -125,16 +142,27 @@ def test_paddleformers_ports_through_a_mistaken_converter_are_named_at_the_porte
     Every converter mistake of the sample is named at the port's weight, e.g. a square q_proj left
     untransposed inside Qwen2's fused qkv_proj; a checkpoint rounded to bfloat16 is rounding."""
     rows_file = tmp_path / "rows.json"
-    done = mutants("--forms", "paddle", "--sample", "14", "--paddle-python", sys.executable, "--json", str(rows_file),
-                   python=hf_python)
+    done = mutants(
+        "--forms",
+        "paddle",
+        "--sample",
+        "14",
+        "--paddle-python",
+        sys.executable,
+        "--json",
+        str(rows_file),
+        python=hf_python,
+    )
     assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [r for r in json.loads(rows_file.read_text()) if r["excluded"] is None]
     assert {r["family"] for r in rows} == {"llama", "qwen2"} and {r["form"] for r in rows} == {"paddle"}
     assert sum(not r["control"] for r in rows) >= 9 and sum(r["control"] for r in rows) >= 2
     assert [(r["case"], r["problem"], r["culprit"]) for r in rows if not r["right"]] == []
     fused = only("qwen2:transposed:353109:paddle", "--paddle-python", sys.executable, python=hf_python)
-    assert fused["right"] and fused["culprit"] == "model.layers.0.self_attn.qkv_proj.weight at 'model.layers.0.self_attn.qkv_proj'"
-
+    assert (
+        fused["right"]
+        and fused["culprit"] == "model.layers.0.self_attn.qkv_proj.weight at 'model.layers.0.self_attn.qkv_proj'"
+    )
 
 
 @pytest.mark.once  # torchrun's ranks: the first CI environment only
@@ -145,12 +173,28 @@ def test_tensor_parallel_plan_mistakes_are_named_where_they_enter(tmp_path):
     on is the same on every rank, compared whole), a converter's mistake at its weight, and the correct plan
     is rounding."""
     rows_file = tmp_path / "rows.json"
-    done = mutants("--forms", "tp", "--families", "llama", "--operators",
-                   "reduction_forgotten,reduction_doubled,head_gathered_interleaved,transposed",
-                   "--sites", "1", "--json", str(rows_file))
+    done = mutants(
+        "--forms",
+        "tp",
+        "--families",
+        "llama",
+        "--operators",
+        "reduction_forgotten,reduction_doubled,head_gathered_interleaved,transposed",
+        "--sites",
+        "1",
+        "--json",
+        str(rows_file),
+    )
     assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     rows = {r["operator"]: r for r in json.loads(rows_file.read_text())}
-    assert set(rows) == {"none", "bfloat16", "reduction_forgotten", "reduction_doubled", "head_gathered_interleaved", "transposed"}
+    assert set(rows) == {
+        "none",
+        "bfloat16",
+        "reduction_forgotten",
+        "reduction_doubled",
+        "head_gathered_interleaved",
+        "transposed",
+    }
     assert [(r["case"], r["problem"], r["culprit"]) for r in rows.values() if not r["right"]] == []
     assert rows["reduction_forgotten"]["culprit"].endswith(f"at {rows['reduction_forgotten']['expected_module']!r}")
     assert rows["reduction_doubled"]["culprit"].startswith("all_reduce at ")
@@ -165,13 +209,26 @@ def test_a_fused_projection_packed_for_the_ranks_is_its_layout_and_one_packed_ot
     named at its weight: it holds the reference's rows as stored where the other layers' are packed, and the
     reference's rows packed are its fix; so is one layer's gate and up swapped before packing."""
     rows_file = tmp_path / "rows.json"
-    done = mutants("--forms", "tp", "--families", "phi3", "--operators", "fused_sharded_as_stored", "--sites", "1",
-                   "--json", str(rows_file))
+    done = mutants(
+        "--forms",
+        "tp",
+        "--families",
+        "phi3",
+        "--operators",
+        "fused_sharded_as_stored",
+        "--sites",
+        "1",
+        "--json",
+        str(rows_file),
+    )
     assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     rows = {r["operator"]: r for r in json.loads(rows_file.read_text())}
     assert set(rows) == {"none", "bfloat16", "fused_sharded_as_stored"}
     assert [(r["case"], r["problem"], r["culprit"]) for r in rows.values() if not r["right"]] == []
-    assert rows["fused_sharded_as_stored"]["culprit"] == "model.layers.2.mlp.gate_up_proj.weight at 'model.layers.2.mlp.gate_up_proj'"
+    assert (
+        rows["fused_sharded_as_stored"]["culprit"]
+        == "model.layers.2.mlp.gate_up_proj.weight at 'model.layers.2.mlp.gate_up_proj'"
+    )
     swapped = only("phi3:fused_parts_swapped:955151:tp")
     assert swapped["right"] and swapped["culprit"].startswith("model.layers.2.mlp.gate_up_proj.weight at"), swapped
 
@@ -182,8 +239,18 @@ def test_converter_mistakes_under_sequence_parallel_are_named_at_their_weight(tm
     the sequence between the projections, every norm on its rank's part, read through DTensor's placements).
     The correct plan and the plan in bfloat16 are rounding; a converter's mistakes are named at their weight."""
     rows_file = tmp_path / "rows.json"
-    done = mutants("--forms", "sp", "--families", "llama", "--operators", "transposed,norm_plus_one", "--sites", "1",
-                   "--json", str(rows_file))
+    done = mutants(
+        "--forms",
+        "sp",
+        "--families",
+        "llama",
+        "--operators",
+        "transposed,norm_plus_one",
+        "--sites",
+        "1",
+        "--json",
+        str(rows_file),
+    )
     assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     rows = {r["operator"]: r for r in json.loads(rows_file.read_text())}
     assert set(rows) == {"none", "bfloat16", "transposed", "norm_plus_one"}

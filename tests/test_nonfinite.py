@@ -1,5 +1,6 @@
 """NaN/Inf in the candidate's outputs while the reference's are finite: a divergence, named
 where it starts (tests/models/nonfinite.py: an unclamped `log`, a NaN parameter, a softmax without its max subtracted)."""
+
 import json
 import math
 
@@ -71,8 +72,10 @@ def test_cli_exits_1_and_says_where_the_nan_starts(capsys, monkeypatch):
     assert main(["bisect", str(MODEL)]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "verdict: divergent outputs differ by NaN/Inf" in out
-    assert (f"the candidate's outputs hold 12 NaN and 0 Inf (the reference's are finite); they start at op 3 log "
-            f"(top level) (tests/models/nonfinite.py:{line_of(MODEL, '# @log')})") in out
+    assert (
+        f"the candidate's outputs hold 12 NaN and 0 Inf (the reference's are finite); they start at op 3 log "
+        f"(top level) (tests/models/nonfinite.py:{line_of(MODEL, '# @log')})"
+    ) in out
     assert main(["bisect", str(MODEL), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["output_error"] == {"max_abs": "Infinity", "max_rel": "Infinity"}  # standard JSON: no Infinity token
@@ -92,7 +95,9 @@ async def test_tui_banner_says_where_the_nan_starts(tmp_path, monkeypatch):
     async with app.run_test(size=(140, 30)) as pilot:
         await pilot.pause()
         banner = app.query_one(VerdictBanner).content.plain
-    assert banner.startswith("verdict: divergent   outputs differ by NaN/Inf\nthe candidate's outputs hold 12 NaN and 0 Inf")
+    assert banner.startswith(
+        "verdict: divergent   outputs differ by NaN/Inf\nthe candidate's outputs hold 12 NaN and 0 Inf"
+    )
     assert f"they start at op 3 log (top level) (tests/models/nonfinite.py:{line_of(MODEL, '# @log')})" in banner
 
 

@@ -1,5 +1,6 @@
 """`bisectr.compare` on live model objects, as in a notebook: the same verdict and culprit as the
 model file, a display for Jupyter, and a saved run that `bisectr view` opens."""
+
 import importlib.util
 import subprocess
 import sys
@@ -20,8 +21,15 @@ def built_sides(example: str) -> tuple:
 
 def culprit_sites(result: bisectr.Result) -> tuple:
     culprit = result.culprit
-    return (culprit.op, culprit.kind, culprit.leaf, culprit.candidate.module, culprit.candidate.source,
-            culprit.reference.module, culprit.reference.source)
+    return (
+        culprit.op,
+        culprit.kind,
+        culprit.leaf,
+        culprit.candidate.module,
+        culprit.candidate.source,
+        culprit.reference.module,
+        culprit.reference.source,
+    )
 
 
 @pytest.mark.parametrize("example, verdict", [("span_head", "noise"), ("wrong_eps", "divergent")])
@@ -37,8 +45,9 @@ def test_compare_gives_the_model_files_verdict_and_culprit(example, verdict, tmp
     assert f"verdict: {verdict}" in html and compared.culprit.candidate.source.rpartition("/")[2] in html
     assert str(compared).startswith(f"verdict: {verdict}")
 
-    viewed = subprocess.run([sys.executable, "-m", "bisectr", "view", str(tmp_path / "run"), "--no-tui"],
-                            capture_output=True, text=True)
+    viewed = subprocess.run(
+        [sys.executable, "-m", "bisectr", "view", str(tmp_path / "run"), "--no-tui"], capture_output=True, text=True
+    )
     assert viewed.returncode == (1 if verdict == "divergent" else 0), viewed.stderr
     assert viewed.stdout.startswith(f"verdict: {verdict}")
 

@@ -1,5 +1,6 @@
 """Huge and non-finite values are described and compared without numpy warnings, and correctly:
 an attention mask of float32's lowest value (-3.4e38), Inf - Inf in a comparison."""
+
 import subprocess
 import sys
 
@@ -56,8 +57,19 @@ def test_inf_minus_inf_is_no_error_and_an_overflowing_difference_is_finite():
 
 def test_bisecting_a_hugging_face_llama_prints_no_numpy_warning():
     """Its attention mask holds -3.4e38; the search still names layer 2's activation."""
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MODELS / "hf_llama_activation.py"),
-                           "--candidate", "candidate_gelu_layer"], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bisectr",
+            "bisect",
+            str(MODELS / "hf_llama_activation.py"),
+            "--candidate",
+            "candidate_gelu_layer",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1, done.stderr
     assert "verdict: divergent" in done.stdout and "model.layers.2.mlp.act_fn" in done.stdout
     assert "Warning" not in done.stderr, done.stderr

@@ -1,6 +1,7 @@
 """Ops one side has and the other lacks (an extra scale, an embedding normalizer, a bias added twice) are
 named with their source lines, confirmed by a re-run that takes their effect out; a block culprit shows
 the line where its difference enters first, then the block's other lines."""
+
 import math
 
 import pytest
@@ -101,4 +102,7 @@ def test_a_residual_wired_in_parallel_names_the_op_the_candidate_skips_and_the_l
     assert [r.module for r in result.recurrences] == [f"layers.{n}.norm2" for n in range(4)]
     assert 0.1 < result.confirmation.before < 0.2 and result.confirmation.output_error < 1e-5
     text = _text(run, result)
-    assert "it reads the model's input 0 instead" in text and f"{line_of(EVERY_LAYER, '# @parallel')}:  return x + self.mix" in text
+    assert (
+        "it reads the model's input 0 instead" in text
+        and f"{line_of(EVERY_LAYER, '# @parallel')}:  return x + self.mix" in text
+    )

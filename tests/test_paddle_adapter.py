@@ -1,4 +1,5 @@
 """The Paddle adapter against real Paddle (and PyTorch for the cross-framework case); no mocks."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,7 +26,9 @@ from bisectr.capture.trace import Trace  # noqa: E402
 from conftest import assert_replay_matches_model_rerun  # noqa: E402
 
 MODEL = Path(__file__).parent / "models" / "paddle_span.py"
-LINES = {m.group(1): n for n, line in enumerate(MODEL.read_text().splitlines(), 1) if (m := re.search(r"# @(\w+)", line))}
+LINES = {
+    m.group(1): n for n, line in enumerate(MODEL.read_text().splitlines(), 1) if (m := re.search(r"# @(\w+)", line))
+}
 TRACKED = {"matmul", "linear", "layer_norm", "softmax", "gelu", "add"}
 
 
@@ -41,14 +44,30 @@ def _expected_tracked_ops() -> list[tuple[str, str, str]]:
     expected = []
     for i in range(2):
         layer, attn = f"layers.{i}", f"layers.{i}.attn"
-        expected += [("linear", f"{attn}.q_proj", "attn"), ("linear", f"{attn}.k_proj", "attn"),
-                     ("linear", f"{attn}.v_proj", "attn"), ("matmul", attn, "attn"), ("softmax", attn, "attn"),
-                     ("matmul", attn, "attn"), ("linear", f"{attn}.out_proj", "attn"),
-                     ("add", layer, "res1"), ("layer_norm", f"{layer}.norm1", "norm1"),
-                     ("linear", f"{layer}.ff1", "ff"), ("gelu", f"{layer}.act", "ff"), ("linear", f"{layer}.ff2", "ff"),
-                     ("add", layer, "res2"), ("layer_norm", f"{layer}.norm2", "norm2")]
-    expected += [("linear", "proj", "proj"), ("gelu", "", "gelu"), ("matmul", "", "bilinear1"),
-                 ("matmul", "", "bilinear2"), ("add", "", "bias"), ("softmax", "", "softmax")]
+        expected += [
+            ("linear", f"{attn}.q_proj", "attn"),
+            ("linear", f"{attn}.k_proj", "attn"),
+            ("linear", f"{attn}.v_proj", "attn"),
+            ("matmul", attn, "attn"),
+            ("softmax", attn, "attn"),
+            ("matmul", attn, "attn"),
+            ("linear", f"{attn}.out_proj", "attn"),
+            ("add", layer, "res1"),
+            ("layer_norm", f"{layer}.norm1", "norm1"),
+            ("linear", f"{layer}.ff1", "ff"),
+            ("gelu", f"{layer}.act", "ff"),
+            ("linear", f"{layer}.ff2", "ff"),
+            ("add", layer, "res2"),
+            ("layer_norm", f"{layer}.norm2", "norm2"),
+        ]
+    expected += [
+        ("linear", "proj", "proj"),
+        ("gelu", "", "gelu"),
+        ("matmul", "", "bilinear1"),
+        ("matmul", "", "bilinear2"),
+        ("add", "", "bias"),
+        ("softmax", "", "softmax"),
+    ]
     return expected
 
 
@@ -84,8 +103,18 @@ def test_tracked_ops_are_recorded_once_with_module_and_source(run):
         for (op, module, source), (_, _, marker) in zip(got, expected):
             assert source.endswith(f"{MODEL.name}:{LINES[marker]}"), (op, module, source, marker)
     names = {o.framework_op for o in run.candidate.ops}
-    assert {"_C_ops.linear", "_C_ops.matmul", "_C_ops.layer_norm", "_C_ops.softmax", "_C_ops.gelu", "_C_ops.add_",
-            "Tensor.__add__", "Tensor.__mul__", "Tensor.__getitem__", "Tensor.__setitem__"} <= names
+    assert {
+        "_C_ops.linear",
+        "_C_ops.matmul",
+        "_C_ops.layer_norm",
+        "_C_ops.softmax",
+        "_C_ops.gelu",
+        "_C_ops.add_",
+        "Tensor.__add__",
+        "Tensor.__mul__",
+        "Tensor.__getitem__",
+        "Tensor.__setitem__",
+    } <= names
     # In-place ops are flagged and write a new version of the tensor they modify.
     bias_op, mask_op = _op_at(run.candidate, "add", "bias"), _op_at(run.candidate, "setitem", "mask")
     assert bias_op.inplace and mask_op.inplace and mask_op.inputs == bias_op.outputs
@@ -149,8 +178,13 @@ def test_nothing_is_missing_compared_with_paddles_own_api_log():
     assert [name for name, _ in ours] == [op.framework_op for op in trace.ops]
     # Each recorded op ran the API of its own name; the exceptions are systematic:
     # the CPU `linear` kernel logs as matmul + add, `x * scalar` as scale, indexing as slice / set_value_.
-    composite = {"_C_ops.linear": ["matmul", "add"], "Tensor.__mul__": ["scale"], "Tensor.__add__": ["add"],
-                 "Tensor.__getitem__": ["slice"], "Tensor.__setitem__": ["set_value_"]}
+    composite = {
+        "_C_ops.linear": ["matmul", "add"],
+        "Tensor.__mul__": ["scale"],
+        "Tensor.__add__": ["add"],
+        "Tensor.__getitem__": ["slice"],
+        "Tensor.__setitem__": ["set_value_"],
+    }
     for name, apis in ours:
         assert apis == composite.get(name, [name.removeprefix("_C_ops.")]), (name, apis)
 
@@ -159,13 +193,27 @@ def test_patches_are_removed_after_recording_and_after_the_model_raises(tmp_path
     import paddle.nn.layer.transformer as transformer
 
     tensor_module = sys.modules["paddle.tensor"]
-    originals = (paddle._C_ops.matmul, paddle.Tensor.__matmul__, paddle.nn.Layer.__call__, paddle.tensor.matmul,
-                 tensor_module.matmul, transformer.tensor.matmul, paddle.Tensor.__getitem__)
+    originals = (
+        paddle._C_ops.matmul,
+        paddle.Tensor.__matmul__,
+        paddle.nn.Layer.__call__,
+        paddle.tensor.matmul,
+        tensor_module.matmul,
+        transformer.tensor.matmul,
+        paddle.Tensor.__getitem__,
+    )
     tensor_dict, c_ops = dict(vars(paddle.Tensor)), dict(vars(paddle._C_ops))
 
     def unchanged():
-        now = (paddle._C_ops.matmul, paddle.Tensor.__matmul__, paddle.nn.Layer.__call__, paddle.tensor.matmul,
-               tensor_module.matmul, transformer.tensor.matmul, paddle.Tensor.__getitem__)
+        now = (
+            paddle._C_ops.matmul,
+            paddle.Tensor.__matmul__,
+            paddle.nn.Layer.__call__,
+            paddle.tensor.matmul,
+            tensor_module.matmul,
+            transformer.tensor.matmul,
+            paddle.Tensor.__getitem__,
+        )
         assert all(a is b for a, b in zip(now, originals))
         assert tensor_module.matmul is paddle._C_ops.matmul and type(paddle._C_ops.matmul) is types.BuiltinFunctionType
         assert all(vars(paddle.Tensor).get(k) is v for k, v in tensor_dict.items())
@@ -201,7 +249,9 @@ def test_patches_are_removed_after_recording_and_after_the_model_raises(tmp_path
     assert "_C_ops.layer_norm" in seen
     unchanged()
     counts = patch_counts()
-    assert counts["_C_ops"] > 800 and counts["module_bindings"] > 200 and counts["Tensor"] >= 40 and counts["Layer"] == 1
+    assert (
+        counts["_C_ops"] > 800 and counts["module_bindings"] > 200 and counts["Tensor"] >= 40 and counts["Layer"] == 1
+    )
 
 
 def test_recording_twice_gives_the_same_ops(tmp_path, run):
@@ -224,13 +274,17 @@ def test_rerun_with_patches_replaces_outputs_including_in_place_ops(run):
         assert np.array_equal(same.outputs[key], recorded[key])
 
     middle = _op_at(trace, "layer_norm", "norm1", 1)  # layers.1.norm1
-    zeroed = run.live.ask("candidate", Rerun({middle.outputs[0]: np.zeros(trace.tensors[middle.outputs[0]].shape, np.float32)}))
+    zeroed = run.live.ask(
+        "candidate", Rerun({middle.outputs[0]: np.zeros(trace.tensors[middle.outputs[0]].shape, np.float32)})
+    )
     for key in recorded:
         assert not np.allclose(zeroed.outputs[key], recorded[key])
 
     rng = np.random.default_rng(0)
     bias_op, mask_op = _op_at(trace, "add", "bias"), _op_at(trace, "setitem", "mask")
-    softmax = lambda v: np.exp(v - v.max(-1, keepdims=True)) / np.exp(v - v.max(-1, keepdims=True)).sum(-1, keepdims=True)  # noqa: E731
+    softmax = lambda v: (
+        np.exp(v - v.max(-1, keepdims=True)) / np.exp(v - v.max(-1, keepdims=True)).sum(-1, keepdims=True)
+    )  # noqa: E731
     values = rng.standard_normal(trace.tensors[bias_op.outputs[0]].shape).astype(np.float32)
     # `logits.add_(bias)` patched: the later `logits[:, :, 0] = -5` still applies to the patched tensor.
     patched = run.live.ask("candidate", Rerun({bias_op.outputs[0]: values}, {bias_op.outputs[0]}))
@@ -269,14 +323,17 @@ def test_values_read_into_python_are_counted_and_the_model_is_rerun(tmp_path):
         "        scale = float(x.max()) + x.mean().item()\n"
         "        return x * scale\n"
         "    return forward, (paddle.to_tensor([1.0, 2.0]),)\n"
-        "reference = candidate = _model\n")
+        "reference = candidate = _model\n"
+    )
     run = bisectr.trace(path, out=tmp_path / "run")
     side = run.live.runners["candidate"]
     assert side.recorded.value_reads == 2 and not side.recorded.replayable(side.side.adapter)
     # the float64 check runs the model's code too
     assert float64_replay(side.side.adapter, side.trace, side.recorded, {}) is None
     maximum = next(op for op in run.candidate.ops if op.op == "max").outputs[0]
-    np.testing.assert_allclose(run.live.ask("candidate", Rerun({maximum: np.array(2.0, np.float32)})).outputs["output"], [3.5, 7.0])
+    np.testing.assert_allclose(
+        run.live.ask("candidate", Rerun({maximum: np.array(2.0, np.float32)})).outputs["output"], [3.5, 7.0]
+    )
     with pytest.raises(TraceMismatchError, match=r"at op 2 \(Tensor.__mul__ .*computes other values"):
         run.live.ask("candidate", Rerun({maximum: np.array(4.0, np.float32)}))
 
@@ -314,7 +371,12 @@ def test_torch_reference_and_paddle_candidate_agree(tmp_path):
     assert set(run.reference.outputs) == set(run.candidate.outputs) == {"logits", "probs"}
     for trace in (run.reference, run.candidate):
         ops = [o.op for o in trace.ops]
-        assert (ops.count("matmul"), ops.count("linear"), ops.count("layer_norm"), ops.count("softmax")) == (6, 13, 4, 3)
+        assert (ops.count("matmul"), ops.count("linear"), ops.count("layer_norm"), ops.count("softmax")) == (
+            6,
+            13,
+            4,
+            3,
+        )
     assert run.output_error().max_rel < 1e-5
     for pair in run.output_pairs:
         assert pair.metrics.max_rel < 1e-5
@@ -337,8 +399,13 @@ def test_plain_function_with_copy_into_a_tensor():
     with adapter.intercept(forward, recorder):
         recorded = forward(x)
     recorder.finish([("output", recorded)])
-    assert [o.framework_op for o in trace.ops] == ["_C_ops.full_like", "Tensor.__mul__", "Tensor.copy_",
-                                                   "Tensor.__neg__", "Tensor.__add__"]
+    assert [o.framework_op for o in trace.ops] == [
+        "_C_ops.full_like",
+        "Tensor.__mul__",
+        "Tensor.copy_",
+        "Tensor.__neg__",
+        "Tensor.__add__",
+    ]
     assert [o.op for o in trace.ops] == ["full", "mul", "copy", "neg", "add"]
     copy_op = trace.ops[2]
     assert copy_op.inplace and copy_op.inputs[0] == trace.ops[0].outputs[0] and len(copy_op.outputs) == 1
@@ -374,6 +441,8 @@ def test_tensor_primitives():
 
 
 def test_owns_does_not_import_paddle():
-    code = ("import sys; from bisectr.adapters.paddle import PaddleAdapter; a = PaddleAdapter(); "
-            "assert not a.owns(object()) and not a.is_tensor(1.0); assert 'paddle' not in sys.modules")
+    code = (
+        "import sys; from bisectr.adapters.paddle import PaddleAdapter; a = PaddleAdapter(); "
+        "assert not a.owns(object()) and not a.is_tensor(1.0); assert 'paddle' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

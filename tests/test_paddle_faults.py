@@ -1,5 +1,6 @@
 """A paddle recording that ends in a fault leaves paddle as it found it: every function and method
 bisectr replaces while it records is the original again, whatever ended the recording."""
+
 import sys
 
 import pytest
@@ -8,7 +9,7 @@ import bisectr
 from bisectr.errors import RunWriteError, UserModelError
 from bisectr.capture.store import TensorWriter
 
-MODEL = '''
+MODEL = """
 import os
 
 import paddle
@@ -33,7 +34,7 @@ def reference():
     return Net(), (paddle.ones([2, 8]),)
 
 candidate = reference
-'''
+"""
 
 
 def paddle_callables() -> dict[tuple[str, str], int]:
@@ -41,19 +42,27 @@ def paddle_callables() -> dict[tuple[str, str], int]:
     classes bisectr patches (Tensor methods, Layer.__call__)."""
     import paddle
 
-    owners = {name: vars(module) for name, module in list(sys.modules.items())
-              if module is not None and (name == "paddle" or name.startswith("paddle."))}
+    owners = {
+        name: vars(module)
+        for name, module in list(sys.modules.items())
+        if module is not None and (name == "paddle" or name.startswith("paddle."))
+    }
     owners.update({"paddle.Tensor": vars(paddle.Tensor), "paddle.nn.Layer": vars(paddle.nn.Layer)})
-    return {(owner, attr): id(value) for owner, namespace in owners.items()
-            for attr, value in list(namespace.items()) if callable(value)}
+    return {
+        (owner, attr): id(value)
+        for owner, namespace in owners.items()
+        for attr, value in list(namespace.items())
+        if callable(value)
+    }
 
 
 def write_fails(self, tid, values):
     raise RunWriteError("injected: no space left on device")
 
 
-@pytest.mark.parametrize("fault, expected", [("raise", UserModelError), ("interrupt", KeyboardInterrupt),
-                                             ("disk full", RunWriteError)])
+@pytest.mark.parametrize(
+    "fault, expected", [("raise", UserModelError), ("interrupt", KeyboardInterrupt), ("disk full", RunWriteError)]
+)
 def test_paddle_is_restored_after_a_fault_while_recording(fault, expected, tmp_path, monkeypatch):
     model = tmp_path / "paddle_fault.py"
     model.write_text(MODEL)

@@ -1,6 +1,7 @@
 """Replaying recorded ops of paddle.vision classifiers (real Paddle, no mocks): each op computes its
 recorded outputs again from its recorded inputs, and moves when its inputs move, also when the
 move comes from an earlier op (the way a patch reaches an op in a bisection)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,7 @@ from bisectr.capture.trace import is_floating  # noqa: E402
 
 CLASSIFIERS = ("resnet18", "mobilenet_v2")
 
-MODEL_FILE = '''
+MODEL_FILE = """
 def _classifier(name):
     import numpy as np
     import paddle
@@ -31,7 +32,7 @@ def resnet18():
 
 def mobilenet_v2():
     return _classifier("mobilenet_v2")
-'''
+"""
 
 
 @pytest.fixture(scope="module", params=CLASSIFIERS)
@@ -43,23 +44,34 @@ def run(request, tmp_path_factory):
 
 
 def _perturbed(trace, values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    return {tid: (v * 1.5 + 0.25).astype(v.dtype) if is_floating(trace.tensors[tid].dtype) else v
-            for tid, v in values.items()}
+    return {
+        tid: (v * 1.5 + 0.25).astype(v.dtype) if is_floating(trace.tensors[tid].dtype) else v
+        for tid, v in values.items()
+    }
 
 
 def _live_outputs(trace) -> set[int]:
     """Op outputs that a later op reads or the model returns, and that hold values."""
     read = {tid for op in trace.ops for tid in op.inputs} | set(trace.outputs.values())
-    return {tid for op in trace.ops for tid in op.outputs
-            if tid in read and is_floating(trace.tensors[tid].dtype) and np.prod(trace.tensors[tid].shape) > 0}
+    return {
+        tid
+        for op in trace.ops
+        for tid in op.outputs
+        if tid in read and is_floating(trace.tensors[tid].dtype) and np.prod(trace.tensors[tid].shape) > 0
+    }
 
 
 def test_ops_read_only_tensors_the_trace_names(run):
     """An op input that no op produced and that is neither the model's input nor a parameter or
     buffer is a tensor the recording lost track of: patches and replays before it cannot reach it."""
     trace = run.traces["candidate"]
-    unnamed = [(op.index, op.framework_op, trace.tensors[tid].leaf) for op in trace.ops for tid in op.inputs
-               if trace.tensors[tid].producer is None and not trace.tensors[tid].leaf.startswith(("input:", "param:", "buffer:"))]
+    unnamed = [
+        (op.index, op.framework_op, trace.tensors[tid].leaf)
+        for op in trace.ops
+        for tid in op.inputs
+        if trace.tensors[tid].producer is None
+        and not trace.tensors[tid].leaf.startswith(("input:", "param:", "buffer:"))
+    ]
     assert unnamed == []
 
 
@@ -75,8 +87,11 @@ def test_replay_on_recorded_inputs_reproduces_every_output(run):
     for op in trace.ops:
         outputs = replayed(run, op, {tid: trace.value(tid) for tid in op.inputs})
         assert len(outputs) == len(op.outputs)
-        failed += [(op.index, op.framework_op, k) for k, (values, tid) in enumerate(zip(outputs, op.outputs))
-                   if not np.array_equal(values, trace.value(tid), equal_nan=True)]
+        failed += [
+            (op.index, op.framework_op, k)
+            for k, (values, tid) in enumerate(zip(outputs, op.outputs))
+            if not np.array_equal(values, trace.value(tid), equal_nan=True)
+        ]
     assert failed == []
 
 
@@ -88,8 +103,11 @@ def test_replay_on_perturbed_inputs_moves_every_live_output(run):
         if not any(is_floating(trace.tensors[tid].dtype) for tid in op.inputs):
             continue
         outputs = replayed(run, op, _perturbed(trace, {tid: trace.value(tid) for tid in op.inputs}))
-        stuck += [(op.index, op.framework_op, k) for k, (values, tid) in enumerate(zip(outputs, op.outputs))
-                  if tid in live and np.array_equal(values, trace.value(tid))]
+        stuck += [
+            (op.index, op.framework_op, k)
+            for k, (values, tid) in enumerate(zip(outputs, op.outputs))
+            if tid in live and np.array_equal(values, trace.value(tid))
+        ]
     assert stuck == []
 
 

@@ -1,4 +1,5 @@
 """The README's commands run, and the output it quotes is what they print."""
+
 import re
 import subprocess
 import sys
@@ -19,7 +20,7 @@ def shell_commands() -> list[str]:
 
 def quoted_output(after: str) -> list[str]:
     """Lines of the first plain code block following `after`."""
-    block = re.search(r"```\n(.*?)\n```", README[README.index(after):], re.S).group(1)
+    block = re.search(r"```\n(.*?)\n```", README[README.index(after) :], re.S).group(1)
     return [line for line in block.splitlines() if line.strip()]
 
 
@@ -120,11 +121,18 @@ def test_the_walkthrough_check_takes_another_cpus_output(quote):
     assert_quoted_output_printed(quoted_output(quote), on_amd(quote))
 
 
-@pytest.mark.parametrize("quote, marker, wrong", [
-    (SPAN_HEAD_QUOTE, "verdict: noise", "verdict: divergent   outputs differ by 0.00275 (relative 1.9e-06)"),
-    (SPAN_HEAD_QUOTE, "input error", "  input error 5.91e-05 -> output error 0.0025 (x42.3); local error 0.00169"),
-    (DIVERGENT_QUOTE, "confirmed:", "  confirmed: taking out only op 222's own difference takes the outputs' error from 0.000227 to 0.000151"),
-])
+@pytest.mark.parametrize(
+    "quote, marker, wrong",
+    [
+        (SPAN_HEAD_QUOTE, "verdict: noise", "verdict: divergent   outputs differ by 0.00275 (relative 1.9e-06)"),
+        (SPAN_HEAD_QUOTE, "input error", "  input error 5.91e-05 -> output error 0.0025 (x42.3); local error 0.00169"),
+        (
+            DIVERGENT_QUOTE,
+            "confirmed:",
+            "  confirmed: taking out only op 222's own difference takes the outputs' error from 0.000227 to 0.000151",
+        ),
+    ],
+)
 def test_the_walkthrough_check_fails_on_other_output(quote, marker, wrong):
     printed = [wrong if marker in line else line for line in on_amd(quote)]
     with pytest.raises(AssertionError):

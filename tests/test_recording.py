@@ -1,4 +1,5 @@
 """Recording torch models: what is captured, where, and patched re-runs."""
+
 import os
 
 import numpy as np
@@ -27,19 +28,22 @@ def _op_at(trace, marker, op):
     return found[0]
 
 
-@pytest.mark.parametrize("marker, op, module", [
-    ("LINE_MATMUL", "matmul", ""),
-    ("LINE_ADD", "add", ""),
-    ("LINE_NEG", "neg", ""),
-    ("LINE_LAYERS", "linear", "proj"),
-    ("LINE_LAYERS", "layer_norm", "norm"),
-    ("LINE_SOFTMAX", "softmax", ""),
-    ("LINE_GELU", "gelu", ""),
-    ("LINE_INPLACE", "mul", ""),
-    ("LINE_GETITEM", "getitem", ""),
-    ("LINE_SETITEM", "setitem", ""),
-    ("LINE_ATTN", "attention", "attn"),
-])
+@pytest.mark.parametrize(
+    "marker, op, module",
+    [
+        ("LINE_MATMUL", "matmul", ""),
+        ("LINE_ADD", "add", ""),
+        ("LINE_NEG", "neg", ""),
+        ("LINE_LAYERS", "linear", "proj"),
+        ("LINE_LAYERS", "layer_norm", "norm"),
+        ("LINE_SOFTMAX", "softmax", ""),
+        ("LINE_GELU", "gelu", ""),
+        ("LINE_INPLACE", "mul", ""),
+        ("LINE_GETITEM", "getitem", ""),
+        ("LINE_SETITEM", "setitem", ""),
+        ("LINE_ATTN", "attention", "attn"),
+    ],
+)
 def test_every_kind_of_call_is_recorded_once_with_module_and_line(ops_run, marker, op, module):
     node = _op_at(ops_run.candidate, marker, op)
     assert node.module == module
@@ -105,6 +109,7 @@ def test_tensors_off_the_host_are_described_where_they_live_and_only_stored_ones
         def counted(self, tensor, original=original):
             copies["count"] += 1
             return original(self, tensor)
+
         monkeypatch.setattr(type(adapter), "to_numpy", counted)
     runs, counts = {}, {}
     for where in ("host", "device"):

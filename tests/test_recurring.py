@@ -1,6 +1,7 @@
 """A bug in a class every layer uses, on pairs built from public libraries: found where it first
 enters (the first layer), every occurrence listed with its share, and confirmed by taking all of
 them out together; forward and backward alike, and correct ports stay `noise`."""
+
 import json
 import math
 import subprocess
@@ -12,8 +13,11 @@ from conftest import MODELS, assert_verdict_contract, line_of
 
 
 def bisect(model: str, candidate: str, *flags: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MODELS / model), "--candidate", candidate, "--json", *flags],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(MODELS / model), "--candidate", candidate, "--json", *flags],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode in (0, 1), done.stderr
     result = json.loads(done.stdout)
     assert_verdict_contract(result)
@@ -40,7 +44,9 @@ def assert_found_at_first_occurrence(result: dict, modules: list[str], source: s
 def test_paddle_avg_pool_keeping_exclusive_in_a_shared_block_is_found_in_the_first_block():
     path = MODELS / "paddle_avgpool_exclusive.py"
     result = bisect(path.name, "candidate_exclusive")
-    assert_found_at_first_occurrence(result, ["Mixed_5b", "Mixed_5c", "Mixed_5d"], f"{path}:{line_of(path, ')  # @pool')}")
+    assert_found_at_first_occurrence(
+        result, ["Mixed_5b", "Mixed_5c", "Mixed_5d"], f"{path}:{line_of(path, ')  # @pool')}"
+    )
     assert result["culprit"]["op"] == "pool2d" and result["entry"] == result["culprit"]["candidate"]["index"]
     assert 0.1 < result["recurrences"][0]["share"] < 0.5  # alone, the first removes little: that no longer rejects it
 
@@ -61,14 +67,18 @@ def test_tanh_gelu_in_a_paddle_block_class_is_bracketed_and_confirmed_at_blocks_
     assert result["entry"] == result["culprit"]["candidate"]["index"]
 
 
-@pytest.mark.parametrize("candidate, module", [("candidate_mlp_act", "mlp"), ("candidate_attention_scale", "self_attn")])
+@pytest.mark.parametrize(
+    "candidate, module", [("candidate_mlp_act", "mlp"), ("candidate_attention_scale", "self_attn")]
+)
 def test_hugging_face_llama_whose_layer_class_is_patched_in_every_layer_is_found_in_layer_0(candidate, module):
     pytest.importorskip("transformers")
     result = bisect("hf_llama_shared.py", candidate)
     assert_found_at_first_occurrence(result, [f"model.layers.{i}.{module}" for i in range(4)])
 
 
-@pytest.mark.parametrize("model, candidate", [("paddle_avgpool_exclusive.py", "candidate"), ("paddle_shared_block.py", "candidate")])
+@pytest.mark.parametrize(
+    "model, candidate", [("paddle_avgpool_exclusive.py", "candidate"), ("paddle_shared_block.py", "candidate")]
+)
 def test_correct_ports_of_the_shared_block_pairs_stay_noise(model, candidate):
     result = bisect(model, candidate)
     assert result["verdict"] == "noise" and result["fp64_check"]["status"] == "agree" and result["recurrences"] == []
@@ -84,12 +94,17 @@ def test_a_wrong_custom_backward_in_every_block_is_found_in_blocks_0(candidate):
     assert backward["entry"] == backward["recurrences"][-1]["index"]  # where the gradient's difference first enters
 
 
-@pytest.mark.parametrize("candidate, marker, steps_and_layers", [
-    ("candidate_cache_before_rope", "# @rotate", [(step, layer) for step in range(1, 7) for layer in range(4)]),
-    ("candidate_rope_offset", "# @offset", [(step, None) for step in range(1, 7)]),
-    ("candidate_decode_mask", "# @mask", [(step, None) for step in range(1, 7)]),
-])
-def test_a_decoding_mistake_recurs_at_every_step_on_its_own_code_once_the_tokens_part(candidate, marker, steps_and_layers):
+@pytest.mark.parametrize(
+    "candidate, marker, steps_and_layers",
+    [
+        ("candidate_cache_before_rope", "# @rotate", [(step, layer) for step in range(1, 7) for layer in range(4)]),
+        ("candidate_rope_offset", "# @offset", [(step, None) for step in range(1, 7)]),
+        ("candidate_decode_mask", "# @mask", [(step, None) for step in range(1, 7)]),
+    ],
+)
+def test_a_decoding_mistake_recurs_at_every_step_on_its_own_code_once_the_tokens_part(
+    candidate, marker, steps_and_layers
+):
     """A greedy loop with a KV cache inside `forward`: named at the first decode step, its recurrences at
     every step (and layer) on the same line of code, though the tokens part from step 2 on, and
     confirmed by taking them all out together."""

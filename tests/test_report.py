@@ -1,6 +1,7 @@
 """The write-up of a run for an issue (`bisectr report`, `--report`, the TUI's `w`): Markdown with every
 section, and one self-contained HTML page checked in a real browser (headless Chromium, driven by
 Playwright; skipped with the reason where either is missing)."""
+
 from __future__ import annotations
 
 import io
@@ -44,9 +45,15 @@ def test_the_markdown_has_every_section_of_a_divergent_run(tanh_gelu):
     assert ">   82              h = F.gelu(h, approximate=True)" in text
     assert ">   87              h = F.gelu(h)" in text
     assert "| candidate | 222 `_C_ops.gelu` | `layers.7.ffn` | `examples/_paddle_blocks.py:82` |" in text
-    assert re.search(r"- confirmed: taking out only op 222's own difference takes the outputs' error from [\d.e-]+ to [\d.e-]+", text)
+    assert re.search(
+        r"- confirmed: taking out only op 222's own difference takes the outputs' error from [\d.e-]+ to [\d.e-]+", text
+    )
     versions = dict(re.findall(r"^\| (\w+) \| `([^`]+)` \|$", text, re.M))
-    assert versions["torch"].startswith("2.13") and versions["paddle"].startswith("3.3") and versions["python"].count(".") == 2
+    assert (
+        versions["torch"].startswith("2.13")
+        and versions["paddle"].startswith("3.3")
+        and versions["python"].count(".") == 2
+    )
     assert versions["bisectr"] and versions["cpu"]
 
 
@@ -56,8 +63,9 @@ def test_recurrences_differing_leaves_and_a_bracket_have_their_sections(tanh_gel
     assert "### Recurrences" in markdown(wrong_eps) and "| share |" in markdown(wrong_eps)
     weight = bisectr.trace(EXAMPLES / "untransposed_weight.py", out=tmp_path / "weight")
     weight.bisect()
-    assert re.search(r"### Parameters and buffers that differ\n\n.*\n.*\n\| `param:blocks.1.attn.q_proj.weight` \|",
-                     markdown(weight))
+    assert re.search(
+        r"### Parameters and buffers that differ\n\n.*\n.*\n\| `param:blocks.1.attn.q_proj.weight` \|", markdown(weight)
+    )
     site = OpSite(222, "_C_ops.gelu", "layers.7.ffn", f"{EXAMPLES / '_paddle_blocks.py'}:82")
     tanh_gelu.result.bracket = Bracket(220, 223, [site], [site], why="no op's replay confirms it")
     try:
@@ -69,28 +77,52 @@ def test_recurrences_differing_leaves_and_a_bracket_have_their_sections(tanh_gel
 
 
 def test_bisectr_report_writes_both_files_into_the_run_directory(tanh_gelu):
-    done = subprocess.run([sys.executable, "-m", "bisectr", "report", str(tanh_gelu.run_dir)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "report", str(tanh_gelu.run_dir)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     written = [Path(tanh_gelu.run_dir) / name for name in ("report.md", "report.html")]
     assert done.stdout.strip() == f"report written: {written[0]}, {written[1]}"
     page = written[1].read_text()
     assert "<h3>Error by op</h3>" in page and "every paired op (" in page and "repro script" in page
-    assert not re.search(r"""<(script|link|img)[^>]*(src|href)=["']https?:""", page)  # nothing fetched when it is opened
+    assert not re.search(
+        r"""<(script|link|img)[^>]*(src|href)=["']https?:""", page
+    )  # nothing fetched when it is opened
     assert markdown(bisectr.load(tanh_gelu.run_dir)) == written[0].read_text()  # the saved run gives the same write-up
 
 
 def test_a_path_that_cannot_be_written_is_status_2_naming_it(tanh_gelu, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    done = subprocess.run([sys.executable, "-m", "bisectr", "report", str(tanh_gelu.run_dir), "-o", str(blocker / "report")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "report", str(tanh_gelu.run_dir), "-o", str(blocker / "report")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and f"{blocker}: cannot write the report" in done.stderr, done.stderr
 
 
 def test_report_on_bisect_and_in_json(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / "wrong_eps.py"), "--json", "--report",
-                           str(tmp_path / "eps.md")], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bisectr",
+            "bisect",
+            str(EXAMPLES / "wrong_eps.py"),
+            "--json",
+            "--report",
+            str(tmp_path / "eps.md"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["report"] == [str(tmp_path / "eps.md"), str(tmp_path / "eps.html")]
     assert (tmp_path / "eps.md").read_text().startswith("## bisectr: divergent in `wrong_eps.py`")
@@ -101,12 +133,29 @@ def test_without_bokeh_the_page_says_so_and_keeps_the_rest(tanh_gelu, monkeypatc
     monkeypatch.setitem(sys.modules, "bokeh.embed", None)
     page = html_page(tanh_gelu)
     assert "the plots need bokeh: <code>pip install 'bisectr[report]'</code>" in page
-    assert "<h3>Culprit: <code>gelu</code>, the first semantic difference</h3>" in page and "<table class=\"ops\">" in page
+    assert (
+        "<h3>Culprit: <code>gelu</code>, the first semantic difference</h3>" in page and '<table class="ops">' in page
+    )
 
 
 def test_a_training_report_has_both_loss_curves_and_the_step_errors(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "bisectr", "train", str(MODELS / "training_ports.py"), "--steps", "3", "--no-tui",
-                           "--report", str(tmp_path / "train")], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bisectr",
+            "train",
+            str(MODELS / "training_ports.py"),
+            "--steps",
+            "3",
+            "--no-tui",
+            "--report",
+            str(tmp_path / "train"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode in (0, 1), done.stderr
     text = (tmp_path / "train.md").read_text()
     assert text.startswith("## bisectr train:") and "### Steps" in text and text.count("\n| 3 |") == 1
@@ -121,8 +170,16 @@ def test_the_page_loads_in_a_browser_with_the_plot_and_the_culprit_visible(tanh_
 
     [_, page_file] = write_report(tanh_gelu, tmp_path / "report")
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
-                                             "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1200, "height": 900})
         problems, requests = [], []
         page.on("console", lambda message: message.type in ("error", "warning") and problems.append(message.text))

@@ -17,6 +17,7 @@ naming the run), never 1, 3 or a traceback; `bisectr.load` and what a viewer tou
 `BisectrError`, and a value whose bytes changed is never returned silently; the TUI (a subset)
 lets no exception escape; no marker ever appears. Run with `-s` to see the tallies.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,8 +52,14 @@ MAX_VARIANTS = 300
 MARKERS_ENV, VARIANT_ENV = "BISECTR_FAULTS_MARKERS", "BISECTR_FAULTS_VARIANT"
 NOT_JSON = object()
 UNKNOWN_ID = 987654
-VALUE_KINDS: dict[str, Any] = {"None": None, "a string": "crafted", "a negative int": -7, "a huge int": 2 ** 63,
-                               "a list": [], "a dict": {"crafted": 1}}
+VALUE_KINDS: dict[str, Any] = {
+    "None": None,
+    "a string": "crafted",
+    "a negative int": -7,
+    "a huge int": 2**63,
+    "a list": [],
+    "a dict": {"crafted": 1},
+}
 MUTATIONS = ["deleted", *VALUE_KINDS]
 ID_KEY = re.compile(r"^(tid|index|producer|entry|reference|candidate|id|.+_id)$")
 ID_LIST_KEY = re.compile(r"^(inputs|outputs)$")
@@ -162,10 +169,12 @@ def path_text(path: tuple) -> str:
 def edit_json(file: str, edit: Callable[[Any, "Place"], Any]) -> Callable[["Place"], None]:
     """A damage that parses `file`, lets `edit(doc, place)` change it (returning the new document)
     and writes it back."""
+
     def apply(place: Place) -> None:
         path = place.run / file
         doc = edit(json.loads(path.read_bytes()), place)
         path.write_text(json.dumps(doc))
+
     return apply
 
 
@@ -173,6 +182,7 @@ def set_key(path: tuple, value: Any) -> Callable[[Any, Place], Any]:
     def edit(doc: Any, place: Place) -> Any:
         get_at(doc, path[:-1])[path[-1]] = value(place) if callable(value) else value
         return doc
+
     return edit
 
 
@@ -184,6 +194,7 @@ def delete_key(path: tuple) -> Callable[[Any, Place], Any]:
         else:
             container.pop(path[-1])
         return doc
+
     return edit
 
 
@@ -193,6 +204,7 @@ def rename_first_key(path: tuple, new_key: str) -> Callable[[Any, Place], Any]:
         first = next(iter(container))
         container[new_key] = container.pop(first)
         return doc
+
     return edit
 
 
@@ -211,7 +223,11 @@ def file_variants(run_dir: Path, file: str) -> Iterator[tuple[str, str, Callable
     yield file, "missing", lambda place: (place.run / file).unlink()
     yield file, "empty", write(b"")
     yield file, "garbage bytes", write(garbage)
-    yield file, "truncated to half", lambda place: (place.run / file).write_bytes((place.run / file).read_bytes()[: size // 2])
+    yield (
+        file,
+        "truncated to half",
+        lambda place: (place.run / file).write_bytes((place.run / file).read_bytes()[: size // 2]),
+    )
     yield file, "a directory instead", replace_by_directory
     is_json = read_json(run_dir / file) is not NOT_JSON
     offsets = [size // 2] if is_json else sorted({0, size // 4, size // 2, 3 * size // 4, size - 1})
@@ -222,9 +238,12 @@ def file_variants(run_dir: Path, file: str) -> Iterator[tuple[str, str, Callable
         yield file, "a digit changed", flip_byte(file, size // 2, lambda byte: byte ^ 0x01, digits_only=True)
 
 
-def flip_byte(file: str, offset: int, change: Callable[[int], int], digits_only: bool = False) -> Callable[[Place], None]:
+def flip_byte(
+    file: str, offset: int, change: Callable[[int], int], digits_only: bool = False
+) -> Callable[[Place], None]:
     """Change one byte at `offset` (with `digits_only`, the first ASCII digit from there on, so the
     JSON stays valid and only a number changes)."""
+
     def apply(place: Place) -> None:
         data = bytearray((place.run / file).read_bytes())
         at = offset
@@ -232,6 +251,7 @@ def flip_byte(file: str, offset: int, change: Callable[[int], int], digits_only:
             at = next(i for i in [*range(offset, len(data)), *range(offset)] if chr(data[i]).isdigit())
         data[at] = change(data[at])
         (place.run / file).write_bytes(bytes(data))
+
     return apply
 
 
@@ -247,11 +267,16 @@ def key_variants(doc: Any, file: str, counter: Iterator[int]) -> tuple[list, lis
     top, nested = [], []
     for path in key_paths(doc):
         turn = next(counter)
-        kinds = ["deleted", MUTATIONS[1 + turn % (len(MUTATIONS) - 1)]] if len(path) == 1 else [MUTATIONS[turn % len(MUTATIONS)]]
+        kinds = (
+            ["deleted", MUTATIONS[1 + turn % (len(MUTATIONS) - 1)]]
+            if len(path) == 1
+            else [MUTATIONS[turn % len(MUTATIONS)]]
+        )
         for kind in kinds:
             edit = delete_key(path) if kind == "deleted" else set_key(path, VALUE_KINDS[kind])
-            (top if len(path) == 1 else nested).append((file, f"key {path_text(path)} {kind if kind == 'deleted' else '-> ' + kind}",
-                                                        edit_json(file, edit)))
+            (top if len(path) == 1 else nested).append(
+                (file, f"key {path_text(path)} {kind if kind == 'deleted' else '-> ' + kind}", edit_json(file, edit))
+            )
     return top, nested
 
 
@@ -267,9 +292,21 @@ def id_variants(doc: Any, file: str) -> Iterator[tuple[str, str, Callable[[Place
         elif ID_LIST_KEY.match(key) and isinstance(value, list) and value and all(isinstance(v, int) for v in value):
             yield file, f"ids {path_text(path)} -> [unknown]", edit_json(file, set_key(path, [UNKNOWN_ID]))
         elif isinstance(value, dict) and value and all(k.isdigit() for k in value):
-            yield file, f"first key of {path_text(path)} -> unknown id", edit_json(file, rename_first_key(path, str(UNKNOWN_ID)))
-        elif isinstance(value, dict) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
-            yield file, f"ids in {path_text(path)} -> unknown", edit_json(file, set_key(path, {k: UNKNOWN_ID for k in value}))
+            yield (
+                file,
+                f"first key of {path_text(path)} -> unknown id",
+                edit_json(file, rename_first_key(path, str(UNKNOWN_ID))),
+            )
+        elif (
+            isinstance(value, dict)
+            and value
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value.values())
+        ):
+            yield (
+                file,
+                f"ids in {path_text(path)} -> unknown",
+                edit_json(file, set_key(path, {k: UNKNOWN_ID for k in value})),
+            )
 
 
 def crafted_module(place: Place) -> str:
@@ -302,8 +339,11 @@ def path_variants(doc: Any, file: str) -> Iterator[tuple[str, str, Callable[[Pla
             continue
         if isinstance(value, (dict, list)):
             continue
-        targets: list[tuple[str, Any]] = [("/etc/passwd", "/etc/passwd"), ("../../outside.py", outside_module),
-                                          ("a crafted .py in the run", crafted_module)]
+        targets: list[tuple[str, Any]] = [
+            ("/etc/passwd", "/etc/passwd"),
+            ("../../outside.py", outside_module),
+            ("a crafted .py in the run", crafted_module),
+        ]
         if key.lower().endswith("python"):
             targets.append(("a crafted executable in the run", crafted_executable))
         for name, target in targets:
@@ -325,7 +365,7 @@ def build_variants(run_dir: Path) -> list[Variant]:
     always: list[tuple[str, str, Callable[[Place], None]]] = []
     keyed: list = []
     nested: list = []
-    counter = iter(range(10 ** 6))
+    counter = iter(range(10**6))
     for file in run_files(run_dir):
         always += file_variants(run_dir, file)
         doc = read_json(run_dir / file)
@@ -339,7 +379,9 @@ def build_variants(run_dir: Path) -> list[Variant]:
         nested += inner
     keyed = evenly(keyed, max(0, MAX_VARIANTS - len(always)))
     nested = evenly(nested, max(0, min(NESTED_KEY_BUDGET, MAX_VARIANTS - len(always) - len(keyed))))
-    return [Variant(number, file, damage, apply) for number, (file, damage, apply) in enumerate(always + keyed + nested)]
+    return [
+        Variant(number, file, damage, apply) for number, (file, damage, apply) in enumerate(always + keyed + nested)
+    ]
 
 
 def make_place(base_run: Path, variant: Variant, root: Path, markers: Path) -> Place:
@@ -385,8 +427,14 @@ def suite(tmp_path_factory) -> Suite:
     model.write_text(BASE_MODEL.read_text() + MODEL_FILE_TRIPWIRE)
     base_run = root / "base" / "run"
     env = {k: v for k, v in os.environ.items() if k not in (MARKERS_ENV, VARIANT_ENV)}
-    done = subprocess.run([sys.executable, "-m", "bisectr", "trace", str(model), "-o", str(base_run), "--no-tui"],
-                          capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "trace", str(model), "-o", str(base_run), "--no-tui"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert (base_run / "result.json").is_file()
     markers = root / "markers"
@@ -422,8 +470,14 @@ def watch_markers(markers: Path) -> Callable[[], list[str]]:
 def marker_outcomes(stage: str, new_markers: list[str], suite: Suite) -> list[Outcome]:
     """A failure for each marker a stage left: code from a run was executed."""
     by_name = {f"{v.number:03d}": v for v in suite.variants}
-    return [Outcome(stage, by_name.get(marker.split("-")[0], Variant(-1, "?", marker, lambda p: None)),
-                    f"ran code: {marker.split('-', 1)[1]}") for marker in new_markers]
+    return [
+        Outcome(
+            stage,
+            by_name.get(marker.split("-")[0], Variant(-1, "?", marker, lambda p: None)),
+            f"ran code: {marker.split('-', 1)[1]}",
+        )
+        for marker in new_markers
+    ]
 
 
 def summarize(stage: str, outcomes: list[Outcome], root: Path) -> str:
@@ -432,13 +486,17 @@ def summarize(stage: str, outcomes: list[Outcome], root: Path) -> str:
     failures = [o for o in outcomes if o.problem]
     refused = sum(o.refused and not o.problem for o in outcomes)
     kinds = Counter(problem_class(o.problem) for o in failures)
-    lines = [f"[{stage}] {tried} variants tried: {tried - len({o.variant.number for o in failures})} passed "
-             f"({refused} refused with a message), {len(failures)} failures"]
+    lines = [
+        f"[{stage}] {tried} variants tried: {tried - len({o.variant.number for o in failures})} passed "
+        f"({refused} refused with a message), {len(failures)} failures"
+    ]
     lines += [f"    {count:4d} x {kind}" for kind, count in kinds.most_common()]
     by_problem: dict[str, list[Outcome]] = {}
     for o in failures:
         by_problem.setdefault(o.problem.replace(str(root), "<tmp>"), []).append(o)
-    for problem, group in sorted(by_problem.items(), key=lambda item: (problem_class(item[0]), item[1][0].variant.number)):
+    for problem, group in sorted(
+        by_problem.items(), key=lambda item: (problem_class(item[0]), item[1][0].variant.number)
+    ):
         if len(group) > COLLAPSE_AFTER:  # the same problem everywhere: one line, variant numbers only
             numbers = ", ".join(f"{o.variant.number:03d}" for o in group)
             lines.append(f"  {problem} | in {len(group)} variants: {numbers}")
@@ -465,8 +523,14 @@ def report(stage: str, outcomes: list[Outcome], suite: Suite) -> None:
 # -- (a) the command line ---------------------------------------------------------------------
 def view_cli(run_dir: Path, cwd: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess:
     env = {**os.environ, **extra_env, "COLUMNS": "200", "TMPDIR": str(cwd)}  # bug logs stay in the variant
-    return subprocess.run([sys.executable, "-m", "bisectr", "view", str(run_dir), "--no-tui"], capture_output=True,
-                          text=True, cwd=cwd, env=env, timeout=CLI_TIMEOUT_S)
+    return subprocess.run(
+        [sys.executable, "-m", "bisectr", "view", str(run_dir), "--no-tui"],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=CLI_TIMEOUT_S,
+    )
 
 
 def judge_cli(variant: Variant, place: Place) -> Outcome:
@@ -588,7 +652,7 @@ def tui_sample(variants: list[Variant]) -> list[Variant]:
             chosen.setdefault("tensor bytes", v)
     rest = [v for v in variants if v not in chosen.values()]
     step = max(1, len(rest) // max(1, TUI_VARIANTS - len(chosen)))
-    return (list(chosen.values()) + rest[step // 2::step])[:TUI_VARIANTS]
+    return (list(chosen.values()) + rest[step // 2 :: step])[:TUI_VARIANTS]
 
 
 async def drive_tui(run_dir: Path) -> None:
@@ -634,8 +698,10 @@ def test_tui_lets_no_exception_escape(suite, tui_outcomes):
 def test_no_variant_ever_ran_code_named_in_a_run(suite, cli_outcomes, load_outcomes, tui_outcomes):
     markers = sorted(os.listdir(suite.markers))
     by_name = {f"{v.number:03d}": v for v in suite.variants}
-    lines = [f"  {by_name[m.split('-')[0]].label if m.split('-')[0] in by_name else m} | {m.split('-', 1)[-1]}"
-             for m in markers]
+    lines = [
+        f"  {by_name[m.split('-')[0]].label if m.split('-')[0] in by_name else m} | {m.split('-', 1)[-1]}"
+        for m in markers
+    ]
     text = f"{len(markers)} marker(s) left by code a viewer executed:\n" + "\n".join(lines)
     print("\n" + text)
     assert not markers, text

@@ -17,6 +17,7 @@ no `.<name>.partial-*` or `.<name>.old-*` directory is left. A trace onto a full
 the space and leaves the previous run as it was; two writers into one RUN never mix their files.
 Run with `-s` to see what happened at each moment.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,21 +60,39 @@ def trace_env(layers: int, seconds: str, scratch: Path, width: int | None = None
 
 def start_trace(run_dir: Path, layers: int, seconds: str = SLOW_SECONDS, width: int | None = None) -> subprocess.Popen:
     """`bisectr trace MODEL -o run_dir --no-tui` in the background (bug logs go beside run_dir)."""
-    return subprocess.Popen([sys.executable, "-m", "bisectr", "trace", str(MODEL), "-o", str(run_dir), "--no-tui"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=run_dir.parent,
-                            env=trace_env(layers, seconds, run_dir.parent, width))
+    return subprocess.Popen(
+        [sys.executable, "-m", "bisectr", "trace", str(MODEL), "-o", str(run_dir), "--no-tui"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=run_dir.parent,
+        env=trace_env(layers, seconds, run_dir.parent, width),
+    )
 
 
-def trace_to_the_end(run_dir: Path, layers: int, seconds: str = "0", width: int | None = None) -> subprocess.CompletedProcess:
+def trace_to_the_end(
+    run_dir: Path, layers: int, seconds: str = "0", width: int | None = None
+) -> subprocess.CompletedProcess:
     """A complete trace (fast: no sleeping unless asked)."""
-    return subprocess.run([sys.executable, "-m", "bisectr", "trace", str(MODEL), "-o", str(run_dir), "--no-tui"],
-                          capture_output=True, text=True, cwd=run_dir.parent, timeout=PROCESS_TIMEOUT_S,
-                          env=trace_env(layers, seconds, run_dir.parent, width))
+    return subprocess.run(
+        [sys.executable, "-m", "bisectr", "trace", str(MODEL), "-o", str(run_dir), "--no-tui"],
+        capture_output=True,
+        text=True,
+        cwd=run_dir.parent,
+        timeout=PROCESS_TIMEOUT_S,
+        env=trace_env(layers, seconds, run_dir.parent, width),
+    )
 
 
 def view(run_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bisectr", "view", str(run_dir), "--no-tui"], capture_output=True,
-                          text=True, cwd=run_dir.parent, timeout=PROCESS_TIMEOUT_S, env={**os.environ, "TMPDIR": str(run_dir.parent)})
+    return subprocess.run(
+        [sys.executable, "-m", "bisectr", "view", str(run_dir), "--no-tui"],
+        capture_output=True,
+        text=True,
+        cwd=run_dir.parent,
+        timeout=PROCESS_TIMEOUT_S,
+        env={**os.environ, "TMPDIR": str(run_dir.parent)},
+    )
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str, str]:
@@ -89,8 +108,11 @@ def finish(process: subprocess.Popen) -> tuple[int, str, str]:
 
 def leftovers(run_dir: Path) -> list[str]:
     """Partial and retired directories of writers beside the run (`.<name>.partial-*`, `.<name>.old-*`)."""
-    return sorted(p.name for p in run_dir.parent.iterdir()
-                  if p.name.startswith((f".{run_dir.name}.partial-", f".{run_dir.name}.old-")))
+    return sorted(
+        p.name
+        for p in run_dir.parent.iterdir()
+        if p.name.startswith((f".{run_dir.name}.partial-", f".{run_dir.name}.old-"))
+    )
 
 
 def last_line(text: str) -> str:
@@ -142,7 +164,9 @@ def assess(run_dir: Path, generations: Generations) -> State:
         return State("refused", problems=[f"view printed a traceback: {last_line(shown.stderr)}"])
     if shown.returncode == 2:
         named = str(run_dir) in shown.stderr or str(run_dir.resolve()) in shown.stderr
-        return State("refused", problems=[] if named else [f"view exit 2 without naming the run: {last_line(shown.stderr)}"])
+        return State(
+            "refused", problems=[] if named else [f"view exit 2 without naming the run: {last_line(shown.stderr)}"]
+        )
     if shown.returncode not in (0, 1):
         return State("refused", problems=[f"view exit {shown.returncode}: {last_line(shown.stderr)}"])
     try:
@@ -239,6 +263,7 @@ def after(seconds: float) -> Moment:
     def reached(process: subprocess.Popen, run_dir: Path, previous_manifest: bytes) -> bool:
         time.sleep(seconds)
         return process.poll() is None
+
     return reached
 
 
@@ -251,8 +276,10 @@ def recording_reference(process: subprocess.Popen, run_dir: Path, previous_manif
 
 def recording_candidate(process: subprocess.Popen, run_dir: Path, previous_manifest: bytes) -> bool:
     """Something named `candidate` appeared in the partial directory, plus a little."""
+
     def candidate_started() -> bool:
         return any(any(p.name.startswith("candidate") for p in partial.rglob("*")) for partial in partial_dirs(run_dir))
+
     reached = wait_for(candidate_started, process)
     time.sleep(0.15)
     return reached and process.poll() is None
@@ -297,10 +324,12 @@ class KillReport:
 
     def text(self) -> str:
         said = " / ".join(line.strip() for line in self.stderr.strip().splitlines())[:300] or "(nothing)"
-        lines = [f"{self.signal_name} {self.moment}: {'killed' if self.reached else 'moment missed, ran to the end'}, "
-                 f"exit {self.exit_status}; RUN: {self.after_kill.kind}; beside it: {self.leftovers_after_kill or 'nothing'}",
-                 f"    stderr: {said}",
-                 f"    next trace: {self.next_trace}; left beside RUN after it: {self.leftovers_after_next or 'nothing'}"]
+        lines = [
+            f"{self.signal_name} {self.moment}: {'killed' if self.reached else 'moment missed, ran to the end'}, "
+            f"exit {self.exit_status}; RUN: {self.after_kill.kind}; beside it: {self.leftovers_after_kill or 'nothing'}",
+            f"    stderr: {said}",
+            f"    next trace: {self.next_trace}; left beside RUN after it: {self.leftovers_after_next or 'nothing'}",
+        ]
         lines += [f"    PROBLEM: {problem}" for problem in self.problems]
         return "\n".join(lines)
 
@@ -308,7 +337,12 @@ class KillReport:
 def finished_before_the_signal(report: KillReport, stdout: str) -> bool:
     """The new run was saved and its summary printed before SIGINT arrived: the trace is complete."""
     said_saved = last_line(stdout).startswith("run saved in")
-    return report.exit_status == 1 and said_saved and report.after_kill.layers == NEW_LAYERS and report.after_kill.has_result
+    return (
+        report.exit_status == 1
+        and said_saved
+        and report.after_kill.layers == NEW_LAYERS
+        and report.after_kill.has_result
+    )
 
 
 def check_sigint_message(report: KillReport) -> None:
@@ -326,7 +360,9 @@ def check_sigint_message(report: KillReport) -> None:
 
 @pytest.mark.parametrize("moment", list(MOMENTS))
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
-def test_a_killed_trace_leaves_a_complete_run_or_a_refused_one(tmp_path, complete_runs, generations, signal_name, moment):
+def test_a_killed_trace_leaves_a_complete_run_or_a_refused_one(
+    tmp_path, complete_runs, generations, signal_name, moment
+):
     run_dir = previous_run_in(tmp_path, complete_runs)
     previous_manifest = (run_dir / "manifest.json").read_bytes()
     process = start_trace(run_dir, NEW_LAYERS)
@@ -344,7 +380,9 @@ def test_a_killed_trace_leaves_a_complete_run_or_a_refused_one(tmp_path, complet
         report.problems.append(f"ran to the end with exit {status}: {last_line(stderr)}")
 
     following = trace_to_the_end(run_dir, NEW_LAYERS)
-    report.next_trace = f"exit {following.returncode}" + (f" ({last_line(following.stderr)})" if following.returncode not in (0, 1) else "")
+    report.next_trace = f"exit {following.returncode}" + (
+        f" ({last_line(following.stderr)})" if following.returncode not in (0, 1) else ""
+    )
     report.leftovers_after_next = leftovers(run_dir)
     if following.returncode not in (0, 1):
         report.problems.append(f"the next trace into RUN failed: {last_line(following.stderr)}")
@@ -382,14 +420,18 @@ def test_a_full_disk_is_exit_2_about_space_and_keeps_the_previous_run(small_disk
     problems += state.problems
     if state.layers != PREVIOUS_LAYERS or not state.has_result:
         problems.append(f"the previous run was not kept as it was: RUN is {state.kind}")
-    text = (f"full disk: exit {done.returncode}; stderr: {last_line(done.stderr)}; RUN: {state.kind}; "
-            f"on the disk: {sorted(p.name for p in small_disk.iterdir())}")
+    text = (
+        f"full disk: exit {done.returncode}; stderr: {last_line(done.stderr)}; RUN: {state.kind}; "
+        f"on the disk: {sorted(p.name for p in small_disk.iterdir())}"
+    )
     print("\n" + text + "".join(f"\n    PROBLEM: {p}" for p in problems))
     assert not problems, text + "\n" + "\n".join(problems)
 
 
 # -- two writers ----------------------------------------------------------------------------------------
-def check_two_writers(first: subprocess.Popen, second: subprocess.Popen, run_dir: Path, generations: Generations) -> str:
+def check_two_writers(
+    first: subprocess.Popen, second: subprocess.Popen, run_dir: Path, generations: Generations
+) -> str:
     """Both finish; at most one fails, with exit 2 naming the other's pid; RUN is one complete run."""
     outcomes = {"first": (first, *finish(first)), "second": (second, *finish(second))}
     problems = []
@@ -401,8 +443,10 @@ def check_two_writers(first: subprocess.Popen, second: subprocess.Popen, run_dir
         if "Traceback" in stderr:
             problems.append(f"{name}: traceback: {last_line(stderr)}")
         if status not in (0, 1) and not (status == 2 and str(other.pid) in stderr):
-            problems.append(f"{name} failed with exit {status} without naming the other writer (pid {other.pid}): "
-                            f"{last_line(stderr)}")
+            problems.append(
+                f"{name} failed with exit {status} without naming the other writer (pid {other.pid}): "
+                f"{last_line(stderr)}"
+            )
     state = assess(run_dir, generations)
     problems += state.problems
     if not state.has_result:
@@ -410,8 +454,10 @@ def check_two_writers(first: subprocess.Popen, second: subprocess.Popen, run_dir
     leftover = leftovers(run_dir)
     if leftover:
         problems.append(f"left beside RUN: {leftover}")
-    statuses = ", ".join(f"{name} exit {status} ({last_line(stderr) if status not in (0, 1) else 'ok'})"
-                         for name, (_, status, _, stderr) in outcomes.items())
+    statuses = ", ".join(
+        f"{name} exit {status} ({last_line(stderr) if status not in (0, 1) else 'ok'})"
+        for name, (_, status, _, stderr) in outcomes.items()
+    )
     text = f"{statuses}; RUN: {state.kind}" + "".join(f"\n    PROBLEM: {p}" for p in problems)
     print("\n" + text)
     return text if problems else ""

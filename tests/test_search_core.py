@@ -7,6 +7,7 @@ bracket and its re-run bound, the guess asked first, the group of one difference
 suspect that does not reach the outputs, one whose removal contradicts its pairing, and a group
 whose occurrences confirm only alone.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,10 +38,19 @@ class FakePass(SearchPass):
     """A model of `count` ops, layer `layer_of(i)` each, whose difference enters at op `enters` and
     again at each op of `recurs` (the same line of the same layer class)."""
 
-    def __init__(self, count: int, enters: int, recurs: tuple[int, ...] = (), guess: int | None = None,
-                 reaches: dict[int, float] | None = None, without: dict[tuple[int, ...], float] | None = None):
-        ops = [op_node(i, f"layers.{i // 8}.mlp" if i in (enters, *recurs) else f"layers.{i // 8}", f"model.py:{i % 8}")
-               for i in range(count)]
+    def __init__(
+        self,
+        count: int,
+        enters: int,
+        recurs: tuple[int, ...] = (),
+        guess: int | None = None,
+        reaches: dict[int, float] | None = None,
+        without: dict[tuple[int, ...], float] | None = None,
+    ):
+        ops = [
+            op_node(i, f"layers.{i // 8}.mlp" if i in (enters, *recurs) else f"layers.{i // 8}", f"model.py:{i % 8}")
+            for i in range(count)
+        ]
         record = SimpleNamespace(candidate=SimpleNamespace(ops=ops, dtype="float32"))
         super().__init__(SimpleNamespace(run=record, say=lambda message: None))
         self.enters, self.recurs, self.guess = enters, recurs, guess

@@ -1,6 +1,7 @@
 """Source lines and module paths a new user meets first (issue #18, item 3): an op no user code called
 (the model is one framework layer) gets the framework's own line, marked `library_source`; a side
 that is a plain function calling a model gets the model's module paths, layer indices included."""
+
 import json
 import linecache
 import subprocess
@@ -33,7 +34,10 @@ def line_text(source):
 @pytest.fixture(scope="module")
 def encoders():
     """(adapter, trace) of torch's and paddle's nn.TransformerEncoder, each given directly."""
-    return {framework: record(ENCODER, function) for framework, function in (("torch", "reference"), ("paddle", "candidate"))}
+    return {
+        framework: record(ENCODER, function)
+        for framework, function in (("torch", "reference"), ("paddle", "candidate"))
+    }
 
 
 @pytest.mark.parametrize("framework", ["torch", "paddle"])
@@ -53,8 +57,9 @@ def test_ops_of_a_framework_layer_get_the_frameworks_own_calling_line(encoders, 
     for (canonical, module), ops in by_module.items():
         text = line_text(ops[0].source)
         if canonical == "linear":
-            assert "F.linear(" in text and ops[0].source.rpartition(":")[0].endswith(f"{framework}/nn/" + (
-                "modules/linear.py" if framework == "torch" else "layer/common.py")), ops[0].source
+            assert "F.linear(" in text and ops[0].source.rpartition(":")[0].endswith(
+                f"{framework}/nn/" + ("modules/linear.py" if framework == "torch" else "layer/common.py")
+            ), ops[0].source
         elif canonical == "relu":
             assert "self.activation(" in text and "transformer.py" in ops[0].source, ops[0].source
         elif canonical == "layer_norm":
@@ -105,7 +110,8 @@ def test_a_second_model_called_by_the_function_is_prefixed_by_its_class():
     assert "layers.1.linear2" in modules and modules[-1] == "Linear"
     assert all(m.startswith("layers.") or m == "Linear" for m in modules), set(modules)
     assert {"param:Linear.weight", "param:Linear.bias"} <= set(trace.leaves) and not any(
-        name.startswith("const:") for name in trace.leaves if "weight" in name)
+        name.startswith("const:") for name in trace.leaves if "weight" in name
+    )
 
 
 def test_module_paths_adopt_roots_by_identity():
@@ -123,8 +129,11 @@ def test_module_paths_adopt_roots_by_identity():
 def test_bisect_names_the_library_line_of_a_culprit_in_library_code():
     """`candidate_gelu_layer` swaps paddle's layer 1 FFN activation: the culprit is an op that paddle's
     own `TransformerEncoderLayer.forward` calls, on both sides library code."""
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(ENCODER), "--candidate", "candidate_gelu_layer",
-                           "--json"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(ENCODER), "--candidate", "candidate_gelu_layer", "--json"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1, done.stderr
     result = json.loads(done.stdout)
     culprit = result["culprit"]["candidate"]
@@ -132,7 +141,10 @@ def test_bisect_names_the_library_line_of_a_culprit_in_library_code():
     assert culprit["source"].rpartition(":")[0].endswith("paddle/nn/layer/transformer.py")
     assert "self.activation(" in line_text(culprit["source"])
     assert result["culprit"]["reference"]["source"]
-    text = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(ENCODER), "--candidate", "candidate_gelu_layer"],
-                          capture_output=True, text=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(ENCODER), "--candidate", "candidate_gelu_layer"],
+        capture_output=True,
+        text=True,
+    ).stdout
     path, _, line = culprit["source"].rpartition(":")
     assert f"paddle/nn/layer/transformer.py:{line}:  src = self.linear2(" in text

@@ -1,4 +1,5 @@
 """The run directory: lazy reads, atomic writes, options for big models, corrupt runs."""
+
 import json
 
 import numpy as np
@@ -38,11 +39,21 @@ def test_a_run_holds_no_parameter_values_and_reads_them_from_the_live_model(tmp_
     for trace in (run.reference, run.candidate):
         leaves = [info for info in trace.tensors.values() if (info.leaf or "").startswith(("param:", "buffer:"))]
         assert len(leaves) >= 40 and not any(info.stored for info in leaves)
-        assert all(trace.has_value(info.tid) and info.stats.absmax > 0 for info in leaves if info.leaf.endswith(".weight"))
-        stored = sum(info.size * np.dtype(host_dtype(info.dtype)).itemsize for info in trace.tensors.values() if info.stored)
-        assert stored <= (tmp_path / "run" / trace.side / "tensors.bin").stat().st_size <= stored + 64 * len(trace.tensors)
+        assert all(
+            trace.has_value(info.tid) and info.stats.absmax > 0 for info in leaves if info.leaf.endswith(".weight")
+        )
+        stored = sum(
+            info.size * np.dtype(host_dtype(info.dtype)).itemsize for info in trace.tensors.values() if info.stored
+        )
+        assert (
+            stored <= (tmp_path / "run" / trace.side / "tensors.bin").stat().st_size <= stored + 64 * len(trace.tensors)
+        )
     result = run.bisect()
-    assert result.culprit.kind == "leaf" and result.culprit.leaf.endswith("h.2.attn.c_proj.weight") and result.confirmation.confirmed
+    assert (
+        result.culprit.kind == "leaf"
+        and result.culprit.leaf.endswith("h.2.attn.c_proj.weight")
+        and result.confirmation.confirmed
+    )
     run.save()
     reopened = bisectr.load(tmp_path / "run")
     weight = reopened.candidate.leaves[f"param:{result.culprit.leaf}"]
@@ -75,8 +86,11 @@ def test_stats_only_keeps_statistics_and_the_outputs(tmp_path):
 
 def test_keep_modules_stores_only_those_op_outputs(tmp_path):
     run = bisectr.trace(OPS_FILE, out=tmp_path / "run", keep_modules=("norm",))
-    kept = {run.candidate.ops[t.producer].module for t in run.candidate.tensors.values()
-            if t.stored and t.producer is not None and t.tid not in run.candidate.outputs.values()}
+    kept = {
+        run.candidate.ops[t.producer].module
+        for t in run.candidate.tensors.values()
+        if t.stored and t.producer is not None and t.tid not in run.candidate.outputs.values()
+    }
     assert kept == {"norm"}
 
 
@@ -100,13 +114,22 @@ def _run_id(run_dir):
     return json.loads((run_dir / "manifest.json").read_text())["run_id"]
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: (d / "manifest.json").unlink(), "manifest.json is missing"),
-    (lambda d: (d / "manifest.json").write_text("{not json"), "unreadable manifest"),
-    (lambda d: (d / "candidate" / "trace.json").write_text(json.dumps({"run_id": _run_id(d), "ops": 3})), "corrupt trace"),
-    (lambda d: (d / "reference" / "tensors.bin").write_bytes(b"short"), "truncated or missing"),
-    (lambda d: (d / "manifest.json").write_text(json.dumps({"format": "bisectr-run", "version": 99})), "version 99"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: (d / "manifest.json").unlink(), "manifest.json is missing"),
+        (lambda d: (d / "manifest.json").write_text("{not json"), "unreadable manifest"),
+        (
+            lambda d: (d / "candidate" / "trace.json").write_text(json.dumps({"run_id": _run_id(d), "ops": 3})),
+            "corrupt trace",
+        ),
+        (lambda d: (d / "reference" / "tensors.bin").write_bytes(b"short"), "truncated or missing"),
+        (
+            lambda d: (d / "manifest.json").write_text(json.dumps({"format": "bisectr-run", "version": 99})),
+            "version 99",
+        ),
+    ],
+)
 def test_corrupt_runs_are_reported_by_file(tmp_path, damage, message):
     bisectr.trace(OPS_FILE, out=tmp_path / "run")
     damage(tmp_path / "run")

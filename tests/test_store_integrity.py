@@ -1,5 +1,6 @@
 """The run directory's integrity: checksums, strictly read storage tables, the writer's lock,
 leftovers of writers that died, and failed writes (disk full) that leave nothing behind."""
+
 import errno
 import json
 import os
@@ -112,8 +113,13 @@ def test_each_tensor_is_checked_once(tmp_path, monkeypatch):
 
 
 def test_every_dtype_and_shape_reads_back_checked(tmp_path):
-    arrays = [np.zeros((0, 3), np.float32), np.arange(6, dtype=np.float16).reshape(2, 3),
-              (np.arange(4) + 1j).astype(np.complex64), np.array([True, False]), np.arange(10, dtype=">i4")[::2]]
+    arrays = [
+        np.zeros((0, 3), np.float32),
+        np.arange(6, dtype=np.float16).reshape(2, 3),
+        (np.arange(4) + 1j).astype(np.complex64),
+        np.array([True, False]),
+        np.arange(10, dtype=">i4")[::2],
+    ]
     writer = store.TensorWriter(tmp_path)
     for tid, values in enumerate(arrays):
         writer.write(tid, values)
@@ -136,20 +142,23 @@ def _set_entry(run_dir: Path, change) -> None:
     path.write_text(json.dumps(data))
 
 
-@pytest.mark.parametrize("change, problem", [
-    (lambda e, size: [e[0], e[1], [-1, *e[2][1:]], e[3]], "shape"),
-    (lambda e, size: [e[0], e[1], [2.5], e[3]], "shape"),
-    (lambda e, size: [e[0], "O", e[2], e[3]], "not a plain numeric or bool dtype"),
-    (lambda e, size: [e[0], "<U4", e[2], e[3]], "not a plain numeric or bool dtype"),
-    (lambda e, size: [e[0], "no such dtype", e[2], e[3]], "numpy does not know the dtype"),
-    (lambda e, size: [e[0], 7, e[2], e[3]], "dtype is not a string"),
-    (lambda e, size: [-64, e[1], e[2], e[3]], "offset"),
-    (lambda e, size: [True, e[1], e[2], e[3]], "offset"),
-    (lambda e, size: e[:3], "expected \\[offset, dtype, shape, crc32\\]"),
-    (lambda e, size: [*e[:3], "1234"], "checksum"),
-    (lambda e, size: [*e[:3], 2**40], "checksum"),
-    (lambda e, size: {"offset": e[0]}, "expected"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (lambda e, size: [e[0], e[1], [-1, *e[2][1:]], e[3]], "shape"),
+        (lambda e, size: [e[0], e[1], [2.5], e[3]], "shape"),
+        (lambda e, size: [e[0], "O", e[2], e[3]], "not a plain numeric or bool dtype"),
+        (lambda e, size: [e[0], "<U4", e[2], e[3]], "not a plain numeric or bool dtype"),
+        (lambda e, size: [e[0], "no such dtype", e[2], e[3]], "numpy does not know the dtype"),
+        (lambda e, size: [e[0], 7, e[2], e[3]], "dtype is not a string"),
+        (lambda e, size: [-64, e[1], e[2], e[3]], "offset"),
+        (lambda e, size: [True, e[1], e[2], e[3]], "offset"),
+        (lambda e, size: e[:3], "expected \\[offset, dtype, shape, crc32\\]"),
+        (lambda e, size: [*e[:3], "1234"], "checksum"),
+        (lambda e, size: [*e[:3], 2**40], "checksum"),
+        (lambda e, size: {"offset": e[0]}, "expected"),
+    ],
+)
 def test_a_malformed_storage_entry_is_refused_naming_trace_json(tmp_path, change, problem):
     bisectr.trace(OPS_FILE, out=tmp_path / "run")
     _set_entry(tmp_path / "run", change)
@@ -160,23 +169,28 @@ def test_a_malformed_storage_entry_is_refused_naming_trace_json(tmp_path, change
 def test_an_entry_past_the_end_of_tensors_bin_is_refused(tmp_path):
     bisectr.trace(OPS_FILE, out=tmp_path / "run")
     _set_entry(tmp_path / "run", lambda e, size: [size + 64, *e[1:]])
-    with pytest.raises(RunDirError, match=r"tensors.bin: truncated or missing \(\d+ bytes; .*candidate/trace.json places tensor"):
+    with pytest.raises(
+        RunDirError, match=r"tensors.bin: truncated or missing \(\d+ bytes; .*candidate/trace.json places tensor"
+    ):
         bisectr.load(tmp_path / "run")
 
 
-@pytest.mark.parametrize("damage", [
-    lambda trace: trace["storage"].pop(str(trace["outputs"]["output"])),  # a stored tensor without an entry
-    lambda trace: trace.update(storage=[]),
-    lambda trace: trace["ops"][0].update(inputs=[10**6]),  # a tensor the trace does not hold
-    lambda trace: trace["ops"][0].update(index=5),
-    lambda trace: trace["ops"].append({"index": 0}),  # fields missing
-    lambda trace: trace["tensors"][0].update(shape=[None]),
-    lambda trace: trace["tensors"][0].update(tid=[1]),  # unhashable
-    lambda trace: trace["tensors"][0].update(producer=10**6),
-    lambda trace: trace["tensors"][0].update(stats={"min": "low"}),
-    lambda trace: trace.update(outputs={"output": "x"}),
-    lambda trace: trace.update(tensors=7),
-])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda trace: trace["storage"].pop(str(trace["outputs"]["output"])),  # a stored tensor without an entry
+        lambda trace: trace.update(storage=[]),
+        lambda trace: trace["ops"][0].update(inputs=[10**6]),  # a tensor the trace does not hold
+        lambda trace: trace["ops"][0].update(index=5),
+        lambda trace: trace["ops"].append({"index": 0}),  # fields missing
+        lambda trace: trace["tensors"][0].update(shape=[None]),
+        lambda trace: trace["tensors"][0].update(tid=[1]),  # unhashable
+        lambda trace: trace["tensors"][0].update(producer=10**6),
+        lambda trace: trace["tensors"][0].update(stats={"min": "low"}),
+        lambda trace: trace.update(outputs={"output": "x"}),
+        lambda trace: trace.update(tensors=7),
+    ],
+)
 def test_a_damaged_trace_is_refused_naming_the_file(tmp_path, damage):
     bisectr.trace(OPS_FILE, out=tmp_path / "run")
     path = tmp_path / "run" / "candidate" / "trace.json"
@@ -200,9 +214,13 @@ def test_a_manifest_that_is_not_an_object_is_refused(tmp_path, text):
 
 def _hold_lock(run_dir: Path) -> subprocess.Popen:
     """Another process holding the run's lock until its stdin closes."""
-    code = ("import sys\nfrom bisectr.capture.locks import RunLock\n"
-            "with RunLock(sys.argv[1]):\n    print('held', flush=True)\n    sys.stdin.read()\n")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    code = (
+        "import sys\nfrom bisectr.capture.locks import RunLock\n"
+        "with RunLock(sys.argv[1]):\n    print('held', flush=True)\n    sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert holder.stdout.readline() == "held\n"
     return holder
 
@@ -213,8 +231,11 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     before = (run_dir / "manifest.json").read_text()
     holder = _hold_lock(run_dir)
     try:
-        with pytest.raises(RunDirError, match=rf"^{run_dir}: another bisectr process \(pid {holder.pid}: .*-c .*\) is "
-                                              "writing this run; wait for it or choose another -o$"):
+        with pytest.raises(
+            RunDirError,
+            match=rf"^{run_dir}: another bisectr process \(pid {holder.pid}: .*-c .*\) is "
+            "writing this run; wait for it or choose another -o$",
+        ):
             bisectr.trace(OPS_FILE, out=run_dir)
         with pytest.raises(RunDirError, match=f"pid {holder.pid}"):
             save_result(run_dir, "some run id", {})
@@ -387,8 +408,11 @@ def test_a_failed_result_write_leaves_nothing(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(Path, "write_text", disk_full)
-    with pytest.raises(RunWriteError, match=rf"\.result\.json\.{os.getpid()}: cannot write \(No space left on device\); "
-                                            rf"nothing was saved; {tmp_path / 'run'} is unchanged"):
+    with pytest.raises(
+        RunWriteError,
+        match=rf"\.result\.json\.{os.getpid()}: cannot write \(No space left on device\); "
+        rf"nothing was saved; {tmp_path / 'run'} is unchanged",
+    ):
         save_result(run.run_dir, run.run_id, {"verdict": "divergent"})
     monkeypatch.undo()
     assert _listing(tmp_path) == ["run"]
@@ -435,7 +459,9 @@ def test_a_real_full_disk_fails_a_result_write_cleanly(tiny_disk):
         with pytest.raises(OSError, match="No space left on device"):
             while True:
                 filler.write(b"\0" * 4096)
-    with pytest.raises(RunWriteError, match=r"/\.result\.json\.\d+: cannot write \(No space left on device\); nothing was saved"):
+    with pytest.raises(
+        RunWriteError, match=r"/\.result\.json\.\d+: cannot write \(No space left on device\); nothing was saved"
+    ):
         save_result(run.run_dir, run.run_id, {"verdict": "divergent", "padding": "x" * 100_000})
     assert _listing(tiny_disk) == ["filler", "run"]
     assert _top_files(tiny_disk / "run") == before

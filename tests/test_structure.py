@@ -1,5 +1,6 @@
 """The package's structure: folders in layers, each importing only from its own and those below, and no
 import cycle among bisectr's modules."""
+
 import ast
 from pathlib import Path
 
@@ -65,16 +66,26 @@ def test_the_import_graph_is_read_from_the_sources():
 
 def layer_of(module: str) -> int:
     """The layer holding `module` (the longest prefix of it a layer names)."""
-    best = max(((len(prefix), position) for position, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
-                if module == prefix or module.startswith(prefix + ".")), default=None)
+    best = max(
+        (
+            (len(prefix), position)
+            for position, (_, prefixes) in enumerate(LAYERS)
+            for prefix in prefixes
+            if module == prefix or module.startswith(prefix + ".")
+        ),
+        default=None,
+    )
     assert best is not None, f"{module} is in no layer: add it to LAYERS"
     return best[1]
 
 
 def test_every_module_sits_in_a_layer_and_imports_nothing_above_it():
     graph = import_graph()
-    upward = [f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
-              for a, b in graph.edges if layer_of(b) > layer_of(a)]
+    upward = [
+        f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
+        for a, b in graph.edges
+        if layer_of(b) > layer_of(a)
+    ]
     assert not upward, "imports upward: " + "; ".join(sorted(upward))
     assert {LAYERS[layer_of(m)][0] for m in graph} == {name for name, _ in LAYERS}
 
@@ -83,7 +94,10 @@ def test_one_search_serves_both_passes_and_training_judges_with_the_same_numbers
     """The forward and backward passes plug into `search`; neither reaches into the other, and
     training takes its thresholds and float64 rule from `numerics`, not from a pass."""
     graph = import_graph()
-    assert ("bisectr.search.forward", "bisectr.search.core") in graph.edges and ("bisectr.search.backward", "bisectr.search.core") in graph.edges
+    assert ("bisectr.search.forward", "bisectr.search.core") in graph.edges and (
+        "bisectr.search.backward",
+        "bisectr.search.core",
+    ) in graph.edges
     assert ("bisectr.search.backward", "bisectr.search.forward") not in graph.edges
     assert ("bisectr.training", "bisectr.search.backward") not in graph.edges
     assert ("bisectr.training", "bisectr.measure.numerics") in graph.edges

@@ -8,6 +8,7 @@ others never join is exit 2 naming the rank (and the op), within a timeout. With
 (torch's `LocalTensorMode` simulates the ranks): a DTensor is read whole, and a value is made
 into a DTensor placed as a recorded one.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,13 @@ TIMEOUT_S = 180
 
 
 def bisect_on_two_ranks(model, *options: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(model), "--candidate-nproc", "2", *options],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(model), "--candidate-nproc", "2", *options],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**os.environ, **env},
+    )
 
 
 def result_of(done: subprocess.CompletedProcess) -> dict:
@@ -49,32 +55,62 @@ def source_line(source: str) -> str:
         return file.readlines()[int(line) - 1]
 
 
-@pytest.mark.parametrize("model, env", [(DECODER, {}), (DECODER, {"TP_PLAN": "sequence"}), (DECODER, {"TP_PLAN": "sequence_local"}),
-                                        (DECODER, {"TP_QK_NORM": "1"}),
-                                        (LLAMA, {}), (LLAMA, {"TP_PLAN": "torchtitan"}), (MEGATRON, {}), (MEGATRON_LLAMA, {})],
-                         ids=["decoder", "decoder_sequence_parallel", "decoder_sequence_parallel_local_norms", "decoder_qk_norm", "hf_llama", "hf_llama_torchtitan_plan",
-                              "megatron_by_hand", "hf_llama_against_megatron_fused_port"])
+@pytest.mark.parametrize(
+    "model, env",
+    [
+        (DECODER, {}),
+        (DECODER, {"TP_PLAN": "sequence"}),
+        (DECODER, {"TP_PLAN": "sequence_local"}),
+        (DECODER, {"TP_QK_NORM": "1"}),
+        (LLAMA, {}),
+        (LLAMA, {"TP_PLAN": "torchtitan"}),
+        (MEGATRON, {}),
+        (MEGATRON_LLAMA, {}),
+    ],
+    ids=[
+        "decoder",
+        "decoder_sequence_parallel",
+        "decoder_sequence_parallel_local_norms",
+        "decoder_qk_norm",
+        "hf_llama",
+        "hf_llama_torchtitan_plan",
+        "megatron_by_hand",
+        "hf_llama_against_megatron_fused_port",
+    ],
+)
 def test_a_correct_plan_is_noise(model, env):
     result = result_of(bisect_on_two_ranks(model, "--json", **env))
     assert result["verdict"] == "noise"
     assert result["output_error"]["max_rel"] < 1e-6
     check = result["fp64_check"]
-    assert check["status"] == "agree" and check["float64_error"] < 1e-12 and not check["narrow_ops"]  # float64 throughout
+    assert (
+        check["status"] == "agree" and check["float64_error"] < 1e-12 and not check["narrow_ops"]
+    )  # float64 throughout
     assert result["ops"]["aligned"] >= 0.85 * result["ops"]["candidate"]  # local parts of shards are never paired
 
 
 # bug -> (module of the culprit, the planted line's tag or the line it shows, op)
 DECODER_BUGS = {
-    "partial": ("layers.0.mlp.down", "return self.down(", "DTensor.to_local"),  # in the row-parallel style's output hook
+    "partial": (
+        "layers.0.mlp.down",
+        "return self.down(",
+        "DTensor.to_local",
+    ),  # in the row-parallel style's output hook
     "global_heads": ("layers.0.attention", "nn.functional.scaled_dot_product_attention", None),
     "bias_every_rank": ("layers.0.attention", "+ self.o_proj.bias.to_local()", "Tensor.add"),
     "qk_norm_on_shard": ("layers.0.attention", "nn.functional.scaled_dot_product_attention", None),
 }
 
 
-@pytest.mark.parametrize("bug, env", [(bug, {}) for bug in DECODER_BUGS if bug != "qk_norm_on_shard"]
-                         + [("global_heads", {"TP_PLAN": "sequence"}), ("global_heads", {"TP_PLAN": "sequence_local"}),
-                            ("qk_norm_on_shard", {"TP_QK_NORM": "1"})])
+@pytest.mark.parametrize(
+    "bug, env",
+    [(bug, {}) for bug in DECODER_BUGS if bug != "qk_norm_on_shard"]
+    + [
+        ("global_heads", {"TP_PLAN": "sequence"}),
+        ("global_heads", {"TP_PLAN": "sequence_local"}),
+        ("qk_norm_on_shard", {"TP_QK_NORM": "1"}),
+    ],
+)
 def test_a_planted_tp_bug_is_divergent_at_its_first_layer_confirmed(bug, env):
     result = result_of(bisect_on_two_ranks(DECODER, "--json", TP_BUG=bug, **env))
     module, line, op = DECODER_BUGS[bug]
@@ -98,7 +134,9 @@ def test_a_forgotten_reduce_in_hf_llama_is_named_at_layer_0s_o_proj(plan):
     culprit = text.split("culprit (first semantic difference): copy")[1]
     assert "DTensor.to_local             model.layers.0.self_attn" in culprit
     assert "attn_output = self.o_proj(attn_output)" in culprit
-    assert "on 2 ranks: reads Partial(sum); hands on differs by rank (each rank's own values; rank 0's shown)" in culprit
+    assert (
+        "on 2 ranks: reads Partial(sum); hands on differs by rank (each rank's own values; rank 0's shown)" in culprit
+    )
 
 
 def test_megatron_style_bugs_in_the_row_parallel_class_are_named_where_they_enter():
@@ -110,7 +148,9 @@ def test_megatron_style_bugs_in_the_row_parallel_class_are_named_where_they_ente
     assert forgotten["verdict"] == "divergent" and culprit["candidate"]["module"] == "layers.0.attention.o"
     assert "partial = nn.functional.linear(x, self.weight)" in source_line(culprit["candidate"]["source"])
     assert culprit["placements"]["hands_on"] == ["differs by rank"]
-    assert len(forgotten["recurrences"]) == 4 and forgotten["confirmation"]["confirmed"]  # attention.o and down, 2 layers
+    assert (
+        len(forgotten["recurrences"]) == 4 and forgotten["confirmation"]["confirmed"]
+    )  # attention.o and down, 2 layers
     twice = bisect_on_two_ranks(MEGATRON, TP_BUG="bias_every_rank")
     assert twice.returncode == 1 and "verdict: divergent" in twice.stdout, twice.stderr[-3000:]
     culprit = twice.stdout.split("culprit (first semantic difference)")[1].split("error by op")[0]
@@ -122,7 +162,11 @@ def test_megatron_style_bugs_in_the_row_parallel_class_are_named_where_they_ente
 
 # bug -> (the culprit's module, the line it shows, a line among its block's)
 MEGATRON_LLAMA_BUGS = {
-    "gate_up_as_stored": ("layers.0.mlp.down", "dist.all_reduce(partial)", "gate, up = self.gate_up(x).chunk(2, dim=-1)"),
+    "gate_up_as_stored": (
+        "layers.0.mlp.down",
+        "dist.all_reduce(partial)",
+        "gate, up = self.gate_up(x).chunk(2, dim=-1)",
+    ),
     "head_gathered_wrong_dim": ("(top level)", "# @head_gathered_wrong_dim", "dist.all_gather(parts, local)"),
 }
 
@@ -134,8 +178,13 @@ def test_bugs_of_a_megatron_port_of_hf_llama_with_fused_weights_are_named_where_
     the first layer's MLP, its all-reduce completing it; the head's halves gathered along the wrong dim
     the stack that interleaves them. The residual adds pair the MLP's output, not the norm's copy of the
     residual, and the halves `all_gather` writes are its outputs, not the empty tensors it fills."""
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MEGATRON_LLAMA)], capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env={**os.environ, "TP_BUG": bug})
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(MEGATRON_LLAMA)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**os.environ, "TP_BUG": bug},
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     module, line, among = MEGATRON_LLAMA_BUGS[bug]
     assert re.search(r"^verdict: divergent {3}outputs differ", done.stdout, re.M), done.stdout
@@ -160,7 +209,10 @@ def test_hugging_faces_own_tensor_parallelism_is_rounding_and_a_converters_mista
     result = result_of(bisect_on_two_ranks(HF_PLAN, "--json", "--candidate", "candidate_o_proj_transposed"))
     culprit = result["culprit"]
     assert result["verdict"] == "divergent" and result["confirmation"]["confirmed"]
-    assert culprit["leaf"] == "model.layers.1.self_attn.o_proj.weight" and culprit["candidate"]["module"] == "model.layers.1.self_attn.o_proj"
+    assert (
+        culprit["leaf"] == "model.layers.1.self_attn.o_proj.weight"
+        and culprit["candidate"]["module"] == "model.layers.1.self_attn.o_proj"
+    )
     assert culprit["description"] == "transposed"
     assert 0.9 < result["confirmation"]["before"] < 0.97 and result["confirmation"]["output_error"] < 1e-6
 
@@ -176,15 +228,20 @@ def test_a_rank_that_raises_is_named_with_its_traceback():
 def test_a_rank_that_runs_an_extra_op_is_named_with_the_op():
     done = bisect_on_two_ranks(DECODER, TP_FAULT="extra_op")
     assert done.returncode == 2, done.stderr[-3000:]
-    assert (f"the candidate side's ranks ran different ops: op 1 is Tensor.mul in the model at {DECODER}:" in done.stderr
-            and "on rank 1 and nn.functional.rms_norm in layers.0.attention_norm" in done.stderr)
+    assert (
+        f"the candidate side's ranks ran different ops: op 1 is Tensor.mul in the model at {DECODER}:" in done.stderr
+        and "on rank 1 and nn.functional.rms_norm in layers.0.attention_norm" in done.stderr
+    )
 
 
 def test_ranks_that_run_the_same_ops_in_another_order_are_named_with_the_op_that_reads_them():
     done = bisect_on_two_ranks(DECODER, TP_FAULT="order")
     assert done.returncode == 2, done.stderr[-3000:]
-    assert ("the candidate side's ranks ran their ops in different orders: op 3, Tensor.add in the model at "
-            f"{DECODER}:" in done.stderr and "reads the outputs of ops 2, 1 on rank 1 and of ops 1, 2 on rank 0" in done.stderr)
+    assert (
+        f"the candidate side's ranks ran their ops in different orders: op 3, Tensor.add in the model at {DECODER}:"
+        in done.stderr
+        and "reads the outputs of ops 2, 1 on rank 1 and of ops 1, 2 on rank 0" in done.stderr
+    )
 
 
 def test_a_rank_whose_process_exits_is_named():
@@ -209,13 +266,19 @@ def test_a_rank_waiting_in_a_collective_the_others_skip_ends_within_the_timeout(
 def test_a_side_that_needs_ranks_started_on_one_process_is_told_the_flag():
     """The example declares NPROC; overriding it with one process is the mistake a user makes without it."""
     example = MODELS.parent.parent / "examples" / "tensor_parallel.py"
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(example), "--candidate-nproc", "1"],
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(example), "--candidate-nproc", "1"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().count("\n") == 0, done.stderr
-    assert ("candidate() builds a side on several ranks (reads WORLD_SIZE, which a launcher sets for each rank) but "
-            "the candidate side runs on one process: pass --candidate-nproc N, or declare it in the model file: "
-            "NPROC = {'candidate': N}") in done.stderr
+    assert (
+        "candidate() builds a side on several ranks (reads WORLD_SIZE, which a launcher sets for each rank) but "
+        "the candidate side runs on one process: pass --candidate-nproc N, or declare it in the model file: "
+        "NPROC = {'candidate': N}"
+    ) in done.stderr
 
 
 def test_an_interpreter_without_torch_cannot_start_the_ranks(tmp_path):
@@ -223,7 +286,10 @@ def test_an_interpreter_without_torch_cannot_start_the_ranks(tmp_path):
     bare = tmp_path / "bare" / "bin" / "python"
     done = bisect_on_two_ranks(DECODER, "--candidate-python", str(bare))
     assert done.returncode == 2, done.stderr[-3000:]
-    assert f"torchrun for the candidate side ({bare} -m torch.distributed.run) exited with status 1 before its ranks started" in done.stderr
+    assert (
+        f"torchrun for the candidate side ({bare} -m torch.distributed.run) exited with status 1 before its ranks started"
+        in done.stderr
+    )
 
 
 # -- without processes -------------------------------------------------------------------------------
@@ -248,7 +314,11 @@ WHOLE = np.arange(12, dtype=np.float32).reshape(4, 3)
 
 def local_parts(dtensor) -> list[np.ndarray]:
     local = dtensor.to_local()
-    return [local._local_tensors[rank].numpy() for rank in range(2)] if hasattr(local, "_local_tensors") else [local.numpy()] * 2
+    return (
+        [local._local_tensors[rank].numpy() for rank in range(2)]
+        if hasattr(local, "_local_tensors")
+        else [local.numpy()] * 2
+    )
 
 
 @pytest.mark.parametrize("placement", ["Shard(dim=0)", "Shard(dim=1)", "Replicate()"])

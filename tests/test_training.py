@@ -1,5 +1,6 @@
 """Training steps (`bisectr train`): both sides trained on real torch and paddle runs, the first
 semantic step, its stage and culprit."""
+
 import json
 import subprocess
 import sys
@@ -15,8 +16,11 @@ GPT2 = MODELS / "hf_gpt2_training.py"
 
 
 def train_json(model, *args) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, "-m", "bisectr", "train", str(model), "--json", *map(str, args)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "train", str(model), "--json", *map(str, args)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode in (0, 1), done.stderr
     result = json.loads(done.stdout)
     assert (done.returncode == 1) == (result["verdict"] == "divergent")
@@ -30,7 +34,9 @@ def test_seed_004s_span_head_over_20_adamw_steps_is_noise_within_the_rounding_ba
     for row in steps:
         assert row["loss"]["reference"] > 0 and row["error"]["loss"] < 1e-4  # seed 004's 2e-3 was on real data
         assert row["float64_error"]["loss"] < 1e-9 and row["float64_error"]["update"] < 1e-5
-        assert row["error"]["loss"] <= 10 * row["predicted"]["loss"] + 1e-6  # what rounding predicts, and more steps do not leave it
+        assert (
+            row["error"]["loss"] <= 10 * row["predicted"]["loss"] + 1e-6
+        )  # what rounding predicts, and more steps do not leave it
     assert steps[-1]["loss"]["reference"] < 0.8 * steps[0]["loss"]["reference"]  # it trains
 
 
@@ -56,10 +62,16 @@ def test_an_epsilon_of_1e_6_against_1e_8_is_named():
 
 
 def test_a_warm_up_one_step_behind_is_the_learning_rate_of_that_step():
-    status, result = train_json(PORTS, "--reference", "reference_warmup", "--candidate", "candidate_warmup", "--steps", 2)
+    status, result = train_json(
+        PORTS, "--reference", "reference_warmup", "--candidate", "candidate_warmup", "--steps", 2
+    )
     culprit = result["culprit"]
     assert status == 1 and result["first_step"] == 1 and result["stage"] == "optimizer"
-    assert culprit["field"] == "learning rate" and culprit["reference"] == pytest.approx(2e-3) and culprit["candidate"] == 0.0
+    assert (
+        culprit["field"] == "learning rate"
+        and culprit["reference"] == pytest.approx(2e-3)
+        and culprit["candidate"] == 0.0
+    )
     assert result["steps"][1]["learning_rate"] == {"reference": pytest.approx(4e-3), "candidate": pytest.approx(2e-3)}
 
 
@@ -73,25 +85,35 @@ def test_a_backward_bug_is_step_1_stage_backward_at_its_op():
 
 
 def test_loss_functions_that_differ_are_the_forward_stage_with_the_models_cleared():
-    status, result = train_json(SPAN, "--reference", "reference_cross_entropy", "--candidate", "candidate_cross_entropy",
-                                "--steps", 1)
+    status, result = train_json(
+        SPAN, "--reference", "reference_cross_entropy", "--candidate", "candidate_cross_entropy", "--steps", 1
+    )
     assert status == 1 and result["stage"] == "forward" and result["culprit"] is None
-    assert "the models' outputs agree (noise" in result["note"] and "the loss functions compute differently" in result["note"]
+    assert (
+        "the models' outputs agree (noise" in result["note"]
+        and "the loss functions compute differently" in result["note"]
+    )
 
 
 def test_a_correct_torch_port_matches_and_the_text_shows_the_steps():
-    done = subprocess.run([sys.executable, "-m", "bisectr", "train", str(PORTS), "--candidate", "torch_port", "--steps", "3"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "train", str(PORTS), "--candidate", "torch_port", "--steps", "3"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert "training verdict: match over 3 steps" in done.stdout
     assert "loss, reference" in done.stdout and "loss, candidate" in done.stdout and "rounding predicts" in done.stdout
 
 
-@pytest.mark.parametrize("model, args, message", [
-    (PORTS, ["--steps", "0"], "--steps must be at least 1 (got 0)"),
-    (MODELS / "backward_ports.py", [], "backward_ports.py: defines no function reference_optimizer(model)"),
-    (MODELS / "function_sides.py", [], "cannot be trained here: it is a plain function"),
-])
+@pytest.mark.parametrize(
+    "model, args, message",
+    [
+        (PORTS, ["--steps", "0"], "--steps must be at least 1 (got 0)"),
+        (MODELS / "backward_ports.py", [], "backward_ports.py: defines no function reference_optimizer(model)"),
+        (MODELS / "function_sides.py", [], "cannot be trained here: it is a plain function"),
+    ],
+)
 def test_a_model_file_that_cannot_train_is_status_2_naming_the_problem(model, args, message):
     done = subprocess.run([sys.executable, "-m", "bisectr", "train", str(model), *args], capture_output=True, text=True)
     assert done.returncode == 2 and message in done.stderr.replace("\n", " "), done.stderr
@@ -99,7 +121,9 @@ def test_a_model_file_that_cannot_train_is_status_2_naming_the_problem(model, ar
 
 
 def test_a_port_that_decays_what_the_reference_exempts_is_named_by_those_parameters():
-    status, result = train_json(PORTS, "--reference", "reference_grouped", "--candidate", "candidate_decay_all", "--steps", 2)
+    status, result = train_json(
+        PORTS, "--reference", "reference_grouped", "--candidate", "candidate_decay_all", "--steps", 2
+    )
     culprit = result["culprit"]
     assert status == 1 and result["first_step"] == 1 and result["stage"] == "optimizer"
     assert culprit["field"] == "weight decay on 13 parameters the reference exempts (3 norm weights, 10 biases)"
@@ -107,7 +131,9 @@ def test_a_port_that_decays_what_the_reference_exempts_is_named_by_those_paramet
 
 
 def test_the_same_exemptions_through_apply_decay_param_fun_are_noise():
-    status, result = train_json(PORTS, "--reference", "reference_grouped", "--candidate", "candidate_exempt", "--steps", 2)
+    status, result = train_json(
+        PORTS, "--reference", "reference_grouped", "--candidate", "candidate_exempt", "--steps", 2
+    )
     assert status == 0 and result["verdict"] == "noise"
 
 
@@ -127,7 +153,12 @@ def test_a_gpt2_port_with_another_beta2_is_the_optimizer_at_step_2_naming_beta2(
     status, result = train_json(GPT2, "--candidate", "candidate_beta2", "--steps", 3)
     culprit, (first, second, _) = result["culprit"], result["steps"]
     assert status == 1 and result["first_step"] == 2 and result["stage"] == "optimizer"
-    assert (culprit["kind"], culprit["field"], culprit["reference"], culprit["candidate"]) == ("optimizer", "beta2", 0.999, 0.99)
+    assert (culprit["kind"], culprit["field"], culprit["reference"], culprit["candidate"]) == (
+        "optimizer",
+        "beta2",
+        0.999,
+        0.99,
+    )
     assert 1e-3 < culprit["update_error"] < 4.5e-3
     assert not first["semantic"] and first["float64_error"]["update"] < 1e-6
     assert first["float64_error"]["moments"] == pytest.approx(9, rel=1e-3)  # (1 - 0.99) / (1 - 0.999) - 1
@@ -147,7 +178,7 @@ def test_a_gpt2_port_that_decays_its_biases_and_norms_is_the_optimizer_at_step_1
     assert first["error"]["update"] > 10 * culprit["update_error"]
 
 
-WIDE_STACK = '''
+WIDE_STACK = """
 import torch
 
 
@@ -165,7 +196,7 @@ def reference_optimizer(model):
 
 
 candidate_optimizer = reference_optimizer
-'''
+"""
 
 
 def test_the_steps_hold_no_copy_of_every_gradient_update_and_moment(tmp_path):

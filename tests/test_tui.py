@@ -7,6 +7,7 @@ snapshots open the runs saved in tests/data/runs (the same digits on every CPU);
 run trace the model here. The span-head example (torch vs paddle) has its own snapshots and the
 `bisectr trace` terminal test.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,18 @@ import bisectr  # noqa: E402
 from bisectr.present.tui.app import BisectrApp  # noqa: E402
 from bisectr.present.tui.data import RunData  # noqa: E402
 from bisectr.present.tui.screens import DetailScreen, HelpScreen, RetraceScreen  # noqa: E402
-from bisectr.present.tui.widgets import (CulpritPanel, ErrorChart, EvidencePanel, FilterInput, HeatMapView, ModuleTree,  # noqa: E402
-                                 OpPreview, OpTable, SearchProgress, VerdictBanner)
+from bisectr.present.tui.widgets import (
+    CulpritPanel,
+    ErrorChart,
+    EvidencePanel,
+    FilterInput,
+    HeatMapView,
+    ModuleTree,  # noqa: E402
+    OpPreview,
+    OpTable,
+    SearchProgress,
+    VerdictBanner,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "tests" / "models" / "tui_mlp.py"
@@ -123,8 +134,12 @@ def test_run_data_pairs_every_op_and_builds_the_module_tree(live):
 
 def test_n_p_fall_back_to_the_most_amplifying_ops_when_none_differs(live):
     run, result = live
-    noisy = replace(result, profile=[replace(row, verdict="noise" if row.verdict == "different" else row.verdict)
-                                     for row in result.profile])
+    noisy = replace(
+        result,
+        profile=[
+            replace(row, verdict="noise" if row.verdict == "different" else row.verdict) for row in result.profile
+        ],
+    )
     data = RunData(replace(run, result=noisy))
     ops, kind = data.notable()
     assert kind == "amplifying" and ops[0] == CULPRIT  # its error appears from exact inputs: infinite amplification
@@ -215,7 +230,9 @@ async def test_enter_opens_the_op_detail(saved):
         await pilot.pause()
         screen = app.screen
         assert isinstance(screen, DetailScreen) and screen.index == CULPRIT
-        assert GELU_LINE in text(screen.query_one("#source-candidate")) and GELU_LINE in text(screen.query_one("#source-reference"))
+        assert GELU_LINE in text(screen.query_one("#source-candidate")) and GELU_LINE in text(
+            screen.query_one("#source-reference")
+        )
         evidence = text(screen.query_one(EvidencePanel))
         assert "vs fp64" in evidence and "different" in evidence
         assert_gelu_evidence(evidence)
@@ -279,13 +296,24 @@ async def test_b_searches_again_with_a_progress_bar(live):
         progress = app.query_one(SearchProgress)
         stages: list[str] = []
         start, stage = progress.start, progress.stage
-        progress.start = lambda: (stages.append(f"shown: {progress.display}"), start(), stages.append(f"shown: {progress.display}"))
+        progress.start = lambda: (
+            stages.append(f"shown: {progress.display}"),
+            start(),
+            stages.append(f"shown: {progress.display}"),
+        )
         progress.stage = lambda message: (stages.append(message), stage(message))  # type: ignore[method-assign]
         await pilot.press("b")
         await settle(pilot)
         assert not progress.display
-        assert stages[:7] == ["shown: False", "shown: True", "re-running each side unpatched", "replaying ops",
-                              "running both sides in float64", "comparing parameters and buffers", "searching"]
+        assert stages[:7] == [
+            "shown: False",
+            "shown: True",
+            "re-running each side unpatched",
+            "replaying ops",
+            "running both sides in float64",
+            "comparing parameters and buffers",
+            "searching",
+        ]
         assert any(m.startswith("search done: divergent, culprit op 7") for m in messages)
         assert app.data.culprit_index == CULPRIT and bisectr.load(live[0].run_dir).result.verdict == "divergent"
 
@@ -331,7 +359,9 @@ async def test_e_exports_a_repro_that_reproduces_the_op(live, tmp_path):
     assert any(str(directory) in m for m in messages)
     assert (directory / "repro.py").is_file() and (directory / "inputs.npz").is_file()
     assert "approximate='tanh'" in (directory / "repro.py").read_text()
-    out = subprocess.run([sys.executable, str(directory / "repro.py")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, str(directory / "repro.py")], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert out.returncode == 0, out.stderr
     _, result = live
     assert f"candidate vs reference:         {result.culprit.local_error:.3g}" in out.stdout
@@ -404,7 +434,9 @@ async def test_small_terminal_and_light_theme(saved):
 
 
 async def test_g_switches_between_the_forward_and_the_backward_pass(tmp_path):
-    run = bisectr.trace(ROOT / "tests" / "models" / "backward_ports.py", candidate="candidate_pylayer", out=tmp_path / "run")
+    run = bisectr.trace(
+        ROOT / "tests" / "models" / "backward_ports.py", candidate="candidate_pylayer", out=tmp_path / "run"
+    )
     run.bisect(backward=True)
     run.save()
     app = saved_app(bisectr.load(tmp_path / "run"))
@@ -445,7 +477,9 @@ async def test_the_training_tui_shows_the_verdict_both_loss_curves_and_the_steps
         assert verdict.startswith("training verdict: divergent at step 1 of 3 (stage: optimizer)")
         assert "the optimizer's epsilon (reference 1e-08, candidate 1e-06)" in verdict
         curves = list(app.query(Sparkline))
-        assert [list(c.data) for c in curves] == [[getattr(row.loss, role) for row in result.steps] for role in ("reference", "candidate")]
+        assert [list(c.data) for c in curves] == [
+            [getattr(row.loss, role) for row in result.steps] for role in ("reference", "candidate")
+        ]
         table = app.query_one(DataTable)
         assert table.row_count == 3 and table.cursor_row == 0
         assert table.get_row_at(0)[-1] == "semantic"
@@ -482,8 +516,22 @@ class Terminal:
         self.session = f"bisectr-{uuid.uuid4().hex[:8]}"
         self.status = status
         env = {**os.environ, "TERM": "xterm-256color"}
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.session, "-x", str(size[0]), "-y", str(size[1]),
-                        f"cd {ROOT} && {command}; echo $? > {status}"], check=True, env=env)
+        subprocess.run(
+            [
+                "tmux",
+                "new-session",
+                "-d",
+                "-s",
+                self.session,
+                "-x",
+                str(size[0]),
+                "-y",
+                str(size[1]),
+                f"cd {ROOT} && {command}; echo $? > {status}",
+            ],
+            check=True,
+            env=env,
+        )
 
     def screen(self) -> str:
         return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.session], capture_output=True, text=True).stdout

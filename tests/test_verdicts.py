@@ -1,6 +1,7 @@
 """The verdict contract on model pairs the project did not write: library layers against hand
 ports (torch `nn.MultiheadAttention`, paddle.vision's ResNet, a Hugging Face Llama), each correct
 and with one planted bug, and models that do not reproduce themselves."""
+
 import json
 import math
 import subprocess
@@ -16,8 +17,11 @@ from conftest import MODELS, assert_verdict_contract, line_of
 
 
 def bisect(model: str, candidate: str) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MODELS / model), "--candidate", candidate, "--json"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(MODELS / model), "--candidate", candidate, "--json"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode in (0, 1), done.stderr
     result = json.loads(done.stdout)
     assert done.returncode == (1 if result["verdict"] == "divergent" else 0)
@@ -43,7 +47,9 @@ def test_multihead_attention_with_a_wrong_scale_is_divergent_and_bracketed_at_it
         # candidate's ops standing for blocks.1's, the scaled scores among them
         culprit = result["culprit"]
         assert culprit["reference"]["module"] == "blocks.1.attn" and culprit["block"] is not None
-        candidate = bisectr.trace(MODELS / "torch_mha.py", candidate="candidate_wrong_scale", out=tmp_path / "run").candidate
+        candidate = bisectr.trace(
+            MODELS / "torch_mha.py", candidate="candidate_wrong_scale", out=tmp_path / "run"
+        ).candidate
         assert scale_line in {candidate.ops[i].source for i in culprit["block"]["candidate"]}
     else:
         assert scale_line in [site["source"] for site in result["bracket"]["candidate"]]
@@ -68,14 +74,22 @@ def test_hugging_face_llama_with_one_layer_on_gelu_is_divergent_at_that_activati
     pytest.importorskip("transformers")
     status, result = bisect("hf_llama_activation.py", "candidate_gelu_layer")
     culprit, confirmation = result["culprit"], result["confirmation"]
-    assert status == 1 and culprit["candidate"]["op"] == "nn.functional.gelu" and culprit["reference"]["op"] == "nn.functional.silu"
+    assert (
+        status == 1
+        and culprit["candidate"]["op"] == "nn.functional.gelu"
+        and culprit["reference"]["op"] == "nn.functional.silu"
+    )
     assert culprit["candidate"]["module"] == culprit["reference"]["module"] == "model.layers.2.mlp.act_fn"
     assert confirmation["confirmed"] and confirmation["output_error"] < confirmation["before"] / 10
 
 
-@pytest.mark.parametrize("model, framework_op", [("torch_dropout.py", "nn.functional.dropout"), ("paddle_dropout.py", "_C_ops.dropout")])
+@pytest.mark.parametrize(
+    "model, framework_op", [("torch_dropout.py", "nn.functional.dropout"), ("paddle_dropout.py", "_C_ops.dropout")]
+)
 def test_dropout_in_training_mode_is_refused_naming_the_side_and_the_op(model, framework_op):
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(MODELS / model), "--json"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(MODELS / model), "--json"], capture_output=True, text=True
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert "the reference side does not reproduce its own outputs" in done.stderr
     assert f"op 1 ({framework_op}" in done.stderr and "model.eval()" in done.stderr
@@ -84,12 +98,24 @@ def test_dropout_in_training_mode_is_refused_naming_the_side_and_the_op(model, f
 def test_the_corpus_benchmark_prints_a_row_per_pair_and_writes_them(tmp_path):
     """`benchmarks/corpus.py` as a user runs it (tests/test_corpus.py runs every pair through it)."""
     rows_file = tmp_path / "rows.json"
-    done = subprocess.run([sys.executable, str(MODELS.parent.parent / "benchmarks" / "corpus.py"), "--only", "paddle_conv_bias",
-                           "--json", str(rows_file)], capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(MODELS.parent.parent / "benchmarks" / "corpus.py"),
+            "--only",
+            "paddle_conv_bias",
+            "--json",
+            str(rows_file),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(rows_file.read_text())
     assert [(r["pair"], r["verdict"], r["confirmed"], r["problems"]) for r in rows] == [
-        ("paddle_conv_bias:candidate", "noise", False, []), ("paddle_conv_bias:candidate_wrong_bias", "divergent", True, [])]
+        ("paddle_conv_bias:candidate", "noise", False, []),
+        ("paddle_conv_bias:candidate_wrong_bias", "divergent", True, []),
+    ]
     # The op amplifying rounding the most: of two that amplify about as much, which depends on the CPU's kernels.
     assert rows[0]["culprit"] in ("conv2d+add at conv2", "linear at fc")
     assert rows[1]["culprit"] == "conv2d at conv2"

@@ -1,6 +1,7 @@
 """`bisectr.weights` pairs BatchNorm running statistics by layer type, both ways, with no name map:
 torch `running_mean` / `running_var` <-> paddle `_mean` / `_variance`; torch's `num_batches_tracked`
 has no paddle counterpart and is neither copied nor reported."""
+
 import numpy as np
 import paddle
 import pytest
@@ -29,10 +30,14 @@ def test_paddle_resnet_moves_to_its_torch_port_without_a_name_map(paddle_resnet,
     assert len(report.copied) == 102 and report.transposed == ["fc.weight"] and not report.layout_unknown
     assert not any(name.endswith("num_batches_tracked") for name in report.copied)
     assert int(model.layer4[1].bn1.num_batches_tracked) == 0
-    np.testing.assert_array_equal(model.layer4[1].bn1.running_var.numpy(), paddle_resnet.layer4[1].bn1._variance.numpy())
+    np.testing.assert_array_equal(
+        model.layer4[1].bn1.running_var.numpy(), paddle_resnet.layer4[1].bn1._variance.numpy()
+    )
 
     named = RESNET._torch_resnet18()  # the same copy with the name map users had to write by hand
-    paddle_to_torch(paddle_resnet, named, name_map=[(r"\._mean$", ".running_mean"), (r"\._variance$", ".running_var")]).check()
+    paddle_to_torch(
+        paddle_resnet, named, name_map=[(r"\._mean$", ".running_mean"), (r"\._variance$", ".running_var")]
+    ).check()
     for name, value in named.state_dict().items():
         assert torch.equal(model.state_dict()[name], value), name
 
@@ -85,8 +90,16 @@ def test_torch_cnn_moves_to_paddle_without_a_name_map(norm, source):
     port = PaddleNet(norm)
     port.eval()
     report = torch_to_paddle(model if source == "module" else model.state_dict(), port).check()
-    assert sorted(report.copied) == ["bn._mean", "bn._variance", "bn.bias", "bn.weight", "conv.bias", "conv.weight",
-                                     "fc.bias", "fc.weight"]
+    assert sorted(report.copied) == [
+        "bn._mean",
+        "bn._variance",
+        "bn.bias",
+        "bn.weight",
+        "conv.bias",
+        "conv.weight",
+        "fc.bias",
+        "fc.weight",
+    ]
     assert report.transposed == ["fc.weight"] and not report.unmatched and not report.extra
     np.testing.assert_array_equal(port.bn._mean.numpy(), model.bn.running_mean.numpy())
     np.testing.assert_array_equal(port.bn._variance.numpy(), model.bn.running_var.numpy())

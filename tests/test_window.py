@@ -1,6 +1,7 @@
 """The hierarchical search (`bisectr.search.window`): a run that stored no op values (`value_budget=0`, what a
 big model gets past the budget) is searched on layer outputs first, then on the ops of the layers where
 the difference enters, and names what a fully stored run names."""
+
 import json
 import subprocess
 import sys
@@ -18,8 +19,11 @@ from corpus import CORPUS
 # (model file, candidate function, --backward): every forward pair of the regression corpus
 # (tests/corpus.py) that this environment runs in one process, then pairs of the kinds of finding
 # those lack: a difference in every layer, a backward culprit.
-PAIRS = [(pair.path, pair.candidate, pair.reference, False) for pair in CORPUS
-         if pair.backward is None and not pair.missing() and "paddleformers" not in pair.needs] + [
+PAIRS = [
+    (pair.path, pair.candidate, pair.reference, False)
+    for pair in CORPUS
+    if pair.backward is None and not pair.missing() and "paddleformers" not in pair.needs
+] + [
     (MODELS / "paddle_shared_block.py", "candidate_block_bug", "reference", False),
     (MODELS / "backward_ports.py", "candidate_pylayer", "reference", True),
 ]
@@ -28,11 +32,17 @@ PAIRS = [(pair.path, pair.candidate, pair.reference, False) for pair in CORPUS
 def finding(result):
     culprit = result.culprit
     confirmation = result.confirmation
-    return (result.verdict, culprit and (culprit.kind, culprit.candidate.index, culprit.reference.index, culprit.leaf),
-            confirmation and confirmation.confirmed, [r.index for r in result.recurrences])
+    return (
+        result.verdict,
+        culprit and (culprit.kind, culprit.candidate.index, culprit.reference.index, culprit.leaf),
+        confirmation and confirmation.confirmed,
+        [r.index for r in result.recurrences],
+    )
 
 
-@pytest.mark.parametrize("model_file, candidate, reference, backward", PAIRS, ids=[f"{p[0].stem}:{p[2]}/{p[1]}" for p in PAIRS])
+@pytest.mark.parametrize(
+    "model_file, candidate, reference, backward", PAIRS, ids=[f"{p[0].stem}:{p[2]}/{p[1]}" for p in PAIRS]
+)
 def test_a_run_without_op_values_names_what_a_stored_run_names(model_file, candidate, reference, backward):
     stored = bisectr.trace(model_file, reference, candidate).bisect(backward=backward)
     windowed = bisectr.trace(model_file, reference, candidate, value_budget=0).bisect(backward=backward)
@@ -47,7 +57,9 @@ def test_fetched_values_decide_the_layouts_a_stored_run_decides():
     values lacks until the search fetches them."""
     stored = bisectr.trace(MODELS / "transpose_y_stack.py", candidate="candidate_tanh_gelu")
     windowed = bisectr.trace(MODELS / "transpose_y_stack.py", candidate="candidate_tanh_gelu", value_budget=0)
-    transposed = [tid for tid, pair in stored.alignment.tensors.items() if pair.transform is not None and pair.how == "block"]
+    transposed = [
+        tid for tid, pair in stored.alignment.tensors.items() if pair.transform is not None and pair.how == "block"
+    ]
     assert len(transposed) == 48  # k, in each layer
     assert all(windowed.alignment.tensors[tid].transform is None for tid in transposed)
     fetch_all(windowed.live)
@@ -59,8 +71,11 @@ def test_the_run_keeps_the_layer_outputs_and_the_window_only(tmp_path):
     ops of layers.7 and the other GELUs (which might carry the same difference), fetched from the live
     models, and nothing else of the other layers."""
     run = bisectr.trace(EXAMPLES / "tanh_gelu.py", out=tmp_path / "run", value_budget=0, commit=False)
-    assert not any(info.stored for info in run.candidate.tensors.values() if info.producer is not None
-                   and info.tid not in run.candidate.outputs.values())
+    assert not any(
+        info.stored
+        for info in run.candidate.tensors.values()
+        if info.producer is not None and info.tid not in run.candidate.outputs.values()
+    )
     result = run.bisect()
     assert result.verdict == "divergent" and result.confirmation.confirmed
     culprit = result.culprit.candidate
@@ -71,8 +86,11 @@ def test_the_run_keeps_the_layer_outputs_and_the_window_only(tmp_path):
     kept = {info.tid for info in trace.tensors.values() if info.stored and info.producer is not None}
     gelus = [op.index for op in trace.ops if op.op == "gelu"]
     assert len(gelus) == 12
-    allowed = boundaries(trace) | tensors_of(trace, gelus) | \
-        tensors_of(trace, [op.index for op in trace.ops if layer_of(op.module) == "layers.7"])
+    allowed = (
+        boundaries(trace)
+        | tensors_of(trace, gelus)
+        | tensors_of(trace, [op.index for op in trace.ops if layer_of(op.module) == "layers.7"])
+    )
     assert tensors_of(trace, gelus) <= kept and kept <= allowed
     for role in ("reference", "candidate"):
         op_outputs = [info for info in loaded.traces[role].tensors.values() if info.producer is not None]
@@ -84,8 +102,11 @@ def test_the_run_keeps_the_layer_outputs_and_the_window_only(tmp_path):
 def test_a_budget_stores_the_first_ops_and_the_search_fetches_the_rest():
     """A budget of a few op outputs: the first ops' values are stored, the rest fetched, the same culprit."""
     run = bisectr.trace(EXAMPLES / "tanh_gelu.py", value_budget=20_000)
-    stored = [info.producer for info in run.candidate.tensors.values() if info.stored and info.producer is not None
-              and info.tid not in run.candidate.outputs.values()]
+    stored = [
+        info.producer
+        for info in run.candidate.tensors.values()
+        if info.stored and info.producer is not None and info.tid not in run.candidate.outputs.values()
+    ]
     assert stored and max(stored) < len(run.candidate.ops) // 4
     assert stored == list(range(len(stored)))  # a prefix of the forward
     result = run.bisect()
@@ -93,8 +114,11 @@ def test_a_budget_stores_the_first_ops_and_the_search_fetches_the_rest():
 
 
 def test_the_command_line_takes_a_value_budget():
-    done = subprocess.run([sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / "tanh_gelu.py"), "--json",
-                           "--value-budget", "0"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(EXAMPLES / "tanh_gelu.py"), "--json", "--value-budget", "0"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1, done.stderr
     result = json.loads(done.stdout)
     assert result["culprit"]["candidate"]["module"] == "layers.7.ffn" and result["confirmation"]["confirmed"]
@@ -140,7 +164,9 @@ def test_the_other_layers_give_only_what_their_occurrences_evidence_reads():
     for side, role in enumerate(("candidate", "reference")):  # the order of `evidence_tensors`, `covered_ops`
         trace = run.traces[role]
         read = set().union(*(analysis.evidence_tensors(e.candidate, e.reference)[side] for e in occurrences))
-        made = set().union(*(tensors_of(trace, analysis.covered_ops(e.candidate, e.reference)[side]) for e in occurrences))
+        made = set().union(
+            *(tensors_of(trace, analysis.covered_ops(e.candidate, e.reference)[side]) for e in occurrences)
+        )
         window = tensors_of(trace, range(max(op.index for op in trace.ops if layer_of(op.module) == "h.0") + 1))
         fetched = set(trace.fetched) - boundaries(trace) - window
         assert fetched and fetched <= read and not (made - read) & fetched

@@ -11,6 +11,7 @@ own data classes and numpy arrays (sent as dtype, shape and bytes, so the two in
 share numpy versions), never framework objects; the worker writes the side's `tensors.bin` itself.
 A worker exits when its stdin closes, so it never outlives the process that started it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,19 @@ from ..errors import BisectrError, UserModelError
 from .modelfile import build_side, load_module
 from ..engines.interpreter import Call, Slot
 from .recording import RecordOptions
-from .sides import (Backward, Float64Gradients, Float64Outputs, LeafValue, LocalSide, RecordedCall, Replay, ReplayVJP,
-                    Request, Rerun, Watch)
+from .sides import (
+    Backward,
+    Float64Gradients,
+    Float64Outputs,
+    LeafValue,
+    LocalSide,
+    RecordedCall,
+    Replay,
+    ReplayVJP,
+    Request,
+    Rerun,
+    Watch,
+)
 from .store import TensorWriter
 from .trace import Trace
 
@@ -127,7 +139,9 @@ def _portable(value: Any) -> Any:
 
 
 def _runs_in_the_worker(*args: Any, **kwargs: Any) -> Any:
-    raise BisectrError("this recorded call's function lives in its side's worker process; replay it with a sides.Replay request")
+    raise BisectrError(
+        "this recorded call's function lives in its side's worker process; replay it with a sides.Replay request"
+    )
 
 
 # ---------------------------------------------------------------- the worker
@@ -169,7 +183,11 @@ def _error_reply(exc: BaseException) -> tuple:
         # The user's model could not import something: the interpreter lacks a package.
         lacks_import = isinstance(exc, UserModelError) and isinstance(exc.__context__, ImportError)
         return "error", type(exc).__name__, str(exc), getattr(exc, "user_traceback", ""), lacks_import
-    return "failed", f"{type(exc).__name__}: {exc}", "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return (
+        "failed",
+        f"{type(exc).__name__}: {exc}",
+        "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    )
 
 
 def serve(requests: BinaryIO, replies: BinaryIO, worker: Worker | None = None) -> None:
@@ -221,9 +239,13 @@ class IsolatedSide:
         self.role = role
         self.python = python or sys.executable
         try:
-            self.process = subprocess.Popen([self.python, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            self.process = subprocess.Popen(
+                [self.python, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
         except OSError as exc:
-            raise BisectrError(f"cannot start the {role} side's interpreter {self.python}: {exc.strerror or exc}") from None
+            raise BisectrError(
+                f"cannot start the {role} side's interpreter {self.python}: {exc.strerror or exc}"
+            ) from None
         self._finalizer = weakref.finalize(self, _stop, self.process)
         self._lock = threading.Lock()  # one request at a time (the TUI replays from threads)
         self._send(("build", str(model_file), role, function))
@@ -280,8 +302,10 @@ class IsolatedSide:
 
     def _died(self, doing: str) -> BisectrError:
         self.close()
-        return BisectrError(f"the {self.role} side's worker ({self.python}) exited with status "
-                            f"{self.process.returncode} while {doing}; its messages are above")
+        return BisectrError(
+            f"the {self.role} side's worker ({self.python}) exited with status "
+            f"{self.process.returncode} while {doing}; its messages are above"
+        )
 
 
 def reply_error(status: str, body: list, role: str, python: str, worker: str) -> Exception:
@@ -289,16 +313,20 @@ def reply_error(status: str, body: list, role: str, python: str, worker: str) ->
     if status == "cannot_upcast":
         return CannotUpcast(body[0])
     if status == "unusable":
-        return BisectrError(f"the {role} side's interpreter {python} cannot run bisectr's {worker} "
-                            f"({body[0]}); install bisectr in that environment, or choose another "
-                            f"interpreter with --{role}-python")
+        return BisectrError(
+            f"the {role} side's interpreter {python} cannot run bisectr's {worker} "
+            f"({body[0]}); install bisectr in that environment, or choose another "
+            f"interpreter with --{role}-python"
+        )
     if status == "failed":
         summary, worker_traceback = body
         return RuntimeError(f"{summary} (in the {role} side's {worker} {python}; its traceback:\n{worker_traceback})")
     name, message, user_traceback, lacks_import = body
     if lacks_import:
-        message += (f" (in the {role} side's interpreter {python}, which cannot import what the side "
-                    f"needs; choose another with --{role}-python)")
+        message += (
+            f" (in the {role} side's interpreter {python}, which cannot import what the side "
+            f"needs; choose another with --{role}-python)"
+        )
     cls = getattr(errors, name, BisectrError)
     if not (isinstance(cls, type) and issubclass(cls, BisectrError)):
         cls = BisectrError

@@ -4,6 +4,7 @@
 process writing the same run is refused with the holder's pid and command line.
 `interrupts_deferred`: Ctrl-C held back while a run moves into place.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -86,8 +87,10 @@ def _lock_file(path: Path, run_dir: Path) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = _open_locked(path, run_dir)
     except OSError as exc:
-        raise RunWriteError(f"{path}: cannot create the run's lock file ({exc.strerror or exc}); nothing was saved; "
-                            f"{run_dir} is unchanged") from None
+        raise RunWriteError(
+            f"{path}: cannot create the run's lock file ({exc.strerror or exc}); nothing was saved; "
+            f"{run_dir} is unchanged"
+        ) from None
     with suppress(OSError):  # only for messages: on a full disk, the writes that matter report it
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "command": shlex.join(sys.orig_argv)}).encode())
@@ -102,8 +105,9 @@ def _open_locked(path: Path, run_dir: Path) -> int:
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
-            raise RunDirError(f"{run_dir}: another bisectr process ({holder}) is writing this run; "
-                              "wait for it or choose another -o") from None
+            raise RunDirError(
+                f"{run_dir}: another bisectr process ({holder}) is writing this run; wait for it or choose another -o"
+            ) from None
         except BaseException:
             os.close(fd)
             raise
@@ -116,7 +120,7 @@ HOLDER_WAIT = 0.5  # seconds a refused writer waits for the holder, which locks 
 
 
 def _holder(fd: int) -> str:
-    """"pid N: command line", as the holder of a lock file wrote it (on one line, at most 300 characters)."""
+    """ "pid N: command line", as the holder of a lock file wrote it (on one line, at most 300 characters)."""
     deadline = time.monotonic() + HOLDER_WAIT
     while True:
         try:

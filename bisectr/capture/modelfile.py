@@ -6,6 +6,7 @@ positional arguments or a dict of keyword arguments. Its `NPROC` (function name 
 N) says which functions build a side that runs on N ranks. `intercepted_forward` runs a
 side's forward with a listener seeing its ops.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,8 +26,10 @@ from ..adapters.base import OpListener
 from ..errors import BisectrError, InterceptionFailure, ModelFileError, UserModelError
 
 # bisectr's code that runs the user's model: what it raises is bisectr's own, and its frames are not the user's.
-_BISECTR_DIRS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), package) + os.sep
-                      for package in ("capture", "engines"))
+_BISECTR_DIRS = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), package) + os.sep
+    for package in ("capture", "engines")
+)
 _ADAPTERS_DIR = os.path.dirname(os.path.abspath(sys.modules[Adapter.__module__].__file__))
 
 
@@ -51,9 +54,14 @@ class BuiltSide:
 
     def forward(self) -> Any:
         """Run the model once; the user's exceptions become `UserModelError`."""
-        call = (lambda: self.model(**self.inputs)) if isinstance(self.inputs, dict) else (lambda: self.model(*self.inputs))
-        return run_user_code(call, f"{self.model_file}: the {self.role} model returned by {self.function}() raised",
-                             self.adapter.internal_paths())
+        call = (
+            (lambda: self.model(**self.inputs)) if isinstance(self.inputs, dict) else (lambda: self.model(*self.inputs))
+        )
+        return run_user_code(
+            call,
+            f"{self.model_file}: the {self.role} model returned by {self.function}() raised",
+            self.adapter.internal_paths(),
+        )
 
 
 def intercepted_forward(side: BuiltSide, listener: OpListener, gradients: bool = False) -> Any:
@@ -69,9 +77,10 @@ def intercepted_forward(side: BuiltSide, listener: OpListener, gradients: bool =
                 side.forward()
         except UserModelError:
             raise error from None
-        raise InterceptionFailure(f"{side.model_file}: the {side.role} model returned by {side.function}() runs without "
-                                  f"bisectr but raised under its interception: {error.raised}"
-                                  ) from error.__context__
+        raise InterceptionFailure(
+            f"{side.model_file}: the {side.role} model returned by {side.function}() runs without "
+            f"bisectr but raised under its interception: {error.raised}"
+        ) from error.__context__
 
 
 def run_user_code(fn: Callable[[], Any], context: str, hidden_paths: tuple[str, ...] = ()) -> Any:
@@ -103,7 +112,9 @@ def user_frames(exc: BaseException, hidden_paths: tuple[str, ...] = ()) -> str:
         exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     parts = []
     for link in reversed(chain):
-        frames = [f for f in traceback.extract_tb(link.__traceback__) if not os.path.abspath(f.filename).startswith(hidden)]
+        frames = [
+            f for f in traceback.extract_tb(link.__traceback__) if not os.path.abspath(f.filename).startswith(hidden)
+        ]
         parts.append("".join(traceback.format_list(frames) + traceback.format_exception_only(type(link), link)))
     return "Traceback (user code):\n" + "\nwhich caused:\n".join(parts)
 
@@ -122,7 +133,9 @@ def load_module(model_file: str | os.PathLike) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as exc:
         sys.modules.pop(name, None)
-        raise UserModelError(f"{path}: importing the model file raised {type(exc).__name__}: {exc}", user_frames(exc)) from None
+        raise UserModelError(
+            f"{path}: importing the model file raised {type(exc).__name__}: {exc}", user_frames(exc)
+        ) from None
     return module
 
 
@@ -134,12 +147,20 @@ def module_name(model_file: Path) -> str:
 def build_side(module: ModuleType, model_file: Path, role: str, function: str) -> BuiltSide:
     factory = getattr(module, function, None)
     if factory is None:
-        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__)
-        raise ModelFileError(f"{model_file}: defines no function {function}() for the {role} side"
-                             f" (functions defined: {', '.join(defined) or 'none'})")
+        defined = sorted(
+            n
+            for n, v in vars(module).items()
+            if callable(v) and not n.startswith("_") and getattr(v, "__module__", None) == module.__name__
+        )
+        raise ModelFileError(
+            f"{model_file}: defines no function {function}() for the {role} side"
+            f" (functions defined: {', '.join(defined) or 'none'})"
+        )
     if not callable(factory):
         raise ModelFileError(f"{model_file}: {function} is not a function")
-    built = run_user_code(partial(_built_on_ranks_or_not, factory, model_file, role, function), f"{model_file}: {function}() raised")
+    built = run_user_code(
+        partial(_built_on_ranks_or_not, factory, model_file, role, function), f"{model_file}: {function}() raised"
+    )
     side = side_of(role, built, model_file, function, f"{function}() returned")
     name = next((n for n in (f"{function}_loss", f"{role}_loss") if hasattr(module, n)), None)
     if name is not None:
@@ -153,7 +174,9 @@ def declared_nproc(module: ModuleType, model_file: Path, function: str) -> int:
     """How many ranks the model file's `NPROC` gives `function` (1 where it names none)."""
     declared = getattr(module, "NPROC", {})
     if not isinstance(declared, dict):
-        raise ModelFileError(f"{model_file}: NPROC is a {_describe(declared)}, not a dict from function name to a number of ranks")
+        raise ModelFileError(
+            f"{model_file}: NPROC is a {_describe(declared)}, not a dict from function name to a number of ranks"
+        )
     nproc = declared.get(function, 1)
     if not isinstance(nproc, int) or isinstance(nproc, bool):
         raise ModelFileError(f"{model_file}: NPROC[{function!r}] is {nproc!r}, not a number of ranks")
@@ -162,8 +185,19 @@ def declared_nproc(module: ModuleType, model_file: Path, function: str) -> int:
 
 # What a launcher (torchrun, paddle.distributed.launch) sets for each rank, and what a distributed
 # framework says where no launcher started the process.
-_RANK_VARIABLES = frozenset({"WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                             "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS"})
+_RANK_VARIABLES = frozenset(
+    {
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "PADDLE_TRAINER_ID",
+        "PADDLE_TRAINERS_NUM",
+        "PADDLE_TRAINER_ENDPOINTS",
+    }
+)
 _NO_PROCESS_GROUP = ("Default process group has not been initialized", "environment variable MASTER_ADDR expected")
 
 
@@ -177,9 +211,11 @@ def _built_on_ranks_or_not(factory: Callable[[], Any], model_file: Path, role: s
         if missing is None and not any(text in str(exc) for text in _NO_PROCESS_GROUP):
             raise
         what = f"reads {missing}, which a launcher sets for each rank" if missing else "needs a process group"
-        raise ModelFileError(f"{model_file}: {function}() builds a side on several ranks ({what}) but the {role} side "
-                             f"runs on one process: pass --{role}-nproc N, or declare it in the model file: "
-                             f"NPROC = {{{function!r}: N}}") from None
+        raise ModelFileError(
+            f"{model_file}: {function}() builds a side on several ranks ({what}) but the {role} side "
+            f"runs on one process: pass --{role}-nproc N, or declare it in the model file: "
+            f"NPROC = {{{function!r}: N}}"
+        ) from None
 
 
 def side_of(role: str, built: Any, model_file: Path, function: str, given: str) -> BuiltSide:
@@ -193,24 +229,32 @@ def side_of(role: str, built: Any, model_file: Path, function: str, given: str) 
     if isinstance(inputs, list):
         inputs = tuple(inputs)
     if not isinstance(inputs, (tuple, dict)):
-        raise ModelFileError(f"{model_file}: {given} inputs that are neither a tuple of positional arguments "
-                             f"nor a dict of keyword arguments: {_describe(inputs)}")
+        raise ModelFileError(
+            f"{model_file}: {given} inputs that are neither a tuple of positional arguments "
+            f"nor a dict of keyword arguments: {_describe(inputs)}"
+        )
     values = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
     adapter = adapter_for(model, values)
     if adapter is None:
-        raise ModelFileError(f"{model_file}: cannot tell the framework of the {role} side: {given} "
-                             f"a {_describe(model)} and inputs {[_describe(v) for v in values]}; "
-                             f"expected a {' / '.join(a.module_kind for a in registered())}, or "
-                             f"{' / '.join(a.name for a in registered())} tensors as inputs")
+        raise ModelFileError(
+            f"{model_file}: cannot tell the framework of the {role} side: {given} "
+            f"a {_describe(model)} and inputs {[_describe(v) for v in values]}; "
+            f"expected a {' / '.join(a.module_kind for a in registered())}, or "
+            f"{' / '.join(a.name for a in registered())} tensors as inputs"
+        )
     if adapter.is_compiled_function(model):
-        raise ModelFileError(f"{model_file}: the {role} model returned by {function}() is a compiled function: bisectr "
-                             "records a compiled module's call as one op and searches inside it, but cannot reach a "
-                             "function's tensors. Compile a module instead (`torch.compile(module)`), or give it the "
-                             "function uncompiled")
+        raise ModelFileError(
+            f"{model_file}: the {role} model returned by {function}() is a compiled function: bisectr "
+            "records a compiled module's call as one op and searches inside it, but cannot reach a "
+            "function's tensors. Compile a module instead (`torch.compile(module)`), or give it the "
+            "function uncompiled"
+        )
     return BuiltSide(role, function, model_file, model, inputs, adapter)
 
 
-def load_sides(model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate") -> tuple[BuiltSide, BuiltSide]:
+def load_sides(
+    model_file: str | os.PathLike, reference: str = "reference", candidate: str = "candidate"
+) -> tuple[BuiltSide, BuiltSide]:
     path = Path(model_file)
     module = load_module(path)
     return build_side(module, path, "reference", reference), build_side(module, path, "candidate", candidate)
@@ -226,6 +270,8 @@ def loss_of(side: BuiltSide, outputs: Any) -> Any:
     adapter = side.adapter
     value = run_user_code(lambda: side.loss(outputs), f"{side.model_file}: {side.role}_loss() raised")
     if not adapter.is_tensor(value) or int(np.prod(value.shape)) != 1:
-        raise ModelFileError(f"{side.model_file}: {side.role}_loss() returned {type(value).__name__}, not a "
-                             f"{adapter.name} tensor holding one value")
+        raise ModelFileError(
+            f"{side.model_file}: {side.role}_loss() returned {type(value).__name__}, not a "
+            f"{adapter.name} tensor holding one value"
+        )
     return value

@@ -5,6 +5,7 @@
 dotted part, reversed/in-place/dunder spellings are folded, then the adapters' synonyms
 apply (each adapter's `op_synonyms`: its frameworks' names for the shared ops).
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -21,7 +22,22 @@ REDUCING_COLLECTIVES = frozenset({"all_reduce", "reduce_scatter_tensor"})
 # Collectives after which every process holds the same values: what they hand on is whole, not a part.
 SHARING_COLLECTIVES = frozenset({"all_reduce", "all_gather", "all_gather_into_tensor", "broadcast"})
 
-_REVERSED_DUNDERS = {"radd", "rsub", "rmul", "rtruediv", "rdiv", "rpow", "rmatmul", "rfloordiv", "rmod", "rand", "ror", "rxor", "rlshift", "rrshift"}
+_REVERSED_DUNDERS = {
+    "radd",
+    "rsub",
+    "rmul",
+    "rtruediv",
+    "rdiv",
+    "rpow",
+    "rmatmul",
+    "rfloordiv",
+    "rmod",
+    "rand",
+    "ror",
+    "rxor",
+    "rlshift",
+    "rrshift",
+}
 
 
 @lru_cache(maxsize=None)

@@ -16,6 +16,7 @@ the same ops: where their traces differ, the first op that does is named. A rank
 named with its traceback, and a rank that stops answering is given up on after a timeout
 (`BISECTR_RANK_TIMEOUT`, seconds; also each rank's process-group timeout), never waited for forever.
 """
+
 from __future__ import annotations
 
 import os
@@ -102,7 +103,9 @@ def _join_process_group() -> None:
         import torch
         import torch.distributed as dist
     except ImportError as exc:
-        raise BisectrError(f"a side on several processes runs on torch.distributed, and this interpreter cannot import it ({exc})") from None
+        raise BisectrError(
+            f"a side on several processes runs on torch.distributed, and this interpreter cannot import it ({exc})"
+        ) from None
 
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
@@ -135,8 +138,19 @@ class RankedSide:
         self.connections: list[socket.socket] = []
         self.streams: list[tuple[BinaryIO, BinaryIO]] = []  # by rank: (requests, replies)
         server = socket.create_server(("127.0.0.1", 0))
-        command = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--no-python",
-                   self.python, "-c", _RANK_BOOTSTRAP, "127.0.0.1", str(server.getsockname()[1])]
+        command = [
+            self.python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--no-python",
+            self.python,
+            "-c",
+            _RANK_BOOTSTRAP,
+            "127.0.0.1",
+            str(server.getsockname()[1]),
+        ]
         try:
             # The ranks' own output (the user's prints, torchrun's) goes to file descriptor 2 (also where
             # Python's sys.stderr is replaced, in a notebook): stdout is bisectr's.
@@ -144,10 +158,14 @@ class RankedSide:
             # one per layer type) then runs its ops in one order on all of them.
             seed = os.environ.get("PYTHONHASHSEED", "random")
             env = {**os.environ, "PYTHONHASHSEED": "0" if seed == "random" else seed}
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=2, start_new_session=True, env=env)
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=2, start_new_session=True, env=env
+            )
         except OSError as exc:
             server.close()
-            raise BisectrError(f"cannot start torchrun for the {role} side with {self.python}: {exc.strerror or exc}") from None
+            raise BisectrError(
+                f"cannot start torchrun for the {role} side with {self.python}: {exc.strerror or exc}"
+            ) from None
         self._finalizer = weakref.finalize(self, _stop, self.process, self.connections)
         try:
             self._accept(server)
@@ -164,12 +182,16 @@ class RankedSide:
         while len(by_rank) < self.nproc:
             if self.process.poll() is not None:
                 self.close()
-                raise BisectrError(f"torchrun for the {self.role} side ({self.python} -m torch.distributed.run) exited with "
-                                   f"status {self.process.returncode} before its ranks started; its messages are above")
+                raise BisectrError(
+                    f"torchrun for the {self.role} side ({self.python} -m torch.distributed.run) exited with "
+                    f"status {self.process.returncode} before its ranks started; its messages are above"
+                )
             if time.monotonic() > deadline:
                 self.close()
-                raise BisectrError(f"the {self.role} side's ranks did not all start within {_CONNECT_TIMEOUT_S:.0f} s "
-                                   f"({len(by_rank)} of {self.nproc} did)")
+                raise BisectrError(
+                    f"the {self.role} side's ranks did not all start within {_CONNECT_TIMEOUT_S:.0f} s "
+                    f"({len(by_rank)} of {self.nproc} did)"
+                )
             try:
                 connection, _ = server.accept()
             except TimeoutError:
@@ -242,9 +264,11 @@ class RankedSide:
                 self.close()
                 if failed:
                     break
-                raise BisectrError(f"rank {', '.join(map(str, late))} of the {self.role} side did not answer within "
-                                   f"{RANK_TIMEOUT_S:g} s of rank {min(got)} while {what}: the ranks ran different ops or "
-                                   f"collectives (BISECTR_RANK_TIMEOUT sets the timeout)") from None
+                raise BisectrError(
+                    f"rank {', '.join(map(str, late))} of the {self.role} side did not answer within "
+                    f"{RANK_TIMEOUT_S:g} s of rank {min(got)} while {what}: the ranks ran different ops or "
+                    f"collectives (BISECTR_RANK_TIMEOUT sets the timeout)"
+                ) from None
             if reply is None:
                 raise self._died(what, rank)
             status, *body = reply
@@ -266,8 +290,10 @@ class RankedSide:
     def _died(self, what: str, rank: int | None = None) -> BisectrError:
         self.close()
         who = f"rank {rank} of the {self.role} side" if rank is not None else f"torchrun for the {self.role} side"
-        return BisectrError(f"{who} ({self.python}) exited while {what} (torchrun's status {self.process.returncode}); "
-                            "its messages are above")
+        return BisectrError(
+            f"{who} ({self.python}) exited while {what} (torchrun's status {self.process.returncode}); "
+            "its messages are above"
+        )
 
 
 def _read_reply(rank: int, replies: BinaryIO, answers: queue.Queue) -> None:
@@ -285,13 +311,21 @@ def _refuse_diverging_ranks(role: str, traces: list[Trace]) -> None:
         for index in range(max(len(first.ops), len(trace.ops))):
             mine = trace.ops[index] if index < len(trace.ops) else None
             theirs = first.ops[index] if index < len(first.ops) else None
-            if mine is None or theirs is None or (mine.framework_op, mine.module) != (theirs.framework_op, theirs.module):
-                raise BisectrError(f"the {role} side's ranks ran different ops: op {index} is "
-                                   f"{_described(mine)} on rank {rank} and {_described(theirs)} on rank 0")
+            if (
+                mine is None
+                or theirs is None
+                or (mine.framework_op, mine.module) != (theirs.framework_op, theirs.module)
+            ):
+                raise BisectrError(
+                    f"the {role} side's ranks ran different ops: op {index} is "
+                    f"{_described(mine)} on rank {rank} and {_described(theirs)} on rank 0"
+                )
             if _sources(trace, mine) != _sources(first, theirs):
-                raise BisectrError(f"the {role} side's ranks ran their ops in different orders: op {index}, "
-                                   f"{_described(mine)}, reads the outputs of ops {_producers(trace, mine)} on rank {rank} "
-                                   f"and of ops {_producers(first, theirs)} on rank 0")
+                raise BisectrError(
+                    f"the {role} side's ranks ran their ops in different orders: op {index}, "
+                    f"{_described(mine)}, reads the outputs of ops {_producers(trace, mine)} on rank {rank} "
+                    f"and of ops {_producers(first, theirs)} on rank 0"
+                )
 
 
 def _mark_differing_tensors(traces: list[Trace]) -> None:
@@ -305,8 +339,10 @@ def _mark_differing_tensors(traces: list[Trace]) -> None:
 def _sources(trace: Trace, op: Any) -> list[int | str | None]:
     """Where each of `op`'s inputs comes from: the op that made it, or its leaf name. (Which of that op's
     outputs may depend on the rank: each takes its own chunk.)"""
-    return [trace.tensors[tid].leaf if trace.tensors[tid].producer is None else trace.tensors[tid].producer
-            for tid in op.inputs]
+    return [
+        trace.tensors[tid].leaf if trace.tensors[tid].producer is None else trace.tensors[tid].producer
+        for tid in op.inputs
+    ]
 
 
 def _producers(trace: Trace, op: Any) -> str:

@@ -1,6 +1,7 @@
 """Recording a forward pass: `Recorder` builds a `Trace` from it and the `RecordedCalls` it made (what
 `bisectr.engines` runs again). `ForwardSession` is what recording shares with the listeners that re-run
 the model's code (in `bisectr.engines`)."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,18 @@ from ..errors import UnreadableTensorError
 from .ops import SHARING_COLLECTIVES, canonical_op
 from .store import TensorWriter
 from .structure import call_tensors, flatten_outputs, map_tensors
-from .trace import (LOCAL_PART, PENDING_STATS, OpNode, StatsBatch, TensorInfo, Trace, device_reductions, is_floating, is_model_leaf,
-                    reduced_stats)
+from .trace import (
+    LOCAL_PART,
+    PENDING_STATS,
+    OpNode,
+    StatsBatch,
+    TensorInfo,
+    Trace,
+    device_reductions,
+    is_floating,
+    is_model_leaf,
+    reduced_stats,
+)
 from ..leafref import LeafRef
 
 _BISECTR_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -105,8 +116,15 @@ def depends_on_floating(trace: Trace, tid: int) -> bool:
 class Recorder(ForwardSession):
     """Listener that turns a forward pass into a `Trace` (and `Call`s for replay)."""
 
-    def __init__(self, adapter: Adapter, model: Any, inputs: list[tuple[str, Any]], trace: Trace,
-                 writer: TensorWriter | None, options: RecordOptions):
+    def __init__(
+        self,
+        adapter: Adapter,
+        model: Any,
+        inputs: list[tuple[str, Any]],
+        trace: Trace,
+        writer: TensorWriter | None,
+        options: RecordOptions,
+    ):
         super().__init__(adapter)
         self.trace = trace
         self.writer = writer
@@ -145,13 +163,32 @@ class Recorder(ForwardSession):
         self._place(input_tids, output_tids, produced, shared=op in SHARING_COLLECTIVES)
         source, library = self._source()
         inner = getattr(fn, "inner_dtypes", None)  # see `OpNode.inner_dtypes`
-        self.trace.ops.append(OpNode(index, name, op, module, source,
-                                     input_tids, output_tids, bool(mutated), library, inner() if inner else []))
+        self.trace.ops.append(
+            OpNode(
+                index,
+                name,
+                op,
+                module,
+                source,
+                input_tids,
+                output_tids,
+                bool(mutated),
+                library,
+                inner() if inner else [],
+            )
+        )
         slots = {id(t): Slot(tid) for t, tid in zip(inputs, input_tids)}
         slot = lambda t: slots[id(t)]  # noqa: E731
         layouts = tuple(self.adapter.layout(tensor) for tensor in produced)
-        self.recorded.calls.append(Call(fn, map_tensors(args, self.adapter.is_tensor, slot), map_tensors(kwargs, self.adapter.is_tensor, slot),
-                                         self.adapter.device_name(produced[0]), layouts if any(layouts) else ()))
+        self.recorded.calls.append(
+            Call(
+                fn,
+                map_tensors(args, self.adapter.is_tensor, slot),
+                map_tensors(kwargs, self.adapter.is_tensor, slot),
+                self.adapter.device_name(produced[0]),
+                layouts if any(layouts) else (),
+            )
+        )
         return result
 
     def _place(self, input_tids: list[int], output_tids: list[int], produced: list[Any], shared: bool = False) -> None:
@@ -174,19 +211,25 @@ class Recorder(ForwardSession):
         ref = LeafRef.parse(leaf)
         self._refuse_unreadable(tensor, f"its {ref.kind} {ref.name!r} is")
         # Parameters and buffers stay in the model (read live, see `Trace.leaf_reader`): a run keeps their statistics.
-        self._describe(tid, tensor, producer=None, leaf=leaf, store=self.options.store_values and not is_model_leaf(leaf))
+        self._describe(
+            tid, tensor, producer=None, leaf=leaf, store=self.options.store_values and not is_model_leaf(leaf)
+        )
         self._place([], [tid], [tensor])
 
     def _refuse_unreadable(self, tensor: Any, what: str) -> None:
         unreadable = self.adapter.unreadable(tensor)
         if unreadable is not None:
-            raise UnreadableTensorError(f"{what} a {unreadable}, whose values bisectr cannot read as one array; give "
-                                        "the side plain tensors (a DTensor's `.full_tensor()`, or the model unsharded)")
+            raise UnreadableTensorError(
+                f"{what} a {unreadable}, whose values bisectr cannot read as one array; give "
+                "the side plain tensors (a DTensor's `.full_tensor()`, or the model unsharded)"
+            )
 
     def adopt_root(self, module: Any, prefix: str) -> None:
         for name, tensor in self.adapter.named_leaves(module):
             ref = LeafRef.parse(name)
-            self._leaf_names.setdefault(id(tensor), (weakref.ref(tensor), str(LeafRef(ref.kind, f"{prefix}.{ref.name}")) if prefix else name))
+            self._leaf_names.setdefault(
+                id(tensor), (weakref.ref(tensor), str(LeafRef(ref.kind, f"{prefix}.{ref.name}")) if prefix else name)
+            )
 
     def leaf_name(self, tensor: Any) -> str:
         entry = self._leaf_names.get(id(tensor))
@@ -222,7 +265,9 @@ class Recorder(ForwardSession):
         stored = store and (producer is None or self._within_budget(values.nbytes))
         if stored:
             self.writer.write(tid, values)
-        info = TensorInfo(tid, tuple(tensor.shape), self.adapter.dtype_name(tensor), PENDING_STATS, [], producer, leaf, stored)
+        info = TensorInfo(
+            tid, tuple(tensor.shape), self.adapter.dtype_name(tensor), PENDING_STATS, [], producer, leaf, stored
+        )
         self.trace.tensors[tid] = info
         if reductions is None:
             self._stats.add(info, values)
@@ -234,8 +279,14 @@ class Recorder(ForwardSession):
         complete every tensor's statistics."""
         self._record_outputs(outputs)
         read = set(self.trace.leaves)
-        unread = {name for ref, name in self._leaf_names.values() if is_model_leaf(name)
-                  and name not in read and ref() is not None and is_floating(self.adapter.dtype_name(ref()))}
+        unread = {
+            name
+            for ref, name in self._leaf_names.values()
+            if is_model_leaf(name)
+            and name not in read
+            and ref() is not None
+            and is_floating(self.adapter.dtype_name(ref()))
+        }
         self.trace.unread_leaves = sorted(unread)
         self._stats.flush()
 

@@ -9,6 +9,7 @@ with its engine (`bisectr.engines`); a runner in another process
 where a model lives. A live run (`bisectr.measure.live.LiveRun`) holds both runners with the run they
 recorded; a run record (`runrecord.RunRecord`) never does.
 """
+
 from __future__ import annotations
 
 import sys
@@ -140,8 +141,22 @@ class TrainerSettings:
     width: int
 
 
-Request = (Rerun | Replay | ReplayVJP | Backward | Float64Outputs | Float64Gradients | LeafValue | RecordedCall | TrainStep
-           | StepValues | TrainerSettings | OpenCompiled | CloseCompiled | CompiledQuestion)
+Request = (
+    Rerun
+    | Replay
+    | ReplayVJP
+    | Backward
+    | Float64Outputs
+    | Float64Gradients
+    | LeafValue
+    | RecordedCall
+    | TrainStep
+    | StepValues
+    | TrainerSettings
+    | OpenCompiled
+    | CloseCompiled
+    | CompiledQuestion
+)
 
 
 class SideRunner(Protocol):
@@ -157,8 +172,9 @@ class SideRunner(Protocol):
 Watch = Callable[[Callable[[], int]], None]
 
 
-def recorded_through(runner: SideRunner, writer: TensorWriter | None, options: RecordOptions,
-                     watch: Watch | None = None) -> Trace:
+def recorded_through(
+    runner: SideRunner, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None
+) -> Trace:
     """One forward pass recorded by `runner`, whose trace reads the model's parameters and buffers
     (which a run does not copy) from the live model through the runner."""
     trace = runner.record(writer, options, watch)
@@ -166,8 +182,9 @@ def recorded_through(runner: SideRunner, writer: TensorWriter | None, options: R
     return trace
 
 
-def record_side(side: BuiltSide, writer: TensorWriter | None, options: RecordOptions,
-                watch: Watch | None = None) -> tuple[Trace, RecordedCalls]:
+def record_side(
+    side: BuiltSide, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None
+) -> tuple[Trace, RecordedCalls]:
     """Record one side's forward pass: its trace, and the calls and leaves that replays need."""
     items = side.input_items()
     device, dtype = side.adapter.describe(side.model, [value for _, value in items])
@@ -178,10 +195,14 @@ def record_side(side: BuiltSide, writer: TensorWriter | None, options: RecordOpt
     try:
         outputs = intercepted_forward(side, recorder)
     except UnreadableTensorError as exc:
-        raise UnreadableTensorError(f"{side.model_file}: in the {side.role} model returned by {side.function}(), {exc}") from None
+        raise UnreadableTensorError(
+            f"{side.model_file}: in the {side.role} model returned by {side.function}(), {exc}"
+        ) from None
     pairs = output_pairs(side.adapter, outputs)
     if not pairs:
-        raise ModelFileError(f"{side.model_file}: the {side.role} model returned no tensors (got {type(outputs).__name__})")
+        raise ModelFileError(
+            f"{side.model_file}: the {side.role} model returned no tensors (got {type(outputs).__name__})"
+        )
     recorder.finish(pairs)
     if writer is not None:
         writer.raise_failure()  # an op the failed write cut short computed nothing that was recorded
@@ -197,17 +218,26 @@ def _refuse_unrecorded_outputs(side: BuiltSide, trace: Trace) -> None:
     """Fail closed: a verdict speaks only of what was recorded. A side whose floating outputs no
     recorded op computed from its inputs or parameters is refused."""
     where = f"{side.model_file}: the {side.role} model returned by {side.function}()"
-    elsewhere = ("computed outside what bisectr sees (in another process, loaded from a file, copied from numpy); "
-                 "bisectr compares only the framework ops it records in its own process")
+    elsewhere = (
+        "computed outside what bisectr sees (in another process, loaded from a file, copied from numpy); "
+        "bisectr compares only the framework ops it records in its own process"
+    )
     if not trace.ops:
-        raise UnrecordedOutputError(f"{where} ran no {side.adapter.name} op that bisectr could record: its outputs were "
-                                    f"{elsewhere}. Give {side.function}() a model that computes its outputs here")
-    unseen = [key for key, tid in trace.outputs.items()
-              if is_floating(trace.tensors[tid].dtype) and not trace.reaches(tid, _is_input_or_weight)]
+        raise UnrecordedOutputError(
+            f"{where} ran no {side.adapter.name} op that bisectr could record: its outputs were "
+            f"{elsewhere}. Give {side.function}() a model that computes its outputs here"
+        )
+    unseen = [
+        key
+        for key, tid in trace.outputs.items()
+        if is_floating(trace.tensors[tid].dtype) and not trace.reaches(tid, _is_input_or_weight)
+    ]
     if unseen:
-        raise UnrecordedOutputError(f"{where} returned {', '.join(map(repr, unseen))}, which no recorded op computed from "
-                                    f"its inputs or parameters ({len(trace.ops)} ops recorded): {'they were' if len(unseen) > 1 else 'it was'} "
-                                    f"{elsewhere}")
+        raise UnrecordedOutputError(
+            f"{where} returned {', '.join(map(repr, unseen))}, which no recorded op computed from "
+            f"its inputs or parameters ({len(trace.ops)} ops recorded): {'they were' if len(unseen) > 1 else 'it was'} "
+            f"{elsewhere}"
+        )
 
 
 class LocalSide:
@@ -237,8 +267,15 @@ class LocalSide:
         return replay(self.side.adapter, self.trace, self.recorded, request.indices, request.values, request.float64)
 
     def _replay_vjp(self, request: ReplayVJP) -> dict[int, np.ndarray | None]:
-        return replay_vjp(self.side.adapter, self.trace, self.recorded, request.indices, request.values,
-                          request.upstream, request.float64)
+        return replay_vjp(
+            self.side.adapter,
+            self.trace,
+            self.recorded,
+            request.indices,
+            request.values,
+            request.upstream,
+            request.float64,
+        )
 
     def _backward(self, request: Backward) -> Gradients:
         return backward(self.side, self.trace, request.seeds, request.gradient_patches, request.activations)
@@ -285,9 +322,18 @@ class LocalSide:
         return self.trainers[width]
 
     ANSWERS: dict[type, Callable[[LocalSide, Any], Any]] = {
-        Rerun: _rerun, Replay: _replay, ReplayVJP: _replay_vjp, Backward: _backward,
-        Float64Outputs: _float64_outputs, Float64Gradients: _float64_gradients, LeafValue: _leaf_value,
-        RecordedCall: _recorded_call, TrainStep: _train_step, StepValues: _step_values,
-        TrainerSettings: _trainer_settings, OpenCompiled: _open_compiled, CloseCompiled: _close_compiled,
+        Rerun: _rerun,
+        Replay: _replay,
+        ReplayVJP: _replay_vjp,
+        Backward: _backward,
+        Float64Outputs: _float64_outputs,
+        Float64Gradients: _float64_gradients,
+        LeafValue: _leaf_value,
+        RecordedCall: _recorded_call,
+        TrainStep: _train_step,
+        StepValues: _step_values,
+        TrainerSettings: _trainer_settings,
+        OpenCompiled: _open_compiled,
+        CloseCompiled: _close_compiled,
         **dict.fromkeys(CompiledQuestion.__subclasses__(), _compiled_question),
     }

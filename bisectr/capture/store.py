@@ -23,6 +23,7 @@ refused; partial directories and temporaries left by writers that died are remov
 the next writer. A failed write (disk full, I/O error) removes what it had written and
 raises `RunWriteError`: the run directory is then as it was.
 """
+
 from __future__ import annotations
 
 import functools
@@ -186,8 +187,10 @@ class RunWriter:
             _writing.add(self.final_dir)
         if already_writing:
             self.lock.release()
-            raise RunDirError(f"{self.final_dir}: this process is already writing this run (one neither saved nor "
-                              "discarded yet); finish that one first or choose another -o")
+            raise RunDirError(
+                f"{self.final_dir}: this process is already writing this run (one neither saved nor "
+                "discarded yet); finish that one first or choose another -o"
+            )
         self.work_dir = _partial_dir(self.final_dir, os.getpid())
         self.writers: dict[str, TensorWriter] = {}
         self._finished = False
@@ -213,7 +216,9 @@ class RunWriter:
         writer.close()
         trace.value_reader = StoredValues(writer.path, writer.index)
 
-    def commit(self, traces: dict[str, Trace], manifest: dict[str, Any], documents: dict[str, Any] | None = None) -> Path:
+    def commit(
+        self, traces: dict[str, Trace], manifest: dict[str, Any], documents: dict[str, Any] | None = None
+    ) -> Path:
         """Write the traces and the manifest, move the run into place, point each trace's values
         at their final place and release the lock. Where this fails, the partial run is removed
         and the lock released; a failed write raises `RunWriteError`."""
@@ -230,8 +235,9 @@ class RunWriter:
             trace.fetched.clear()  # stored now
         return self.final_dir
 
-    def _write_and_move(self, traces: dict[str, Trace], manifest: dict[str, Any],
-                        documents: dict[str, Any] | None) -> dict[str, dict[int, IndexEntry]]:
+    def _write_and_move(
+        self, traces: dict[str, Trace], manifest: dict[str, Any], documents: dict[str, Any] | None
+    ) -> dict[str, dict[int, IndexEntry]]:
         indexes = {}
         for side, trace in traces.items():
             writer = self.writers.get(side)
@@ -245,11 +251,18 @@ class RunWriter:
             side_dir = self.work_dir / side
             side_dir.mkdir(exist_ok=True)
             index = indexes[side] = writer.index if writer else {}
-            body = {**trace.to_json(), "run_id": manifest["run_id"], "storage": {str(tid): list(entry) for tid, entry in index.items()}}
+            body = {
+                **trace.to_json(),
+                "run_id": manifest["run_id"],
+                "storage": {str(tid): list(entry) for tid, entry in index.items()},
+            }
             _write_json(side_dir / "trace.json", body)
         for name, document in (documents or {}).items():
             _write_json(self.work_dir / f"{name}.json", {"run_id": manifest["run_id"], **document})
-        _write_json(self.work_dir / "manifest.json", {"format": FORMAT, "version": FORMAT_VERSION, "created": time.time(), **manifest})
+        _write_json(
+            self.work_dir / "manifest.json",
+            {"format": FORMAT, "version": FORMAT_VERSION, "created": time.time(), **manifest},
+        )
         if self.final_dir.exists():
             retired = self.final_dir.parent / f".{self.final_dir.name}.old-{os.getpid()}"
             self.final_dir.rename(retired)
@@ -289,8 +302,9 @@ def save_result(run_dir: Path, run_id: str, result: dict) -> None:
     with RunLock(run_dir):
         current = read_manifest(run_dir).get("run_id")
         if current != run_id:
-            raise RunDirError(f"{run_dir}: another trace replaced this run (run id {current!r}); its result "
-                              "was not saved there")
+            raise RunDirError(
+                f"{run_dir}: another trace replaced this run (run id {current!r}); its result was not saved there"
+            )
         try:
             _write_json(temporary, {"run_id": run_id, **result})
             os.replace(temporary, run_dir / "result.json")
@@ -368,17 +382,23 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         raise RunDirError(f"{run_dir}: no such run directory")
     manifest_path = run_dir / "manifest.json"
     if not manifest_path.is_file():
-        raise RunDirError(f"{run_dir}: not a complete bisectr run (manifest.json is missing; was the trace interrupted?)")
+        raise RunDirError(
+            f"{run_dir}: not a complete bisectr run (manifest.json is missing; was the trace interrupted?)"
+        )
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError, RecursionError) as exc:
         raise RunDirError(f"{manifest_path}: unreadable manifest ({exc})") from None
     if not isinstance(manifest, dict):
-        raise RunDirError(f"{manifest_path}: not a bisectr run manifest (a JSON {type(manifest).__name__}, not an object)")
+        raise RunDirError(
+            f"{manifest_path}: not a bisectr run manifest (a JSON {type(manifest).__name__}, not an object)"
+        )
     if manifest.get("format") != FORMAT:
         raise RunDirError(f"{manifest_path}: not a bisectr run manifest")
     if manifest.get("version") != FORMAT_VERSION:
-        raise RunDirError(f"{manifest_path}: run format version {manifest.get('version')} is not supported (expected {FORMAT_VERSION})")
+        raise RunDirError(
+            f"{manifest_path}: run format version {manifest.get('version')} is not supported (expected {FORMAT_VERSION})"
+        )
     return manifest
 
 
@@ -400,7 +420,7 @@ def read_trace(run_dir: Path, side: str, run_id: str | None = None) -> Trace:
 def _storage_index(trace_path: Path, trace: Trace, storage: Any, blob: Path) -> dict[int, IndexEntry]:
     """trace.json's "storage" table, each entry checked, with one for every stored tensor, all within `blob`."""
     if not isinstance(storage, dict):
-        raise RunDirError(f"{trace_path}: corrupt trace (its \"storage\" is not an object)")
+        raise RunDirError(f'{trace_path}: corrupt trace (its "storage" is not an object)')
     index = {}
     end, last = 0, None  # the byte the entries reach in `blob`, and the entry reaching it
     for key, entry in storage.items():
@@ -414,12 +434,15 @@ def _storage_index(trace_path: Path, trace: Trace, storage: Any, blob: Path) -> 
             end, last = entry_end, tid
     for tid, info in trace.tensors.items():
         if info.stored and (tid not in index or math.prod(index[tid][2]) != info.size):
-            raise RunDirError(f"{trace_path}: corrupt trace (tensor {tid} is stored, but its storage entry "
-                              f"{'is missing' if tid not in index else 'holds another number of values'})")
+            raise RunDirError(
+                f"{trace_path}: corrupt trace (tensor {tid} is stored, but its storage entry "
+                f"{'is missing' if tid not in index else 'holds another number of values'})"
+            )
     blob_size = blob.stat().st_size if blob.is_file() else -1
     if index and blob_size < end:
-        raise RunDirError(f"{blob}: truncated or missing ({blob_size} bytes; {trace_path} places tensor {last} "
-                          f"up to byte {end})")
+        raise RunDirError(
+            f"{blob}: truncated or missing ({blob_size} bytes; {trace_path} places tensor {last} up to byte {end})"
+        )
     return index
 
 
@@ -440,8 +463,12 @@ def _entry_problem(key: str, entry: Any) -> str:
         return "the dtype is not a string"
     if problem := _dtype_problem(dtype):
         return problem
-    if not (type(shape) is list and len(shape) <= _MAX_DIMS and _INT_TYPE.issuperset(map(type, shape))
-            and min(shape, default=0) >= 0):
+    if not (
+        type(shape) is list
+        and len(shape) <= _MAX_DIMS
+        and _INT_TYPE.issuperset(map(type, shape))
+        and min(shape, default=0) >= 0
+    ):
         return f"the shape is not a list of at most {_MAX_DIMS} non-negative integers"
     if not (type(crc) is int and 0 <= crc < 1 << 32):
         return "the checksum is not a crc32"
@@ -481,5 +508,7 @@ def _check_run_id(path: Path, document: Any, run_id: str | None) -> None:
     if run_id is not None and "run_id" not in document:
         raise RunDirError(f"{path}: no run id (damaged, or not written by this version of bisectr)")
     if run_id is not None and document.get("run_id") != run_id:
-        raise RunDirError(f"{path}: belongs to another run (run id {document.get('run_id')!r}, the manifest's is "
-                          f"{run_id!r}); it was written by another process: trace again")
+        raise RunDirError(
+            f"{path}: belongs to another run (run id {document.get('run_id')!r}, the manifest's is "
+            f"{run_id!r}); it was written by another process: trace again"
+        )

@@ -1,4 +1,5 @@
 """Walking nested arguments and outputs (tuples, lists, dicts, dict-like model outputs)."""
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -20,7 +21,9 @@ def map_tensors(obj: Any, is_tensor: Callable[[Any], bool], fn: Callable[[Any], 
         return {k: map_tensors(v, is_tensor, fn) for k, v in obj.items()}
     if not isinstance(obj, (tuple, list)):
         return obj
-    mapped = [fn(x) if is_tensor(x) else map_tensors(x, is_tensor, fn) if isinstance(x, _CONTAINERS) else x for x in obj]
+    mapped = [
+        fn(x) if is_tensor(x) else map_tensors(x, is_tensor, fn) if isinstance(x, _CONTAINERS) else x for x in obj
+    ]
     if isinstance(obj, list):
         return mapped
     return type(obj)(*mapped) if hasattr(obj, "_fields") else tuple(mapped)

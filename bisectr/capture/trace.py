@@ -5,6 +5,7 @@ has a stable integer id (`tid`); an op lists the tids it read and wrote. Leaves
 (model inputs, parameters, buffers, constants) are tensors with no producer.
 `Trace.graph` turns this into a `networkx.DiGraph` keyed by op index.
 """
+
 from __future__ import annotations
 
 import math
@@ -159,19 +160,25 @@ class Trace:
         if self.leaf_reader is not None and is_model_leaf(info.leaf):
             return self.leaf_reader(tid)
         if is_model_leaf(info.leaf):
-            raise KeyError(f"values of {info.leaf} are in the model, which this run no longer has (a run keeps a "
-                           "parameter's statistics, not its values)")
+            raise KeyError(
+                f"values of {info.leaf} are in the model, which this run no longer has (a run keeps a "
+                "parameter's statistics, not its values)"
+            )
         raise KeyError(f"values of tensor {tid} ({info.leaf or 'op output'}) were not stored")
 
     def has_value(self, tid: int) -> bool:
         info = self.tensors[tid]
-        return (self.value_reader is not None and info.stored) or tid in self.fetched or \
-            (self.leaf_reader is not None and is_model_leaf(info.leaf))
+        return (
+            (self.value_reader is not None and info.stored)
+            or tid in self.fetched
+            or (self.leaf_reader is not None and is_model_leaf(info.leaf))
+        )
 
     def dtypes_of(self, indices: list[int]) -> list[str]:
         """The dtypes ops `indices` compute in: their tensors' and those only their code shows (`OpNode.inner_dtypes`)."""
-        return [self.tensors[t].dtype for i in indices for t in self.ops[i].inputs + self.ops[i].outputs] \
-            + [d for i in indices for d in self.ops[i].inner_dtypes]
+        return [self.tensors[t].dtype for i in indices for t in self.ops[i].inputs + self.ops[i].outputs] + [
+            d for i in indices for d in self.ops[i].inner_dtypes
+        ]
 
     def first_reads(self) -> dict[int, int]:
         """tid -> the index of the first op reading it."""
@@ -276,19 +283,36 @@ class Trace:
             raise ValueError("tensors: a tensor id is not a non-negative integer")
         for tid, info in self.tensors.items():
             # Values are checked through the set of their types: a Python loop per value costs as much as parsing the JSON.
-            if not (info.tid == tid and _are_indices(info.shape) and type(info.dtype) is str and type(info.stored) is bool
-                    and _NUMBER_TYPES.issuperset(map(type, _shallow_dict(info.stats).values()))
-                    and type(info.fingerprint) is list and _NUMBER_TYPES.issuperset(map(type, info.fingerprint))
-                    and (info.producer is None or type(info.producer) is int and 0 <= info.producer < op_count)
-                    and (info.leaf is None or type(info.leaf) is str)):
+            if not (
+                info.tid == tid
+                and _are_indices(info.shape)
+                and type(info.dtype) is str
+                and type(info.stored) is bool
+                and _NUMBER_TYPES.issuperset(map(type, _shallow_dict(info.stats).values()))
+                and type(info.fingerprint) is list
+                and _NUMBER_TYPES.issuperset(map(type, info.fingerprint))
+                and (info.producer is None or type(info.producer) is int and 0 <= info.producer < op_count)
+                and (info.leaf is None or type(info.leaf) is str)
+            ):
                 raise ValueError(f"tensor {tid}: a field has the wrong type or names no op of the trace")
         for position, op in enumerate(self.ops):
             named = op.inputs + op.outputs  # a TypeError unless both are lists (or both strings: checked next)
-            if not (op.index == position and type(named) is list and _are_indices(named) and tids >= set(named)
-                    and type(op.framework_op) is str and type(op.op) is str and type(op.module) is str
-                    and type(op.source) is str and type(op.inplace) is bool and type(op.library_source) is bool):
+            if not (
+                op.index == position
+                and type(named) is list
+                and _are_indices(named)
+                and tids >= set(named)
+                and type(op.framework_op) is str
+                and type(op.op) is str
+                and type(op.module) is str
+                and type(op.source) is str
+                and type(op.inplace) is bool
+                and type(op.library_source) is bool
+            ):
                 raise ValueError(f"op {position}: a field has the wrong type or names no tensor of the trace")
-        if not (type(self.outputs) is dict and _are_indices(self.outputs.values()) and tids >= set(self.outputs.values())):
+        if not (
+            type(self.outputs) is dict and _are_indices(self.outputs.values()) and tids >= set(self.outputs.values())
+        ):
             raise ValueError("outputs: not a mapping of output keys to tensors of the trace")
         if not (type(self.unread_leaves) is list and all(type(name) is str for name in self.unread_leaves)):
             raise ValueError("unread_leaves: not a list of leaf names")
@@ -401,7 +425,7 @@ def _sum(flat: np.ndarray) -> float:
     accumulation within a row), the row sums added in float64."""
     rows = flat.size // _SUM_ROW
     head = flat[: rows * _SUM_ROW].reshape(rows, _SUM_ROW) @ _ones(flat.dtype.str) if rows else np.zeros(0)
-    return float(head.sum(dtype=np.float64) + flat[rows * _SUM_ROW:].sum(dtype=np.float64))
+    return float(head.sum(dtype=np.float64) + flat[rows * _SUM_ROW :].sum(dtype=np.float64))
 
 
 @lru_cache(maxsize=4)
@@ -456,7 +480,7 @@ class StatsBatch:
             return
         if self._used + size > self.CAPACITY:
             self.flush()
-        np.copyto(self._buffer[self._used:self._used + size].reshape(values.shape), values)
+        np.copyto(self._buffer[self._used : self._used + size].reshape(values.shape), values)
         self._queued.append(info)
         self._starts.append(self._used)
         self._used += size
@@ -472,17 +496,27 @@ class StatsBatch:
         lows = np.minimum.reduceat(data, starts)
         highs = np.maximum.reduceat(data, starts)
         special = ~_fits_float32_sums(np.maximum(-lows, highs).astype(np.float64), sizes)  # also NaN and Inf
-        one_by_one = {i: tensor_stats(data[self._starts[i]: self._starts[i] + sizes[i]]) for i in np.flatnonzero(special).tolist()}
+        one_by_one = {
+            i: tensor_stats(data[self._starts[i] : self._starts[i] + sizes[i]])
+            for i in np.flatnonzero(special).tolist()
+        }
         with np.errstate(over="ignore", invalid="ignore"):  # only in the special segments, described already
             means = np.add.reduceat(data, starts).astype(np.float64) / sizes
             squares = np.multiply(data, data, out=data)  # the values are not needed any more
             variances = np.add.reduceat(squares, starts).astype(np.float64) / sizes - means * means
         stds = np.sqrt(np.maximum(variances, 0.0))
         offset = 0
-        for i, (info, low, high, mean, std, count) in enumerate(zip(
-            self._queued, lows.tolist(), highs.tolist(), means.tolist(), stds.tolist(), map(len, positions),
-        )):
-            info.fingerprint = picked[offset: offset + count]
+        for i, (info, low, high, mean, std, count) in enumerate(
+            zip(
+                self._queued,
+                lows.tolist(),
+                highs.tolist(),
+                means.tolist(),
+                stds.tolist(),
+                map(len, positions),
+            )
+        ):
+            info.fingerprint = picked[offset : offset + count]
             offset += count
             info.stats = one_by_one.get(i) or _statistics(low, high, mean, std)
         self._queued, self._starts, self._used = [], [], 0

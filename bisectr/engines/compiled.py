@@ -5,6 +5,7 @@ The module lives in the side's process, so the search asks small questions of th
 made ready there, each answered by the adapter's primitives (`adapters.base.CompiledProbe`) with plain data.
 Modules are named by path from the compiled module ("": itself).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -123,8 +124,9 @@ def answer_compiled(probe: CompiledProbe | None, question: CompiledQuestion) -> 
     raise TypeError(f"not a question about a compiled call: {question!r}")
 
 
-def probe_compiled(adapter: Adapter, trace: Trace, recorded: RecordedCalls, index: int,
-                   values: dict[int, np.ndarray]) -> CompiledProbe | None:
+def probe_compiled(
+    adapter: Adapter, trace: Trace, recorded: RecordedCalls, index: int, values: dict[int, np.ndarray]
+) -> CompiledProbe | None:
     """Op `index`'s call probed on its recorded inputs, `values` for those that are no parameter (None:
     op `index` is no compiled call)."""
     calls = recorded.calls

@@ -2,6 +2,7 @@
 own code run in float64 (`Float64Listener`), with what both share: the float64 copies of the model's leaves
 (`Float64Copies`) and how each op is called in float64 (`Float64Calls`, which the fp64 oracle's replays use too).
 `float64_outputs` is the float64 check's forward; its backward is `gradient.float64_gradients`."""
+
 from __future__ import annotations
 
 import math
@@ -68,8 +69,9 @@ class Float64Interpreter(Interpreter):
         op, adapter = self.trace.ops[index], self.adapter
         inputs = call_tensors(args, kwargs, adapter.is_tensor) if op.inplace else []
         _, produced, _ = run_op(adapter, self.float64_calls.of(op, fn), args, kwargs, inputs)
-        if len(produced) != len(op.outputs) or \
-                any(tuple(t.shape) != tuple(self.trace.tensors[tid].shape) for t, tid in zip(produced, op.outputs)):
+        if len(produced) != len(op.outputs) or any(
+            tuple(t.shape) != tuple(self.trace.tensors[tid].shape) for t, tid in zip(produced, op.outputs)
+        ):
             raise UnfaithfulReplay(f"op {index} ({op.framework_op}) made other tensors in float64 than recorded")
         self.copies.note_outputs(produced)
         return produced
@@ -89,10 +91,14 @@ class Float64Listener:
     `gradients` each leaf's copy is made once and kept in `upcast` (a parameter's a leaf requiring a
     gradient, the parameter's own float64 gradient)."""
 
-    def __init__(self, adapter: Adapter, model: Any, trace: Trace, leaf_values: dict[str, np.ndarray], gradients: bool = False):
+    def __init__(
+        self, adapter: Adapter, model: Any, trace: Trace, leaf_values: dict[str, np.ndarray], gradients: bool = False
+    ):
         self.adapter = adapter
         self.trace = trace
-        self.leaves = {id(t): (name, t) for name, t in adapter.named_leaves(model) if is_floating(adapter.dtype_name(t))}
+        self.leaves = {
+            id(t): (name, t) for name, t in adapter.named_leaves(model) if is_floating(adapter.dtype_name(t))
+        }
         self.copies = Float64Copies(adapter, leaf_values)
         self.calls = Float64Calls(adapter, trace, fall_back=True)
         self.gradients = gradients
@@ -108,9 +114,13 @@ class Float64Listener:
         kwargs = map_tensors(kwargs, self._is_model_leaf, self._float64)
         inputs = call_tensors(args, kwargs, self.adapter.is_tensor)
         versions = [self.adapter.version(t) for t in inputs]
-        result = self.calls.call(name, self.modules[-1] if self.modules else "", self._recorded(name), fn, *args, **kwargs)
+        result = self.calls.call(
+            name, self.modules[-1] if self.modules else "", self._recorded(name), fn, *args, **kwargs
+        )
         outputs = iter_tensors(result, self.adapter.is_tensor)
-        if outputs or any(self.adapter.version(t) != v for t, v in zip(inputs, versions)):  # an op, as a recording counts them
+        if outputs or any(
+            self.adapter.version(t) != v for t, v in zip(inputs, versions)
+        ):  # an op, as a recording counts them
             self.op_count += 1
         if not self.gradients:
             self.copies.note_outputs(outputs)
@@ -169,8 +179,12 @@ class Float64Copies:
     def __init__(self, adapter: Adapter, leaf_values: dict[str, np.ndarray]):
         self.adapter = adapter
         self.leaf_values = leaf_values
-        self.reusable: dict[int, tuple[Any, tuple, range]] = {}  # id(copy) -> (copy, its key, its addresses), of live copies
-        self.kept: OrderedDict[int, tuple[Any, tuple, int]] = OrderedDict()  # id(copy) -> (copy, its key, its bytes), released in this order
+        self.reusable: dict[
+            int, tuple[Any, tuple, range]
+        ] = {}  # id(copy) -> (copy, its key, its addresses), of live copies
+        self.kept: OrderedDict[int, tuple[Any, tuple, int]] = (
+            OrderedDict()
+        )  # id(copy) -> (copy, its key, its bytes), released in this order
         self.kept_by_key: dict[tuple, deque[int]] = {}  # (shape, device, layout) -> ids of kept copies, oldest first
         self.kept_bytes = self.largest = 0
 
@@ -245,7 +259,9 @@ class Float64Calls:
         """The recorded op `op`, whose function is `fn`, as this float64 run calls it."""
         return partial(self.call, op.framework_op, op.module, op, fn)
 
-    def call(self, name: str, module: str, recorded: OpNode | None, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    def call(
+        self, name: str, module: str, recorded: OpNode | None, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
+    ) -> Any:
         """Call op `name` of `module` (`recorded`: the recording's op it is, None where unknown) as this
         float64 run calls it, and return its result."""
         where = f"{name} in {module}" if module else name
@@ -255,7 +271,9 @@ class Float64Calls:
         except Exception as exc:
             raised = _said(exc)
             result, ran_at = self._at_recorded_dtypes(where, recorded, fn, args, kwargs, raised)
-            self.fallen_back[where] = f"run at {', '.join(ran_at) or 'its recorded dtypes'}: in float64 it raised {raised}"
+            self.fallen_back[where] = (
+                f"run at {', '.join(ran_at) or 'its recorded dtypes'}: in float64 it raised {raised}"
+            )
             below_float64 = True
         else:
             dtypes = map(self.adapter.dtype_name, iter_tensors(result, self.adapter.is_tensor))
@@ -275,8 +293,9 @@ class Float64Calls:
             listed.append(f"{where} ({'; '.join(notes)})" if notes else where)
         return listed
 
-    def _at_recorded_dtypes(self, where: str, recorded: OpNode | None, fn: Callable[..., Any], args: tuple, kwargs: dict,
-                            raised: str) -> tuple[Any, list[str]]:
+    def _at_recorded_dtypes(
+        self, where: str, recorded: OpNode | None, fn: Callable[..., Any], args: tuple, kwargs: dict, raised: str
+    ) -> tuple[Any, list[str]]:
         """The result of the op, which raised `raised` in float64, run at its recorded dtypes (see the
         class docstring), and those of them below float64."""
         adapter = self.adapter
@@ -287,7 +306,9 @@ class Float64Calls:
         if recorded is None or len(tensors) != len(recorded.inputs):
             raise CannotUpcast(f"{cannot}, and the recording has no such op at this point to give its dtypes") from None
         if recorded.inplace:
-            raise CannotUpcast(f"{cannot}, and it writes in place: it cannot run at its recorded dtypes on a copy") from None
+            raise CannotUpcast(
+                f"{cannot}, and it writes in place: it cannot run at its recorded dtypes on a copy"
+            ) from None
         recorded_dtypes = {id(t): self.trace.tensors[tid].dtype for t, tid in zip(tensors, recorded.inputs)}
 
         def narrowed(tensor: Any) -> Any:
@@ -297,11 +318,15 @@ class Float64Calls:
             return self._cast(tensor, float64_dtype(adapter.dtype_name(tensor)))
 
         try:
-            result = fn(*map_tensors(args, adapter.is_tensor, narrowed), **map_tensors(kwargs, adapter.is_tensor, narrowed))
+            result = fn(
+                *map_tensors(args, adapter.is_tensor, narrowed), **map_tensors(kwargs, adapter.is_tensor, narrowed)
+            )
             result = map_tensors(result, adapter.is_tensor, widened)
         except Exception as exc:
             raise CannotUpcast(f"{cannot}, nor at its recorded dtypes (it raised {_said(exc)})") from None
-        below_float64 = {dtype for dtype in recorded_dtypes.values() if is_floating(dtype) and dtype != float64_dtype(dtype)}
+        below_float64 = {
+            dtype for dtype in recorded_dtypes.values() if is_floating(dtype) and dtype != float64_dtype(dtype)
+        }
         return result, sorted(below_float64)
 
     def _cast(self, tensor: Any, dtype: str) -> Any:
@@ -329,25 +354,30 @@ def float64_inputs(side: BuiltSide) -> tuple | dict:
     """The side's inputs with each floating tensor upcast to float64 (see `_refuse_plain_function`)."""
     adapter = side.adapter
     _refuse_plain_function(side)
-    return map_tensors(side.inputs, adapter.is_tensor, lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
+    return map_tensors(
+        side.inputs, adapter.is_tensor, lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t
+    )
 
 
-def float64_outputs(side: BuiltSide, trace: Trace, recorded: RecordedCalls,
-                    leaf_values: dict[str, np.ndarray]) -> Float64Run:
+def float64_outputs(
+    side: BuiltSide, trace: Trace, recorded: RecordedCalls, leaf_values: dict[str, np.ndarray]
+) -> Float64Run:
     """The side's outputs in float64: the recorded calls executed in float64 where they can stand in
     for the model's code and run (`float64_replay`), else the model's code under `Float64Listener`
     (`float64_forward`), which also says why a forward cannot run in float64."""
     _refuse_plain_function(side)
-    values, calls = (float64_replay(side.adapter, trace, recorded, leaf_values)
-                     or float64_forward(side, trace, leaf_values))
+    values, calls = float64_replay(side.adapter, trace, recorded, leaf_values) or float64_forward(
+        side, trace, leaf_values
+    )
     narrowed = next((key for key, v in values.items() if v.dtype.kind == "f" and v.dtype != np.float64), None)
     if narrowed is not None:
         raise CannotUpcast(f"its output {narrowed!r} stays {values[narrowed].dtype} (a dtype fixed inside the forward)")
     return Float64Run(values, calls.narrow_ops())
 
 
-def float64_replay(adapter: Adapter, trace: Trace, recorded: RecordedCalls,
-                   leaf_values: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Float64Calls] | None:
+def float64_replay(
+    adapter: Adapter, trace: Trace, recorded: RecordedCalls, leaf_values: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], Float64Calls] | None:
     """The outputs of the recorded calls executed in float64 (`Float64Interpreter`), and how its ops were
     called; None where the recorded calls cannot stand in for the model's code."""
     if not recorded.replayable(adapter):
@@ -359,8 +389,9 @@ def float64_replay(adapter: Adapter, trace: Trace, recorded: RecordedCalls,
         return None
 
 
-def float64_forward(side: BuiltSide, trace: Trace,
-                    leaf_values: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Float64Calls]:
+def float64_forward(
+    side: BuiltSide, trace: Trace, leaf_values: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], Float64Calls]:
     """The outputs of the model's code run in float64 (`Float64Listener`), and how its ops were called."""
     adapter = side.adapter
     listener = Float64Listener(adapter, side.model, trace, leaf_values)

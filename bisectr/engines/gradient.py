@@ -1,6 +1,7 @@
 """Gradients again: the backward of recorded ops on given values (`VJPInterpreter`, `replay_vjp`), and the
 side's whole backward pass through its own code following the recording (`GradientRerun`, `backward`), also
 in float64 (`float64_gradients`, with the float64 engine's `Float64Listener`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -35,7 +36,9 @@ class VJPInterpreter(Interpreter):
     gradients). With `float64` the floating inputs are upcast and each op is called as `Float64Calls`
     calls it (one that cannot run in float64 raises `CannotUpcast`): the fp64 oracle of the block's backward."""
 
-    def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call], values: dict[int, np.ndarray], float64: bool = False):
+    def __init__(
+        self, adapter: Adapter, trace: Trace, calls: list[Call], values: dict[int, np.ndarray], float64: bool = False
+    ):
         super().__init__(adapter, trace, calls)
         self.values = values
         self.float64 = float64
@@ -49,8 +52,9 @@ class VJPInterpreter(Interpreter):
         if not is_floating(dtype):
             return self.adapter.from_numpy(self.values[tid], dtype, self.trace.device, self.layout(tid))
         if tid not in self.leaves:
-            tensor = self.adapter.from_numpy(self.values[tid], float64_dtype(dtype) if self.float64 else dtype, self.trace.device,
-                                             self.layout(tid))
+            tensor = self.adapter.from_numpy(
+                self.values[tid], float64_dtype(dtype) if self.float64 else dtype, self.trace.device, self.layout(tid)
+            )
             self.leaves[tid] = self.adapter.gradient_leaf(tensor)
         return self.leaves[tid]
 
@@ -63,11 +67,16 @@ class VJPInterpreter(Interpreter):
         """The gradients of the leaves (tid -> values; None where none reaches one) from the outputs
         in `upstream` (tid -> the gradient reaching it; None: none does)."""
         adapter, env = self.adapter, self.env
-        seeded = [(env[tid], gradient) for tid, gradient in upstream.items()
-                  if gradient is not None and tid in env and adapter.requires_grad(env[tid])]
+        seeded = [
+            (env[tid], gradient)
+            for tid, gradient in upstream.items()
+            if gradient is not None and tid in env and adapter.requires_grad(env[tid])
+        ]
         if not seeded or not self.leaves:
             return dict.fromkeys(self.leaves)
-        upstream_tensors = [adapter.from_numpy(g, adapter.dtype_name(t), self.trace.device, adapter.layout(t)) for t, g in seeded]
+        upstream_tensors = [
+            adapter.from_numpy(g, adapter.dtype_name(t), self.trace.device, adapter.layout(t)) for t, g in seeded
+        ]
         grads = adapter.gradients([t for t, _ in seeded], upstream_tensors, list(self.leaves.values()))
         return {tid: None if g is None else adapter.to_numpy(g) for tid, g in zip(self.leaves, grads)}
 
@@ -85,8 +94,13 @@ class GradientRerun(PatchedRerun):
 
     with_gradients = True
 
-    def __init__(self, adapter: Adapter, trace: Trace, gradient_patches: dict[int, np.ndarray],
-                 activations: dict[int, np.ndarray] | None = None):
+    def __init__(
+        self,
+        adapter: Adapter,
+        trace: Trace,
+        gradient_patches: dict[int, np.ndarray],
+        activations: dict[int, np.ndarray] | None = None,
+    ):
         super().__init__(adapter, trace, activations or {})
         self.gradient_patches = Patches(adapter, trace, gradient_patches)
         self.gradients: dict[int, np.ndarray] = {}
@@ -118,9 +132,15 @@ class GradientRerun(PatchedRerun):
         return hook
 
 
-def replay_vjp(adapter: Adapter, trace: Trace, recorded: RecordedCalls, indices: list[int],
-               values: dict[int, np.ndarray], upstream: dict[int, np.ndarray | None],
-               float64: bool = False) -> dict[int, np.ndarray | None]:
+def replay_vjp(
+    adapter: Adapter,
+    trace: Trace,
+    recorded: RecordedCalls,
+    indices: list[int],
+    values: dict[int, np.ndarray],
+    upstream: dict[int, np.ndarray | None],
+    float64: bool = False,
+) -> dict[int, np.ndarray | None]:
     """The backward of ops `indices` on `values` for their external inputs, from `upstream` (see `VJPInterpreter`)."""
     vjp = VJPInterpreter(adapter, trace, recorded.calls, recorded.own_values(values), float64)
     with adapter.enable_grad():
@@ -128,8 +148,13 @@ def replay_vjp(adapter: Adapter, trace: Trace, recorded: RecordedCalls, indices:
     return vjp.gradients(upstream)
 
 
-def backward(side: BuiltSide, trace: Trace, seeds: dict[str, np.ndarray], gradient_patches: dict[int, np.ndarray],
-             activations: dict[int, np.ndarray]) -> Gradients:
+def backward(
+    side: BuiltSide,
+    trace: Trace,
+    seeds: dict[str, np.ndarray],
+    gradient_patches: dict[int, np.ndarray],
+    activations: dict[int, np.ndarray],
+) -> Gradients:
     """The side's forward and backward again through its own code (see `GradientRerun`), from its loss or
     from `seeds`."""
     adapter = side.adapter
@@ -137,14 +162,18 @@ def backward(side: BuiltSide, trace: Trace, seeds: dict[str, np.ndarray], gradie
     differentiated = with_gradient_inputs(side, side.inputs)
     outputs = intercepted_forward(differentiated, listener, gradients=True)
     listener.finish(output_pairs(adapter, outputs))
-    leaves = {tid: tensor for tid, tensor in listener.leaves.items()
-              if leaf_kind(trace.tensors[tid].leaf) in ("param", "input") and is_floating(trace.tensors[tid].dtype)}
+    leaves = {
+        tid: tensor
+        for tid, tensor in listener.leaves.items()
+        if leaf_kind(trace.tensors[tid].leaf) in ("param", "input") and is_floating(trace.tensors[tid].dtype)
+    }
     grads, loss = leaf_gradients(side, outputs, seeds, leaves, listener.patched)
     return Gradients(listener.gradients, grads, loss)
 
 
-def float64_gradients(side: BuiltSide, trace: Trace, seeds: dict[str, np.ndarray],
-                      leaf_values: dict[str, np.ndarray]) -> Float64Run:
+def float64_gradients(
+    side: BuiltSide, trace: Trace, seeds: dict[str, np.ndarray], leaf_values: dict[str, np.ndarray]
+) -> Float64Run:
     """The gradients of the parameters and floating inputs (by leaf name) of the side's code run in float64
     under `Float64Listener` (with `leaf_values`), as `backward` computes them."""
     adapter = side.adapter
@@ -154,8 +183,11 @@ def float64_gradients(side: BuiltSide, trace: Trace, seeds: dict[str, np.ndarray
         with adapter.intercept(side.model, listener, gradients=True), adapter.float64_defaults():
             outputs = upcast.forward()
         leaves = {name: copy for name, copy in listener.upcast.items() if leaf_kind(name) == "param"}
-        leaves.update((str(LeafRef("input", str(key))), t) for key, t in upcast.input_items()
-                      if adapter.is_tensor(t) and adapter.requires_grad(t))
+        leaves.update(
+            (str(LeafRef("input", str(key))), t)
+            for key, t in upcast.input_items()
+            if adapter.is_tensor(t) and adapter.requires_grad(t)
+        )
         with adapter.enable_grad():
             grads, _ = leaf_gradients(upcast, outputs, seeds, leaves)
     except UserModelError as exc:
@@ -168,12 +200,17 @@ def with_gradient_inputs(side: BuiltSide, inputs: tuple | dict) -> BuiltSide:
     """`side` run on `inputs` with each floating tensor a new leaf requiring a gradient: the gradient
     reaching the inputs is the backward's last word, and compared with the parameters'."""
     adapter = side.adapter
-    return replace(side, inputs=map_tensors(inputs, adapter.is_tensor,
-                                            lambda t: adapter.gradient_leaf(t) if is_floating(adapter.dtype_name(t)) else t))
+    return replace(
+        side,
+        inputs=map_tensors(
+            inputs, adapter.is_tensor, lambda t: adapter.gradient_leaf(t) if is_floating(adapter.dtype_name(t)) else t
+        ),
+    )
 
 
-def leaf_gradients(side: BuiltSide, outputs: Any, seeds: dict[str, np.ndarray], parameters: dict,
-                   patched: list[Any] = ()) -> tuple[dict, float | None]:
+def leaf_gradients(
+    side: BuiltSide, outputs: Any, seeds: dict[str, np.ndarray], parameters: dict, patched: list[Any] = ()
+) -> tuple[dict, float | None]:
     """The gradients of `parameters` (key -> parameter or input tensor; None for one no gradient
     reaches) from the side's loss of `outputs`, or from `seeds` on its outputs; and the loss.
     The `patched` tensors are roots too, with a zero gradient their hooks replace."""
@@ -188,14 +225,18 @@ def leaf_gradients(side: BuiltSide, outputs: Any, seeds: dict[str, np.ndarray], 
         roots = [t for _, t in seeded]
         upstream = [adapter.like(t, seeds[key]) for key, t in seeded]
     for tensor in patched:
-        if not any(tensor is root for root in roots):  # its zero gradient adds nothing, and paddle refuses a root given twice
+        if not any(
+            tensor is root for root in roots
+        ):  # its zero gradient adds nothing, and paddle refuses a root given twice
             roots.append(tensor)
             upstream.append(adapter.like(tensor, np.zeros(tensor.shape)))
     reached = [key for key, tensor in parameters.items() if adapter.requires_grad(tensor)]
     if not roots or not reached:
-        raise ModelFileError(f"{side.model_file}: no gradient reaches any parameter or input of the {side.role} model "
-                             "(every parameter frozen and no floating input, or the forward runs without gradients): "
-                             "a backward pass has nothing to compare")
+        raise ModelFileError(
+            f"{side.model_file}: no gradient reaches any parameter or input of the {side.role} model "
+            "(every parameter frozen and no floating input, or the forward runs without gradients): "
+            "a backward pass has nothing to compare"
+        )
     grads = dict.fromkeys(parameters)
     for key, grad in zip(reached, adapter.gradients(roots, upstream, [parameters[k] for k in reached])):
         grads[key] = None if grad is None else adapter.to_numpy(grad)

@@ -5,6 +5,7 @@ and the leaf tensors it read. `Interpreter.run(indices)` executes calls in order
 `fetch(tid)`, `run_node` calls the op, `store` keeps what it made. Each kind of re-run in `bisectr.engines`
 overrides these three; `execution_plan` picks the ops a run needs and when each tensor can go.
 """
+
 from __future__ import annotations
 
 import math
@@ -84,8 +85,9 @@ class UnfaithfulReplay(Exception):
     """Executing the recorded calls did not make the tensors the recording made."""
 
 
-def run_op(adapter: Tensors, fn: Callable[..., Any], args: tuple, kwargs: dict,
-           inputs: list[Any]) -> tuple[Any, list[Any], set[int]]:
+def run_op(
+    adapter: Tensors, fn: Callable[..., Any], args: tuple, kwargs: dict, inputs: list[Any]
+) -> tuple[Any, list[Any], set[int]]:
     """Run one framework op on `args` and `kwargs` (whose tensors are `inputs`). Returns its result,
     the tensors it wrote (what it returned, plus the inputs it changed in place: see `_written`) and
     the object ids of those changed in place. What the op raises is marked as the op's (the user's
@@ -106,7 +108,16 @@ def run_op(adapter: Tensors, fn: Callable[..., Any], args: tuple, kwargs: dict,
 
 
 # Bytes per element, for telling a view from another tensor (1 for any dtype not named).
-_ITEM_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2}
+_ITEM_BYTES = {
+    "float64": 8,
+    "int64": 8,
+    "complex64": 8,
+    "float32": 4,
+    "int32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int16": 2,
+}
 
 
 def _written(adapter: Tensors, inputs: list[Any], versions: list[int]) -> list[Any]:
@@ -128,8 +139,9 @@ def _written(adapter: Tensors, inputs: list[Any], versions: list[int]) -> list[A
     return written
 
 
-def execution_plan(trace: Trace, wanted: set[int], replaced: set[int] = frozenset(),
-                   capture: set[int] = frozenset()) -> tuple[list[int], dict[int, set[int]]]:
+def execution_plan(
+    trace: Trace, wanted: set[int], replaced: set[int] = frozenset(), capture: set[int] = frozenset()
+) -> tuple[list[int], dict[int, set[int]]]:
     """The ops to run to make the tids `wanted`, in order, and for each the tids no later one reads.
     An op runs if it writes in place (an alias may see the write), if one of its outputs is to be
     captured, or if a tid that is needed and not `replaced` (a patch stands in) comes out of it; its

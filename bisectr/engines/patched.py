@@ -6,6 +6,7 @@ the recorded calls cannot stand in for, checking it follows the recording op for
 outputs to `Patches`: leaves and op outputs replaced, and every value no patch can have reached checked
 against the recording. `rerun` picks between them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,7 +55,11 @@ class Shift:
     def applied_to(self, values: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore", over="ignore"):
             shifted = (values + self.delta).astype(values.dtype)
-        return shifted if self.fallback is None else np.where(np.isfinite(shifted), shifted, self.fallback).astype(values.dtype)
+        return (
+            shifted
+            if self.fallback is None
+            else np.where(np.isfinite(shifted), shifted, self.fallback).astype(values.dtype)
+        )
 
 
 @dataclass
@@ -70,8 +75,14 @@ class Patches:
     recorded ones (`check`); `tainted` are the tids a patch may have changed. In a run with
     `gradients` on, an op output keeps its autograd graph (the patch is added to it as a difference)."""
 
-    def __init__(self, adapter: Adapter, trace: Trace, patches: dict[int, Any], capture: Iterable[int] = (),
-                 gradients: bool = False):
+    def __init__(
+        self,
+        adapter: Adapter,
+        trace: Trace,
+        patches: dict[int, Any],
+        capture: Iterable[int] = (),
+        gradients: bool = False,
+    ):
         self.adapter = adapter
         self.trace = trace
         self.patches = patches
@@ -110,7 +121,9 @@ class Patches:
         """The patch for `tid`, which must have the tensor's `shape`."""
         patch = self.patches[tid]
         if tuple(patch.shape) != tuple(shape):
-            raise TraceMismatchError(f"the patch for tensor {tid} has shape {tuple(patch.shape)}, the tensor {tuple(shape)}")
+            raise TraceMismatchError(
+                f"the patch for tensor {tid} has shape {tuple(patch.shape)}, the tensor {tuple(shape)}"
+            )
         return patch
 
     def values(self, tid: int, tensor: Any) -> np.ndarray:
@@ -151,14 +164,23 @@ class Patches:
     def departure(self, index: int, op: OpNode | None, what: str, path: bool = False) -> TraceMismatchError:
         """The error for a re-run that departs from its recording at op `index`: a `PathDeparture` where it
         took another path (`path`), else one that computed other values."""
-        where = "" if op is None else \
-            f" ({op.framework_op} in {op.module or '(top level)'}" + (f" at {op.source})" if op.source else ")")
-        cause = "The forward is not deterministic (dropout or randomness in training mode? data-dependent control flow?)"
+        where = (
+            ""
+            if op is None
+            else f" ({op.framework_op} in {op.module or '(top level)'}" + (f" at {op.source})" if op.source else ")")
+        )
+        cause = (
+            "The forward is not deterministic (dropout or randomness in training mode? data-dependent control flow?)"
+        )
         if self.gradients:
-            cause = ("The forward is not deterministic, or takes another path with gradients on than without (a reentrant "
-                     "gradient checkpoint that applies only with gradients on: use use_reentrant=False)")
+            cause = (
+                "The forward is not deterministic, or takes another path with gradients on than without (a reentrant "
+                "gradient checkpoint that applies only with gradients on: use use_reentrant=False)"
+            )
         error = PathDeparture if path else TraceMismatchError
-        return error(f"the {self.trace.side} re-run departed from its recording at op {index}{where}: it {what}. {cause}")
+        return error(
+            f"the {self.trace.side} re-run departed from its recording at op {index}{where}: it {what}. {cause}"
+        )
 
 
 class PatchedInterpreter(Interpreter):
@@ -169,8 +191,15 @@ class PatchedInterpreter(Interpreter):
     the outputs (`check_every_op`: after every op, to name the first op that departs). Raises
     `UnfaithfulReplay` where a call makes another shape or dtype than recorded."""
 
-    def __init__(self, adapter: Adapter, trace: Trace, recorded: RecordedCalls, patches: dict[int, Any],
-                 capture: Iterable[int], check_every_op: bool):
+    def __init__(
+        self,
+        adapter: Adapter,
+        trace: Trace,
+        recorded: RecordedCalls,
+        patches: dict[int, Any],
+        capture: Iterable[int],
+        check_every_op: bool,
+    ):
         super().__init__(adapter, trace, recorded.calls)
         self.leaves = recorded.leaves  # tid -> (the leaf tensor read when recording, its version)
         self.patching = Patches(adapter, trace, patches, capture)
@@ -199,8 +228,9 @@ class PatchedInterpreter(Interpreter):
             if info.producer is None:
                 tensor = self.patching.leaf(tid, self.leaves[tid][0])
             else:  # produced by an op that was not run: all its outputs are patched
-                tensor = self.adapter.from_numpy(self.patching.patch(tid, info.shape), info.dtype, self.calls[info.producer].device,
-                                                 self.layout(tid))
+                tensor = self.adapter.from_numpy(
+                    self.patching.patch(tid, info.shape), info.dtype, self.calls[info.producer].device, self.layout(tid)
+                )
             self.env[tid] = tensor
         return tensor
 
@@ -209,17 +239,25 @@ class PatchedInterpreter(Interpreter):
         self._reached = not self.patching.tainted.isdisjoint(op.inputs)
         if self._reached and not self.check_every_op:  # values no patch reached meet patched ones here
             for tid in op.inputs:
-                if tid not in self.patching.tainted and tid not in self.checked and self.trace.tensors[tid].producer is not None:
+                if (
+                    tid not in self.patching.tainted
+                    and tid not in self.checked
+                    and self.trace.tensors[tid].producer is not None
+                ):
                     self._check(tid, self.env[tid])
         inputs = call_tensors(args, kwargs, adapter.is_tensor) if op.inplace else []
         _, produced, self._mutated = run_op(adapter, fn, args, kwargs, inputs)
         if len(produced) != len(op.outputs):
-            raise UnfaithfulReplay(f"op {index} ({op.framework_op}) made {len(produced)} outputs, recorded {len(op.outputs)}")
+            raise UnfaithfulReplay(
+                f"op {index} ({op.framework_op}) made {len(produced)} outputs, recorded {len(op.outputs)}"
+            )
         for tensor, tid in zip(produced, op.outputs):
             info = self.trace.tensors[tid]
             if tuple(tensor.shape) != tuple(info.shape) or adapter.dtype_name(tensor) != info.dtype:
-                raise UnfaithfulReplay(f"op {index} ({op.framework_op}) made a {adapter.dtype_name(tensor)} tensor of "
-                                       f"shape {tuple(tensor.shape)}, recorded {info.dtype} {tuple(info.shape)}")
+                raise UnfaithfulReplay(
+                    f"op {index} ({op.framework_op}) made a {adapter.dtype_name(tensor)} tensor of "
+                    f"shape {tuple(tensor.shape)}, recorded {info.dtype} {tuple(info.shape)}"
+                )
         return produced
 
     def store(self, index: int, produced: list[Any]) -> None:
@@ -241,8 +279,9 @@ def live_fingerprint(adapter: Tensors, tensor: Any) -> list[float]:
     return fingerprint(adapter.to_numpy(tensor)) if reductions is None else reductions.picked
 
 
-def rerun_recorded(adapter: Adapter, trace: Trace, recorded: RecordedCalls, patches: dict[int, Any],
-                   capture: Iterable[int] = ()) -> RerunResult:
+def rerun_recorded(
+    adapter: Adapter, trace: Trace, recorded: RecordedCalls, patches: dict[int, Any], capture: Iterable[int] = ()
+) -> RerunResult:
     """What `PatchedRerun` computes for the same patches, by executing the recorded calls
     (`PatchedInterpreter`); where a value no patch reached departs from the recording, run again checking
     every op, to name the first op that departs."""
@@ -295,11 +334,16 @@ class PatchedRerun(ForwardSession):
         expected = self._expected_op(name)
         self.op_count += 1
         if len(produced) != len(expected.outputs):
-            raise self.patching.departure(expected.index, expected, f"{len(produced)} outputs instead of {len(expected.outputs)}",
-                                          path=True)
+            raise self.patching.departure(
+                expected.index, expected, f"{len(produced)} outputs instead of {len(expected.outputs)}", path=True
+            )
         reached = not self.patching.tainted.isdisjoint(input_tids)
-        if reached and any(tuple(t.shape) != tuple(self.trace.tensors[tid].shape) for t, tid in zip(produced, expected.outputs)):
-            raise self.patching.departure(expected.index, expected, "makes a tensor of another shape from patched values", path=True)
+        if reached and any(
+            tuple(t.shape) != tuple(self.trace.tensors[tid].shape) for t, tid in zip(produced, expected.outputs)
+        ):
+            raise self.patching.departure(
+                expected.index, expected, "makes a tensor of another shape from patched values", path=True
+            )
         replacements: dict[int, Any] = {}
         for tensor, tid in zip(produced, expected.outputs):
             went_on = self.patching.output(expected, tid, tensor, reached, check=True, in_place=id(tensor) in mutated)
@@ -337,7 +381,9 @@ class PatchedRerun(ForwardSession):
 
     def on_new_leaf(self, tid: int, tensor: Any) -> None:
         if tid not in self.trace.tensors or self.trace.tensors[tid].producer is not None:
-            raise self.patching.departure(self.op_count, None, "reads a tensor the recording did not read at this point", path=True)
+            raise self.patching.departure(
+                self.op_count, None, "reads a tensor the recording did not read at this point", path=True
+            )
 
     def _patch_leaves(self, args: tuple, kwargs: dict, inputs: list[Any], tids: list[int]):
         leaves = {tid for tid in tids if tid in self.patching.patches and self.trace.tensors[tid].producer is None}
@@ -354,8 +400,9 @@ class PatchedRerun(ForwardSession):
             raise self.patching.departure(self.op_count, None, "runs more ops than the recording", path=True)
         expected = self.trace.ops[self.op_count]
         if expected.framework_op != name:
-            raise self.patching.departure(expected.index, expected, f"calls {name} where the recording called {expected.framework_op}",
-                                          path=True)
+            raise self.patching.departure(
+                expected.index, expected, f"calls {name} where the recording called {expected.framework_op}", path=True
+            )
         return expected
 
     def finish(self, outputs: list[tuple[str, Any]]) -> RerunResult:
@@ -367,8 +414,13 @@ class PatchedRerun(ForwardSession):
         return RerunResult({key: self.adapter.to_numpy(t) for key, t in outputs}, self.patching.captured)
 
 
-def rerun(side: BuiltSide, trace: Trace, recorded: RecordedCalls, patches: dict[int, Any],
-          capture: frozenset[int] = frozenset()) -> RerunResult:
+def rerun(
+    side: BuiltSide,
+    trace: Trace,
+    recorded: RecordedCalls,
+    patches: dict[int, Any],
+    capture: frozenset[int] = frozenset(),
+) -> RerunResult:
     """The forward again with `patches`: the recorded calls executed (`rerun_recorded`: the same results,
     several times faster, and only the ops a cut leaves to compute) where they can stand in for the model
     (see `RecordedCalls.replayable`), and the model's own code otherwise (`rerun_model`), also once the
@@ -381,8 +433,9 @@ def rerun(side: BuiltSide, trace: Trace, recorded: RecordedCalls, patches: dict[
     return rerun_model(side, trace, patches, capture)
 
 
-def rerun_model(side: BuiltSide, trace: Trace, patches: dict[int, Any],
-                capture: frozenset[int] = frozenset()) -> RerunResult:
+def rerun_model(
+    side: BuiltSide, trace: Trace, patches: dict[int, Any], capture: frozenset[int] = frozenset()
+) -> RerunResult:
     """A re-run of the model's own code (see `PatchedRerun`)."""
     listener = PatchedRerun(side.adapter, trace, patches, capture)
     outputs = intercepted_forward(side, listener)

@@ -1,5 +1,6 @@
 """A side trained step by step where its model lives (`bisectr train`, through the side's `TrainStep`
 requests): a copy of the model (float64 when asked), the model file's optimizer, batches and loss."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -53,11 +54,17 @@ class Trainer:
 
     def step(self, number: int) -> StepFacts:
         side, adapter = self.side, self.side.adapter
-        inputs = side.inputs if self.batch is None else \
-            run_user_code(lambda: self.batch(number), f"{side.model_file}: {side.role}_batch({number}) raised")
+        inputs = (
+            side.inputs
+            if self.batch is None
+            else run_user_code(lambda: self.batch(number), f"{side.model_file}: {side.role}_batch({number}) raised")
+        )
         if self.float64:
-            inputs = map_tensors(inputs, adapter.is_tensor,
-                                 lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t)
+            inputs = map_tensors(
+                inputs,
+                adapter.is_tensor,
+                lambda t: adapter.float64_tensor(t) if is_floating(adapter.dtype_name(t)) else t,
+            )
         learning_rate = self.training.learning_rate(self.optimizer)
         self.training.clear_gradients(self.optimizer)
         with adapter.enable_grad():
@@ -106,6 +113,8 @@ def _function(module: Any, side: BuiltSide, what: str, required: bool) -> Callab
                 raise ModelFileError(f"{side.model_file}: {name} is not a function")
             return found
     if required:
-        raise ModelFileError(f"{side.model_file}: defines no function {side.role}_{what}(model) returning the {side.role}'s "
-                             "optimizer (or (optimizer, scheduler)): bisectr train needs one per side")
+        raise ModelFileError(
+            f"{side.model_file}: defines no function {side.role}_{what}(model) returning the {side.role}'s "
+            "optimizer (or (optimizer, scheduler)): bisectr train needs one per side"
+        )
     return None

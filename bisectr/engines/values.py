@@ -1,5 +1,6 @@
 """Replays of recorded ops on given values: one op or a block, each input made afresh from its values
 (upcast to float64 where asked: the per-op evidence and its float64 oracle, operator substitution)."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable
@@ -21,8 +22,15 @@ class ValuesInterpreter(Interpreter):
     `computed` holds the values of every tensor the ops made. With `float64` each op is called as
     `Float64Calls` calls it: one that cannot run in float64 raises `CannotUpcast` (no oracle)."""
 
-    def __init__(self, adapter: Adapter, trace: Trace, calls: list[Call], values: dict[int, np.ndarray], float64: bool = False,
-                 leaves: dict[int, tuple[Any, int]] | None = None):
+    def __init__(
+        self,
+        adapter: Adapter,
+        trace: Trace,
+        calls: list[Call],
+        values: dict[int, np.ndarray],
+        float64: bool = False,
+        leaves: dict[int, tuple[Any, int]] | None = None,
+    ):
         super().__init__(adapter, trace, calls)
         self.computed = dict(values)
         self.float64 = float64
@@ -34,8 +42,11 @@ class ValuesInterpreter(Interpreter):
         for index in indices:  # an op writing in place into a model's tensor writes into a copy
             op = self.trace.ops[index]
             if op.inplace:
-                self.computed.update((tid, self.adapter.to_numpy(self.leaves[tid][0]))
-                                     for tid in op.inputs if tid not in self.computed and tid in self.leaves)
+                self.computed.update(
+                    (tid, self.adapter.to_numpy(self.leaves[tid][0]))
+                    for tid in op.inputs
+                    if tid not in self.computed and tid in self.leaves
+                )
         super().run(indices)
 
     def fetch(self, tid: int) -> Any:
@@ -43,7 +54,9 @@ class ValuesInterpreter(Interpreter):
         if values is None:
             return self._live_parameter(tid)
         dtype = self.trace.tensors[tid].dtype
-        return self.adapter.from_numpy(values, float64_dtype(dtype) if self.float64 else dtype, self.trace.device, self.layout(tid))
+        return self.adapter.from_numpy(
+            values, float64_dtype(dtype) if self.float64 else dtype, self.trace.device, self.layout(tid)
+        )
 
     def _live_parameter(self, tid: int) -> Any:
         """The parameter as the model holds it (with `float64`, upcast once per replay)."""
@@ -64,8 +77,14 @@ class ValuesInterpreter(Interpreter):
         self.computed.update((tid, self.adapter.to_numpy(t)) for tid, t in zip(self.trace.ops[index].outputs, produced))
 
 
-def replay(adapter: Adapter, trace: Trace, recorded: RecordedCalls, indices: list[int], values: dict[int, np.ndarray],
-           float64: bool = False) -> dict[int, np.ndarray]:
+def replay(
+    adapter: Adapter,
+    trace: Trace,
+    recorded: RecordedCalls,
+    indices: list[int],
+    values: dict[int, np.ndarray],
+    float64: bool = False,
+) -> dict[int, np.ndarray]:
     """What ops `indices` compute (tid -> values) on `values` for the inputs they do not compute
     (see `ValuesInterpreter`)."""
     replayed = ValuesInterpreter(adapter, trace, recorded.calls, recorded.own_values(values), float64, recorded.leaves)

@@ -29,6 +29,7 @@ Users can pin modules that the aligner cannot pair by itself
 (`ALIGN_MODULES = {"candidate.path": "reference.path"}` in the model file): ops
 under a pinned pair are aligned only with each other.
 """
+
 from __future__ import annotations
 
 import bisect as _bisect
@@ -91,8 +92,10 @@ class TensorPair:
 
     def candidate_in_reference_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         if self.part is not None:
-            raise ValueError(f"candidate tensor {self.candidate} holds a slice of reference tensor {self.reference}: "
-                             "it has no layout of the whole")
+            raise ValueError(
+                f"candidate tensor {self.candidate} holds a slice of reference tensor {self.reference}: "
+                "it has no layout of the whole"
+            )
         if self.broadcast:
             padded = (1,) * (values.ndim - len(shape)) + tuple(shape)
             values = values[tuple(slice(0, 1) if r == 1 else slice(None) for r in padded)]
@@ -191,7 +194,9 @@ class Alignment:
 
     def partnered_ops(self) -> set[int]:
         """Candidate ops with a partner: paired 1:1 or inside a matched block that holds reference ops."""
-        return {p.candidate for p in self.pairs} | {i for b in self.blocks if b.matched and b.reference for i in b.candidate}
+        return {p.candidate for p in self.pairs} | {
+            i for b in self.blocks if b.matched and b.reference for i in b.candidate
+        }
 
     def aligned_ops(self, side: str) -> set[int]:
         """Ops paired 1:1 or inside a matched block."""
@@ -230,8 +235,11 @@ def _output_partners(reference: Trace, candidate: Trace) -> dict[int, int]:
     rest = [k for k in reference.outputs if k not in candidate.outputs]
     keyed = [(k, k) for k in candidate.outputs if k in reference.outputs]
     keyed += zip([k for k in candidate.outputs if k not in reference.outputs], rest)
-    return {candidate.outputs[c]: reference.outputs[r] for c, r in keyed
-            if candidate.tensors[candidate.outputs[c]].size == reference.tensors[reference.outputs[r]].size}
+    return {
+        candidate.outputs[c]: reference.outputs[r]
+        for c, r in keyed
+        if candidate.tensors[candidate.outputs[c]].size == reference.tensors[reference.outputs[r]].size
+    }
 
 
 class _TracePair:
@@ -241,7 +249,9 @@ class _TracePair:
         self.traces = {"reference": reference, "candidate": candidate}
         self.use_layers = all(any(layer_numbers(op.module) for op in t.ops) for t in self.traces.values())
         self.readers = {side: trace.consumers() for side, trace in self.traces.items()}
-        self.parts = parts_of_values(candidate, self.readers["candidate"]) | _made_from_reordered_shards(reference, candidate)
+        self.parts = parts_of_values(candidate, self.readers["candidate"]) | _made_from_reordered_shards(
+            reference, candidate
+        )
         self.output_partner = _output_partners(reference, candidate)
 
     def key(self, side: str, op: OpNode) -> tuple:
@@ -258,8 +268,9 @@ class _TracePair:
         return 2.0 if a is None or b is None else value_distance(a, b)
 
 
-def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None = None,
-                 input_layout: InputLayout | None = None) -> Alignment:
+def align_traces(
+    reference: Trace, candidate: Trace, pins: dict[str, str] | None = None, input_layout: InputLayout | None = None
+) -> Alignment:
     """Align `candidate` to `reference`; `pins` maps candidate module paths to reference ones."""
     both = _TracePair(reference, candidate)
     pairs: dict[int, tuple[int, str, float]] = {}  # cand op -> (ref op, how, distance)
@@ -270,7 +281,9 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
         ref_ops = [op for op in reference.ops if _under(op.module, ref_prefix)]
         pinned_cand.update(op.index for op in cand_ops)
         pinned_ref.update(op.index for op in ref_ops)
-        pairs.update({c: (r, "pin", d) for c, (r, _, d) in _align_sequences(both, cand_ops, ref_ops, use_layers=False).items()})
+        pairs.update(
+            {c: (r, "pin", d) for c, (r, _, d) in _align_sequences(both, cand_ops, ref_ops, use_layers=False).items()}
+        )
     rest_cand = [op for op in candidate.ops if op.index not in pinned_cand and not _makes_parts(both, op)]
     rest_ref = [op for op in reference.ops if op.index not in pinned_ref]
     pairs.update(_align_sequences(both, rest_cand, rest_ref, use_layers=both.use_layers))
@@ -283,9 +296,21 @@ def align_traces(reference: Trace, candidate: Trace, pins: dict[str, str] | None
     for cand_index in sorted(pairs):
         ref_index, how, distance = pairs[cand_index]
         cand_op, ref_op = candidate.ops[cand_index], reference.ops[ref_index]
-        alignment.pairs.append(OpPair(cand_index, ref_index, _confidence(both, cand_op, ref_op, distance), PairEvidence(
-            how, cand_op.op, cand_op.module, ref_op.module,
-            list(both.output("candidate", cand_op).shape) if cand_op.outputs else [], distance)))
+        alignment.pairs.append(
+            OpPair(
+                cand_index,
+                ref_index,
+                _confidence(both, cand_op, ref_op, distance),
+                PairEvidence(
+                    how,
+                    cand_op.op,
+                    cand_op.module,
+                    ref_op.module,
+                    list(both.output("candidate", cand_op).shape) if cand_op.outputs else [],
+                    distance,
+                ),
+            )
+        )
     _pair_op_tensors(both, alignment, input_layout)
     _form_blocks(both, alignment)
     return alignment
@@ -303,8 +328,14 @@ def parts_of_values(trace: Trace, readers: dict[int, list[int]]) -> set[int]:
     for op in reversed(trace.ops):  # readers before what they read
         for tid in op.outputs:
             placement = trace.tensors[tid].placement
-            summed = placement == RANKS_DIFFER and tid in readers and all(
-                trace.ops[r].op in REDUCING_COLLECTIVES or all(t in parts for t in trace.ops[r].outputs) for r in readers[tid])
+            summed = (
+                placement == RANKS_DIFFER
+                and tid in readers
+                and all(
+                    trace.ops[r].op in REDUCING_COLLECTIVES or all(t in parts for t in trace.ops[r].outputs)
+                    for r in readers[tid]
+                )
+            )
             if placement == LOCAL_PART or summed:
                 parts.add(tid)
     return parts
@@ -341,7 +372,9 @@ def packed_orders(reference: Trace, candidate: Trace) -> dict[str, tuple[int, tu
     return _packed(_leaf_orders(reference, candidate, sharded), sharded)
 
 
-def _packed(orders: dict[int, tuple[str, int, tuple[int, ...]]], sharded: dict[int, tuple[str, int, int]]) -> dict[str, tuple[int, tuple[int, ...]]]:
+def _packed(
+    orders: dict[int, tuple[str, int, tuple[int, ...]]], sharded: dict[int, tuple[str, int, int]]
+) -> dict[str, tuple[int, tuple[int, ...]]]:
     counts = Counter(kind for kind, _, _ in sharded.values())
     packed = {}
     for kind, count in counts.items():
@@ -353,7 +386,9 @@ def _packed(orders: dict[int, tuple[str, int, tuple[int, ...]]], sharded: dict[i
     return packed
 
 
-def _leaf_orders(reference: Trace, candidate: Trace, sharded: dict[int, tuple[str, int, int]]) -> dict[int, tuple[str, int, tuple[int, ...]]]:
+def _leaf_orders(
+    reference: Trace, candidate: Trace, sharded: dict[int, tuple[str, int, int]]
+) -> dict[int, tuple[str, int, tuple[int, ...]]]:
     """The `sharded` leaves holding their reference leaf's rows in another order -> (kind, axis, order)."""
     found = {}
     for tid, (kind, ref_tid, axis) in sharded.items():
@@ -375,8 +410,14 @@ def _sharded_leaves(reference: Trace, candidate: Trace) -> dict[int, tuple[str, 
             continue
         kind, _, name = info.leaf.partition(":")
         names = name.split(".")
-        ref_tid = next((reference_leaves[leaf] for k in range(len(names))
-                        if (leaf := f"{kind}:{'.'.join(names[k:])}") in reference_leaves), None)
+        ref_tid = next(
+            (
+                reference_leaves[leaf]
+                for k in range(len(names))
+                if (leaf := f"{kind}:{'.'.join(names[k:])}") in reference_leaves
+            ),
+            None,
+        )
         if ref_tid is not None:
             found[tid] = (layerless(info.leaf), ref_tid, axis % len(info.shape))
     return found
@@ -435,9 +476,19 @@ def _follow_data_flow(both: _TracePair, pairs: dict[int, tuple[int, str, float]]
         if current.inputs and current.inputs[0] == expected:
             continue
         readers = [reference.ops[r] for r in both.readers["reference"].get(expected, [])]
-        moved = next((r for r in readers if r.op == cand_op.op and r.inputs[0] == expected and r.index in cand_of
-                      and r.outputs and cand_op.outputs
-                      and reference.tensors[r.outputs[0]].shape == candidate.tensors[cand_op.outputs[0]].shape), None)
+        moved = next(
+            (
+                r
+                for r in readers
+                if r.op == cand_op.op
+                and r.inputs[0] == expected
+                and r.index in cand_of
+                and r.outputs
+                and cand_op.outputs
+                and reference.tensors[r.outputs[0]].shape == candidate.tensors[cand_op.outputs[0]].shape
+            ),
+            None,
+        )
         if moved is None:
             continue
         other = cand_of[moved.index]
@@ -465,13 +516,16 @@ def _drop_layout_pairs_that_cannot_correspond(both: _TracePair, pairs: dict[int,
         if cand_op.op not in DATA_MOVING_OPS or not cand_op.inputs or not ref_op.inputs:
             continue
         cand_in, ref_in = candidate.tensors[cand_op.inputs[0]], reference.tensors[ref_op.inputs[0]]
-        same_shapes = cand_in.shape == ref_in.shape and \
-            candidate.tensors[cand_op.outputs[0]].shape == reference.tensors[ref_op.outputs[0]].shape
+        same_shapes = (
+            cand_in.shape == ref_in.shape
+            and candidate.tensors[cand_op.outputs[0]].shape == reference.tensors[ref_op.outputs[0]].shape
+        )
         cand_from, ref_from = cand_in.producer, ref_in.producer
         # A slice or a cast may read what an op the reference lacks made (an extra scale before a norm's cast):
         # only a candidate input made by an op paired elsewhere rules it out.
-        paired_elsewhere = (cand_from is not None and cand_from in pairs and pairs[cand_from][0] != ref_from) or \
-                           (cand_op.op in LAYOUT_OPS and ref_from is not None and ref_from in cand_of and cand_of[ref_from] != cand_from)
+        paired_elsewhere = (cand_from is not None and cand_from in pairs and pairs[cand_from][0] != ref_from) or (
+            cand_op.op in LAYOUT_OPS and ref_from is not None and ref_from in cand_of and cand_of[ref_from] != cand_from
+        )
         if paired_elsewhere or not same_shapes:
             del pairs[c]
             del cand_of[r]
@@ -527,14 +581,17 @@ def _confidence(both: _TracePair, cand_op: OpNode, ref_op: OpNode, distance: flo
     return round(0.5 + 0.3 * closeness + 0.2 * same_layers, 3)
 
 
-def _align_sequences(both: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode],
-                     use_layers: bool) -> dict[int, tuple[int, str, float]]:
+def _align_sequences(
+    both: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode], use_layers: bool
+) -> dict[int, tuple[int, str, float]]:
     anchors = _anchors(both, cand_ops, ref_ops, use_layers)
     backbone, extra = _backbone(anchors)
     crossed = _crossing_dataflow(both, backbone + extra)
     backbone, extra = [a for a in backbone if a not in crossed], [a for a in extra if a not in crossed]
-    anchored = {c: (r, "anchor", both.distance(both.traces["candidate"].ops[c], both.traces["reference"].ops[r]))
-                for c, r in backbone + extra}
+    anchored = {
+        c: (r, "anchor", both.distance(both.traces["candidate"].ops[c], both.traces["reference"].ops[r]))
+        for c, r in backbone + extra
+    }
     crossed_cands = {c for c, _ in crossed}
     cand_positions = [op.index for op in cand_ops if op.index not in crossed_cands]
     ref_positions = [op.index for op in ref_ops]
@@ -584,7 +641,9 @@ def _between(sorted_positions: list[int], low: int, high: int) -> list[int]:
     return sorted_positions[start:stop]
 
 
-def _anchors(both: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode], use_layers: bool) -> list[tuple[int, int]]:
+def _anchors(
+    both: _TracePair, cand_ops: list[OpNode], ref_ops: list[OpNode], use_layers: bool
+) -> list[tuple[int, int]]:
     groups: dict[tuple, tuple[list[OpNode], list[OpNode]]] = {}
     for side, ops in (("candidate", cand_ops), ("reference", ref_ops)):
         for op in ops:
@@ -607,7 +666,9 @@ def _pair_group(both: _TracePair, cand_group: list[OpNode], ref_group: list[OpNo
     used = [False] * len(ref_group)
     pairs = []
     for k, cand_op in enumerate(cand_group):
-        window = [j for j in range(max(0, k - NEIGHBOURHOOD), min(len(ref_group), k + NEIGHBOURHOOD + 1)) if not used[j]]
+        window = [
+            j for j in range(max(0, k - NEIGHBOURHOOD), min(len(ref_group), k + NEIGHBOURHOOD + 1)) if not used[j]
+        ]
         if not window:
             continue
         distance = {j: both.distance(cand_op, ref_group[j]) for j in window}
@@ -674,8 +735,9 @@ def _backbone(anchors: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], li
     return backbone, extra
 
 
-def _match_gap(both: _TracePair, gap_cand: list[int], gap_ref: list[int],
-               usual: dict[tuple, tuple]) -> list[tuple[int, int, float]]:
+def _match_gap(
+    both: _TracePair, gap_cand: list[int], gap_ref: list[int], usual: dict[tuple, tuple]
+) -> list[tuple[int, int, float]]:
     """Best order-preserving matching of two short op runs (same canonical op and output size)."""
     cand_ops = [both.traces["candidate"].ops[i] for i in gap_cand]
     ref_ops = [both.traces["reference"].ops[i] for i in gap_ref]
@@ -741,8 +803,9 @@ def _pair_op_tensors(both: _TracePair, alignment: Alignment, input_layout: Input
         for c_tid, r_tid in zip(cand_op.outputs, ref_op.outputs):
             c_shape, r_shape = candidate.tensors[c_tid].shape, reference.tensors[r_tid].shape
             if candidate.tensors[c_tid].size == reference.tensors[r_tid].size or broadcasts(r_shape, c_shape):
-                alignment.tensors.setdefault(c_tid, TensorPair(c_tid, r_tid, None, pair.confidence, "op",
-                                                               broadcast=broadcasts(r_shape, c_shape)))
+                alignment.tensors.setdefault(
+                    c_tid, TensorPair(c_tid, r_tid, None, pair.confidence, "op", broadcast=broadcasts(r_shape, c_shape))
+                )
         cand_leaves = [(i, t) for i, t in enumerate(cand_op.inputs) if candidate.tensors[t].producer is None]
         ref_leaves = [(i, t) for i, t in enumerate(ref_op.inputs) if reference.tensors[t].producer is None]
         for (ci, c_tid), (ri, r_tid) in zip(cand_leaves, ref_leaves):
@@ -753,8 +816,15 @@ def _pair_op_tensors(both: _TracePair, alignment: Alignment, input_layout: Input
             alignment.tensors[c_tid] = TensorPair(c_tid, r_tid, transform, pair.confidence, "input")
 
 
-def _leaf_transform(candidate: Trace, reference: Trace, cand_op: OpNode, ref_op: OpNode, ci: int, ri: int,
-                    input_layout: InputLayout | None) -> Permutation:
+def _leaf_transform(
+    candidate: Trace,
+    reference: Trace,
+    cand_op: OpNode,
+    ref_op: OpNode,
+    ci: int,
+    ri: int,
+    input_layout: InputLayout | None,
+) -> Permutation:
     """The layout change from the reference leaf to the candidate leaf, decided by the op's
     semantics in each framework (never by shape: a square weight looks the same either way)."""
     if input_layout is None:
@@ -791,13 +861,24 @@ def _form_blocks(both: _TracePair, alignment: Alignment) -> None:
         block, unpartnered = _block_for(both, alignment, pending, paired_cands, paired_ref_of, unpaired_ref)
         for earlier in [w for w in waiting if position in w[1]]:
             claimed = {r for b in blocks for r in b.reference}
-            merged, _ = _block_for(both, alignment, earlier[0].candidate + pending, paired_cands, paired_ref_of,
-                                   [r for r in unpaired_ref if r not in claimed])
+            merged, _ = _block_for(
+                both,
+                alignment,
+                earlier[0].candidate + pending,
+                paired_cands,
+                paired_ref_of,
+                [r for r in unpaired_ref if r not in claimed],
+            )
             if merged.matched:
                 waiting.remove(earlier)
                 block = merged
                 break
-        reading = {run_at[reader] for tid in unpartnered for reader in both.readers["candidate"].get(tid, []) if reader in run_at}
+        reading = {
+            run_at[reader]
+            for tid in unpartnered
+            for reader in both.readers["candidate"].get(tid, [])
+            if reader in run_at
+        }
         if block.matched or position + 1 not in reading:
             later = {r for r in reading if r > position}
             if block.matched or not later:
@@ -835,9 +916,19 @@ def _narrowed(both: _TracePair, alignment: Alignment, block: Block) -> list[Bloc
             partner = _partner_by_value(both, c_tid, options) or _partner_by_mask(both, c_tid, options)
             # Of reference tensors holding the same values (a norm's output before and after a weight of
             # ones), the last: the ops between them belong to the first part.
-            found[c_tid] = partner if partner is None else max(
-                (r for r in options if value_distance(reference.tensors[r], reference.tensors[partner]) == 0
-                 and reference.tensors[r].shape == reference.tensors[partner].shape), default=partner)
+            found[c_tid] = (
+                partner
+                if partner is None
+                else max(
+                    (
+                        r
+                        for r in options
+                        if value_distance(reference.tensors[r], reference.tensors[partner]) == 0
+                        and reference.tensors[r].shape == reference.tensors[partner].shape
+                    ),
+                    default=partner,
+                )
+            )
         return found[c_tid]
 
     for end in range(1, len(block.candidate)):
@@ -850,7 +941,11 @@ def _narrowed(both: _TracePair, alignment: Alignment, block: Block) -> list[Bloc
             if partner is not None:
                 partners[c_tid] = partner
         else:
-            made = [reference.tensors[r].producer for r in partners.values() if reference.tensors[r].producer in block.reference]
+            made = [
+                reference.tensors[r].producer
+                for r in partners.values()
+                if reference.tensors[r].producer in block.reference
+            ]
             if not made or max(made) >= block.reference[-1]:
                 continue
             for c_tid, partner in partners.items():
@@ -874,8 +969,14 @@ def consecutive_runs(indices: list[int]) -> list[list[int]]:
     return runs
 
 
-def _block_for(both: _TracePair, alignment: Alignment, cand_ops: list[int], paired_cands: list[int],
-               paired_ref_of: dict[int, int], unpaired_ref: list[int]) -> tuple[Block, set[int]]:
+def _block_for(
+    both: _TracePair,
+    alignment: Alignment,
+    cand_ops: list[int],
+    paired_cands: list[int],
+    paired_ref_of: dict[int, int],
+    unpaired_ref: list[int],
+) -> tuple[Block, set[int]]:
     """The block of `cand_ops`, and its floating hand-ons that found no partner."""
     reference, candidate = both.traces["reference"], both.traces["candidate"]
     first = _bisect.bisect_left(paired_cands, cand_ops[0])
@@ -886,15 +987,21 @@ def _block_for(both: _TracePair, alignment: Alignment, cand_ops: list[int], pair
     # Values may match a tensor made inside the reference block, or one that the block's
     # inputs are paired with (an extra copy or cast on the candidate side).
     options = [t for r in ref_ops for t in reference.ops[r].outputs]
-    options += [alignment.tensors[t].reference for i in cand_ops for t in candidate.ops[i].inputs if t in alignment.tensors]
+    options += [
+        alignment.tensors[t].reference for i in cand_ops for t in candidate.ops[i].inputs if t in alignment.tensors
+    ]
     unpartnered: set[int] = set()
     unpaired = set(unpaired_ref)
     for c_tid in handed_on(candidate, cand_ops, both.readers["candidate"]):
         if c_tid in both.parts:
             unpartnered.add(c_tid)
             continue
-        partner = _partner_by_consumer(both, alignment, c_tid, paired_ref_of) or both.output_partner.get(c_tid) \
-            or _partner_by_value(both, c_tid, options) or _partner_by_mask(both, c_tid, options)
+        partner = (
+            _partner_by_consumer(both, alignment, c_tid, paired_ref_of)
+            or both.output_partner.get(c_tid)
+            or _partner_by_value(both, c_tid, options)
+            or _partner_by_mask(both, c_tid, options)
+        )
         producer = reference.tensors[partner].producer if partner is not None else None
         if producer in unpaired and producer not in ref_ops:
             # The two sides order the block's ops differently (paddle's MLP computes `up` before the
@@ -921,7 +1028,9 @@ def _block_pair(reference: Trace, candidate: Trace, c_tid: int, r_tid: int) -> T
 COMMUTATIVE_OPS = frozenset({"add", "mul", "maximum", "minimum"})
 
 
-def _partner_by_consumer(both: _TracePair, alignment: Alignment, c_tid: int, paired_ref_of: dict[int, int]) -> int | None:
+def _partner_by_consumer(
+    both: _TracePair, alignment: Alignment, c_tid: int, paired_ref_of: dict[int, int]
+) -> int | None:
     """The reference tensor in the same argument position of a paired op that reads `c_tid` (any
     position of a commutative op: `x + attn` against `attn + x`, the closest in values), not one
     that another argument of that op is paired with already, nor a copy of one (Hugging Face's
@@ -934,14 +1043,25 @@ def _partner_by_consumer(both: _TracePair, alignment: Alignment, c_tid: int, pai
         cand_inputs, ref_inputs = candidate.ops[reader].inputs, reference.ops[paired_ref_of[reader]].inputs
         taken = {alignment.tensors[t].reference for t in cand_inputs if t != c_tid and t in alignment.tensors}
         copies = {(reference.tensors[t].shape, tuple(reference.tensors[t].fingerprint)) for t in taken}
-        taken |= {t for t in ref_inputs if (reference.tensors[t].shape, tuple(reference.tensors[t].fingerprint)) in copies}
+        taken |= {
+            t for t in ref_inputs if (reference.tensors[t].shape, tuple(reference.tensors[t].fingerprint)) in copies
+        }
         for position, tid in enumerate(cand_inputs):
             if tid != c_tid:
                 continue
-            others = [p for p in range(len(ref_inputs)) if p != position] if candidate.ops[reader].op in COMMUTATIVE_OPS else []
-            fitting = [reference.tensors[ref_inputs[p]] for p in [position, *others]
-                       if p < len(ref_inputs) and ref_inputs[p] not in taken]
-            fitting = [partner for partner in fitting if partner.size == info.size or broadcasts(partner.shape, info.shape)]
+            others = (
+                [p for p in range(len(ref_inputs)) if p != position]
+                if candidate.ops[reader].op in COMMUTATIVE_OPS
+                else []
+            )
+            fitting = [
+                reference.tensors[ref_inputs[p]]
+                for p in [position, *others]
+                if p < len(ref_inputs) and ref_inputs[p] not in taken
+            ]
+            fitting = [
+                partner for partner in fitting if partner.size == info.size or broadcasts(partner.shape, info.shape)
+            ]
             if fitting:  # the argument's own position wins a tie
                 return min(fitting, key=lambda partner: value_distance(info, partner)).tid
     return None
@@ -955,7 +1075,8 @@ def _constant_argument(both: _TracePair, c_tid: int, paired_ref_of: dict[int, in
     return bool(readers) and all(
         reader in paired_ref_of
         and candidate.ops[reader].inputs.index(c_tid) >= len(reference.ops[paired_ref_of[reader]].inputs)
-        for reader in readers)
+        for reader in readers
+    )
 
 
 def _partner_by_value(both: _TracePair, c_tid: int, options: list[int]) -> int | None:
@@ -1013,11 +1134,18 @@ def _layout(reference: Trace, candidate: Trace, c_tid: int, r_tid: int) -> tuple
     plain = value_distance(c_info, r_info)
     rank = len(r_info.shape)
     # Equal shapes can still hide a transpose (a square (seq, head_dim) block of k against k^T).
-    if (c_info.shape == r_info.shape and plain <= SAME_LAYOUT) or rank > MAX_PERMUTED_DIMS or not reference.has_value(r_tid):
+    if (
+        (c_info.shape == r_info.shape and plain <= SAME_LAYOUT)
+        or rank > MAX_PERMUTED_DIMS
+        or not reference.has_value(r_tid)
+    ):
         return None, plain
     identity = tuple(range(rank))
-    permutations = [p for p in itertools.permutations(range(rank))
-                    if p != identity and tuple(r_info.shape[i] for i in p) == c_info.shape]
+    permutations = [
+        p
+        for p in itertools.permutations(range(rank))
+        if p != identity and tuple(r_info.shape[i] for i in p) == c_info.shape
+    ]
     best: tuple[float, Permutation] = (plain, None)
     values = reference.value(r_tid)
     scale = max(c_info.stats.absmax, r_info.stats.absmax, 1e-30)

@@ -18,6 +18,7 @@ A block of ops the reference has no partner for (an extra scale, copy or transpo
 what the reference passes on unchanged: it is judged against those values, which are also its
 float64 truth.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from .runrecord import RunRecord
 from .live import LiveRun
 from ..capture.trace import OpNode, Trace, is_floating
 from ..leafref import leaf_kind
+
 
 @dataclass
 class OpEvidence:
@@ -94,11 +96,16 @@ class Analysis:
         """Evidence of every paired op and matched block. An `earlier` analysis of the same run hands on
         the evidence of each op whose tensors have the values they had then (a windowed search fetches
         values between two analyses: only the ops reading them are replayed again)."""
-        equal = {(p.candidate, p.reference) for p in self.alignment.leaves.pairs if p.status == "equal" and p.slots is None}
+        equal = {
+            (p.candidate, p.reference) for p in self.alignment.leaves.pairs if p.status == "equal" and p.slots is None
+        }
         for tid, pair in self.alignment.tensors.items():
             info = self.candidate.tensors[tid]
             if info.producer is None and info.leaf and leaf_kind(info.leaf) != "input":
-                if (info.leaf, self.reference.tensors[pair.reference].leaf) in equal:  # compared when paired: not read again
+                if (
+                    info.leaf,
+                    self.reference.tensors[pair.reference].leaf,
+                ) in equal:  # compared when paired: not read again
                     self._tensor_errors[tid] = EXACT
                 self.leaves[tid] = self._leaf_evidence(pair)
         completing: dict[int, int] = {}  # candidate op completing a matched block -> its reference op
@@ -131,7 +138,9 @@ class Analysis:
         compared = self.compared_outputs(cand_index, ref_index)
         candidate = external_inputs(self.candidate, cand_ops) + [c for c, _ in compared]
         reference = external_inputs(self.reference, ref_ops) + [r for _, r in compared]
-        return candidate, reference + [self.alignment.tensors[t].reference for t in candidate if t in self.alignment.tensors]
+        return candidate, reference + [
+            self.alignment.tensors[t].reference for t in candidate if t in self.alignment.tensors
+        ]
 
     def _completing_ops(self, block: Block) -> tuple[int, int] | None:
         """(candidate op, reference op) of the block whose first outputs are the last pair it hands on
@@ -147,9 +156,13 @@ class Analysis:
         """(candidate tid, reference tid) of the paired tensors the block's ops produce on both sides, in candidate
         order; for a block the reference has no ops in, every paired tensor its ops produce."""
         inside = set(block.reference)
-        return [(tid, self.alignment.tensors[tid].reference) for i in block.candidate for tid in self.candidate.ops[i].outputs
-                if tid in self.alignment.tensors
-                and (not inside or self.reference.tensors[self.alignment.tensors[tid].reference].producer in inside)]
+        return [
+            (tid, self.alignment.tensors[tid].reference)
+            for i in block.candidate
+            for tid in self.candidate.ops[i].outputs
+            if tid in self.alignment.tensors
+            and (not inside or self.reference.tensors[self.alignment.tensors[tid].reference].producer in inside)
+        ]
 
     def covered_ops(self, cand_index: int, ref_index: int, block: Block | None = None) -> tuple[list[int], list[int]]:
         """The candidate and reference ops one piece of evidence covers: the pair, or the block it completes
@@ -166,7 +179,9 @@ class Analysis:
         pair: TensorPair | None = self.alignment.tensors.get(cand_tid)
         if pair is None or not self.reference.has_value(pair.reference):
             return None
-        return pair.reference_in_candidate_layout(self.reference.value(pair.reference), self.candidate.tensors[cand_tid].shape)
+        return pair.reference_in_candidate_layout(
+            self.reference.value(pair.reference), self.candidate.tensors[cand_tid].shape
+        )
 
     def in_reference_layout(self, cand_tid: int, ref_tid: int, values: np.ndarray) -> np.ndarray:
         """Values of the candidate tensor `cand_tid` laid out as its partner `ref_tid` (a transpose
@@ -188,8 +203,12 @@ class Analysis:
     def _leaf_evidence(self, pair: TensorPair) -> LeafEvidence:
         info = self.candidate.tensors[pair.candidate]
         error = self.tensor_error(pair.candidate) or UNKNOWN
-        verdict = "exact" if error.max_abs == 0 else ("noise" if error.max_rel <= noise_floor(info.dtype) else "different")
-        return LeafEvidence(info.leaf, self.reference.tensors[pair.reference].leaf or "", pair.candidate, error, verdict)
+        verdict = (
+            "exact" if error.max_abs == 0 else ("noise" if error.max_rel <= noise_floor(info.dtype) else "different")
+        )
+        return LeafEvidence(
+            info.leaf, self.reference.tensors[pair.reference].leaf or "", pair.candidate, error, verdict
+        )
 
     def evidence(self, cand_index: int, ref_index: int, block: Block | None = None, oracle: bool = False) -> OpEvidence:
         """Evidence for a pair, or for the block it completes (`block`, or the matched block `cand_index` completes).
@@ -205,14 +224,33 @@ class Analysis:
         input_errors = [e for e in (self.tensor_error(t) for t in inputs) if e is not None]
         input_abs = max((e.max_abs for e in input_errors), default=0.0)
         input_rel = max((e.max_rel for e in input_errors), default=0.0)
-        local, fp64, fp64_unavailable = self._replayed_errors(cand_index, ref_index, block, None if oracle else noise_floor(dtype))
-        verdict = "unknown" if local is None else judge(local, fp64 and fp64.candidate_error, fp64 and fp64.reference_error, dtype)
+        local, fp64, fp64_unavailable = self._replayed_errors(
+            cand_index, ref_index, block, None if oracle else noise_floor(dtype)
+        )
+        verdict = (
+            "unknown"
+            if local is None
+            else judge(local, fp64 and fp64.candidate_error, fp64 and fp64.reference_error, dtype)
+        )
         amplification = _ratio(output_error.max_abs, input_abs)
         # a block is named by its reference ops; one the reference has no ops in, by the candidate's
         named = [self.reference.ops[i] for i in ref_ops] or [self.candidate.ops[i] for i in cand_ops]
         name = block_name([op.op for op in named]) if block else cand_op.op
-        return OpEvidence(cand_index, ref_index, name, dtype, output_error, local, fp64, verdict, block, fp64_unavailable,
-                          input_abs, input_rel, amplification)
+        return OpEvidence(
+            cand_index,
+            ref_index,
+            name,
+            dtype,
+            output_error,
+            local,
+            fp64,
+            verdict,
+            block,
+            fp64_unavailable,
+            input_abs,
+            input_rel,
+            amplification,
+        )
 
     def compared_outputs(self, cand_index: int, ref_index: int, block: Block | None = None) -> list[tuple[int, int]]:
         """(candidate tid, reference tid) that an op's evidence compares: its first output, or every
@@ -229,7 +267,9 @@ class Analysis:
         block = block or self.blocks.get(cand_index)
         compared = [tid for tid, _ in self.compared_outputs(cand_index, ref_index, block)]
         ops = self.covered_ops(cand_index, ref_index, block)[0]
-        if block is None and self._reads_its_own_inputs(self.candidate.ops[cand_index]):  # the replay would compute what was recorded
+        if block is None and self._reads_its_own_inputs(
+            self.candidate.ops[cand_index]
+        ):  # the replay would compute what was recorded
             return {tid: self.candidate.value(tid) for tid in compared}
         values = {}  # the reference's values where it has them: `Sides.replay` reads the candidate's own for the rest
         for tid in external_inputs(self.candidate, ops):
@@ -257,8 +297,9 @@ class Analysis:
             return evidence
         return self.evidence(evidence.candidate, evidence.reference, evidence.block, oracle=True)
 
-    def _replayed_errors(self, cand_index: int, ref_index: int, block: Block | None,
-                         decided_under: float | None) -> tuple[float | None, Float64Evidence | None, str | None]:
+    def _replayed_errors(
+        self, cand_index: int, ref_index: int, block: Block | None, decided_under: float | None
+    ) -> tuple[float | None, Float64Evidence | None, str | None]:
         """Local error, and the fp64 evidence unless the local error is 0 (bit-exact) or at most `decided_under`,
         or why the fp64 oracle could not be replayed."""
         if self.live is None:
@@ -268,7 +309,11 @@ class Analysis:
         compared = self.compared_outputs(cand_index, ref_index, block)
         if not compared or not all(self.reference.has_value(t) for t in ref_inputs + [r for _, r in compared]):
             return None, None, None
-        if block is None and self.tensor_error(compared[0][0]) == EXACT and self._reads_its_own_inputs(self.candidate.ops[cand_index]):
+        if (
+            block is None
+            and self.tensor_error(compared[0][0]) == EXACT
+            and self._reads_its_own_inputs(self.candidate.ops[cand_index])
+        ):
             return 0.0, None, None  # the replay would compute the recorded output, equal to the reference's
         reference_out = {r: self.reference.value(r) for _, r in compared}
         try:
@@ -320,7 +365,9 @@ def entering_op(alignment: Alignment, trace: Trace, block: Block) -> int:
     return unpartnered[0] if unpartnered else computing_op(trace, block.candidate)
 
 
-def rewired_input(run: RunRecord, alignment: Alignment, candidate_ops: list[int], reference_ops: list[int]) -> tuple[int, int, int] | None:
+def rewired_input(
+    run: RunRecord, alignment: Alignment, candidate_ops: list[int], reference_ops: list[int]
+) -> tuple[int, int, int] | None:
     """(reference tensor, its candidate counterpart, the candidate tensor read instead) where the
     reference ops read an op output whose paired candidate tensor the candidate ops do not read,
     reading one the reference ops do not read the partner of: the same op fed from elsewhere."""
@@ -330,8 +377,13 @@ def rewired_input(run: RunRecord, alignment: Alignment, candidate_ops: list[int]
             counterparts.setdefault(pair.reference, []).append(cand_tid)
     cand_inputs = external_inputs(run.candidate, candidate_ops)
     ref_inputs = external_inputs(run.reference, reference_ops)
-    instead = [t for t in cand_inputs if t in alignment.tensors and alignment.tensors[t].reference not in ref_inputs
-               and is_floating(run.candidate.tensors[t].dtype)]
+    instead = [
+        t
+        for t in cand_inputs
+        if t in alignment.tensors
+        and alignment.tensors[t].reference not in ref_inputs
+        and is_floating(run.candidate.tensors[t].dtype)
+    ]
     for ref_tid in ref_inputs:
         if run.reference.tensors[ref_tid].producer is None:
             continue
@@ -344,7 +396,9 @@ def rewired_input(run: RunRecord, alignment: Alignment, candidate_ops: list[int]
 def external_inputs(trace: Trace, indices: list[int]) -> list[int]:
     """The tensors ops `indices` read that none of them produced, in reading order."""
     inside = set(indices)
-    return list(dict.fromkeys(t for i in indices for t in trace.ops[i].inputs if trace.tensors[t].producer not in inside))
+    return list(
+        dict.fromkeys(t for i in indices for t in trace.ops[i].inputs if trace.tensors[t].producer not in inside)
+    )
 
 
 def _ratio(output_error: float, input_error: float) -> float:

@@ -19,6 +19,7 @@ half an ulp: a bf16 or fp16 cast) or `different`, described: transposed, all zer
 scaled by c, offset by c, rows or blocks permuted (which row or block each position holds), rows held
 in another order than the ops read them, another leaf's values, or how far they differ.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,7 +31,17 @@ from typing import Iterator
 import numpy as np
 
 from ..adapters import registered
-from .align import Alignment, LeafPair, LeafPairing, TensorPair, UnpairedLeaf, consecutive_runs, layerless, packed_orders, row_order
+from .align import (
+    Alignment,
+    LeafPair,
+    LeafPairing,
+    TensorPair,
+    UnpairedLeaf,
+    consecutive_runs,
+    layerless,
+    packed_orders,
+    row_order,
+)
 from ..capture.trace import Trace, is_floating, is_model_leaf
 from ..leafref import leaf_kind, leaf_name
 from .metrics import rounded_to
@@ -67,13 +78,24 @@ def pair_leaves(reference: Trace, candidate: Trace, alignment: Alignment) -> Ali
     pairs = _packed_for_the_ranks(reference, candidate, pairs)
     reference_leaves = reference.leaves
     paired_refs = {m.reference for m in matches.values()} | {reference_leaves[p.reference] for p in pairs}
-    unpaired = [UnpairedLeaf("candidate", candidate.tensors[t].leaf, pairer.reason_unpaired(t))
-                for t in pairer.candidate_leaves if t not in matches and t not in fused]
-    unpaired += [UnpairedLeaf("reference", reference.tensors[t].leaf, "no candidate leaf holds its values or is read where it is")
-                 for t in pairer.reference_leaves if t not in paired_refs]
-    unpaired += [UnpairedLeaf(trace.side, name, UNREAD)
-                 for trace in (candidate, reference) for name in trace.unread_leaves]
-    return Alignment(alignment.pairs, alignment.blocks, tensors, LeafPairing(pairs, unpaired, _summary(pairs, unpaired)))
+    unpaired = [
+        UnpairedLeaf("candidate", candidate.tensors[t].leaf, pairer.reason_unpaired(t))
+        for t in pairer.candidate_leaves
+        if t not in matches and t not in fused
+    ]
+    unpaired += [
+        UnpairedLeaf(
+            "reference", reference.tensors[t].leaf, "no candidate leaf holds its values or is read where it is"
+        )
+        for t in pairer.reference_leaves
+        if t not in paired_refs
+    ]
+    unpaired += [
+        UnpairedLeaf(trace.side, name, UNREAD) for trace in (candidate, reference) for name in trace.unread_leaves
+    ]
+    return Alignment(
+        alignment.pairs, alignment.blocks, tensors, LeafPairing(pairs, unpaired, _summary(pairs, unpaired))
+    )
 
 
 def _packed_for_the_ranks(reference: Trace, candidate: Trace, pairs: list[LeafPair]) -> list[LeafPair]:
@@ -94,11 +116,20 @@ def _packed_for_the_ranks(reference: Trace, candidate: Trace, pairs: list[LeafPa
 
 
 def _in_order(reference: Trace, candidate: Trace, pair: LeafPair, axis: int, rows: list[int]) -> LeafPair:
-    leaf = _fused_part(reference, candidate, candidate.leaves[pair.candidate], reference.leaves[pair.reference], axis, False,
-                       dict(enumerate(rows)))
+    leaf = _fused_part(
+        reference,
+        candidate,
+        candidate.leaves[pair.candidate],
+        reference.leaves[pair.reference],
+        axis,
+        False,
+        dict(enumerate(rows)),
+    )
     size = math.gcd(*(len(run) for run in consecutive_runs(rows)))
-    leaf.layout = (f"packed for the ranks: the reference's blocks of {size} along axis {axis} in order "
-                   f"{[rows[k] // size for k in range(0, len(rows), size)]}, as most leaves of its name hold them")
+    leaf.layout = (
+        f"packed for the ranks: the reference's blocks of {size} along axis {axis} in order "
+        f"{[rows[k] // size for k in range(0, len(rows), size)]}, as most leaves of its name hold them"
+    )
     leaf.how = pair.how
     return leaf
 
@@ -145,7 +176,9 @@ def describe_pair(reference: Trace, candidate: Trace, pair: TensorPair, how: str
         return leaf
     ref_values = reference.value(pair.reference)
     expected = pair.reference_in_candidate_layout(ref_values, cand_info.shape)
-    leaf.status, leaf.description, leaf.max_rel = compare(expected, candidate.value(pair.candidate), cand_info.dtype, ref_info.dtype)
+    leaf.status, leaf.description, leaf.max_rel = compare(
+        expected, candidate.value(pair.candidate), cand_info.dtype, ref_info.dtype
+    )
     if leaf.status == "different" and leaf.description.startswith("values differ"):
         other = _holder_of(reference, candidate.value(pair.candidate), exclude=pair.reference)
         if other is not None:
@@ -153,7 +186,9 @@ def describe_pair(reference: Trace, candidate: Trace, pair: TensorPair, how: str
     return leaf
 
 
-def reference_values(reference: Trace, candidate: Trace, alignment: Alignment, pairs: list[LeafPair]) -> dict[int, np.ndarray]:
+def reference_values(
+    reference: Trace, candidate: Trace, alignment: Alignment, pairs: list[LeafPair]
+) -> dict[int, np.ndarray]:
     """Candidate leaf tid -> its values with the reference's in place of `pairs` (a part of a fused
     leaf fills its rows, the rest keeping the candidate's own)."""
     values: dict[int, np.ndarray] = {}
@@ -175,18 +210,24 @@ def reference_values(reference: Trace, candidate: Trace, alignment: Alignment, p
     return values
 
 
-def _fused_part(reference: Trace, candidate: Trace, cand_tid: int, ref_tid: int, axis: int, transposed: bool,
-                placed: Placed) -> LeafPair:
+def _fused_part(
+    reference: Trace, candidate: Trace, cand_tid: int, ref_tid: int, axis: int, transposed: bool, placed: Placed
+) -> LeafPair:
     cand_info, ref_info = candidate.tensors[cand_tid], reference.tensors[ref_tid]
     slots = sorted(placed)
     rows = [placed[p] for p in slots]
     count = _row_count(ref_info.shape, axis, transposed)
     copies = {rows.count(r) for r in set(rows)}
     held = "" if len(set(rows)) == count else f" (the reference's rows {_ranges(sorted(set(rows)))} of {count})"
-    repeated = "" if copies == {1} else f", each row {copies.pop()} times" if len(copies) == 1 else ", some rows repeated"
-    layout = (f"rows {_ranges(slots)}{held}{repeated} of axis {axis} of the candidate's {list(cand_info.shape)}"
-              + (", transposed" if transposed else ""))
-    leaf = LeafPair(cand_info.leaf, ref_info.leaf, layout, "block", slots=slots, axis=axis, transposed=transposed, rows=rows)
+    repeated = (
+        "" if copies == {1} else f", each row {copies.pop()} times" if len(copies) == 1 else ", some rows repeated"
+    )
+    layout = f"rows {_ranges(slots)}{held}{repeated} of axis {axis} of the candidate's {list(cand_info.shape)}" + (
+        ", transposed" if transposed else ""
+    )
+    leaf = LeafPair(
+        cand_info.leaf, ref_info.leaf, layout, "block", slots=slots, axis=axis, transposed=transposed, rows=rows
+    )
     if reference.has_value(ref_tid) and candidate.has_value(cand_tid):
         ref_values = reference.value(ref_tid)
         expected = np.take(ref_values.T if transposed else ref_values, rows, axis=axis)
@@ -197,7 +238,7 @@ def _fused_part(reference: Trace, candidate: Trace, cand_tid: int, ref_tid: int,
 
 def _row_count(shape: tuple[int, ...], axis: int, transposed: bool) -> int:
     """How many rows a reference leaf of `shape` has along `axis` (of its transpose, where `transposed`)."""
-    return shape[::-1 if transposed else 1][axis]
+    return shape[:: -1 if transposed else 1][axis]
 
 
 def _ranges(positions: list[int]) -> str:
@@ -215,7 +256,9 @@ def layout_name(pair: TensorPair, reference_shape: tuple[int, ...]) -> str:
 
 
 # -- comparing ----------------------------------------------------------------------------
-def compare(reference: np.ndarray, candidate: np.ndarray, candidate_dtype: str, reference_dtype: str) -> tuple[str, str, float]:
+def compare(
+    reference: np.ndarray, candidate: np.ndarray, candidate_dtype: str, reference_dtype: str
+) -> tuple[str, str, float]:
     """(status, description, max_rel) of a candidate leaf against the reference's values in its layout."""
     if reference.dtype == candidate.dtype and np.array_equal(reference.reshape(candidate.shape), candidate):
         return "equal", "", 0.0
@@ -230,7 +273,9 @@ def compare(reference: np.ndarray, candidate: np.ndarray, candidate_dtype: str, 
     if _finer(reference_dtype, candidate_dtype) and np.all(difference <= half_ulp(reference, candidate_dtype)):
         return "rounded", f"the reference's rounded to {candidate_dtype}", max_rel
     for narrow in ("bfloat16", "float16"):  # a checkpoint saved narrower, loaded into a wider dtype
-        if _finer(reference_dtype, narrow) and np.array_equal(candidate, rounded_to(reference.astype(np.float32), narrow)):
+        if _finer(reference_dtype, narrow) and np.array_equal(
+            candidate, rounded_to(reference.astype(np.float32), narrow)
+        ):
             return "rounded", f"the reference's rounded to {narrow}, held in {candidate_dtype}", max_rel
     return "different", _difference(reference, candidate, candidate_dtype, max_rel), max_rel
 
@@ -322,8 +367,13 @@ def _rotary_base(values: np.ndarray) -> float | None:
 def _holder_of(reference: Trace, values: np.ndarray, exclude: int) -> str | None:
     """The reference leaf (other than `exclude`) holding exactly these values, if one does."""
     for tid, info in reference.tensors.items():
-        if tid != exclude and info.producer is None and is_model_leaf(info.leaf) \
-                and info.size == values.size and reference.has_value(tid):
+        if (
+            tid != exclude
+            and info.producer is None
+            and is_model_leaf(info.leaf)
+            and info.size == values.size
+            and reference.has_value(tid)
+        ):
             if np.array_equal(reference.value(tid).reshape(values.shape), values):
                 return info.leaf
     return None
@@ -371,8 +421,14 @@ class _Pairer:
         for tid, match in matches.items():
             if match.how != "op":
                 by_pattern.setdefault(re.sub(r"\d+", "#", candidate.tensors[tid].leaf), []).append(tid)
-        decided = [(m.transform, m.part) for t, m in matches.items() if m.how != "op" and m.part is None
-                   and len(shape := candidate.tensors[t].shape) == 2 and shape[0] != shape[1]]
+        decided = [
+            (m.transform, m.part)
+            for t, m in matches.items()
+            if m.how != "op"
+            and m.part is None
+            and len(shape := candidate.tensors[t].shape) == 2
+            and shape[0] != shape[1]
+        ]
         for tids in by_pattern.values():
             layouts = [(matches[t].transform, matches[t].part) for t in tids]
             usual = max(set(layouts), key=layouts.count)
@@ -405,9 +461,17 @@ class _Pairer:
             values = candidate.value(cand_tid)
             place = self._place(cand_tid)
             parents = {_parent(reference.tensors[t].leaf) for t in place}
-            nearby = place + [t for t in self.reference_leaves if t not in place and _parent(reference.tensors[t].leaf) in parents]
-            options = [t for t in nearby if t not in taken and reference.has_value(t)
-                       and reference.tensors[t].size <= values.size and _same_kind(reference.tensors[t].leaf, candidate.tensors[cand_tid].leaf)]
+            nearby = place + [
+                t for t in self.reference_leaves if t not in place and _parent(reference.tensors[t].leaf) in parents
+            ]
+            options = [
+                t
+                for t in nearby
+                if t not in taken
+                and reference.has_value(t)
+                and reference.tensors[t].size <= values.size
+                and _same_kind(reference.tensors[t].leaf, candidate.tensors[cand_tid].leaf)
+            ]
             laid_out = _rows_of(values, {t: reference.value(t) for t in options}, candidate.tensors[cand_tid].dtype)
             if laid_out is not None:
                 found[cand_tid] = laid_out
@@ -417,7 +481,9 @@ class _Pairer:
         fused: dict[int, list[LeafPair]] = {}
         for cand_tid, (axis, transposed, held) in found.items():
             read = reads[cand_tid] or held
-            parts = [_fused_part(reference, candidate, cand_tid, t, axis, transposed, placed) for t, placed in read.items()]
+            parts = [
+                _fused_part(reference, candidate, cand_tid, t, axis, transposed, placed) for t, placed in read.items()
+            ]
             if read != held:
                 text = self._misread(held, read, axis, transposed)
                 for part in parts:
@@ -430,16 +496,24 @@ class _Pairer:
         """How a fused or repeated leaf holds its reference leaves' rows in another order than its ops read them."""
         reference = self.traces["reference"]
         if len(read) == 1:
-            (tid, placed), = read.items()
-            size, held_blocks, read_blocks = _blocks(held[tid], placed, _row_count(reference.tensors[tid].shape, axis, transposed))
+            ((tid, placed),) = read.items()
+            size, held_blocks, read_blocks = _blocks(
+                held[tid], placed, _row_count(reference.tensors[tid].shape, axis, transposed)
+            )
             how = "repeated" if len(placed) > len(set(placed.values())) else "permuted"
-            return (f"blocks {how} along axis {axis}: holds the reference's blocks of {size} in order {held_blocks} "
-                    f"where its ops read them in order {read_blocks}")
+            return (
+                f"blocks {how} along axis {axis}: holds the reference's blocks of {size} in order {held_blocks} "
+                f"where its ops read them in order {read_blocks}"
+            )
         names = {t: _module_name(reference.tensors[t].leaf) for t in read}
-        return (f"blocks permuted along axis {axis}: holds {_layout_text(held, names)} "
-                f"where its ops read {_layout_text(read, names)}")
+        return (
+            f"blocks permuted along axis {axis}: holds {_layout_text(held, names)} "
+            f"where its ops read {_layout_text(read, names)}"
+        )
 
-    def _fill_unread(self, found: dict[int, tuple[int, bool, dict[int, Placed]]], reads: dict[int, dict[int, Placed] | None]) -> None:
+    def _fill_unread(
+        self, found: dict[int, tuple[int, bool, dict[int, Placed]]], reads: dict[int, dict[int, Placed] | None]
+    ) -> None:
         """Leaves whose ops do not say where they are read take the read order of another: first of one
         of the same module's parent holding its rows at the same positions (the k projection, whose
         rotary embedding mixes values before the heads are repeated, read as the v projection next to
@@ -455,8 +529,10 @@ class _Pairer:
         def sized_alike(a: dict[int, Placed], b: dict[int, Placed]) -> bool:
             return [len(p) for p in a.values()] == [len(p) for p in b.values()]
 
-        rules = ((lambda a, b: _parent(a) == _parent(b), held_alike),
-                 (lambda a, b: re.sub(r"\d+", "#", a) == re.sub(r"\d+", "#", b), sized_alike))
+        rules = (
+            (lambda a, b: _parent(a) == _parent(b), held_alike),
+            (lambda a, b: re.sub(r"\d+", "#", a) == re.sub(r"\d+", "#", b), sized_alike),
+        )
         filled = True
         while filled:  # a read order taken by one rule may be the one another rule gives on
             filled = False
@@ -470,7 +546,9 @@ class _Pairer:
                             filled = True
                             break
 
-    def _read_slots(self, cand_tid: int, axis: int, transposed: bool, held: dict[int, Placed]) -> dict[int, Placed] | None:
+    def _read_slots(
+        self, cand_tid: int, axis: int, transposed: bool, held: dict[int, Placed]
+    ) -> dict[int, Placed] | None:
         """Where the candidate's own ops read each reference leaf's rows in the fused leaf: position c
         holds row r of a reference leaf when a tensor the candidate copies out of the fused op's
         output (by reshapes, splits, transposes, repeats) holds column c where the paired reference
@@ -479,7 +557,9 @@ class _Pairer:
         values hold, its copies taken in the order they appear. None where the data does not say,
         or says something inconsistent."""
         reference, candidate = self.traces["reference"], self.traces["candidate"]
-        fused_out = _output_columns(candidate, self.readers["candidate"], cand_tid, candidate.tensors[cand_tid].shape[axis])
+        fused_out = _output_columns(
+            candidate, self.readers["candidate"], cand_tid, candidate.tensors[cand_tid].shape[axis]
+        )
         if fused_out is None:
             return None
         rows = {t: _row_count(reference.tensors[t].shape, axis, transposed) for t in held}
@@ -489,7 +569,9 @@ class _Pairer:
             pair = self.alignment.tensors.get(copy.tid)
             if pair is None or pair.part is not None or not reference.has_value(pair.reference):
                 continue
-            ref_values = pair.reference_in_candidate_layout(reference.value(pair.reference), candidate.tensors[copy.tid].shape)
+            ref_values = pair.reference_in_candidate_layout(
+                reference.value(pair.reference), candidate.tensors[copy.tid].shape
+            )
             for ref_tid, part_out in part_outs.items():
                 if ref_tid in read or part_out is None:
                     continue
@@ -502,7 +584,11 @@ class _Pairer:
                     read[ref_tid] = votes
         if not read:
             return None
-        read = _with_the_rest(read, {t: len(placed) for t, placed in held.items() if t not in read}, candidate.tensors[cand_tid].shape[axis])
+        read = _with_the_rest(
+            read,
+            {t: len(placed) for t, placed in held.items() if t not in read},
+            candidate.tensors[cand_tid].shape[axis],
+        )
         positions = [p for placed in read.values() for p in placed]
         if len(read) != len(held) or len(set(positions)) != len(positions):
             return None
@@ -556,12 +642,21 @@ class _Pairer:
     def _at_place_by_size(self, cand_tid: int, taken: set[int]) -> _Match | None:
         """The one reference leaf of its size and kind read there (with several, the data does not say which)."""
         cand_info = self.traces["candidate"].tensors[cand_tid]
-        options = [ref_tid for ref_tid in self._place(cand_tid) if ref_tid not in taken
-                   and self.traces["reference"].tensors[ref_tid].size == cand_info.size
-                   and _same_kind(self.traces["reference"].tensors[ref_tid].leaf, cand_info.leaf)]
+        options = [
+            ref_tid
+            for ref_tid in self._place(cand_tid)
+            if ref_tid not in taken
+            and self.traces["reference"].tensors[ref_tid].size == cand_info.size
+            and _same_kind(self.traces["reference"].tensors[ref_tid].leaf, cand_info.leaf)
+        ]
         if len(options) != 1:
             return None
-        return _Match(options[0], _shape_transform(self.traces["reference"].tensors[options[0]].shape, cand_info.shape), None, "block")
+        return _Match(
+            options[0],
+            _shape_transform(self.traces["reference"].tensors[options[0]].shape, cand_info.shape),
+            None,
+            "block",
+        )
 
     def _anywhere_by_values(self, cand_tid: int, taken: set[int]) -> _Match | None:
         """A reference leaf anywhere holding the same values in some order (its layout then decided by
@@ -581,7 +676,11 @@ class _Pairer:
                 match = self._by_values(cand_tid, ref_tid, "values")
                 return match or _Match(ref_tid, _shape_transform(ref_info.shape, cand_info.shape), None, "values")
         for ref_tid in self.reference_leaves:
-            if ref_tid not in taken and reference.tensors[ref_tid].size > cand_info.size and reference.has_value(ref_tid):
+            if (
+                ref_tid not in taken
+                and reference.tensors[ref_tid].size > cand_info.size
+                and reference.has_value(ref_tid)
+            ):
                 match = self._by_values(cand_tid, ref_tid, "values")
                 if match is not None:
                     return match
@@ -593,7 +692,11 @@ class _Pairer:
         for ref_tid in self.reference_leaves:
             ref_info = self.traces["reference"].tensors[ref_tid]
             other = _plain_name(ref_info.leaf)
-            if ref_tid not in taken and ref_info.size == cand_info.size and (name.endswith("." + other) or other.endswith("." + name) or name == other):
+            if (
+                ref_tid not in taken
+                and ref_info.size == cand_info.size
+                and (name.endswith("." + other) or other.endswith("." + name) or name == other)
+            ):
                 return _Match(ref_tid, _shape_transform(ref_info.shape, cand_info.shape), None, "name")
         return None
 
@@ -670,7 +773,7 @@ class _Columns:
             return None
         found = self.sorted_columns[np.minimum(low, self.sorted_values.size - 1)].copy()
         for at in np.flatnonzero(high - low > 1):
-            near = self.sorted_columns[low[at]:high[at]]
+            near = self.sorted_columns[low[at] : high[at]]
             found[at] = near[0] if np.all(near == near[0]) else -1
         return found
 
@@ -685,7 +788,9 @@ def _output_columns(trace: Trace, readers: dict[int, list[int]], leaf: int, rows
     return None
 
 
-def _row_per_position(columns: np.ndarray, wanted: np.ndarray, holding: np.ndarray | None, held: Placed) -> Placed | None:
+def _row_per_position(
+    columns: np.ndarray, wanted: np.ndarray, holding: np.ndarray | None, held: Placed
+) -> Placed | None:
     """Fused leaf position -> the reference row the ops read there, from a copy's elements: `columns`
     (the position each came from, -1 where its value sits at several), `wanted` (the reference row
     the paired reference element came from) and `holding` (the reference row whose value each
@@ -741,7 +846,9 @@ def _module_name(leaf: str) -> str:
     return leaf_name(leaf).rpartition(".")[0].rpartition(".")[2]
 
 
-def _rows_of(values: np.ndarray, options: dict[int, np.ndarray], dtype: str) -> tuple[int, bool, dict[int, Placed]] | None:
+def _rows_of(
+    values: np.ndarray, options: dict[int, np.ndarray], dtype: str
+) -> tuple[int, bool, dict[int, Placed]] | None:
     """Where the reference leaves' rows are in the candidate's (of `dtype`), as `_rows_among` finds them:
     the reference's values rounded to `dtype` where it is narrower, else rounded to bfloat16 or float16
     (a checkpoint saved narrower, loaded into a wider dtype)."""
@@ -772,9 +879,14 @@ def _rows_among(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int
             missing: list[int] = []
             for tid, ref_values in options.items():
                 rows = ref_values.T if transposed else ref_values
-                if rows.ndim != values.ndim or any(r != v for i, (r, v) in enumerate(zip(rows.shape, values.shape)) if i != axis):
+                if rows.ndim != values.ndim or any(
+                    r != v for i, (r, v) in enumerate(zip(rows.shape, values.shape)) if i != axis
+                ):
                     continue
-                where = {j: held.get(np.take(rows, j, axis=axis).astype(np.float32).tobytes()) for j in range(rows.shape[axis])}
+                where = {
+                    j: held.get(np.take(rows, j, axis=axis).astype(np.float32).tobytes())
+                    for j in range(rows.shape[axis])
+                }
                 found = {j: at for j, at in where.items() if at is not None}
                 if len(found) < len(where):  # a part of a leaf only by rows that tell leaves apart (not single numbers)
                     found = {j: at for j, at in found.items() if _informative(np.take(rows, j, axis=axis))}
@@ -803,8 +915,9 @@ def _with_the_rest(slots: dict[int, Placed], missing: dict[int, int], positions:
     return slots
 
 
-def _layouts(ref_shape: tuple[int, ...], cand_shape: tuple[int, ...], ref_values: np.ndarray,
-             values: np.ndarray) -> Iterator[tuple[tuple[int, ...] | None, tuple[int, int, int] | None]]:
+def _layouts(
+    ref_shape: tuple[int, ...], cand_shape: tuple[int, ...], ref_values: np.ndarray, values: np.ndarray
+) -> Iterator[tuple[tuple[int, ...] | None, tuple[int, int, int] | None]]:
     """(transform, part) layouts that could map the reference's values onto the candidate's shape."""
     size = int(np.prod(cand_shape))
     if int(np.prod(ref_shape)) == size:
@@ -838,7 +951,11 @@ def _informative(values: np.ndarray) -> bool:
 
 def _shape_transform(ref_shape: tuple[int, ...], cand_shape: tuple[int, ...]) -> tuple[int, ...] | None:
     """Transposed where a 2-d shape is the other's reversed (and not square), else as stored."""
-    if len(ref_shape) == len(cand_shape) == 2 and ref_shape != cand_shape and tuple(ref_shape[::-1]) == tuple(cand_shape):
+    if (
+        len(ref_shape) == len(cand_shape) == 2
+        and ref_shape != cand_shape
+        and tuple(ref_shape[::-1]) == tuple(cand_shape)
+    ):
         return (1, 0)
     return None
 
@@ -846,8 +963,11 @@ def _shape_transform(ref_shape: tuple[int, ...], cand_shape: tuple[int, ...]) ->
 def _leaves(trace: Trace) -> list[int]:
     """The floating parameters and buffers a trace read, in the order first read."""
     first = trace.first_reads()
-    leaves = [tid for tid, info in trace.tensors.items()
-              if info.producer is None and is_model_leaf(info.leaf) and is_floating(info.dtype)]
+    leaves = [
+        tid
+        for tid, info in trace.tensors.items()
+        if info.producer is None and is_model_leaf(info.leaf) and is_floating(info.dtype)
+    ]
     return sorted(leaves, key=lambda tid: first.get(tid, 1 << 62))
 
 

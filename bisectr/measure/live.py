@@ -5,6 +5,7 @@ A `RunRecord` is plain data (what a run directory holds); a `LiveRun` adds the h
 through. Every search, the float64 check and the fetching of values the recording did not keep take
 one; a run reopened from disk has none.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,7 +40,9 @@ class LiveRun:
         """One side's model re-run with `patches` (tid -> values), keeping the values of `capture`."""
         return self.ask(role, Rerun(patches, capture))
 
-    def replay(self, role: str, indices: list[int], values: dict[int, np.ndarray], float64: bool = False) -> dict[int, np.ndarray]:
+    def replay(
+        self, role: str, indices: list[int], values: dict[int, np.ndarray], float64: bool = False
+    ) -> dict[int, np.ndarray]:
         """`Replay` of ops `indices`, each input that is neither in `values` nor computed by an op
         before it read from the trace (the model's parameters: by the side, where the model holds
         them); returns `values` with every tensor the ops computed (a new dict)."""

@@ -1,4 +1,5 @@
 """Error measures between a candidate tensor and its reference."""
+
 from __future__ import annotations
 
 import math

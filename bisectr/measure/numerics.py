@@ -3,6 +3,7 @@ is rounding, errors relative to a magnitude, the float64 rule, and the searches'
 The forward and backward searches, the search inside compiled code and the training comparison
 all judge with these.
 """
+
 from __future__ import annotations
 
 import math
@@ -86,11 +87,23 @@ def rounding_allowance(predicted: float, floor: float) -> float:
     return max(ROUNDING_SHARE * predicted, min(floor, predicted), noise_floor("float64"))
 
 
-def judge_float64(error: float, float64_error: float, reference_rounding: float, candidate_rounding: float,
-                  dtypes: list[str], what: str = "outputs") -> Float64Check:
+def judge_float64(
+    error: float,
+    float64_error: float,
+    reference_rounding: float,
+    candidate_rounding: float,
+    dtypes: list[str],
+    what: str = "outputs",
+) -> Float64Check:
     """Agree or disagree by the float64 rule, for the `what` compared."""
-    check = Float64Check("disagree", f"in float64 the {what} still differ: something computes differently", error,
-                         float64_error, reference_rounding, candidate_rounding)
+    check = Float64Check(
+        "disagree",
+        f"in float64 the {what} still differ: something computes differently",
+        error,
+        float64_error,
+        reference_rounding,
+        candidate_rounding,
+    )
     floor = min((f for f in map(noise_floor, dtypes) if f > 0), default=0.0)
     if rounding_explains(float64_error, check.predicted, floor):
         check.status, check.reason = "agree", f"in float64 the {what} agree: the difference is rounding"

@@ -4,6 +4,7 @@
 `Result.to_dict()` is the JSON contract of `bisectr bisect --json` (docs/json.md);
 `Result.from_dict` reads it back, checking every field (`serial.from_plain`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -3,6 +3,7 @@ search's result, tied together by one run id. What a run directory holds, and al
 a view needs: a record never imports a model file or starts a process (the live
 ability to re-run is `sides.Sides`, a separate handle).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -117,8 +118,10 @@ class RunRecord:
 
     def output_error(self) -> OutputError:
         """Worst max_abs and max_rel over all paired outputs."""
-        return OutputError(max((p.metrics.max_abs for p in self.output_pairs), default=0.0),
-                           max((p.metrics.max_rel for p in self.output_pairs), default=0.0))
+        return OutputError(
+            max((p.metrics.max_abs for p in self.output_pairs), default=0.0),
+            max((p.metrics.max_rel for p in self.output_pairs), default=0.0),
+        )
 
     def check(self) -> None:
         """Raise `PlainError` when the output pairs, the alignment or the result name ops or
@@ -164,7 +167,9 @@ def _check_result_ops(result: Result, op_index: Callable[[str, int | None, str],
     for i, row in enumerate(result.profile):
         op_index("candidate", row.index, f"result.profile[{i}].index")
         op_index("reference", row.reference, f"result.profile[{i}].reference")
-    listed = [("recurrences", r.index) for r in result.recurrences] + [("not_blamed", n.index) for n in result.not_blamed]
+    listed = [("recurrences", r.index) for r in result.recurrences] + [
+        ("not_blamed", n.index) for n in result.not_blamed
+    ]
     listed += [("cuts", c.op) for c in result.cuts] + [("entry", result.entry)]
     if result.confirmation is not None:
         listed += [("confirmation.patched_ops", i) for i in result.confirmation.patched_ops]
@@ -188,19 +193,24 @@ def pair_outputs(reference: Trace, candidate: Trace, model_file: Path) -> list[O
     cand_rest = [k for k in cand_keys if k not in reference.outputs]
     if len(ref_rest) != len(cand_rest):
         raise OutputMismatchError(
-            f"{model_file}: cannot pair the outputs: reference has {ref_keys}, candidate has {cand_keys}")
+            f"{model_file}: cannot pair the outputs: reference has {ref_keys}, candidate has {cand_keys}"
+        )
     keyed = [(k, k) for k in common] + list(zip(ref_rest, cand_rest))
     pairs = []
     for ref_key, cand_key in keyed:
         ref_tid, cand_tid = reference.outputs[ref_key], candidate.outputs[cand_key]
         ref_info, cand_info = reference.tensors[ref_tid], candidate.tensors[cand_tid]
-        shapes = f"output {ref_key!r} has shape {list(ref_info.shape)} in the reference but {cand_key!r} has " \
-                 f"{list(cand_info.shape)} in the candidate"
+        shapes = (
+            f"output {ref_key!r} has shape {list(ref_info.shape)} in the reference but {cand_key!r} has "
+            f"{list(cand_info.shape)} in the candidate"
+        )
         if ref_info.size != cand_info.size:
             raise OutputMismatchError(f"{model_file}: {shapes}")
         if ref_info.nonfinite:
-            raise ModelFileError(f"{model_file}: the reference output {ref_key!r} holds {ref_info.stats.nan} NaN and "
-                                 f"{ref_info.stats.inf} Inf values; a trusted reference must be finite")
+            raise ModelFileError(
+                f"{model_file}: the reference output {ref_key!r} holds {ref_info.stats.nan} NaN and "
+                f"{ref_info.stats.inf} Inf values; a trusted reference must be finite"
+            )
         pair = OutputPair(ref_key, cand_key, ref_tid, cand_tid, {})
         if reference.has_value(ref_tid) and candidate.has_value(cand_tid):
             ref_values, cand_values = reference.value(ref_tid), candidate.value(cand_tid)
@@ -231,9 +241,13 @@ def _confirmed_layout(candidate: np.ndarray, reference: np.ndarray, shapes: str)
     tried.sort()
     if tried and tried[0][0] <= LAYOUT_CONFIRMED and (len(tried) == 1 or tried[1][0] > tried[0][0]):
         return tried[0][1]
-    errors = ", ".join(f"transposed {list(layout)}: max_rel {error:.3g}" for error, layout in tried) or "no transpose fits"
-    raise OutputMismatchError(f"{shapes}, and no layout of the candidate's values matches the reference's ({errors}); "
-                              "return the outputs in the same shape")
+    errors = (
+        ", ".join(f"transposed {list(layout)}: max_rel {error:.3g}" for error, layout in tried) or "no transpose fits"
+    )
+    raise OutputMismatchError(
+        f"{shapes}, and no layout of the candidate's values matches the reference's ({errors}); "
+        "return the outputs in the same shape"
+    )
 
 
 def output_seeds(run: RunRecord) -> dict[str, dict[str, np.ndarray]]:

@@ -1,4 +1,5 @@
 """`bisectr trace | bisect | view`: the command line."""
+
 from __future__ import annotations
 
 import argparse
@@ -55,32 +56,52 @@ example:
   bisectr trace examples/span_head.py --no-tui"""
 
 
-REPORT_HELP = ("also write PATH.md (Markdown for an issue) and PATH.html (one self-contained page with the error-by-op "
-               "plot, the op table and the repro script)")
+REPORT_HELP = (
+    "also write PATH.md (Markdown for an issue) and PATH.html (one self-contained page with the error-by-op "
+    "plot, the op table and the repro script)"
+)
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model_file", metavar="MODEL.py", help="file defining reference() and candidate()")
     parser.add_argument("--reference", default="reference", metavar="NAME", help="function building the reference side")
     parser.add_argument("--candidate", default="candidate", metavar="NAME", help="function building the candidate side")
-    parser.add_argument("--value-budget", type=float, default=DEFAULT_VALUE_BUDGET / 2**20, metavar="MB",
-                        help="op values stored per side (default %(default)g); beyond, only statistics, and the search "
-                             "fetches layer outputs, then the ops of the layers where the difference enters")
+    parser.add_argument(
+        "--value-budget",
+        type=float,
+        default=DEFAULT_VALUE_BUDGET / 2**20,
+        metavar="MB",
+        help="op values stored per side (default %(default)g); beyond, only statistics, and the search "
+        "fetches layer outputs, then the ops of the layers where the difference enters",
+    )
     parser.add_argument("--isolate", action="store_true", help="run each side's model in its own worker process")
-    parser.add_argument("--backward", action="store_true",
-                        help="search the backward pass too: both sides' gradients from one fixed random output gradient "
-                             "(or from reference_loss(outputs) / candidate_loss(outputs) where the model file defines them)")
+    parser.add_argument(
+        "--backward",
+        action="store_true",
+        help="search the backward pass too: both sides' gradients from one fixed random output gradient "
+        "(or from reference_loss(outputs) / candidate_loss(outputs) where the model file defines them)",
+    )
     for role in ("reference", "candidate"):
-        parser.add_argument(f"--{role}-python", metavar="PATH",
-                            help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate")
-        parser.add_argument(f"--{role}-nproc", type=int, metavar="N",
-                            help=f"run the {role} side on N processes started by torchrun (tensor parallel; torch.distributed); "
-                                 "default: the model file's NPROC for the side's function, else 1")
+        parser.add_argument(
+            f"--{role}-python",
+            metavar="PATH",
+            help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate",
+        )
+        parser.add_argument(
+            f"--{role}-nproc",
+            type=int,
+            metavar="N",
+            help=f"run the {role} side on N processes started by torchrun (tensor parallel; torch.distributed); "
+            "default: the model file's NPROC for the side's function, else 1",
+        )
 
 
 def _help_texts(description: str) -> dict:
-    return {"description": f"{description}\n\n{MODEL_FILE_HELP}", "epilog": f"{EXAMPLE_HELP}\n\n{EXIT_STATUS_HELP}",
-            "formatter_class": argparse.RawDescriptionHelpFormatter}
+    return {
+        "description": f"{description}\n\n{MODEL_FILE_HELP}",
+        "epilog": f"{EXAMPLE_HELP}\n\n{EXIT_STATUS_HELP}",
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+    }
 
 
 class _VersionAction(argparse.Action):
@@ -89,61 +110,105 @@ class _VersionAction(argparse.Action):
     def __init__(self, option_strings: list[str], dest: str, help: str | None = None):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
         print(version_text())
         parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bisectr", **_help_texts("Find where two implementations of a network start to disagree."))
-    parser.add_argument("--version", action=_VersionAction, help="show the versions of bisectr, python and the frameworks found, and exit")
+    parser = argparse.ArgumentParser(
+        prog="bisectr", **_help_texts("Find where two implementations of a network start to disagree.")
+    )
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="show the versions of bisectr, python and the frameworks found, and exit",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
-    trace = commands.add_parser("trace", help="record both sides, align, analyse and show the result",
-                                **_help_texts("Record both sides, align, analyse and show the result."))
+    trace = commands.add_parser(
+        "trace",
+        help="record both sides, align, analyse and show the result",
+        **_help_texts("Record both sides, align, analyse and show the result."),
+    )
     _add_model_arguments(trace)
     trace.add_argument("-o", "--out", metavar="RUN_DIR", help="run directory to write (default: .bisectr/runs/<model>)")
     trace.add_argument("--no-tui", action="store_true", help="print the text summary even on a terminal")
     trace.add_argument("--stats-only", action="store_true", help="store statistics only, no tensor values (big models)")
-    trace.add_argument("--keep-module", action="append", default=[], metavar="PREFIX",
-                       help="store values only for ops under this module path (repeatable)")
+    trace.add_argument(
+        "--keep-module",
+        action="append",
+        default=[],
+        metavar="PREFIX",
+        help="store values only for ops under this module path (repeatable)",
+    )
     trace.add_argument("--alignment", action="store_true", help="print the op alignment as a table")
     trace.add_argument("--ops", action="store_true", help="print every paired op with its mean and max difference")
-    trace.add_argument("--format", choices=("table", "tsv"), default="table",
-                       help="tsv: print only the --ops or --alignment table, tab-separated (for scripts)")
+    trace.add_argument(
+        "--format",
+        choices=("table", "tsv"),
+        default="table",
+        help="tsv: print only the --ops or --alignment table, tab-separated (for scripts)",
+    )
     trace.add_argument("--report", metavar="PATH", help=REPORT_HELP)
 
-    bisect = commands.add_parser("bisect", help="scripted first-divergence search", **_help_texts("The scripted first-divergence search."))
+    bisect = commands.add_parser(
+        "bisect", help="scripted first-divergence search", **_help_texts("The scripted first-divergence search.")
+    )
     _add_model_arguments(bisect)
     bisect.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     bisect.add_argument("--exhaustive", action="store_true", help="patch every op instead of searching")
-    bisect.add_argument("--repro", metavar="DIR", help="write a standalone script reproducing the culprit op in both frameworks")
+    bisect.add_argument(
+        "--repro", metavar="DIR", help="write a standalone script reproducing the culprit op in both frameworks"
+    )
     bisect.add_argument("--report", metavar="PATH", help=REPORT_HELP)
-    bisect.add_argument("--substitute", metavar="OPS",
-                        help="re-run the candidate with the reference's implementation of these canonical ops "
-                             "(comma-separated; 'rounding' = every op that is not bit-exact) and report the error")
+    bisect.add_argument(
+        "--substitute",
+        metavar="OPS",
+        help="re-run the candidate with the reference's implementation of these canonical ops "
+        "(comma-separated; 'rounding' = every op that is not bit-exact) and report the error",
+    )
 
-    train = commands.add_parser("train", help="train both sides for N steps and compare them step by step",
-                                **_help_texts("Train both sides for N steps on the same batches and compare loss, gradients and "
-                                              "updates step by step; name the first step rounding cannot explain, its stage "
-                                              "and culprit.\n\nThe model file adds reference_optimizer(model) and "
-                                              "candidate_optimizer(model) (an optimizer, or (optimizer, scheduler)), and may add "
-                                              "reference_batch(step) / candidate_batch(step) and reference_loss(outputs) / "
-                                              "candidate_loss(outputs)."))
-    train.add_argument("model_file", metavar="MODEL.py", help="file defining reference(), candidate() and their optimizers")
+    train = commands.add_parser(
+        "train",
+        help="train both sides for N steps and compare them step by step",
+        **_help_texts(
+            "Train both sides for N steps on the same batches and compare loss, gradients and "
+            "updates step by step; name the first step rounding cannot explain, its stage "
+            "and culprit.\n\nThe model file adds reference_optimizer(model) and "
+            "candidate_optimizer(model) (an optimizer, or (optimizer, scheduler)), and may add "
+            "reference_batch(step) / candidate_batch(step) and reference_loss(outputs) / "
+            "candidate_loss(outputs)."
+        ),
+    )
+    train.add_argument(
+        "model_file", metavar="MODEL.py", help="file defining reference(), candidate() and their optimizers"
+    )
     train.add_argument("--reference", default="reference", metavar="NAME", help="function building the reference side")
     train.add_argument("--candidate", default="candidate", metavar="NAME", help="function building the candidate side")
     train.add_argument("--steps", type=int, default=20, metavar="N", help="optimizer steps per side (default 20)")
     train.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     train.add_argument("--no-tui", action="store_true", help="print the text summary even on a terminal")
-    train.add_argument("--report", metavar="PATH", help="also write PATH.md and PATH.html: the result, both loss curves "
-                                                        "and the per-step errors, for an issue")
+    train.add_argument(
+        "--report",
+        metavar="PATH",
+        help="also write PATH.md and PATH.html: the result, both loss curves and the per-step errors, for an issue",
+    )
 
-    written = commands.add_parser("report", help="write a saved run up for an issue: Markdown and an HTML page",
-                                  description="Write a saved run up for an issue: RUN_DIR/report.md (or PATH.md), Markdown "
-                                              "that renders in a GitHub issue, and report.html, one self-contained page "
-                                              "with the error-by-op plot (the 'report' extra: bokeh), the op table and the "
-                                              "culprit's repro script.")
+    written = commands.add_parser(
+        "report",
+        help="write a saved run up for an issue: Markdown and an HTML page",
+        description="Write a saved run up for an issue: RUN_DIR/report.md (or PATH.md), Markdown "
+        "that renders in a GitHub issue, and report.html, one self-contained page "
+        "with the error-by-op plot (the 'report' extra: bokeh), the op table and the "
+        "culprit's repro script.",
+    )
     written.add_argument("run_dir", metavar="RUN_DIR")
     written.add_argument("-o", "--out", metavar="PATH", help="write PATH.md and PATH.html (default RUN_DIR/report)")
 
@@ -172,7 +237,9 @@ def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> 
     silence_import_warnings()
     launched = _launched_as_rank()
     if launched and args.command != "view":
-        Console(stderr=True, soft_wrap=True).print(f"[bold red]bisectr: error:[/] {launched}", markup=True, highlight=False)
+        Console(stderr=True, soft_wrap=True).print(
+            f"[bold red]bisectr: error:[/] {launched}", markup=True, highlight=False
+        )
         return EXIT_ERROR
     console = Console(soft_wrap=True)
     if not console.is_terminal:
@@ -189,7 +256,9 @@ def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> 
         return EXIT_ERROR
     except KeyboardInterrupt as exc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # what was kept is said: the shutdown must not be cut short
-        Console(stderr=True, soft_wrap=True).print(f"bisectr: interrupted; {str(exc) or 'nothing was saved'}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(
+            f"bisectr: interrupted; {str(exc) or 'nothing was saved'}", highlight=False
+        )
         if exit_on_interrupt:
             _exit_interrupted()
         return EXIT_ERROR
@@ -201,13 +270,18 @@ def _launched_as_rank() -> str | None:
     """Why this process must not search, when a distributed launcher (torchrun, paddle's launch) started
     it as one rank of several: every rank would record only its own shards, compare them with the
     reference's whole tensors and write the same run directory."""
-    for launcher, world, rank in (("torchrun", "WORLD_SIZE", "RANK"), ("paddle.distributed.launch", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID")):
+    for launcher, world, rank in (
+        ("torchrun", "WORLD_SIZE", "RANK"),
+        ("paddle.distributed.launch", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID"),
+    ):
         size = os.environ.get(world, "1")
         if size.isdigit() and int(size) > 1:
-            return (f"started by {launcher} as rank {os.environ.get(rank, '?')} of {size} ({world}={size}): run bisectr as one "
-                    "process, not under a distributed launcher. Each rank would compare its own shards with the reference's "
-                    "whole tensors; for a side that computes on several processes (tensor parallel), give bisectr "
-                    "--candidate-nproc N and it starts that side's ranks under torchrun itself")
+            return (
+                f"started by {launcher} as rank {os.environ.get(rank, '?')} of {size} ({world}={size}): run bisectr as one "
+                "process, not under a distributed launcher. Each rank would compare its own shards with the reference's "
+                "whole tensors; for a side that computes on several processes (tensor parallel), give bisectr "
+                "--candidate-nproc N and it starts that side's ranks under torchrun itself"
+            )
     return None
 
 
@@ -247,7 +321,9 @@ def _report_bug(exc: Exception) -> int:
     Console(stderr=True, soft_wrap=True).print(
         f"[bold red]bisectr: internal error:[/] {type(exc).__name__}: {escape(str(exc))}\n"
         f"This is a bug in bisectr, not in your model. Its traceback is in {escape(log.name)}; please report it with that file.",
-        markup=True, highlight=False)
+        markup=True,
+        highlight=False,
+    )
     return EXIT_BUG
 
 
@@ -285,7 +361,9 @@ class _RecordingText:
 
 
 @contextmanager
-def _recording_status(console: Console, model_file: str, quiet: bool) -> Iterator[Callable[[str, Callable[[], int]], None] | None]:
+def _recording_status(
+    console: Console, model_file: str, quiet: bool
+) -> Iterator[Callable[[str, Callable[[], int]], None] | None]:
     """The `watch` argument of `trace`: a status line on `console`, or None (nothing shown) when quiet."""
     if quiet:
         yield None
@@ -297,9 +375,14 @@ def _recording_status(console: Console, model_file: str, quiet: bool) -> Iterato
 
 
 def _trace_options(args: argparse.Namespace) -> dict:
-    return {"isolate": args.isolate, "reference_python": args.reference_python, "candidate_python": args.candidate_python,
-            "reference_nproc": args.reference_nproc, "candidate_nproc": args.candidate_nproc,
-            "value_budget": round(args.value_budget * 2**20)}
+    return {
+        "isolate": args.isolate,
+        "reference_python": args.reference_python,
+        "candidate_python": args.candidate_python,
+        "reference_nproc": args.reference_nproc,
+        "candidate_nproc": args.candidate_nproc,
+        "value_budget": round(args.value_budget * 2**20),
+    }
 
 
 def run_trace(args: argparse.Namespace, console: Console) -> int:
@@ -309,8 +392,17 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
     run = None
     try:
         with _recording_status(console, args.model_file, quiet=not console.is_terminal) as watch:
-            run = trace(args.model_file, args.reference, args.candidate, out=out, store_values=not args.stats_only,
-                        keep_modules=tuple(args.keep_module), watch=watch, commit=False, **_trace_options(args))
+            run = trace(
+                args.model_file,
+                args.reference,
+                args.candidate,
+                out=out,
+                store_values=not args.stats_only,
+                keep_modules=tuple(args.keep_module),
+                watch=watch,
+                commit=False,
+                **_trace_options(args),
+            )
         _interruption_point()
         if not args.stats_only:
             _search(run, console, exhaustive=False, quiet=not console.is_terminal, backward=args.backward)
@@ -337,7 +429,9 @@ def _what_is_kept(run, out: Path) -> str:
         return f"the new run was saved in {run.run_dir}"
     if run is not None:
         run.discard()
-    return "nothing was saved; " + (f"the previous run in {out} is untouched" if is_run_dir(out) else f"{out} holds no run")
+    return "nothing was saved; " + (
+        f"the previous run in {out} is untouched" if is_run_dir(out) else f"{out} holds no run"
+    )
 
 
 def _show_trace(args: argparse.Namespace, console: Console, run) -> int:
@@ -482,6 +576,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(result.to_dict(), allow_nan=False))
     else:
         with status_console.status("training") as status:
+
             def progress(message: str) -> None:
                 _interruption_point()
                 status.update(message)

@@ -8,6 +8,7 @@
 The same recording, alignment and search as a model file, in this process. The run is
 saved like any other (`out`, or a temporary directory) and opens in `bisectr view`.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,14 +49,22 @@ class Comparison(Result):
         return console
 
 
-def compare(reference: tuple[Any, Any], candidate: tuple[Any, Any], out: str | os.PathLike | None = None,
-            tolerance: float = 0.0, exhaustive: bool = False, align_modules: dict[str, str] | None = None,
-            store_values: bool = True) -> Comparison:
+def compare(
+    reference: tuple[Any, Any],
+    candidate: tuple[Any, Any],
+    out: str | os.PathLike | None = None,
+    tolerance: float = 0.0,
+    exhaustive: bool = False,
+    align_modules: dict[str, str] | None = None,
+    store_values: bool = True,
+) -> Comparison:
     """Record `reference` and `candidate`, each `(model, inputs)` as a model file's functions return
     them, and search for the culprit. `align_modules` pins candidate module paths to reference ones
     (a model file's `ALIGN_MODULES`). The run is saved in `out` (a temporary directory if None)."""
-    sides = {role: LocalSide(side_of(role, built, ORIGIN, role, f"the {role} argument is")) for role, built in
-             (("reference", reference), ("candidate", candidate))}
+    sides = {
+        role: LocalSide(side_of(role, built, ORIGIN, role, f"the {role} argument is"))
+        for role, built in (("reference", reference), ("candidate", candidate))
+    }
     traced = HowTraced("", "compare(reference=...)", "compare(candidate=...)", store_values=store_values)
     run_dir = Path(out) if out is not None else temporary_run_dir("compare")
     run = record_run(traced, sides, align_modules, run_dir, ORIGIN, commit=False)

@@ -1,4 +1,5 @@
 """Readable text output (rich) for runs and results."""
+
 from __future__ import annotations
 
 import linecache
@@ -11,8 +12,20 @@ from rich.table import Table
 from rich.text import Text
 
 from ..measure.runrecord import RunRecord
-from ..measure.result import (BlockOps, Bracket, Confirmation, Culprit, Float64Check, InCompiled, NonFinite, NotBlamed,
-                              Placements, ProfileRow, Result, Rewired)
+from ..measure.result import (
+    BlockOps,
+    Bracket,
+    Confirmation,
+    Culprit,
+    Float64Check,
+    InCompiled,
+    NonFinite,
+    NotBlamed,
+    Placements,
+    ProfileRow,
+    Result,
+    Rewired,
+)
 from ..leafref import LeafRef
 from ..capture.trace import LOCAL_PART, RANKS_DIFFER
 
@@ -67,7 +80,9 @@ def print_trace_summary(console: Console, run: RunRecord) -> None:
         stored = sum(1 for t in trace.tensors.values() if t.stored)
         ranks = getattr(run.traced, f"{role}_nproc")
         device = f"{trace.device} x {ranks} ranks" if ranks > 1 else trace.device
-        sides.add_row(role, trace.framework, device, trace.dtype, str(len(trace.ops)), str(len(trace.leaves)), str(stored))
+        sides.add_row(
+            role, trace.framework, device, trace.dtype, str(len(trace.ops)), str(len(trace.leaves)), str(stored)
+        )
     console.print(sides)
 
     outputs = Table(title="Outputs", title_justify="left")
@@ -76,16 +91,30 @@ def print_trace_summary(console: Console, run: RunRecord) -> None:
     for pair in run.output_pairs:
         info = run.reference.tensors[pair.reference]
         metrics = pair.metrics
-        outputs.add_row(pair.key, str(list(info.shape)), fmt(metrics.max_abs), fmt(metrics.max_rel), fmt(metrics.cosine))
+        outputs.add_row(
+            pair.key, str(list(info.shape)), fmt(metrics.max_abs), fmt(metrics.max_rel), fmt(metrics.cosine)
+        )
     console.print(outputs)
 
 
 # A line of output: (text, style) segments. Styles are named for what they mark, and mapped
 # to rich styles here (`STYLES`) and to the TUI's theme (`bisectr.present.tui.widgets`).
 Line = list[tuple[str, str]]
-STYLES = {"": "", "bold": "bold", "muted": "dim", "accent": "cyan", "source": "underline", "code": "",
-          "warning": "bold yellow", "match": "bold green", "noise": "bold yellow", "divergent": "bold red",
-          "exact": "green", "different": "bold red", "unknown": "dim"}
+STYLES = {
+    "": "",
+    "bold": "bold",
+    "muted": "dim",
+    "accent": "cyan",
+    "source": "underline",
+    "code": "",
+    "warning": "bold yellow",
+    "match": "bold green",
+    "noise": "bold yellow",
+    "divergent": "bold red",
+    "exact": "green",
+    "different": "bold red",
+    "unknown": "dim",
+}
 HEADLINE = {
     "divergent": "a semantic difference reaches the outputs",
     "noise": "the outputs differ only by rounding that some ops amplify",
@@ -109,10 +138,22 @@ def verdict_lines(result: Result) -> list[Line]:
     difference = "NaN/Inf" if result.nonfinite else f"{fmt(error.max_abs)} (relative {fmt(error.max_rel)})"
     unconfirmed = " (unconfirmed)" if result.unconfirmed else ""
     label = "backward verdict" if result.pass_ == "backward" else "verdict"
-    lines: list[Line] = [[(f"{label}: {result.verdict}", result.verdict), (unconfirmed, "warning"),
-                          (f"   {measured(result)} differ by {difference}", "")]]
+    lines: list[Line] = [
+        [
+            (f"{label}: {result.verdict}", result.verdict),
+            (unconfirmed, "warning"),
+            (f"   {measured(result)} differ by {difference}", ""),
+        ]
+    ]
     if result.losses:
-        lines.append([(f"losses: reference {fmt(result.losses.get('reference'))}, candidate {fmt(result.losses.get('candidate'))}", "")])
+        lines.append(
+            [
+                (
+                    f"losses: reference {fmt(result.losses.get('reference'))}, candidate {fmt(result.losses.get('candidate'))}",
+                    "",
+                )
+            ]
+        )
     if result.missing_gradient:
         lines.append([(result.missing_gradient, "warning")])
     if result.nonfinite:
@@ -132,21 +173,33 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
     backward = result.pass_ == "backward"
     if culprit is not None:
         what = culprit_role(result)
-        leaf = f" (its parameter {culprit.leaf} {'gets a gradient on one side only' if backward else 'differs'})" if culprit.leaf else ""
+        leaf = (
+            f" (its parameter {culprit.leaf} {'gets a gradient on one side only' if backward else 'differs'})"
+            if culprit.leaf
+            else ""
+        )
         if culprit.description:
             leaf = f" (the leaf {culprit.leaf}: {culprit.description}; the reference's {culprit.reference_leaf}, {culprit.layout})"
         name = compiled_code_name(culprit) if culprit.compiled else culprit.op
         lines.append([(f"culprit ({what}): ", ""), (name, "bold"), (leaf, "")])
         for role in ("candidate", "reference"):
             site = getattr(culprit, role)
-            lines.append([(f"  {role:9}  op {site.index:<5} {site.op:<28} ", ""), (site.module or "(top level)", "accent")])
-            if site.source:  # empty where only bisectr called it (the side's model is a framework function) and in older runs
+            lines.append(
+                [(f"  {role:9}  op {site.index:<5} {site.op:<28} ", ""), (site.module or "(top level)", "accent")]
+            )
+            if (
+                site.source
+            ):  # empty where only bisectr called it (the side's model is a framework function) and in older runs
                 lines.append(source_line(site.source))
         if culprit.compiled:
             lines += compiled_lines(run, culprit.compiled)
         elif culprit.block:
             lines.append([(f"  block      {block_text(run, culprit.block, culprit.reference.index)}", "")])
-            lines += [source_line(source) for source in block_sources(run, culprit.block) if source != culprit.candidate.source]
+            lines += [
+                source_line(source)
+                for source in block_sources(run, culprit.block)
+                if source != culprit.candidate.source
+            ]
         if culprit.rewired:
             lines += rewired_lines(culprit.rewired)
         if culprit.placements:
@@ -154,21 +207,49 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
         if culprit.kind == "leaf" and culprit.local_error is None and culprit.input_error is None:
             pass  # a leaf compared by its values: no op evidence
         elif backward:
-            lines.append([(f"  gradient error reaching it {fmt(culprit.output_error_rel)} (relative); "
-                           f"local backward error {fmt(culprit.local_error)}", "")])
+            lines.append(
+                [
+                    (
+                        f"  gradient error reaching it {fmt(culprit.output_error_rel)} (relative); "
+                        f"local backward error {fmt(culprit.local_error)}",
+                        "",
+                    )
+                ]
+            )
         else:
-            lines.append([(f"  input error {fmt(culprit.input_error)} -> output error {fmt(culprit.output_error)} "
-                           f"({fmt_amplification(culprit.amplification, culprit.output_error)}); local error {fmt(culprit.local_error)}", "")])
+            lines.append(
+                [
+                    (
+                        f"  input error {fmt(culprit.input_error)} -> output error {fmt(culprit.output_error)} "
+                        f"({fmt_amplification(culprit.amplification, culprit.output_error)}); local error {fmt(culprit.local_error)}",
+                        "",
+                    )
+                ]
+            )
         if culprit.fp64:
-            lines.append([(f"  vs fp64: candidate {fmt(culprit.fp64.candidate_error)}, reference "
-                           f"{fmt(culprit.fp64.reference_error)}  -> ", ""), (culprit.verdict, culprit.verdict)])
+            lines.append(
+                [
+                    (
+                        f"  vs fp64: candidate {fmt(culprit.fp64.candidate_error)}, reference "
+                        f"{fmt(culprit.fp64.reference_error)}  -> ",
+                        "",
+                    ),
+                    (culprit.verdict, culprit.verdict),
+                ]
+            )
         elif culprit.fp64_unavailable:
             lines.append([(f"  vs fp64: no oracle ({culprit.fp64_unavailable})", "muted")])
     lines += recurrence_lines(result, listed)
     if result.confirmation:
         block = culprit.block if culprit is not None else None
-        lines.append([(f"  {confirmation_text(result.confirmation, measured(result), block)}",
-                       "" if result.confirmation.confirmed else "warning")])
+        lines.append(
+            [
+                (
+                    f"  {confirmation_text(result.confirmation, measured(result), block)}",
+                    "" if result.confirmation.confirmed else "warning",
+                )
+            ]
+        )
     for item in result.not_blamed[:listed]:
         lines.append([(f"  {not_blamed_text(item)}", "muted")])
     if result.bracket:
@@ -182,7 +263,9 @@ def culprit_role(result: Result) -> str:
     if result.pass_ == "backward" and result.missing_gradient:
         return "a gradient one side lacks"
     if result.pass_ == "backward":
-        return "first op whose backward differs" if result.verdict == "divergent" else "where most gradient error enters"
+        return (
+            "first op whose backward differs" if result.verdict == "divergent" else "where most gradient error enters"
+        )
     return "first semantic difference" if result.verdict == "divergent" else "most amplifying op"
 
 
@@ -193,48 +276,92 @@ def compiled_code_name(culprit: Culprit) -> str:
 
 def compiled_lines(run: RunRecord, found: InCompiled) -> list[Line]:
     """Where inside the compiled module its compiled code differs: module, op, compiler step, proof."""
-    lines: list[Line] = [[(f"  compiled   by {found.backend}: on the recorded inputs its compiled code differs from its eager "
-                           f"code by {fmt(found.error)}", "")],
-                         [("  module     ", ""), (found.module or "(the whole model)", "accent"),
-                          (f" ({found.module_class}): compiled alone, {fmt(found.module_error)}", "")]]
+    lines: list[Line] = [
+        [
+            (
+                f"  compiled   by {found.backend}: on the recorded inputs its compiled code differs from its eager "
+                f"code by {fmt(found.error)}",
+                "",
+            )
+        ],
+        [
+            ("  module     ", ""),
+            (found.module or "(the whole model)", "accent"),
+            (f" ({found.module_class}): compiled alone, {fmt(found.module_error)}", ""),
+        ],
+    ]
     if found.op is not None:
-        eager = (f"; the eager side's op {', '.join(map(str, found.eager_ops[:4]))} at this line"
-                 if found.eager_ops else "")
-        what = ("on a line the eager code never runs: the compiled code takes another path" if found.other_path
-                else f"compiled, {fmt(found.op_error)} from float64{eager}")
+        eager = (
+            f"; the eager side's op {', '.join(map(str, found.eager_ops[:4]))} at this line" if found.eager_ops else ""
+        )
+        what = (
+            "on a line the eager code never runs: the compiled code takes another path"
+            if found.other_path
+            else f"compiled, {fmt(found.op_error)} from float64{eager}"
+        )
         lines.append([("  op         ", ""), (found.op, "bold"), (f": {what}", "")])
         if found.source:
             lines.append(source_line(found.source))
     else:
-        lines.append([("  op         none found: no op of its graph differs compiled alone, and the graph runs no line its eager "
-                       "code does not", "muted")])
+        lines.append(
+            [
+                (
+                    "  op         none found: no op of its graph differs compiled alone, and the graph runs no line its eager "
+                    "code does not",
+                    "muted",
+                )
+            ]
+        )
     lines.append([(f"  step       {found.step}" + (f" ({found.step_detail})" if found.step_detail else ""), "")])
     if found.eager_modules:
-        listed = ", ".join(found.eager_modules[:3]) + (f" and {len(found.eager_modules) - 3} more" if len(found.eager_modules) > 3 else "")
+        listed = ", ".join(found.eager_modules[:3]) + (
+            f" and {len(found.eager_modules) - 3} more" if len(found.eager_modules) > 3 else ""
+        )
         verdict = "confirmed" if found.confirmed else "not confirmed"
-        lines.append([(f"  {verdict}: with every {found.module_class} eager ({listed}), the compiled module's error goes from "
-                       f"{fmt(found.error)} to {fmt(found.confirmed_error)} (its eager rounding {fmt(found.rounding)})",
-                       "" if found.confirmed else "warning")])
+        lines.append(
+            [
+                (
+                    f"  {verdict}: with every {found.module_class} eager ({listed}), the compiled module's error goes from "
+                    f"{fmt(found.error)} to {fmt(found.confirmed_error)} (its eager rounding {fmt(found.rounding)})",
+                    "" if found.confirmed else "warning",
+                )
+            ]
+        )
     lines.append([(f"  {found.compiles} compiles, {found.seconds:.0f} s", "muted")])
     return lines
 
 
 def placements_text(placements: Placements) -> str:
     """How the candidate's ranks held what the culprit reads and hands on."""
+
     def listed(held: list[str]) -> str:
-        return ", ".join(f"{placement} x{held.count(placement)}" if held.count(placement) > 1 else placement
-                         for placement in dict.fromkeys(held)) or "nothing"
+        return (
+            ", ".join(
+                f"{placement} x{held.count(placement)}" if held.count(placement) > 1 else placement
+                for placement in dict.fromkeys(held)
+            )
+            or "nothing"
+        )
+
     own = {LOCAL_PART, RANKS_DIFFER} & {*placements.reads, *placements.hands_on}
-    return (f"on {placements.ranks} ranks: reads {listed(placements.reads)}; hands on {listed(placements.hands_on)}"
-            + (" (each rank's own values; rank 0's shown)" if own else ""))
+    return f"on {placements.ranks} ranks: reads {listed(placements.reads)}; hands on {listed(placements.hands_on)}" + (
+        " (each rank's own values; rank 0's shown)" if own else ""
+    )
 
 
 def rewired_lines(rewired: Rewired) -> list[Line]:
     """Where the culprit's two sides read different tensors: the counterpart the candidate skips, and what it reads."""
     instead = f"op {rewired.reads.index} ({rewired.reads.op})" if rewired.reads else leaf_text(rewired.reads_leaf)
-    lines: list[Line] = [[(f"  wired differently: the reference's reads op {rewired.reference_input.index} "
-                           f"({rewired.reference_input.op}), whose counterpart candidate op {rewired.counterpart.index} "
-                           f"({rewired.counterpart.op}) the candidate's does not read; it reads {instead} instead:", "warning")]]
+    lines: list[Line] = [
+        [
+            (
+                f"  wired differently: the reference's reads op {rewired.reference_input.index} "
+                f"({rewired.reference_input.op}), whose counterpart candidate op {rewired.counterpart.index} "
+                f"({rewired.counterpart.op}) the candidate's does not read; it reads {instead} instead:",
+                "warning",
+            )
+        ]
+    ]
     lines += [source_line(s) for s in (rewired.counterpart.source, rewired.reads.source if rewired.reads else "") if s]
     return lines
 
@@ -244,8 +371,12 @@ def leaf_text(leaf: str | None) -> str:
     if not leaf:
         return "another tensor"
     ref = LeafRef.parse(leaf)
-    return {"input": f"the model's input {ref.name}", "param": f"parameter {ref.name}", "buffer": f"buffer {ref.name}",
-            "const": f"constant {ref.name}"}.get(ref.kind, leaf)
+    return {
+        "input": f"the model's input {ref.name}",
+        "param": f"parameter {ref.name}",
+        "buffer": f"buffer {ref.name}",
+        "const": f"constant {ref.name}",
+    }.get(ref.kind, leaf)
 
 
 def recurrence_lines(result: Result, listed: int | None = None) -> list[Line]:
@@ -259,7 +390,14 @@ def recurrence_lines(result: Result, listed: int | None = None) -> list[Line]:
     lines: list[Line] = [[(f"  the same difference in {count} places (the first is the culprit){shares}", "")]]
     for item in result.recurrences[:listed]:
         share = ("not measured" if item.share is None else f"{item.share:.0%}") if measured else ""
-        lines.append([(f"    op {item.index:<5} {item.module or '(top level)':<36} {share:>12}  ({short_source(item.source)})", "")])
+        lines.append(
+            [
+                (
+                    f"    op {item.index:<5} {item.module or '(top level)':<36} {share:>12}  ({short_source(item.source)})",
+                    "",
+                )
+            ]
+        )
     if listed is not None and count > listed:
         lines.append([(f"    ... and {count - listed} more", "muted")])
     return lines
@@ -270,23 +408,32 @@ def print_result(console: Console, run: RunRecord, result: Result) -> None:
     for line in verdict_lines(result):
         console.print(rich_line(line), highlight=False)
     ops = result.ops
-    console.print(f"aligned: {ops.aligned} of {ops.candidate} candidate ops "
-                  f"({ops.reference} reference ops); candidate re-runs: {result.reruns}", highlight=False)
+    console.print(
+        f"aligned: {ops.aligned} of {ops.candidate} candidate ops "
+        f"({ops.reference} reference ops); candidate re-runs: {result.reruns}",
+        highlight=False,
+    )
     lines = culprit_lines(run, result)
     if result.culprit is not None:
         console.print()
     for line in lines:
         console.print(rich_line(line), highlight=False)
     if result.profile:
-        console.print(f"\n{'gradient error' if result.pass_ == 'backward' else 'error'} by op (log scale, relative):", highlight=False)
+        console.print(
+            f"\n{'gradient error' if result.pass_ == 'backward' else 'error'} by op (log scale, relative):",
+            highlight=False,
+        )
         culprit_index = result.culprit.candidate.index if result.culprit else None
         for line in error_chart(result.profile, culprit_index):
             console.print(line, highlight=False, markup=False)
     if result.backward is not None:
         console.print("\nbackward pass:", style="bold", highlight=False)
         if result.backward.activations == "reference":
-            console.print("the forward differs: the candidate's backward ran through its own ops at the reference's "
-                          "forward values, so that its gradients differ by what its backward does alone", highlight=False)
+            console.print(
+                "the forward differs: the candidate's backward ran through its own ops at the reference's "
+                "forward values, so that its gradients differ by what its backward does alone",
+                highlight=False,
+            )
         print_result(console, run, result.backward)
 
 
@@ -308,6 +455,7 @@ def block_sources(run: RunRecord, block: BlockOps) -> list[str]:
 def block_text(run: RunRecord, block: BlockOps, reference_op: int) -> str:
     """An N:M block judged as one op: its ops and source lines on both sides (for ops the reference has
     no partner for, the reference op `reference_op` whose output they are compared with)."""
+
     def side(role: str) -> str:
         ops = [run.traces[role].ops[i] for i in getattr(block, role)]
         if not ops:
@@ -317,11 +465,17 @@ def block_text(run: RunRecord, block: BlockOps, reference_op: int) -> str:
             path, _, line = short_source(op.source).rpartition(":")
             if path and line.isdigit():
                 by_path.setdefault(path, set()).add(int(line))
-        spans = [f"{path}:{min(lines)}-{max(lines)}" if len(lines) > 1 else f"{path}:{min(lines)}" for path, lines in by_path.items()]
+        spans = [
+            f"{path}:{min(lines)}-{max(lines)}" if len(lines) > 1 else f"{path}:{min(lines)}"
+            for path, lines in by_path.items()
+        ]
         return f"{role} {ops_text([op.index for op in ops])}" + (f" at {', '.join(spans)}" if spans else "")
+
     if not block.reference:
-        return (f"{side('candidate')}, where no reference op corresponds: compared as one op with reference op "
-                f"{reference_op}'s output, which the reference passes on unchanged")
+        return (
+            f"{side('candidate')}, where no reference op corresponds: compared as one op with reference op "
+            f"{reference_op}'s output, which the reference passes on unchanged"
+        )
     return f"{side('candidate')} against {side('reference')}, compared as one op"
 
 
@@ -329,11 +483,15 @@ def float64_text(check: Float64Check, compared: str = "outputs") -> str:
     """The whole-model float64 check of the `compared` tensors in one line."""
     if check.status == "skipped":
         return f"float64 check: skipped ({check.reason})" + _narrow_text(check)
-    rounding = (f"rounding predicts up to {fmt(check.predicted)} (reference {fmt(check.reference_rounding)}, "
-                f"candidate {fmt(check.candidate_rounding)} from their own float64 {compared})")
+    rounding = (
+        f"rounding predicts up to {fmt(check.predicted)} (reference {fmt(check.reference_rounding)}, "
+        f"candidate {fmt(check.candidate_rounding)} from their own float64 {compared})"
+    )
     conclusion = "rounding" if check.status == "agree" else "something computes differently"
-    text = (f"float64 check: {compared} differ by {fmt(check.error)} as run and by {fmt(check.float64_error)} with both sides "
-            f"in float64; {rounding} -> {conclusion}")
+    text = (
+        f"float64 check: {compared} differ by {fmt(check.error)} as run and by {fmt(check.float64_error)} with both sides "
+        f"in float64; {rounding} -> {conclusion}"
+    )
     if check.rounded_leaves:
         text += f"; {check.rounded_leaves}"
     return text + _narrow_text(check)
@@ -342,7 +500,9 @@ def float64_text(check: Float64Check, compared: str = "outputs") -> str:
 def _narrow_text(check: Float64Check) -> str:
     text = ""
     for role, ops in check.narrow_ops.items():
-        shown = ", ".join(ops[:NARROW_OPS_SHOWN]) + (f" and {len(ops) - NARROW_OPS_SHOWN} more" if len(ops) > NARROW_OPS_SHOWN else "")
+        shown = ", ".join(ops[:NARROW_OPS_SHOWN]) + (
+            f" and {len(ops) - NARROW_OPS_SHOWN} more" if len(ops) > NARROW_OPS_SHOWN else ""
+        )
         text += f"; still below float64 on the {role}: {shown}"
     return text
 
@@ -356,12 +516,17 @@ def confirmation_text(confirmation: Confirmation, errors_of: str = "outputs", bl
     what = f"{own} own difference" + (f" and its {len(recurrences)} recurrences' together" if recurrences else "")
     if confirmation.leaves:
         readers = f"op {first}" if not recurrences else f"ops {', '.join(map(str, confirmation.patched_ops))}"
-        what = f"the reference's values for {confirmation.leaves} leaf (read by {readers})" if confirmation.leaves == 1 else \
-            f"the reference's values for these {confirmation.leaves} leaves (read by {readers})"
+        what = (
+            f"the reference's values for {confirmation.leaves} leaf (read by {readers})"
+            if confirmation.leaves == 1
+            else f"the reference's values for these {confirmation.leaves} leaves (read by {readers})"
+        )
     if confirmation.cut:
         what = f"the reference's gradient where op {first} cuts the candidate's"
     change = f"from {fmt(confirmation.before)} to {fmt(confirmation.output_error)}"
-    action = "giving the candidate only" if confirmation.leaves else "handing on" if confirmation.cut else "taking out only"
+    action = (
+        "giving the candidate only" if confirmation.leaves else "handing on" if confirmation.cut else "taking out only"
+    )
     if confirmation.confirmed:
         return f"confirmed: {action} {what} takes the {errors_of}' error {change}"
     return f"unconfirmed: {action} {what} takes the {errors_of}' error only {change}"
@@ -369,8 +534,10 @@ def confirmation_text(confirmation: Confirmation, errors_of: str = "outputs", bl
 
 def not_blamed_text(item: NotBlamed) -> str:
     if item.contradicted is not None:
-        return (f"not blamed: op {item.index} {item.op} differs, but taking its own difference out makes the "
-                f"outputs' error worse ({fmt(item.contradicted)}): the values contradict its pairing")
+        return (
+            f"not blamed: op {item.index} {item.op} differs, but taking its own difference out makes the "
+            f"outputs' error worse ({fmt(item.contradicted)}): the values contradict its pairing"
+        )
     return f"not blamed: op {item.index} {item.op} differs but moves the outputs by only {fmt(item.reaches)}"
 
 
@@ -426,19 +593,27 @@ def error_chart(profile: list[ProfileRow], marked: int | None, width: int = CHAR
             else:
                 level = 0 if high == low else int((math.log10(value) - low) / (high - low) * (len(_LEVELS) - 1))
                 chars.append(_LEVELS[level])
-        return "".join(chars) + f"  {fmt(10 ** low if logs else 0)}..{fmt(10 ** high if logs else 0)}"
+        return "".join(chars) + f"  {fmt(10**low if logs else 0)}..{fmt(10**high if logs else 0)}"
 
-    marker = "".join("^" if marked is not None and any(r.index == marked for r in column) else " " for column in columns)
+    marker = "".join(
+        "^" if marked is not None and any(r.index == marked for r in column) else " " for column in columns
+    )
     first, last = profile[0].index, profile[-1].index
-    return [f"propagated {line('output_error')}", f"local      {line('local_error')}",
-            f"           {marker}", f"           op {first} .. op {last}, {buckets} op(s) per column"]
+    return [
+        f"propagated {line('output_error')}",
+        f"local      {line('local_error')}",
+        f"           {marker}",
+        f"           op {first} .. op {last}, {buckets} op(s) per column",
+    ]
 
 
 def print_substitution(console: Console, substitution: dict) -> None:
     units = len(substitution["replaced"])
-    console.print(f"\nwith the reference's {', '.join(substitution['ops'])} ({units} aligned unit(s) replaced): "
-                  f"outputs' error {fmt(substitution['output_error'])} (replayed as it is: {fmt(substitution['before'])})",
-                  highlight=False)
+    console.print(
+        f"\nwith the reference's {', '.join(substitution['ops'])} ({units} aligned unit(s) replaced): "
+        f"outputs' error {fmt(substitution['output_error'])} (replayed as it is: {fmt(substitution['before'])})",
+        highlight=False,
+    )
 
 
 OP_COLUMNS = ("op", "name", "module", "source", "mean dif", "max dif", "max rel", "local", "verdict")
@@ -456,8 +631,19 @@ def op_rows(run: RunRecord, result: Result) -> list[list]:
     rows = []
     for row in result.profile:
         op = run.candidate.ops[row.index]
-        rows.append([row.index, row.op, op.module, short_source(op.source), row.mean_abs, row.max_abs,
-                     row.output_error, row.local_error, row.verdict])
+        rows.append(
+            [
+                row.index,
+                row.op,
+                op.module,
+                short_source(op.source),
+                row.mean_abs,
+                row.max_abs,
+                row.output_error,
+                row.local_error,
+                row.verdict,
+            ]
+        )
     return rows
 
 
@@ -477,8 +663,14 @@ def print_ops(console: Console, run: RunRecord, result: Result, tsv: bool = Fals
     if tsv:
         print_tsv(console, OP_COLUMNS, rows)
     else:
-        console.print(_table("Ops (candidate numbering; differences vs the paired reference op)", OP_COLUMNS, rows,
-                             no_wrap=("op", "name")))
+        console.print(
+            _table(
+                "Ops (candidate numbering; differences vs the paired reference op)",
+                OP_COLUMNS,
+                rows,
+                no_wrap=("op", "name"),
+            )
+        )
 
 
 def print_alignment(console: Console, run: RunRecord, tsv: bool = False) -> None:
@@ -535,16 +727,26 @@ def training_lines(result: TrainingResult) -> list[Line]:
     lines: list[Line] = [[(head, result.verdict)]]
     culprit = result.culprit
     if culprit is not None and not isinstance(culprit, Culprit):
-        lines.append([("culprit: the optimizer's ", ""), (culprit.field, "bold"),
-                      (f" (reference {culprit.reference}, candidate {culprit.candidate}); parameter ", ""),
-                      (culprit.parameter, "accent"),
-                      (f"'s update differs by {fmt(culprit.update_error)} (relative, both sides in float64, from the same gradients)", "")])
+        lines.append(
+            [
+                ("culprit: the optimizer's ", ""),
+                (culprit.field, "bold"),
+                (f" (reference {culprit.reference}, candidate {culprit.candidate}); parameter ", ""),
+                (culprit.parameter, "accent"),
+                (
+                    f"'s update differs by {fmt(culprit.update_error)} (relative, both sides in float64, from the same gradients)",
+                    "",
+                ),
+            ]
+        )
     elif culprit is not None:
         what = "first op whose backward differs" if result.stage == "backward" else "first semantic difference"
         lines.append([(f"culprit ({what}): ", ""), (culprit.op, "bold")])
         for role in ("candidate", "reference"):
             site = getattr(culprit, role)
-            lines.append([(f"  {role:9}  op {site.index:<5} {site.op:<28} ", ""), (site.module or "(top level)", "accent")])
+            lines.append(
+                [(f"  {role:9}  op {site.index:<5} {site.op:<28} ", ""), (site.module or "(top level)", "accent")]
+            )
             if site.source:
                 lines.append(source_line(site.source))
     if result.note:
@@ -552,17 +754,42 @@ def training_lines(result: TrainingResult) -> list[Line]:
     return lines
 
 
-TRAINING_COLUMNS = ("step", "loss ref", "loss cand", "loss err", "grad err", "update err", "moments err", "rounding predicts",
-                    "float64 differ", "lr ref", "lr cand", "")
+TRAINING_COLUMNS = (
+    "step",
+    "loss ref",
+    "loss cand",
+    "loss err",
+    "grad err",
+    "update err",
+    "moments err",
+    "rounding predicts",
+    "float64 differ",
+    "lr ref",
+    "lr cand",
+    "",
+)
 
 
 def training_rows(result: TrainingResult) -> list[list[str]]:
     """One row per step (`TRAINING_COLUMNS`); rounding predicts and float64 differ: the update of the
     parameter whose float64 difference rounding explains least (see `StepRow`)."""
-    return [[str(row.step), fmt(row.loss.reference), fmt(row.loss.candidate), fmt(row.error.loss),
-             fmt(row.error.gradient), fmt(row.error.update), fmt(row.error.moments), fmt(row.predicted.update),
-             fmt(row.float64_error.update), fmt(row.learning_rate.reference), fmt(row.learning_rate.candidate),
-             "semantic" if row.semantic else ""] for row in result.steps]
+    return [
+        [
+            str(row.step),
+            fmt(row.loss.reference),
+            fmt(row.loss.candidate),
+            fmt(row.error.loss),
+            fmt(row.error.gradient),
+            fmt(row.error.update),
+            fmt(row.error.moments),
+            fmt(row.predicted.update),
+            fmt(row.float64_error.update),
+            fmt(row.learning_rate.reference),
+            fmt(row.learning_rate.candidate),
+            "semantic" if row.semantic else "",
+        ]
+        for row in result.steps
+    ]
 
 
 def print_training(console: Console, result: TrainingResult) -> None:
@@ -571,15 +798,26 @@ def print_training(console: Console, result: TrainingResult) -> None:
         console.print(rich_line(line), highlight=False)
     for role in ("reference", "candidate"):
         losses = [getattr(row.loss, role) for row in result.steps]
-        console.print(f"loss, {role:9}  {sparkline(losses)}  {fmt(losses[0])} -> {fmt(losses[-1])}", highlight=False, markup=False)
-    console.print(_table("Steps (errors relative; rounding predicts and float64 differ: the update of the parameter "
-                         "rounding explains least)",
-                         TRAINING_COLUMNS, training_rows(result)))
+        console.print(
+            f"loss, {role:9}  {sparkline(losses)}  {fmt(losses[0])} -> {fmt(losses[-1])}", highlight=False, markup=False
+        )
+    console.print(
+        _table(
+            "Steps (errors relative; rounding predicts and float64 differ: the update of the parameter "
+            "rounding explains least)",
+            TRAINING_COLUMNS,
+            training_rows(result),
+        )
+    )
 
 
 def sparkline(values: list[float]) -> str:
     """One character per value, scaled between the smallest and the largest."""
     finite = [v for v in values if math.isfinite(v)]
     low, high = (min(finite), max(finite)) if finite else (0.0, 0.0)
-    return "".join(" " if not math.isfinite(v) else _LEVELS[0 if high == low else int((v - low) / (high - low) * (len(_LEVELS) - 1))]
-                   for v in values)
+    return "".join(
+        " "
+        if not math.isfinite(v)
+        else _LEVELS[0 if high == low else int((v - low) / (high - low) * (len(_LEVELS) - 1))]
+        for v in values
+    )

@@ -6,6 +6,7 @@ candidate's layout with the candidate's own parameters, both recorded outputs) a
 inputs, in their recorded precision and upcast to float64, and prints each op's error
 against the float64 oracle (the reference op in float64).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,9 @@ def repro_upstream(live: LiveRun, cand_index: int, ref_index: int) -> dict[str, 
     for tid in cand_op.outputs:
         pair = run.alignment.tensors.get(tid)
         values = None if pair is None else reference.tensors.get(pair.reference)
-        candidate.append(None if values is None else pair.reference_in_candidate_layout(values, run.candidate.tensors[tid].shape))
+        candidate.append(
+            None if values is None else pair.reference_in_candidate_layout(values, run.candidate.tensors[tid].shape)
+        )
     return {"reference": [reference.tensors.get(t) for t in ref_op.outputs], "candidate": candidate}
 
 
@@ -65,7 +68,9 @@ def python_literal(value: Any) -> str | None:
             return None
         return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
     text = repr(value)
-    if text.startswith(tuple(f"{adapter.name}." for adapter in registered())) and re.fullmatch(r"[\w.]+", text):  # torch.float32
+    if text.startswith(tuple(f"{adapter.name}." for adapter in registered())) and re.fullmatch(
+        r"[\w.]+", text
+    ):  # torch.float32
         return text
     return None
 
@@ -103,8 +108,13 @@ class NoRepro(Exception):
     """The culprit has no one reference op to reproduce it against."""
 
 
-def write_repro(run: RunRecord, cand_index: int, directory: str | Path, live: LiveRun | None = None,
-                upstream: dict[str, list[np.ndarray | None]] | None = None) -> Path:
+def write_repro(
+    run: RunRecord,
+    cand_index: int,
+    directory: str | Path,
+    live: LiveRun | None = None,
+    upstream: dict[str, list[np.ndarray | None]] | None = None,
+) -> Path:
     """Write `repro.py` and `inputs.npz` for candidate op `cand_index` and its reference partner
     (with the non-tensor arguments of the recorded calls where the run is `live`). With `upstream`
     (per side, the gradient reaching each of the op's outputs, the reference's in both sides'
@@ -116,9 +126,15 @@ def write_repro(run: RunRecord, cand_index: int, directory: str | Path, live: Li
         ref_index = block.reference[0] if block is not None else None
     if ref_index is None:
         block = next((b for b in alignment.blocks if cand_index in b.candidate), None)
-        what = (f"it is compared as a block ({len(block.candidate)} candidate op(s) against {len(block.reference)} reference "
-                "ops)" if block is not None else "it has no reference partner")
-        raise NoRepro(f"a repro script replays one op against its reference partner; candidate op {cand_index} has none: {what}")
+        what = (
+            f"it is compared as a block ({len(block.candidate)} candidate op(s) against {len(block.reference)} reference "
+            "ops)"
+            if block is not None
+            else "it has no reference partner"
+        )
+        raise NoRepro(
+            f"a repro script replays one op against its reference partner; candidate op {cand_index} has none: {what}"
+        )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     cand, ref = run.candidate, run.reference
@@ -127,8 +143,11 @@ def write_repro(run: RunRecord, cand_index: int, directory: str | Path, live: Li
     for i, tid in enumerate(cand_op.inputs):
         pair = alignment.tensors.get(tid)
         use_reference = cand.tensors[tid].producer is not None and pair is not None and ref.has_value(pair.reference)
-        values = (pair.reference_in_candidate_layout(ref.value(pair.reference), cand.tensors[tid].shape)
-                  if use_reference else cand.value(tid))
+        values = (
+            pair.reference_in_candidate_layout(ref.value(pair.reference), cand.tensors[tid].shape)
+            if use_reference
+            else cand.value(tid)
+        )
         arrays[f"candidate_input_{i}"] = np.asarray(values)
     arrays["reference_output"] = np.asarray(ref.value(ref_op.outputs[0]))
     arrays["candidate_output"] = np.asarray(cand.value(cand_op.outputs[0]))
@@ -140,46 +159,75 @@ def write_repro(run: RunRecord, cand_index: int, directory: str | Path, live: Li
                     arrays[f"{role}_upstream_{i}"] = np.asarray(values)
         for i, tid in enumerate(cand_op.inputs):
             pair = alignment.tensors.get(tid)
-            if (pair is not None and pair.transform is None and not pair.broadcast and pair.reference in ref_op.inputs
-                    and cand.tensors[tid].shape == ref.tensors[pair.reference].shape and is_floating(cand.tensors[tid].dtype)):
+            if (
+                pair is not None
+                and pair.transform is None
+                and not pair.broadcast
+                and pair.reference in ref_op.inputs
+                and cand.tensors[tid].shape == ref.tensors[pair.reference].shape
+                and is_floating(cand.tensors[tid].dtype)
+            ):
                 compared.append((i, ref_op.inputs.index(pair.reference)))
     np.savez(directory / "inputs.npz", **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
     sides = {
-        "reference": (ref.framework, [ref.tensors[t].dtype for t in ref_op.inputs],
-                      call_expression(ref.framework, ref_op.framework_op, ref_op.inputs, live and live.ask("reference", RecordedCall(ref_index)))),
-        "candidate": (cand.framework, [cand.tensors[t].dtype for t in cand_op.inputs],
-                      call_expression(cand.framework, cand_op.framework_op, cand_op.inputs, live and live.ask("candidate", RecordedCall(cand_index)))),
+        "reference": (
+            ref.framework,
+            [ref.tensors[t].dtype for t in ref_op.inputs],
+            call_expression(
+                ref.framework,
+                ref_op.framework_op,
+                ref_op.inputs,
+                live and live.ask("reference", RecordedCall(ref_index)),
+            ),
+        ),
+        "candidate": (
+            cand.framework,
+            [cand.tensors[t].dtype for t in cand_op.inputs],
+            call_expression(
+                cand.framework,
+                cand_op.framework_op,
+                cand_op.inputs,
+                live and live.ask("candidate", RecordedCall(cand_index)),
+            ),
+        ),
     }
-    header = "\n".join([
-        f'"""bisectr repro: {cand_op.op} — candidate op {cand_index} vs reference op {ref_index}.',
-        "",
-        f"candidate ({cand.framework}): {cand_op.module or '(top level)'}  {short_source(cand_op.source)}",
-        f"    {source_text(cand_op.source)}",
-        f"reference ({ref.framework}): {ref_op.module or '(top level)'}  {short_source(ref_op.source)}",
-        f"    {source_text(ref_op.source)}",
-        "",
-        "Both ops run on the reference's inputs (the candidate keeps its own parameters), in their",
-        "recorded precision and in float64; the float64 reference op is the oracle.",
-        *(["Backward: both ops' gradients of their inputs from the reference's gradient of their outputs."]
-          if upstream is not None else []),
-        "Run: python repro.py",
-        '"""',
-    ])
+    header = "\n".join(
+        [
+            f'"""bisectr repro: {cand_op.op} — candidate op {cand_index} vs reference op {ref_index}.',
+            "",
+            f"candidate ({cand.framework}): {cand_op.module or '(top level)'}  {short_source(cand_op.source)}",
+            f"    {source_text(cand_op.source)}",
+            f"reference ({ref.framework}): {ref_op.module or '(top level)'}  {short_source(ref_op.source)}",
+            f"    {source_text(ref_op.source)}",
+            "",
+            "Both ops run on the reference's inputs (the candidate keeps its own parameters), in their",
+            "recorded precision and in float64; the float64 reference op is the oracle.",
+            *(
+                ["Backward: both ops' gradients of their inputs from the reference's gradient of their outputs."]
+                if upstream is not None
+                else []
+            ),
+            "Run: python repro.py",
+            '"""',
+        ]
+    )
     (directory / "repro.py").write_text(_script(header, sides, compared if upstream is not None else None))
     return directory
 
 
-def _script(header: str, sides: dict[str, tuple[str, list[str], str]], compared: list[tuple[int, int]] | None = None) -> str:
+def _script(
+    header: str, sides: dict[str, tuple[str, list[str], str]], compared: list[tuple[int, int]] | None = None
+) -> str:
     frameworks = sorted({framework for framework, _, _ in sides.values()})
     imports = "\n".join(_snippets(f).imports for f in frameworks)
-    converters = "\n".join(
-        f"    if framework == {f!r}:\n        return {_snippets(f).to_tensor}" for f in frameworks)
+    converters = "\n".join(f"    if framework == {f!r}:\n        return {_snippets(f).to_tensor}" for f in frameworks)
     to_numpy = "\n".join(f"    if framework == {f!r}:\n        return {_snippets(f).to_numpy}" for f in frameworks)
     functions = "\n\n\n".join(
-        f"def run_{role}(x):\n    return {expression}" for role, (_, _, expression) in sides.items())
+        f"def run_{role}(x):\n    return {expression}" for role, (_, _, expression) in sides.items()
+    )
     meta = {role: (framework, dtypes) for role, (framework, dtypes, _) in sides.items()}
     body = _forward_main() if compared is None else _backward_main(frameworks, compared)
-    return f'''{header}
+    return f"""{header}
 import os
 
 import numpy as np
@@ -232,11 +280,11 @@ def relative_error(a, truth):
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 def _forward_main() -> str:
-    return '''def run(role, data, float64):
+    return """def run(role, data, float64):
     framework = SIDES[role][0]
     return to_numpy(framework, (run_reference if role == "reference" else run_candidate)(inputs(role, data, float64)))
 
@@ -245,14 +293,16 @@ def main():
     data = np.load(os.path.join(HERE, "inputs.npz"))
     oracle = run("reference", data, float64=True)
     reference = run("reference", data, float64=False)
-    candidate = run("candidate", data, float64=False)'''
+    candidate = run("candidate", data, float64=False)"""
 
 
 def _backward_main(frameworks: list[str], compared: list[tuple[int, int]]) -> str:
     """`run(role, data, float64)` returning the op's input gradients (one array per compared input)."""
-    requires = "\n".join(f"    if framework == {f!r}:\n        {_snippets(f).requiring_grad}\n        return t" for f in frameworks)
+    requires = "\n".join(
+        f"    if framework == {f!r}:\n        {_snippets(f).requiring_grad}\n        return t" for f in frameworks
+    )
     grads = "\n".join(f"    if framework == {f!r}:\n        return {_snippets(f).gradients}" for f in frameworks)
-    return f'''COMPARED = {compared!r}  # (candidate input, reference input) whose gradients are compared
+    return f"""COMPARED = {compared!r}  # (candidate input, reference input) whose gradients are compared
 
 
 def requiring_grad(framework, t):
@@ -286,4 +336,4 @@ def main():
     oracle = run("reference", data, float64=True)
     reference = run("reference", data, float64=False)
     candidate = run("candidate", data, float64=False)
-    print("gradients of the op's inputs:")'''
+    print("gradients of the op's inputs:")"""

@@ -6,6 +6,7 @@ The HTML page is that Markdown rendered, plus the error-by-op plot (bokeh, the `
 page says so and goes on without it), the op table (click a heading to sort) and the repro script.
 Both open with nothing but a browser or a Markdown viewer: no network, no bisectr.
 """
+
 from __future__ import annotations
 
 import html
@@ -17,17 +18,44 @@ from typing import TYPE_CHECKING
 from ..environment import LIBRARIES, describe
 from ..measure.result import Result
 from ..measure.runrecord import RunRecord
-from .report import (HEADLINE, TRAINING_COLUMNS, Line, bracket_lines, compiled_code_name, compiled_lines, confirmation_text,
-                     culprit_role, float64_text, fmt, fmt_amplification, measured, nonfinite_text, not_blamed_text, op_rows, placements_text, rewired_lines,
-                     short_source, training_lines, training_rows)
+from .report import (
+    HEADLINE,
+    TRAINING_COLUMNS,
+    Line,
+    bracket_lines,
+    compiled_code_name,
+    compiled_lines,
+    confirmation_text,
+    culprit_role,
+    float64_text,
+    fmt,
+    fmt_amplification,
+    measured,
+    nonfinite_text,
+    not_blamed_text,
+    op_rows,
+    placements_text,
+    rewired_lines,
+    short_source,
+    training_lines,
+    training_rows,
+)
 from .repro import NoRepro, write_repro
 
 if TYPE_CHECKING:
     from ..training import TrainingResult
 
 CONTEXT = 2  # lines of code shown before and after a culprit's line
-SECTIONS = ("Sides", "Verdict", "Culprit", "Evidence", "Recurrences", "Parameters and buffers that differ",
-            "Where the difference enters", "Environment")
+SECTIONS = (
+    "Sides",
+    "Verdict",
+    "Culprit",
+    "Evidence",
+    "Recurrences",
+    "Parameters and buffers that differ",
+    "Where the difference enters",
+    "Environment",
+)
 OP_COLUMNS = ("op", "name", "module", "source", "mean abs", "max abs", "error", "local error", "verdict")
 
 
@@ -48,7 +76,10 @@ def _sections(run: RunRecord) -> tuple[list[str], list[str]]:
         findings += _pass(run, result)
         if result.backward is not None:
             findings += [f"## Backward pass ({result.backward.activations} activations)", *_pass(run, result.backward)]
-    return findings, [_environment(run), f"<sub>Written by `bisectr report` from run `{run.run_id}` of `{model}`.</sub>"]
+    return findings, [
+        _environment(run),
+        f"<sub>Written by `bisectr report` from run `{run.run_id}` of `{model}`.</sub>",
+    ]
 
 
 def _joined(parts: list[str]) -> str:
@@ -57,8 +88,12 @@ def _joined(parts: list[str]) -> str:
 
 def _sides(run: RunRecord) -> str:
     rows = [("function", *(f"`{getattr(run.traced, role + '_fn')}()`" for role in ("reference", "candidate")))]
-    for label, value in (("framework", lambda t: t.framework), ("device", lambda t: t.device), ("dtype", lambda t: t.dtype),
-                         ("ops recorded", lambda t: str(len(t.ops)))):
+    for label, value in (
+        ("framework", lambda t: t.framework),
+        ("device", lambda t: t.device),
+        ("dtype", lambda t: t.dtype),
+        ("ops recorded", lambda t: str(len(t.ops))),
+    ):
         rows.append((label, value(run.reference), value(run.candidate)))
     return "### Sides\n\n" + _table(("", "reference", "candidate"), rows)
 
@@ -67,12 +102,17 @@ def _pass(run: RunRecord, result: Result) -> list[str]:
     error = result.output_error
     difference = "NaN/Inf" if result.nonfinite else f"{fmt(error.max_abs)} (relative {fmt(error.max_rel)})"
     unconfirmed = " (unconfirmed)" if result.unconfirmed else ""
-    verdict = [f"### Verdict\n\n**{result.verdict}{unconfirmed}**: {HEADLINE[result.verdict]}; the {measured(result)} differ by "
-               f"{difference}."]
-    for text in (result.missing_gradient, result.nonfinite and nonfinite_text(result.nonfinite),
-                 result.fp64_check and float64_text(result.fp64_check, measured(result)),
-                 f"aligned: {result.ops.aligned} of {result.ops.candidate} candidate ops ({result.ops.reference} reference ops); "
-                 f"candidate re-runs: {result.reruns}"):
+    verdict = [
+        f"### Verdict\n\n**{result.verdict}{unconfirmed}**: {HEADLINE[result.verdict]}; the {measured(result)} differ by "
+        f"{difference}."
+    ]
+    for text in (
+        result.missing_gradient,
+        result.nonfinite and nonfinite_text(result.nonfinite),
+        result.fp64_check and float64_text(result.fp64_check, measured(result)),
+        f"aligned: {result.ops.aligned} of {result.ops.candidate} candidate ops ({result.ops.reference} reference ops); "
+        f"candidate re-runs: {result.reruns}",
+    ):
         if text:
             verdict.append(_escape(text))
     parts = ["\n\n".join(verdict)]
@@ -80,7 +120,9 @@ def _pass(run: RunRecord, result: Result) -> list[str]:
         parts += [_culprit(run, result), _evidence(run, result)]
     parts += [_recurrences(result), _different_leaves(result)]
     if result.bracket is not None:
-        parts.append("### Where the difference enters\n\n```text\n" + "\n".join(bracket_lines(result.bracket)) + "\n```")
+        parts.append(
+            "### Where the difference enters\n\n```text\n" + "\n".join(bracket_lines(result.bracket)) + "\n```"
+        )
     return parts
 
 
@@ -90,8 +132,15 @@ def _culprit(run: RunRecord, result: Result) -> str:
     what = role if role.startswith(("a ", "where ")) else f"the {role}"
     name = compiled_code_name(culprit) if culprit.compiled else f"`{culprit.op}`"
     leaf = f" (its leaf `{culprit.leaf}`)" if culprit.leaf else ""
-    rows = [(role, f"{site.index} `{site.op}`", f"`{site.module or '(top level)'}`", f"`{short_source(site.source)}`" if site.source else "")
-            for role, site in (("candidate", culprit.candidate), ("reference", culprit.reference))]
+    rows = [
+        (
+            role,
+            f"{site.index} `{site.op}`",
+            f"`{site.module or '(top level)'}`",
+            f"`{short_source(site.source)}`" if site.source else "",
+        )
+        for role, site in (("candidate", culprit.candidate), ("reference", culprit.reference))
+    ]
     parts = [f"### Culprit: {name}{leaf}, {what}", _table(("side", "op", "module", "source"), rows)]
     sources = [("candidate", culprit.candidate.source), ("reference", culprit.reference.source)]
     if culprit.compiled:
@@ -119,18 +168,28 @@ def _evidence(run: RunRecord, result: Result) -> str:
     items: list[str] = []  # plain text, escaped below
     if culprit.local_error is not None or culprit.input_error is not None:
         if result.pass_ == "backward":
-            items.append(f"gradient error reaching it {fmt(culprit.output_error_rel)} (relative); "
-                         f"local backward error {fmt(culprit.local_error)}")
+            items.append(
+                f"gradient error reaching it {fmt(culprit.output_error_rel)} (relative); "
+                f"local backward error {fmt(culprit.local_error)}"
+            )
         else:
-            items.append(f"input error {fmt(culprit.input_error)} -> output error {fmt(culprit.output_error)} "
-                         f"({fmt_amplification(culprit.amplification, culprit.output_error)}); local error {fmt(culprit.local_error)}")
+            items.append(
+                f"input error {fmt(culprit.input_error)} -> output error {fmt(culprit.output_error)} "
+                f"({fmt_amplification(culprit.amplification, culprit.output_error)}); local error {fmt(culprit.local_error)}"
+            )
     if culprit.fp64:
-        items.append(f"vs the fp64 oracle: candidate {fmt(culprit.fp64.candidate_error)}, reference "
-                     f"{fmt(culprit.fp64.reference_error)} -> {culprit.verdict}")
+        items.append(
+            f"vs the fp64 oracle: candidate {fmt(culprit.fp64.candidate_error)}, reference "
+            f"{fmt(culprit.fp64.reference_error)} -> {culprit.verdict}"
+        )
     elif culprit.fp64_unavailable:
         items.append(f"vs the fp64 oracle: none ({culprit.fp64_unavailable})")
     if culprit.compiled:  # its source line is shown in context above
-        items += [_line_text(line) for line in compiled_lines(run, culprit.compiled) if not any(style == "source" for _, style in line)]
+        items += [
+            _line_text(line)
+            for line in compiled_lines(run, culprit.compiled)
+            if not any(style == "source" for _, style in line)
+        ]
     if culprit.rewired:
         items += [_line_text(line) for line in rewired_lines(culprit.rewired)]
     if culprit.placements:
@@ -149,19 +208,34 @@ def _line_text(line: Line) -> str:
 def _recurrences(result: Result) -> str:
     if not result.recurrences:
         return ""
-    rows = [(str(item.index), f"`{item.op}`", f"`{item.module or '(top level)'}`", f"`{short_source(item.source)}`",
-             fmt(item.local_error), "" if item.share is None else f"{item.share:.0%}") for item in result.recurrences]
-    return (f"### Recurrences\n\nThe same difference in {len(rows)} places (the first is the culprit), with the share of the "
-            "error each makes alone:\n\n" + _table(("op", "name", "module", "source", "local error", "share"), rows))
+    rows = [
+        (
+            str(item.index),
+            f"`{item.op}`",
+            f"`{item.module or '(top level)'}`",
+            f"`{short_source(item.source)}`",
+            fmt(item.local_error),
+            "" if item.share is None else f"{item.share:.0%}",
+        )
+        for item in result.recurrences
+    ]
+    return (
+        f"### Recurrences\n\nThe same difference in {len(rows)} places (the first is the culprit), with the share of the "
+        "error each makes alone:\n\n" + _table(("op", "name", "module", "source", "local error", "share"), rows)
+    )
 
 
 def _different_leaves(result: Result) -> str:
     pairs = [pair for pair in (result.leaves.pairs if result.leaves else []) if pair.status == "different"]
     if not pairs:
         return ""
-    rows = [(f"`{pair.candidate}`", f"`{pair.reference}`", pair.layout, _escape(pair.description or ""), fmt(pair.max_rel))
-            for pair in pairs]
-    return "### Parameters and buffers that differ\n\n" + _table(("candidate", "reference", "layout", "how", "max rel"), rows)
+    rows = [
+        (f"`{pair.candidate}`", f"`{pair.reference}`", pair.layout, _escape(pair.description or ""), fmt(pair.max_rel))
+        for pair in pairs
+    ]
+    return "### Parameters and buffers that differ\n\n" + _table(
+        ("candidate", "reference", "layout", "how", "max rel"), rows
+    )
 
 
 def _environment(run: RunRecord) -> str:
@@ -172,8 +246,11 @@ def _environment(run: RunRecord) -> str:
 
 def _environment_table(found: dict[str, str | None]) -> str:
     names = ["bisectr", "python", *LIBRARIES, "cpu", "gpu"]
-    rows = [(name, f"`{found[name]}`" if found.get(name) else "not installed" if name in LIBRARIES else "none")
-            for name in names if name in found]
+    rows = [
+        (name, f"`{found[name]}`" if found.get(name) else "not installed" if name in LIBRARIES else "none")
+        for name in names
+        if name in found
+    ]
     return "### Environment\n\n" + _table(("", "version"), rows)
 
 
@@ -194,9 +271,13 @@ def training_markdown(result: TrainingResult, model_file: str) -> str:
     """The write-up of `bisectr train`'s result: the verdict, the culprit, every step's losses and errors."""
     lines = [_line_text(line) for line in training_lines(result)]
     steps = _table(TRAINING_COLUMNS[:-1] + ("semantic",), [tuple(row) for row in training_rows(result)])
-    parts = [f"## bisectr train: {result.verdict} in `{Path(model_file).name}`", "### Verdict\n\n" + "\n\n".join(map(_escape, lines)),
-             "### Steps\n\nErrors relative; rounding predicts and float64 differ: the update of the parameter rounding "
-             "explains least.\n\n" + steps, _environment_table(describe())]
+    parts = [
+        f"## bisectr train: {result.verdict} in `{Path(model_file).name}`",
+        "### Verdict\n\n" + "\n\n".join(map(_escape, lines)),
+        "### Steps\n\nErrors relative; rounding predicts and float64 differ: the update of the parameter rounding "
+        "explains least.\n\n" + steps,
+        _environment_table(describe()),
+    ]
     return "\n\n".join(parts) + "\n"
 
 
@@ -228,8 +309,12 @@ document.querySelectorAll("table.ops th").forEach((heading, column) => heading.a
 def html_page(run: RunRecord, repro: str | None = None) -> str:
     """The write-up of `run` as one self-contained HTML page: the Markdown rendered, the error-by-op plot,
     the op table and `repro` (the repro script's text, where there is one)."""
-    repro_part = (f"<details><summary>repro script (with <code>inputs.npz</code> beside it)</summary><pre><code>{html.escape(repro)}"
-                  "</code></pre></details>" if repro else "")
+    repro_part = (
+        f"<details><summary>repro script (with <code>inputs.npz</code> beside it)</summary><pre><code>{html.escape(repro)}"
+        "</code></pre></details>"
+        if repro
+        else ""
+    )
     title = f"bisectr: {run.result.verdict if run.result else 'traced'} in {Path(run.traced.model_file).name}"
     figures = [_error_plot] if run.result is not None and run.result.profile else []
     findings, closing = _sections(run)
@@ -248,9 +333,11 @@ def _page(title: str, text: str, figures: tuple[str, str], after: str, closing: 
 
     head, plots = figures
     render = MarkdownIt("commonmark", {"html": True}).enable("table").render
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{_STYLE}</style>{head}</head><body>\n{render(text)}\n{plots}\n{after}\n{render(closing)}\n"
-            f"<script>{_SORTING}</script></body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{_STYLE}</style>{head}</head><body>\n{render(text)}\n{plots}\n{after}\n{render(closing)}\n"
+        f"<script>{_SORTING}</script></body></html>\n"
+    )
 
 
 def _figures(makers: list, subject) -> tuple[str, str]:
@@ -261,8 +348,10 @@ def _figures(makers: list, subject) -> tuple[str, str]:
         from bokeh.embed import components
         from bokeh.resources import Resources
     except ImportError:
-        return "", ("<p class=\"note\">(the plots need bokeh: <code>pip install 'bisectr[report]'</code>; "
-                    "the tables have the same numbers)</p>")
+        return "", (
+            "<p class=\"note\">(the plots need bokeh: <code>pip install 'bisectr[report]'</code>; "
+            "the tables have the same numbers)</p>"
+        )
     parts = []
     for make in makers:
         heading, plot = make(subject)
@@ -279,22 +368,42 @@ def _error_plot(run: RunRecord):
     candidate = run.candidate
     rows = result.profile
     floor = min((v for row in rows for v in (row.output_error, row.local_error) if v), default=1e-12) / 10
-    data = ColumnDataSource({
-        "index": [row.index for row in rows],
-        "propagated": [max(row.output_error, floor) for row in rows],
-        "local": [max(row.local_error or 0.0, floor) for row in rows],
-        "op": [row.op for row in rows],
-        "module": [row.module or "(top level)" for row in rows],
-        "source": [short_source(candidate.ops[row.index].source) for row in rows],
-    })
-    plot = figure(height=320, sizing_mode="stretch_width", y_axis_type="log", x_axis_label="candidate op",
-                  y_axis_label="error (relative)", title="error by op: propagated and local", tools="pan,wheel_zoom,box_zoom,reset")
+    data = ColumnDataSource(
+        {
+            "index": [row.index for row in rows],
+            "propagated": [max(row.output_error, floor) for row in rows],
+            "local": [max(row.local_error or 0.0, floor) for row in rows],
+            "op": [row.op for row in rows],
+            "module": [row.module or "(top level)" for row in rows],
+            "source": [short_source(candidate.ops[row.index].source) for row in rows],
+        }
+    )
+    plot = figure(
+        height=320,
+        sizing_mode="stretch_width",
+        y_axis_type="log",
+        x_axis_label="candidate op",
+        y_axis_label="error (relative)",
+        title="error by op: propagated and local",
+        tools="pan,wheel_zoom,box_zoom,reset",
+    )
     plot.line("index", "propagated", source=data, legend_label="propagated", line_width=2, color="#0969da")
     plot.scatter("index", "local", source=data, legend_label="local", size=5, color="#cf222e", alpha=0.7)
-    plot.add_tools(HoverTool(tooltips=[("op", "@index @op"), ("module", "@module"), ("source", "@source"),
-                                       ("propagated", "@propagated{0.00e0}"), ("local", "@local{0.00e0}")]))
+    plot.add_tools(
+        HoverTool(
+            tooltips=[
+                ("op", "@index @op"),
+                ("module", "@module"),
+                ("source", "@source"),
+                ("propagated", "@propagated{0.00e0}"),
+                ("local", "@local{0.00e0}"),
+            ]
+        )
+    )
     if result.culprit is not None:
-        plot.add_layout(Span(location=result.culprit.candidate.index, dimension="height", line_color="#cf222e", line_dash="dashed"))
+        plot.add_layout(
+            Span(location=result.culprit.candidate.index, dimension="height", line_color="#cf222e", line_dash="dashed")
+        )
     plot.legend.location = "top_left"
     return "Error by op", plot
 
@@ -303,10 +412,18 @@ def _loss_plot(result: TrainingResult):
     from bokeh.plotting import figure
 
     steps = [row.step for row in result.steps]
-    plot = figure(height=280, sizing_mode="stretch_width", x_axis_label="step", y_axis_label="loss", title="loss, both sides",
-                  tools="pan,wheel_zoom,box_zoom,reset,hover")
+    plot = figure(
+        height=280,
+        sizing_mode="stretch_width",
+        x_axis_label="step",
+        y_axis_label="loss",
+        title="loss, both sides",
+        tools="pan,wheel_zoom,box_zoom,reset,hover",
+    )
     for role, color in (("reference", "#0969da"), ("candidate", "#cf222e")):
-        plot.line(steps, [getattr(row.loss, role) for row in result.steps], legend_label=role, line_width=2, color=color)
+        plot.line(
+            steps, [getattr(row.loss, role) for row in result.steps], legend_label=role, line_width=2, color=color
+        )
     return "Loss curves", plot
 
 
@@ -314,8 +431,15 @@ def _step_error_plot(result: TrainingResult):
     from bokeh.plotting import figure
 
     steps = [row.step for row in result.steps]
-    plot = figure(height=280, sizing_mode="stretch_width", y_axis_type="log", x_axis_label="step", y_axis_label="error (relative)",
-                  title="candidate against reference, per step", tools="pan,wheel_zoom,box_zoom,reset,hover")
+    plot = figure(
+        height=280,
+        sizing_mode="stretch_width",
+        y_axis_type="log",
+        x_axis_label="step",
+        y_axis_label="error (relative)",
+        title="candidate against reference, per step",
+        tools="pan,wheel_zoom,box_zoom,reset,hover",
+    )
     for measure, color in (("loss", "#0969da"), ("gradient", "#cf222e"), ("update", "#1a7f37"), ("moments", "#8250df")):
         values = [max(getattr(row.error, measure), 1e-18) for row in result.steps]
         plot.line(steps, values, legend_label=measure, line_width=2, color=color)
@@ -330,11 +454,15 @@ def _op_table(run: RunRecord) -> str:
     rows = []
     for row in op_rows(run, run.result):
         marked = ' class="culprit"' if row[0] == culprit else ""
-        cells = "".join(f"<td{marked}>{html.escape(fmt(cell) if isinstance(cell, float) else str(cell))}</td>" for cell in row)
+        cells = "".join(
+            f"<td{marked}>{html.escape(fmt(cell) if isinstance(cell, float) else str(cell))}</td>" for cell in row
+        )
         rows.append(f"<tr>{cells}</tr>")
     headings = "".join(f"<th>{column}</th>" for column in OP_COLUMNS)
-    return (f"<details><summary>every paired op ({len(rows)}; click a heading to sort)</summary>\n<table class=\"ops\"><thead>"
-            f"<tr>{headings}</tr></thead><tbody>{''.join(rows)}</tbody></table></details>")
+    return (
+        f'<details><summary>every paired op ({len(rows)}; click a heading to sort)</summary>\n<table class="ops"><thead>'
+        f"<tr>{headings}</tr></thead><tbody>{''.join(rows)}</tbody></table></details>"
+    )
 
 
 def write_report(run: RunRecord, path: str | os.PathLike) -> list[Path]:
@@ -373,7 +501,9 @@ def _repro_text(run: RunRecord, base: Path) -> str | None:
     if culprit is None or culprit.kind != "op":
         return None
     try:
-        where = write_repro(run, culprit.candidate.index, base.with_name(base.name + ".repro"), getattr(run, "sides", None))
+        where = write_repro(
+            run, culprit.candidate.index, base.with_name(base.name + ".repro"), getattr(run, "sides", None)
+        )
     except NoRepro:
         return None
     return (where / "repro.py").read_text()

@@ -25,6 +25,7 @@
    entry point first, are confirmed by a candidate re-run with only their own difference taken out
    of the gradients they hand on (for a parameter, taken out of its gradient).
 """
+
 from __future__ import annotations
 
 import math
@@ -52,7 +53,10 @@ from ..measure.analysis import OpEvidence, block_name, external_inputs
 from ..capture.trace import OpNode, Trace, is_floating
 from ..leafref import LeafRef, leaf_kind
 
-LEAVES = ("param", "input")  # the leaves whose gradients are the backward's outputs (floating inputs: see `capture.sides.Backward`)
+LEAVES = (
+    "param",
+    "input",
+)  # the leaves whose gradients are the backward's outputs (floating inputs: see `capture.sides.Backward`)
 
 
 class BackwardRun:
@@ -103,7 +107,11 @@ class BackwardRun:
         """The reference's gradient of the tensor paired with `cand_tid`, in the candidate's layout."""
         pair = self.pair(cand_tid)
         values = None if pair is None else self._gradient(self.reference, pair.reference, cand_tid in self.tensor_pairs)
-        return None if values is None else pair.reference_in_candidate_layout(values, self.run.candidate.tensors[cand_tid].shape)
+        return (
+            None
+            if values is None
+            else pair.reference_in_candidate_layout(values, self.run.candidate.tensors[cand_tid].shape)
+        )
 
     def tensor_error(self, cand_tid: int, grads: Gradients | None = None) -> ErrorMetrics | None:
         """The error of the candidate's gradient of `cand_tid` (a paired op output or parameter; the
@@ -145,7 +153,12 @@ def _reference_activations(run: RunRecord) -> dict[int, np.ndarray]:
     activations = {}
     for cand_tid, pair in run.alignment.tensors.items():
         info = run.candidate.tensors[cand_tid]
-        if info.producer is not None and not pair.broadcast and is_floating(info.dtype) and run.reference.has_value(pair.reference):
+        if (
+            info.producer is not None
+            and not pair.broadcast
+            and is_floating(info.dtype)
+            and run.reference.has_value(pair.reference)
+        ):
             activations[cand_tid] = pair.reference_in_candidate_layout(run.reference.value(pair.reference), info.shape)
     return activations
 
@@ -170,7 +183,9 @@ def missing_tensor_gradient(backward: BackwardRun) -> tuple[int, str] | None:
     return _first_lacking(order, backward.tensor_pairs, backward.candidate.tensors, backward.reference.tensors)
 
 
-def _first_lacking(order: list[int], pairs: dict[int, TensorPair], candidate: dict, reference: dict) -> tuple[int, str] | None:
+def _first_lacking(
+    order: list[int], pairs: dict[int, TensorPair], candidate: dict, reference: dict
+) -> tuple[int, str] | None:
     """(candidate tid, the side lacking it) of the first tid in `order` with a gradient on one side only."""
     for tid in order:
         of_candidate, of_reference = candidate.get(tid), reference.get(pairs[tid].reference)
@@ -198,7 +213,9 @@ def op_evidence(backward: BackwardRun, cand_index: int) -> OpEvidence:
     ref_index = backward.op_pairs[cand_index]
     cand_op = run.candidate.ops[cand_index]
     dtype = coarsest_dtype(run.candidate.dtypes_of(cand_ops))
-    name = block_name([run.reference.ops[i].op for i in ref_ops]) if len(ref_ops) > 1 or len(cand_ops) > 1 else cand_op.op
+    name = (
+        block_name([run.reference.ops[i].op for i in ref_ops]) if len(ref_ops) > 1 or len(cand_ops) > 1 else cand_op.op
+    )
     cand_outputs = block_outputs(run.candidate, cand_ops, backward.readers["candidate"])
     ref_outputs = block_outputs(run.reference, ref_ops, backward.readers["reference"])
     propagated = backward.tensor_error(cand_op.outputs[0]) or EXACT
@@ -214,13 +231,17 @@ def op_evidence(backward: BackwardRun, cand_index: int) -> OpEvidence:
     for tid in cand_inputs:
         pair = backward.tensor_pairs.get(tid)
         if pair is not None and run.reference.has_value(pair.reference):
-            cand_values[tid] = pair.reference_in_candidate_layout(run.reference.value(pair.reference), run.candidate.tensors[tid].shape)
+            cand_values[tid] = pair.reference_in_candidate_layout(
+                run.reference.value(pair.reference), run.candidate.tensors[tid].shape
+            )
         elif run.candidate.has_value(tid):
             cand_values[tid] = run.candidate.value(tid)
         else:
             return evidence
-    cand_upstream = {t: backward.reference_gradient(t) if t in backward.tensor_pairs else backward.candidate.tensors.get(t)
-                     for t in cand_outputs}
+    cand_upstream = {
+        t: backward.reference_gradient(t) if t in backward.tensor_pairs else backward.candidate.tensors.get(t)
+        for t in cand_outputs
+    }
     ref_upstream = {t: backward.reference.tensors.get(t) for t in ref_outputs}
     ref_values = {t: run.reference.value(t) for t in ref_inputs}
     try:
@@ -248,14 +269,26 @@ def op_evidence(backward: BackwardRun, cand_index: int) -> OpEvidence:
         own_difference[cand_tid] = pair.reference_in_candidate_layout(difference, run.candidate.tensors[cand_tid].shape)
         if oracle is not None and oracle.get(ref_tid) is not None:
             exact = oracle[ref_tid]
-            worst["candidate_error"] = max(worst["candidate_error"], error_metrics(candidate_grad.astype(np.float64), exact).max_rel)
-            worst["reference_error"] = max(worst["reference_error"], error_metrics(reference_grad.astype(np.float64), exact).max_rel)
+            worst["candidate_error"] = max(
+                worst["candidate_error"], error_metrics(candidate_grad.astype(np.float64), exact).max_rel
+            )
+            worst["reference_error"] = max(
+                worst["reference_error"], error_metrics(reference_grad.astype(np.float64), exact).max_rel
+            )
     evidence.local_error = worst["local"]
     evidence.own_difference = own_difference
     if oracle is not None and worst["local"] not in (0.0, math.inf):
         evidence.fp64 = Float64Evidence(worst["candidate_error"], worst["reference_error"])
-    evidence.verdict = "different" if math.isinf(worst["local"]) else \
-        judge(worst["local"], evidence.fp64 and evidence.fp64.candidate_error, evidence.fp64 and evidence.fp64.reference_error, dtype)
+    evidence.verdict = (
+        "different"
+        if math.isinf(worst["local"])
+        else judge(
+            worst["local"],
+            evidence.fp64 and evidence.fp64.candidate_error,
+            evidence.fp64 and evidence.fp64.reference_error,
+            dtype,
+        )
+    )
     return evidence
 
 
@@ -271,7 +304,9 @@ class BackwardPass(SearchPass):
         self.patchable = sorted(((first_read.get(t, never), t) for t in backward.tensor_pairs), reverse=True)
         self.evidence: dict[int, OpEvidence] = {}
 
-    def rerun(self, role: str, patches: dict[int, np.ndarray | Shift], parameter_shift: dict[int, np.ndarray] | None = None) -> Gradients:
+    def rerun(
+        self, role: str, patches: dict[int, np.ndarray | Shift], parameter_shift: dict[int, np.ndarray] | None = None
+    ) -> Gradients:
         """A `role` backward re-run handing on `patches`, its parameters' gradients shifted by `parameter_shift`."""
         if role == "candidate":
             self.candidate_reruns += 1
@@ -293,6 +328,7 @@ class BackwardPass(SearchPass):
             tid = cand_tid if side == "candidate" else pair.reference
             new, own = grads.leaves.get(tid), own_grads.leaves.get(tid)
             return None if new is None or own is None else error_metrics(new, own)
+
         return backward.worst_leaf_error(moved).max_rel
 
     # -- what the search asks --------------------------------------------------
@@ -348,7 +384,9 @@ class BackwardPass(SearchPass):
         for evidence in group:
             for cand_tid, difference in (evidence.own_difference or {}).items():
                 pair = backward.pair(cand_tid)
-                tid, own = (cand_tid, backward.candidate) if side == "candidate" else (pair.reference, backward.reference)
+                tid, own = (
+                    (cand_tid, backward.candidate) if side == "candidate" else (pair.reference, backward.reference)
+                )
                 if side == "candidate":
                     difference = -difference
                 else:
@@ -390,18 +428,31 @@ class BackwardRules(PassRules):
         if needs_window(run):  # the backward's evidence replays ops on their forward values: every op's
             say("keeping the values of every op")
             fetch_all(self.live)
-        say("running each side's backward pass" + (" (the candidate's on the reference's activations)" if self.reference_activations else ""))
+        say(
+            "running each side's backward pass"
+            + (" (the candidate's on the reference's activations)" if self.reference_activations else "")
+        )
         backward = BackwardRun(self.live, self.reference_activations)
         if not backward.leaf_pairs:
             compiled = any(op.framework_op == COMPILED_OP for op in run.candidate.ops)
-            raise OutputMismatchError(f"{run.model_file}: no parameter or floating input of the candidate is paired with one of "
-                                      "the reference, so the backward passes have no gradients to compare"
-                                      + ("; a compiled module reads its parameters inside its compiled code, where bisectr "
-                                         "does not see them: --backward does not search a compiled side" if compiled else ""))
+            raise OutputMismatchError(
+                f"{run.model_file}: no parameter or floating input of the candidate is paired with one of "
+                "the reference, so the backward passes have no gradients to compare"
+                + (
+                    "; a compiled module reads its parameters inside its compiled code, where bisectr "
+                    "does not see them: --backward does not search a compiled side"
+                    if compiled
+                    else ""
+                )
+            )
         if (backward.reference.loss is None) != (backward.candidate.loss is None):
-            defined, missing = ("reference", "candidate") if backward.candidate.loss is None else ("candidate", "reference")
-            raise ModelFileError(f"{run.model_file}: defines {defined}_loss() but not {missing}_loss(): both sides' backward "
-                                 "passes start from their losses, or neither's does")
+            defined, missing = (
+                ("reference", "candidate") if backward.candidate.loss is None else ("candidate", "reference")
+            )
+            raise ModelFileError(
+                f"{run.model_file}: defines {defined}_loss() but not {missing}_loss(): both sides' backward "
+                "passes start from their losses, or neither's does"
+            )
         self.search = BackwardPass(backward)
         self.searched.append(self.search)
         return backward.leaf_error()
@@ -412,8 +463,11 @@ class BackwardRules(PassRules):
 
     def float64_check(self) -> Float64Check:
         if self.reference_activations:
-            return Float64Check("skipped", "the candidate's backward ran on the reference's activations, "
-                                "which a float64 run of its own cannot", self.full_error)
+            return Float64Check(
+                "skipped",
+                "the candidate's backward ran on the reference's activations, which a float64 run of its own cannot",
+                self.full_error,
+            )
         self.live.say("running both sides' backward passes in float64")
         return _float64_gradient_check(self.search.backward, self.full_error)
 
@@ -425,7 +479,9 @@ class BackwardRules(PassRules):
     def culprit(self, search: BackwardPass, evidence: OpEvidence) -> Culprit:
         return _culprit(self.run, evidence)
 
-    def noise_culprit(self, search: BackwardPass, outcome: Outcome, float64: Float64Check) -> tuple[OpEvidence | None, str]:
+    def noise_culprit(
+        self, search: BackwardPass, outcome: Outcome, float64: Float64Check
+    ) -> tuple[OpEvidence | None, str]:
         """The op at the entry point: where most of the gradient's rounding enters."""
         return (search.evidence_of(outcome.entry) if outcome.entry is not None else None), ""
 
@@ -434,7 +490,10 @@ class BackwardRules(PassRules):
 
     def profile(self) -> list[ProfileRow]:
         backward = self.search.backward
-        return [_profile_row(self.run, backward, cand, ref, self.search.evidence.get(cand)) for cand, ref in backward.op_pairs.items()]
+        return [
+            _profile_row(self.run, backward, cand, ref, self.search.evidence.get(cand))
+            for cand, ref in backward.op_pairs.items()
+        ]
 
     def result_fields(self) -> dict:
         backward = self.search.backward
@@ -455,17 +514,23 @@ def _missing_gradient(search: BackwardPass, tid: int, lacking: str) -> Decided:
         cand_op = run.candidate.ops[run.candidate.first_reads()[tid]]
         ref_op = run.reference.ops[run.reference.first_reads()[pair.reference]]
         what = "parameter" if kind == "param" else "input"
-        return Decided(culprit_without_evidence("leaf", cand_op, ref_op, leaf),
-                       missing_gradient=f"{what} {leaf} gets no gradient on the {lacking} (frozen there) and one on the {has}")
+        return Decided(
+            culprit_without_evidence("leaf", cand_op, ref_op, leaf),
+            missing_gradient=f"{what} {leaf} gets no gradient on the {lacking} (frozen there) and one on the {has}",
+        )
     cand_op, ref_op = run.candidate.producer_op(tid), run.reference.producer_op(pair.reference)
     cutting = cand_op if lacking == "candidate" else ref_op
-    decided = Decided(culprit_without_evidence("op", cand_op, ref_op, None),
-                      missing_gradient=f"the gradient of {cutting.framework_op}'s output in {cutting.module or '(top level)'} "
-                                       f"reaches the {has} but not the {lacking}: {cutting.framework_op} cuts the {lacking}'s gradient there")
+    decided = Decided(
+        culprit_without_evidence("op", cand_op, ref_op, None),
+        missing_gradient=f"the gradient of {cutting.framework_op}'s output in {cutting.module or '(top level)'} "
+        f"reaches the {has} but not the {lacking}: {cutting.framework_op} cuts the {lacking}'s gradient there",
+    )
     if lacking == "candidate":
         before = backward.leaf_error().max_rel
         after, given = search.error_with_cut_gradient(cand_op)
-        decided.confirmation = Confirmation([cand_op.index], after, before, given and confirms(after, before, 0.0), cut=True)
+        decided.confirmation = Confirmation(
+            [cand_op.index], after, before, given and confirms(after, before, 0.0), cut=True
+        )
     return decided
 
 
@@ -475,15 +540,23 @@ def _float64_gradient_check(backward: BackwardRun, error: float) -> Float64Check
     run = backward.run
     if not math.isfinite(error):
         return Float64Check("skipped", "the candidate's gradients hold NaN/Inf", error)
-    runs = float64_runs(backward.live, lambda role, leaf_values: Float64Gradients(backward.seeds[role], leaf_values), error)
+    runs = float64_runs(
+        backward.live, lambda role, leaf_values: Float64Gradients(backward.seeds[role], leaf_values), error
+    )
     if isinstance(runs, Float64Check):
         return runs
     grads = {role: float64.values for role, float64 in runs.items()}
     float64_error = reference_rounding = candidate_rounding = 0.0
     for cand_tid, pair in backward.leaf_pairs.items():
         ref_info = run.reference.tensors[pair.reference]
-        reference64, candidate64 = grads["reference"].get(ref_info.leaf), grads["candidate"].get(run.candidate.tensors[cand_tid].leaf)
-        reference32, candidate32 = backward.reference.leaves.get(pair.reference), backward.candidate.leaves.get(cand_tid)
+        reference64, candidate64 = (
+            grads["reference"].get(ref_info.leaf),
+            grads["candidate"].get(run.candidate.tensors[cand_tid].leaf),
+        )
+        reference32, candidate32 = (
+            backward.reference.leaves.get(pair.reference),
+            backward.candidate.leaves.get(cand_tid),
+        )
         if any(g is None for g in (reference64, candidate64, reference32, candidate32)):
             continue
         shape = run.candidate.tensors[cand_tid].shape
@@ -491,10 +564,20 @@ def _float64_gradient_check(backward: BackwardRun, error: float) -> Float64Check
         reference32 = pair.reference_in_candidate_layout(reference32, shape)
         relative = partial(backward.relative, cand_tid)
         float64_error = max(float64_error, relative(error_metrics(candidate64, reference64).max_abs))
-        reference_rounding = max(reference_rounding, relative(error_metrics(reference32.astype(np.float64), reference64).max_abs))
-        candidate_rounding = max(candidate_rounding, relative(error_metrics(candidate32.astype(np.float64), candidate64).max_abs))
-    check = judge_float64(error, float64_error, reference_rounding, candidate_rounding,
-                          [trace.dtype for trace in run.traces.values()], "gradients")
+        reference_rounding = max(
+            reference_rounding, relative(error_metrics(reference32.astype(np.float64), reference64).max_abs)
+        )
+        candidate_rounding = max(
+            candidate_rounding, relative(error_metrics(candidate32.astype(np.float64), candidate64).max_abs)
+        )
+    check = judge_float64(
+        error,
+        float64_error,
+        reference_rounding,
+        candidate_rounding,
+        [trace.dtype for trace in run.traces.values()],
+        "gradients",
+    )
     return noted(check, run, runs)
 
 
@@ -508,16 +591,38 @@ def _bracket(run: RunRecord, pairs: dict[int, int], entry: int | None, low: int 
 
 
 def _culprit(run: RunRecord, evidence: OpEvidence) -> Culprit:
-    return Culprit("op", evidence.op, site(run.candidate.ops[evidence.candidate]), site(run.reference.ops[evidence.reference]),
-                   None, input_error=None, output_error=evidence.output_error.max_abs,
-                   output_error_rel=evidence.output_error.max_rel, input_error_rel=None,
-                   local_error=evidence.local_error, amplification=None, verdict=evidence.verdict, fp64=evidence.fp64,
-                   fp64_unavailable=evidence.fp64_unavailable)
+    return Culprit(
+        "op",
+        evidence.op,
+        site(run.candidate.ops[evidence.candidate]),
+        site(run.reference.ops[evidence.reference]),
+        None,
+        input_error=None,
+        output_error=evidence.output_error.max_abs,
+        output_error_rel=evidence.output_error.max_rel,
+        input_error_rel=None,
+        local_error=evidence.local_error,
+        amplification=None,
+        verdict=evidence.verdict,
+        fp64=evidence.fp64,
+        fp64_unavailable=evidence.fp64_unavailable,
+    )
 
 
-def _profile_row(run: RunRecord, backward: BackwardRun, cand_index: int, ref_index: int,
-                 evidence: OpEvidence | None = None) -> ProfileRow:
+def _profile_row(
+    run: RunRecord, backward: BackwardRun, cand_index: int, ref_index: int, evidence: OpEvidence | None = None
+) -> ProfileRow:
     op = run.candidate.ops[cand_index]
     error = backward.tensor_error(op.outputs[0]) or EXACT
-    return ProfileRow(cand_index, ref_index, op.op, op.module, error.max_rel, error.max_abs, error.mean_abs,
-                      evidence.local_error if evidence else None, evidence.verdict if evidence else "unknown", 0.0)
+    return ProfileRow(
+        cand_index,
+        ref_index,
+        op.op,
+        op.module,
+        error.max_rel,
+        error.max_abs,
+        error.mean_abs,
+        evidence.local_error if evidence else None,
+        evidence.verdict if evidence else "unknown",
+        0.0,
+    )

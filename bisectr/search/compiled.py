@@ -11,6 +11,7 @@ the adapter's primitives; every probe compiles afresh):
 - why: the compiler step, bisected by the compiler's own bisector where it has one;
 - the proof: the compiled module again, every module of the culprit's class left eager.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,13 +19,28 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from ..adapters import COMPILED_OP
-from ..engines.compiled import (CalledChildren, CaptureGraphs, CloseCompiled, CompiledError, CompilerBisection,
-                                CuttableNodes, CutError, ExecutedLines, ModulesOfClass, OpenCompiled)
+from ..engines.compiled import (
+    CalledChildren,
+    CaptureGraphs,
+    CloseCompiled,
+    CompiledError,
+    CompilerBisection,
+    CuttableNodes,
+    CutError,
+    ExecutedLines,
+    ModulesOfClass,
+    OpenCompiled,
+)
 from ..capture.sides import Request
 from ..measure.live import LiveRun
 from ..leafref import leaf_kind
-from ..measure.numerics import (COMPILED_CONFIRMED_ROUNDING, COMPILED_CONFIRMED_SHARE, COMPILED_NODE_FACTOR,
-                                COMPILED_NODE_FLOOR, COMPILED_SHARE)
+from ..measure.numerics import (
+    COMPILED_CONFIRMED_ROUNDING,
+    COMPILED_CONFIRMED_SHARE,
+    COMPILED_NODE_FACTOR,
+    COMPILED_NODE_FLOOR,
+    COMPILED_SHARE,
+)
 from ..measure.result import InCompiled
 from ..measure.runrecord import RunRecord
 
@@ -38,14 +54,21 @@ def in_compiled(live: LiveRun, candidate_ops: list[int]) -> InCompiled | None:
         return None
     op = candidate.ops[compiled]
     live.say(f"searching inside the compiled module {op.module or '(the model)'}: each step compiles afresh")
-    values = {tid: candidate.value(tid) for tid in op.inputs
-              if candidate.tensors[tid].leaf is None or leaf_kind(candidate.tensors[tid].leaf) not in ("param", "buffer")}
+    values = {
+        tid: candidate.value(tid)
+        for tid in op.inputs
+        if candidate.tensors[tid].leaf is None or leaf_kind(candidate.tensors[tid].leaf) not in ("param", "buffer")
+    }
     found = _search(lambda request: live.ask("candidate", request), compiled, values)
     if found is None:
         return None
-    inside = (lambda path: f"{op.module}.{path}" if op.module and path else op.module or path)
-    return replace(found, module=inside(found.module), eager_modules=[inside(path) for path in found.eager_modules],
-                   eager_ops=_at_line(run, found.source, found.op, inside(found.module)))
+    inside = lambda path: f"{op.module}.{path}" if op.module and path else op.module or path
+    return replace(
+        found,
+        module=inside(found.module),
+        eager_modules=[inside(path) for path in found.eager_modules],
+        eager_ops=_at_line(run, found.source, found.op, inside(found.module)),
+    )
 
 
 def _search(ask: Callable[[Request], Any], index: int, values: dict) -> InCompiled | None:
@@ -74,11 +97,29 @@ class _CompiledSearch:
         module_class, of_class = self.ask(ModulesOfClass(path))
         eager_modules = of_class if path else []
         confirmed_error = self.error_compiled("", kept_eager=eager_modules)[0] if eager_modules else 0.0
-        confirmed = bool(eager_modules) and confirmed_error <= max(COMPILED_CONFIRMED_ROUNDING * self.rounding,
-                                                                   COMPILED_CONFIRMED_SHARE * whole)
-        return InCompiled(path, module_class, whole, module_error, op, source, code, op_error, other_path, step, detail,
-                          eager_modules, confirmed_error, self.rounding, confirmed=confirmed, compiles=self.compiles,
-                          seconds=round(time.monotonic() - self.started, 1), backend=self.backend)
+        confirmed = bool(eager_modules) and confirmed_error <= max(
+            COMPILED_CONFIRMED_ROUNDING * self.rounding, COMPILED_CONFIRMED_SHARE * whole
+        )
+        return InCompiled(
+            path,
+            module_class,
+            whole,
+            module_error,
+            op,
+            source,
+            code,
+            op_error,
+            other_path,
+            step,
+            detail,
+            eager_modules,
+            confirmed_error,
+            self.rounding,
+            confirmed=confirmed,
+            compiles=self.compiles,
+            seconds=round(time.monotonic() - self.started, 1),
+            backend=self.backend,
+        )
 
     def error_compiled(self, path: str, kept_eager: Sequence[str] = ()) -> tuple[float, bool]:
         """The compiled module's error with only module `path` compiled, `kept_eager` eager inside it, and

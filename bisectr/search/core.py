@@ -27,6 +27,7 @@ culprit and bracket); everything else is here.
    it). A suspect whose removal makes the error worse contradicts its pairing and is not blamed. How much each
    occurrence makes alone is measured by reference re-runs, never by the candidate's budget.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,20 @@ from ..measure.metrics import OutputError
 from ..measure.numerics import NOISE_FACTOR, REACH_FRACTION, confirms, noise_floor, past_entry
 from ..measure.live import LiveRun
 from ..measure.runrecord import RunRecord
-from ..measure.result import (Bracket, Confirmation, Culprit, Cut, Float64Check, NonFinite, NotBlamed, OpCounts, OpSite,
-                              ProfileRow, Recurrence, Result)
+from ..measure.result import (
+    Bracket,
+    Confirmation,
+    Culprit,
+    Cut,
+    Float64Check,
+    NonFinite,
+    NotBlamed,
+    OpCounts,
+    OpSite,
+    ProfileRow,
+    Recurrence,
+    Result,
+)
 from ..capture.trace import OpNode
 
 MAX_REACH_TESTS = 8  # suspect groups tested for reach and confirmation
@@ -207,7 +220,9 @@ class PassRules(ABC):
         """The culprit an op's (or block's) evidence names."""
 
     @abstractmethod
-    def noise_culprit(self, search: SearchPass, outcome: "Outcome", float64: Float64Check) -> tuple[OpEvidence | None, str]:
+    def noise_culprit(
+        self, search: SearchPass, outcome: "Outcome", float64: Float64Check
+    ) -> tuple[OpEvidence | None, str]:
         """For a `noise` outcome, the op to name, and why rounding does not explain the error where it
         does not after all ("" where it does)."""
 
@@ -244,18 +259,30 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
     ops = OpCounts(len(run.reference.ops), len(run.candidate.ops), len(run.alignment.aligned_ops("candidate")))
 
     def result(verdict: str, float64: Float64Check | None = None, **found) -> Result:
-        return Result(verdict, output_error, reruns=sum(s.candidate_reruns for s in rules.searched), ops=ops,
-                      reference_reruns=sum(s.reference_reruns for s in rules.searched), fp64_check=float64,
-                      profile=rules.profile(), pass_=rules.name, leaves=None if verdict == "match" else rules.leaves,
-                      **{"culprit": None, **rules.result_fields(), **found})
+        return Result(
+            verdict,
+            output_error,
+            reruns=sum(s.candidate_reruns for s in rules.searched),
+            ops=ops,
+            reference_reruns=sum(s.reference_reruns for s in rules.searched),
+            fp64_check=float64,
+            profile=rules.profile(),
+            pass_=rules.name,
+            leaves=None if verdict == "match" else rules.leaves,
+            **{"culprit": None, **rules.result_fields(), **found},
+        )
 
     def obvious_cause(search: SearchPass) -> Decided | None:
         return rules.obvious_cause(search, float64) if float64.status != "agree" else None
 
     lacking = rules.lacking()
     if lacking is not None:
-        return result("divergent", culprit=lacking.culprit, confirmation=lacking.confirmation,
-                      missing_gradient=lacking.missing_gradient)
+        return result(
+            "divergent",
+            culprit=lacking.culprit,
+            confirmation=lacking.confirmation,
+            missing_gradient=lacking.missing_gradient,
+        )
     checked: list[Float64Check | None] = []
 
     def float64_check() -> Float64Check | None:
@@ -276,8 +303,14 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
                 cause = obvious_cause(refined)
             search = refined
         if cause is not None:
-            return result("divergent", float64, culprit=cause.culprit, confirmation=cause.confirmation,
-                          recurrences=cause.recurrences, nonfinite=nonfinite_found)
+            return result(
+                "divergent",
+                float64,
+                culprit=cause.culprit,
+                confirmation=cause.confirmation,
+                recurrences=cause.recurrences,
+                nonfinite=nonfinite_found,
+            )
         say("searching")
         outcome = search_pass(search, ErrorToExplain.judged(full_error, float64), float64, nonfinite, exhaustive)
         finding = outcome.finding
@@ -287,17 +320,26 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
             if unexplained:
                 outcome = replace(outcome, verdict="divergent", bracketed=True)
         culprit = rules.culprit(search, evidence) if evidence is not None else nonfinite_culprit
-        decided = result(outcome.verdict, float64, culprit=culprit, entry=outcome.entry,
-                         recurrences=recurrences(run, finding, full_error), confirmation=finding.confirmation,
-                         not_blamed=finding.not_blamed, cuts=outcome.trail, nonfinite=nonfinite_found,
-                         bracket=rules.bracket(search, outcome, unexplained) if outcome.bracketed else None)
+        decided = result(
+            outcome.verdict,
+            float64,
+            culprit=culprit,
+            entry=outcome.entry,
+            recurrences=recurrences(run, finding, full_error),
+            confirmation=finding.confirmation,
+            not_blamed=finding.not_blamed,
+            cuts=outcome.trail,
+            nonfinite=nonfinite_found,
+            bracket=rules.bracket(search, outcome, unexplained) if outcome.bracketed else None,
+        )
         if decided.confirmation is not None and decided.confirmation.confirmed:
             return decided
     return decided
 
 
-def search_pass(search: SearchPass, error: ErrorToExplain, float64: Float64Check, nonfinite: bool,
-                exhaustive: bool = False) -> Outcome:
+def search_pass(
+    search: SearchPass, error: ErrorToExplain, float64: Float64Check, nonfinite: bool, exhaustive: bool = False
+) -> Outcome:
     """Search one pass for what makes `error` (see the module docstring). Where the float64 check
     says rounding, no suspect is tested: the verdict is `noise`."""
     cuts = search.cuts()
@@ -340,8 +382,9 @@ def first_past(count: int, past: Callable[[int], bool], exhaustive: bool, guess:
     return high
 
 
-def entry_point(search: SearchPass, cuts: list[int], error: ErrorToExplain, exhaustive: bool = False,
-                guess: int | None = None) -> tuple[int | None, list[Cut]]:
+def entry_point(
+    search: SearchPass, cuts: list[int], error: ErrorToExplain, exhaustive: bool = False, guess: int | None = None
+) -> tuple[int | None, list[Cut]]:
     """The entry point (a cut) and every cut evaluated on the way (see the module docstring), the
     position `guess` in `cuts` tried first."""
     evaluated: dict[int, tuple[float, float]] = {}
@@ -377,7 +420,10 @@ def first_difference(search: SearchPass, cuts: list[int], entry: int | None, err
         group = occurrences(search, suspect)
         seen.update(e.candidate for e in group)
         tested += 1
-        say(f"testing op {suspect.candidate}" + (f" and {len(group) - 1} more with the same difference" if len(group) > 1 else ""))
+        say(
+            f"testing op {suspect.candidate}"
+            + (f" and {len(group) - 1} more with the same difference" if len(group) > 1 else "")
+        )
         reached = search.reach(group)
         if reached < reach_needed:
             finding.not_blamed.append(NotBlamed(suspect.candidate, suspect.op, reached))
@@ -419,7 +465,11 @@ def occurrences(search: SearchPass, suspect: OpEvidence) -> list[OpEvidence]:
             continue
         evidence = evidence_of(op.index)
         # Blocks ending in the same op of the same line are one piece of code, whatever the reference ops they cover.
-        if evidence is None or evidence.verdict != "different" or (evidence.op != suspect.op and not same_line(op, first)):
+        if (
+            evidence is None
+            or evidence.verdict != "different"
+            or (evidence.op != suspect.op and not same_line(op, first))
+        ):
             continue
         if same or search.differing_leaf_kinds(evidence) == kinds:
             group.append(evidence)
@@ -451,7 +501,9 @@ def recurrences(run: RunRecord, finding: Finding, full_error: float) -> list[Rec
         op = run.candidate.ops[evidence.candidate]
         alone = finding.alone.get(evidence.candidate)
         share = None if alone is None or not math.isfinite(full_error) or full_error == 0 else alone / full_error
-        listed.append(Recurrence(evidence.candidate, evidence.op, op.module, op.source, evidence.local_error, alone, share))
+        listed.append(
+            Recurrence(evidence.candidate, evidence.op, op.module, op.source, evidence.local_error, alone, share)
+        )
     return listed
 
 
@@ -459,14 +511,34 @@ def site(op: OpNode) -> OpSite:
     return OpSite(op.index, op.framework_op, op.module, op.source)
 
 
-def bracket(run: RunRecord, candidate_ops: list[int], reference_ops: list[int], low: int | None, high: int | None,
-            why: str = "") -> Bracket:
-    return Bracket(low, high, [site(run.candidate.ops[i]) for i in sorted(set(candidate_ops))],
-                   [site(run.reference.ops[i]) for i in sorted(set(reference_ops))], why)
+def bracket(
+    run: RunRecord, candidate_ops: list[int], reference_ops: list[int], low: int | None, high: int | None, why: str = ""
+) -> Bracket:
+    return Bracket(
+        low,
+        high,
+        [site(run.candidate.ops[i]) for i in sorted(set(candidate_ops))],
+        [site(run.reference.ops[i]) for i in sorted(set(reference_ops))],
+        why,
+    )
 
 
-def culprit_without_evidence(kind: str, cand_op: OpNode, ref_op: OpNode, leaf: str | None, output_error: float | None = None) -> Culprit:
+def culprit_without_evidence(
+    kind: str, cand_op: OpNode, ref_op: OpNode, leaf: str | None, output_error: float | None = None
+) -> Culprit:
     """A culprit named by where something starts (NaN/Inf, a missing gradient), with no replay evidence."""
-    return Culprit(kind, cand_op.op, site(cand_op), site(ref_op), leaf, input_error=None, output_error=output_error,
-                   output_error_rel=output_error, input_error_rel=None, local_error=None, amplification=None,
-                   verdict="different", fp64=None)
+    return Culprit(
+        kind,
+        cand_op.op,
+        site(cand_op),
+        site(ref_op),
+        leaf,
+        input_error=None,
+        output_error=output_error,
+        output_error_rel=output_error,
+        input_error_rel=None,
+        local_error=None,
+        amplification=None,
+        verdict="different",
+        fp64=None,
+    )

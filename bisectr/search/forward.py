@@ -20,6 +20,7 @@ for the search itself).
    among the ops carrying a real share of the outputs' error whose own (local) rounding
    reaches the outputs.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,10 +41,31 @@ from ..measure.runrecord import RunRecord
 from ..engines.patched import PassOn, Shift
 from ..capture.ops import UNINITIALISED
 from ..measure.metrics import OutputError
-from ..measure.result import (BlockOps, Bracket, Confirmation, Culprit, Float64Check, NonFinite, Placements, ProfileRow, Recurrence,
-                               Rewired)
-from .core import (MAX_REACH_TESTS, Decided, ErrorToExplain, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before,
-                   entry_point, site)
+from ..measure.result import (
+    BlockOps,
+    Bracket,
+    Confirmation,
+    Culprit,
+    Float64Check,
+    NonFinite,
+    Placements,
+    ProfileRow,
+    Recurrence,
+    Rewired,
+)
+from .core import (
+    MAX_REACH_TESTS,
+    Decided,
+    ErrorToExplain,
+    Outcome,
+    PassRules,
+    SearchPass,
+    bracket,
+    culprit_without_evidence,
+    cut_before,
+    entry_point,
+    site,
+)
 from ..capture.store import SIDES
 from ..capture.trace import LOCAL_PART, RANKS_DIFFER, OpNode, host_dtype, is_floating
 from .window import boundaries, fetch_all, fetch_recurrences, fetch_window, missing, needs_window, window_between
@@ -53,8 +75,13 @@ from ..leafref import leaf_kind, leaf_name
 class ForwardPass(SearchPass):
     """Re-runs of either side with activations patched, and the evidence of each paired op."""
 
-    def __init__(self, live: LiveRun, analysis: Analysis, bounds: tuple[int | None, int | None] = (None, None),
-                 known_cuts: dict[int, tuple[float, float]] | None = None):
+    def __init__(
+        self,
+        live: LiveRun,
+        analysis: Analysis,
+        bounds: tuple[int | None, int | None] = (None, None),
+        known_cuts: dict[int, tuple[float, float]] | None = None,
+    ):
         super().__init__(live)
         self.bounds = bounds  # the first and last cut searched (None: the first, the last)
         self.known_cuts = known_cuts or {}  # cut -> `error_at_cut`, evaluated by an earlier search of the run
@@ -114,8 +141,13 @@ class ForwardPass(SearchPass):
             info = candidate.tensors[tid]
             position = info.producer if info.producer is not None else first_read.get(tid)
             leaf = self.analysis.leaves.get(tid)
-            if position is None or leaf_kind(info.leaf) == "input" or not is_floating(info.dtype) or (leaf and leaf.verdict == "exact") \
-                    or (info.producer is not None and candidate.ops[info.producer].op in UNINITIALISED):
+            if (
+                position is None
+                or leaf_kind(info.leaf) == "input"
+                or not is_floating(info.dtype)
+                or (leaf and leaf.verdict == "exact")
+                or (info.producer is not None and candidate.ops[info.producer].op in UNINITIALISED)
+            ):
                 continue
             patchable.append((position, tid))
         return sorted(patchable)
@@ -123,13 +155,20 @@ class ForwardPass(SearchPass):
     # -- what the search asks --------------------------------------------------
     def cuts(self) -> list[int]:
         reference, (first, last) = self.run.reference, self.bounds
-        return [e.candidate for e in self.analysis.in_order() if reference.has_value(reference.ops[e.reference].outputs[0])
-                and (first is None or e.candidate >= first) and (last is None or e.candidate <= last)]
+        return [
+            e.candidate
+            for e in self.analysis.in_order()
+            if reference.has_value(reference.ops[e.reference].outputs[0])
+            and (first is None or e.candidate >= first)
+            and (last is None or e.candidate <= last)
+        ]
 
     def error_at_cut(self, cut: int) -> tuple[float, float]:
         if cut in self.known_cuts:
             return self.known_cuts[cut]
-        if cut < self._first_change:  # the patches change nothing: the re-run would reproduce the candidate's own outputs
+        if (
+            cut < self._first_change
+        ):  # the patches change nothing: the re-run would reproduce the candidate's own outputs
             return self.run.output_error().max_rel, 0.0
         outputs = self.candidate_outputs(self.patches_up_to(cut))
         return self.run.candidate_output_error(outputs), self.run.candidate_output_change(outputs)
@@ -138,7 +177,9 @@ class ForwardPass(SearchPass):
         """The first cut at an op whose own difference the evidence judges semantic; where no op's
         evidence says so (a run holding its layer outputs only replays none inside the layers), the cut
         whose propagated error grows most over every cut before it."""
-        judged = next((position for position, cut in enumerate(cuts) if self.analysis.ops[cut].verdict == "different"), None)
+        judged = next(
+            (position for position, cut in enumerate(cuts) if self.analysis.ops[cut].verdict == "different"), None
+        )
         return judged if judged is not None else self._largest_growth(cuts)
 
     def _largest_growth(self, cuts: list[int]) -> int | None:
@@ -170,7 +211,9 @@ class ForwardPass(SearchPass):
             return self.evidence_of
         place = code_place(candidate.ops[suspect.candidate])
         paired = {role: {getattr(pair, role) for pair in analysis.alignment.pairs} for role in SIDES}
-        places = {role: {code_place(analysis.run.traces[role].ops[i]) for i in getattr(suspect.block, role)} for role in SIDES}
+        places = {
+            role: {code_place(analysis.run.traces[role].ops[i]) for i in getattr(suspect.block, role)} for role in SIDES
+        }
 
         def like_the_suspect(index: int) -> OpEvidence | None:
             evidence = analysis.ops.get(index)
@@ -198,15 +241,25 @@ class ForwardPass(SearchPass):
     def differing_leaf_kinds(self, evidence: OpEvidence) -> tuple[str, ...]:
         ops = evidence.block.candidate if evidence.block else [evidence.candidate]
         leaves = self.analysis.leaves
-        return tuple(sorted({leaves[t].candidate.rpartition(".")[2] for i in ops for t in self.run.candidate.ops[i].inputs
-                             if t in leaves and leaves[t].verdict == "different"}))
+        return tuple(
+            sorted(
+                {
+                    leaves[t].candidate.rpartition(".")[2]
+                    for i in ops
+                    for t in self.run.candidate.ops[i].inputs
+                    if t in leaves and leaves[t].verdict == "different"
+                }
+            )
+        )
 
     def reach(self, group: list[OpEvidence]) -> float:
         """The outputs' error when only these ops' (or blocks') own differences enter the reference run."""
         patches = {}
         for evidence in group:
             local = self.analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
-            for cand_tid, ref_tid in self.analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
+            for cand_tid, ref_tid in self.analysis.compared_outputs(
+                evidence.candidate, evidence.reference, evidence.block
+            ):
                 dtype = host_dtype(self.run.reference.tensors[ref_tid].dtype)
                 values = self.analysis.in_reference_layout(cand_tid, ref_tid, local[cand_tid]).astype(dtype, copy=False)
                 with np.errstate(invalid="ignore", over="ignore"):  # as own_difference_patches: shifted for many
@@ -234,7 +287,9 @@ class ForwardRules(PassRules):
 
     def start(self) -> OutputError:
         self.live.say("re-running each side unpatched" + (" (and keeping its layer outputs)" if self.windowed else ""))
-        check_reproducible(self.live, {role: boundaries(self.run.traces[role]) for role in SIDES} if self.windowed else {})
+        check_reproducible(
+            self.live, {role: boundaries(self.run.traces[role]) for role in SIDES} if self.windowed else {}
+        )
         return self.run.output_error()
 
     def float64_check(self) -> Float64Check:
@@ -276,18 +331,26 @@ class ForwardRules(PassRules):
 
     def culprit(self, search: ForwardPass, evidence: OpEvidence) -> Culprit:
         start = self.nonfinite_from
-        culprit = _culprit(self.run, search.analysis, evidence, start.op.index if start is not None and start.op is not None else None)
+        culprit = _culprit(
+            self.run, search.analysis, evidence, start.op.index if start is not None and start.op is not None else None
+        )
         if culprit.verdict == "different":
-            culprit.compiled = in_compiled(self.live, culprit.block.candidate if culprit.block else [culprit.candidate.index])
+            culprit.compiled = in_compiled(
+                self.live, culprit.block.candidate if culprit.block else [culprit.candidate.index]
+            )
         return culprit
 
-    def noise_culprit(self, search: ForwardPass, outcome: Outcome, float64: Float64Check) -> tuple[OpEvidence | None, str]:
+    def noise_culprit(
+        self, search: ForwardPass, outcome: Outcome, float64: Float64Check
+    ) -> tuple[OpEvidence | None, str]:
         """The op amplifying rounding the most whose own rounding reaches the outputs; noise only
         where rounding explains the error."""
         evidence = _most_amplifying(search, search.analysis, self.full_error)
         if evidence is None and float64.status != "agree":
-            return None, (f"rounding does not explain the outputs' error: the float64 check did not run ({float64.reason}) "
-                          "and no op's own rounding reaches the outputs")
+            return None, (
+                f"rounding does not explain the outputs' error: the float64 check did not run ({float64.reason}) "
+                "and no op's own rounding reaches the outputs"
+            )
         return evidence if evidence is not None else search.analysis.ops.get(outcome.entry), ""
 
     def bracket(self, search: ForwardPass, outcome: Outcome, why: str) -> Bracket:
@@ -350,9 +413,19 @@ def _differing_leaves(search: ForwardPass, error: ErrorToExplain, tested: set[tu
         cand_op = run.candidate.ops[readers[0] if len(readers) == 1 else first_reads[tids[0]]]
         ref_op = run.reference.ops[run.reference.first_reads()[run.reference.leaves[first.reference]]]
         culprit = culprit_without_evidence("leaf", cand_op, ref_op, leaf_name(first.candidate))
-        culprit.reference_leaf, culprit.layout, culprit.description = leaf_name(first.reference), first.layout, first.description
-        occurrences = [Recurrence(i, run.candidate.ops[i].op, run.candidate.ops[i].module, run.candidate.ops[i].source, None)
-                       for i in readers] if len(readers) > 1 else []
+        culprit.reference_leaf, culprit.layout, culprit.description = (
+            leaf_name(first.reference),
+            first.layout,
+            first.description,
+        )
+        occurrences = (
+            [
+                Recurrence(i, run.candidate.ops[i].op, run.candidate.ops[i].module, run.candidate.ops[i].source, None)
+                for i in readers
+            ]
+            if len(readers) > 1
+            else []
+        )
         return Decided(culprit, Confirmation(readers, after, error.full, True, leaves=len(cause)), occurrences)
     return None
 
@@ -368,15 +441,21 @@ def check_reproducible(live: LiveRun, keep: dict[str, set[int]] | None = None) -
         try:
             trace.fetched.update(live.rerun(role, {}, wanted).captured)
         except TraceMismatchError as exc:
-            raise TraceMismatchError(f"{run.model_file}: the {role} side does not reproduce its own outputs when run "
-                                     f"twice, so no verdict can be given: {exc} If the model has dropout, put it in "
-                                     "eval mode (model.eval()) in the model file.") from None
+            raise TraceMismatchError(
+                f"{run.model_file}: the {role} side does not reproduce its own outputs when run "
+                f"twice, so no verdict can be given: {exc} If the model has dropout, put it in "
+                "eval mode (model.eval()) in the model file."
+            ) from None
     if keep:
         settle_layouts(run.reference, run.candidate, run.alignment)
 
 
-def entry_region(analysis: Analysis, entry: int | None, outside: dict[str, set[int]] | None = None,
-                 places: dict[str, set[tuple]] | None = None) -> Block | None:
+def entry_region(
+    analysis: Analysis,
+    entry: int | None,
+    outside: dict[str, set[int]] | None = None,
+    places: dict[str, set[tuple]] | None = None,
+) -> Block | None:
     """The entry op with the ops without a partner that feed it (through such ops only), on both
     sides: an activation changed for another, an extra scale, a missing op. None without an entry
     point, or when every op feeding the entry op has a partner. `outside` (per side): the ops that have
@@ -391,8 +470,12 @@ def entry_region(analysis: Analysis, entry: int | None, outside: dict[str, set[i
         region, pending = {index}, list(trace.ops[index].inputs)
         while pending:
             producer = trace.tensors[pending.pop()].producer
-            if producer is not None and producer not in region and producer not in outside[role] \
-                    and (places is None or code_place(trace.ops[producer]) in places[role]):
+            if (
+                producer is not None
+                and producer not in region
+                and producer not in outside[role]
+                and (places is None or code_place(trace.ops[producer]) in places[role])
+            ):
                 region.add(producer)
                 pending.extend(trace.ops[producer].inputs)
         regions[role] = sorted(region)
@@ -401,7 +484,9 @@ def entry_region(analysis: Analysis, entry: int | None, outside: dict[str, set[i
     return Block(regions["candidate"], regions["reference"], matched=True)
 
 
-def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[OpEvidence]) -> dict[int, np.ndarray | Shift]:
+def own_difference_patches(
+    analysis: Analysis, run: RunRecord, evidences: list[OpEvidence]
+) -> dict[int, np.ndarray | Shift]:
     """For each op (or block), its own difference taken out of what it hands on: its outputs shifted
     by (reference output - the candidate op replayed on the reference's inputs). Unlike patching in
     the reference's values, this leaves what reached the op from upstream in place, so it fixes
@@ -417,7 +502,9 @@ def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[O
         if passed_on:
             for cand_tid, source in passed_on.items():
                 shape = tuple(run.candidate.tensors[cand_tid].shape)
-                patches[cand_tid] = PassOn(source, shape) if len(evidences) > 1 else run.candidate.value(source).reshape(shape)
+                patches[cand_tid] = (
+                    PassOn(source, shape) if len(evidences) > 1 else run.candidate.value(source).reshape(shape)
+                )
             continue
         replayed = evidence.block or _rank_local_region(analysis, evidence.candidate)
         local = analysis.local_outputs(evidence.candidate, evidence.reference, replayed)
@@ -427,8 +514,10 @@ def own_difference_patches(analysis: Analysis, run: RunRecord, evidences: list[O
                 continue
             dtype = host_dtype(run.candidate.tensors[cand_tid].dtype)
             with np.errstate(invalid="ignore", over="ignore"):
-                shift = Shift((reference - local[cand_tid].reshape(reference.shape)).astype(dtype, copy=False),
-                              reference.astype(dtype, copy=False))
+                shift = Shift(
+                    (reference - local[cand_tid].reshape(reference.shape)).astype(dtype, copy=False),
+                    reference.astype(dtype, copy=False),
+                )
             patches[cand_tid] = shift if len(evidences) > 1 else shift.applied_to(run.candidate.value(cand_tid))
     return patches
 
@@ -439,8 +528,12 @@ def _rank_local_region(analysis: Analysis, index: int) -> Block | None:
     replayed from the reference's values and not carried in from the ranks' earlier ones."""
     candidate = analysis.candidate
     own = (LOCAL_PART, RANKS_DIFFER)
-    if not any(candidate.tensors[t].producer is not None and candidate.tensors[t].placement in own
-               and analysis.reference_values_for(t) is None for t in candidate.ops[index].inputs):
+    if not any(
+        candidate.tensors[t].producer is not None
+        and candidate.tensors[t].placement in own
+        and analysis.reference_values_for(t) is None
+        for t in candidate.ops[index].inputs
+    ):
         return None
     return entry_region(analysis, index)
 
@@ -455,9 +548,18 @@ def _passed_on(analysis: Analysis, evidence: OpEvidence) -> dict[int, int]:
     inputs = external_inputs(candidate, block.candidate)
     passed = {}
     for cand_tid, ref_tid in analysis.compared_outputs(evidence.candidate, evidence.reference, block):
-        source = next((tid for tid in inputs if tid in pairs and pairs[tid].reference == ref_tid and pairs[tid].transform is None
-                       and candidate.tensors[tid].producer is not None  # a re-run hands `PassOn` what ops make
-                       and candidate.tensors[tid].shape == candidate.tensors[cand_tid].shape), None)
+        source = next(
+            (
+                tid
+                for tid in inputs
+                if tid in pairs
+                and pairs[tid].reference == ref_tid
+                and pairs[tid].transform is None
+                and candidate.tensors[tid].producer is not None  # a re-run hands `PassOn` what ops make
+                and candidate.tensors[tid].shape == candidate.tensors[cand_tid].shape
+            ),
+            None,
+        )
         if source is None or pairs[cand_tid].transform is not None:
             return {}
         passed[cand_tid] = source
@@ -477,13 +579,18 @@ def _most_amplifying(search: ForwardPass, analysis: Analysis, full_error: float)
     def makes_output(evidence: OpEvidence) -> bool:
         return search.run.candidate.ops[evidence.candidate].outputs[0] in outputs
 
-    carrying = [e for e in analysis.ops.values()
-                if (e.verdict == "noise" or (e.verdict == "exact" and makes_output(e)))
-                and e.output_error.max_rel >= REACH_FRACTION * full_error and e.amplification > 0]
+    carrying = [
+        e
+        for e in analysis.ops.values()
+        if (e.verdict == "noise" or (e.verdict == "exact" and makes_output(e)))
+        and e.output_error.max_rel >= REACH_FRACTION * full_error
+        and e.amplification > 0
+    ]
     # An op on exact inputs amplifies nothing. Where no op amplifies, one is named only if the precision it
     # computes in is one the user chose below its tensors' (a compiled bfloat16 model, one op).
-    candidates = sorted((e for e in carrying if math.isfinite(e.amplification)), key=lambda e: (-e.amplification, e.candidate)) \
-        or [e for e in carrying if _computes_narrower(search.run.candidate.ops[e.candidate])]
+    candidates = sorted(
+        (e for e in carrying if math.isfinite(e.amplification)), key=lambda e: (-e.amplification, e.candidate)
+    ) or [e for e in carrying if _computes_narrower(search.run.candidate.ops[e.candidate])]
     for evidence in candidates[:MAX_REACH_TESTS]:
         if evidence.verdict == "exact" or search.reach([evidence]) >= NOISE_REACH_FRACTION * full_error:
             return evidence
@@ -502,11 +609,20 @@ def _bracket(run: RunRecord, analysis: Analysis, cuts: list[int], entry: int | N
     no op's evidence says it."""
     low = cut_before(cuts, entry)
     ref_low = analysis.ops[low].reference if low is not None else -1
-    cand_high, ref_high = (entry, analysis.ops[entry].reference) if entry is not None else \
-        (len(run.candidate.ops) - 1, len(run.reference.ops) - 1)
+    cand_high, ref_high = (
+        (entry, analysis.ops[entry].reference)
+        if entry is not None
+        else (len(run.candidate.ops) - 1, len(run.reference.ops) - 1)
+    )
     region = entry_region(analysis, entry)
-    return bracket(run, list(range((low if low is not None else -1) + 1, cand_high + 1)) + (region.candidate if region else []),
-                   list(range(ref_low + 1, ref_high + 1)) + (region.reference if region else []), low, entry, why)
+    return bracket(
+        run,
+        list(range((low if low is not None else -1) + 1, cand_high + 1)) + (region.candidate if region else []),
+        list(range(ref_low + 1, ref_high + 1)) + (region.reference if region else []),
+        low,
+        entry,
+        why,
+    )
 
 
 def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence, nonfinite_from: int | None = None) -> Culprit:
@@ -514,8 +630,9 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence, nonfinite
     start (`nonfinite_from`) when they start inside it, else where its difference enters."""
     evidence = analysis.with_oracle(evidence)
     cand_op = run.candidate.ops[evidence.candidate]
-    different_leaves = [analysis.leaves[t] for t in cand_op.inputs
-                        if t in analysis.leaves and analysis.leaves[t].verdict == "different"]
+    different_leaves = [
+        analysis.leaves[t] for t in cand_op.inputs if t in analysis.leaves and analysis.leaves[t].verdict == "different"
+    ]
     leaf = leaf_name(different_leaves[0].candidate) if different_leaves else None
     cand_index, ref_index = evidence.candidate, evidence.reference
     if evidence.block is not None:  # shown where its difference enters, against the reference op it is named after
@@ -524,13 +641,25 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence, nonfinite
         if evidence.block.reference:
             ref_index = computing_op(run.reference, evidence.block.reference)
     block = evidence.block or Block([evidence.candidate], [evidence.reference], matched=True)
-    return Culprit("leaf" if leaf else "op", evidence.op, site(run.candidate.ops[cand_index]),
-                   site(run.reference.ops[ref_index]), leaf,
-                   input_error=evidence.input_error, output_error=evidence.output_error.max_abs,
-                   output_error_rel=evidence.output_error.max_rel, input_error_rel=evidence.input_error_rel,
-                   local_error=evidence.local_error, amplification=evidence.amplification, verdict=evidence.verdict,
-                   fp64=evidence.fp64, block=BlockOps(evidence.block.candidate, evidence.block.reference) if evidence.block else None,
-                   fp64_unavailable=evidence.fp64_unavailable, rewired=_rewired(run, block), placements=_placements(run, block))
+    return Culprit(
+        "leaf" if leaf else "op",
+        evidence.op,
+        site(run.candidate.ops[cand_index]),
+        site(run.reference.ops[ref_index]),
+        leaf,
+        input_error=evidence.input_error,
+        output_error=evidence.output_error.max_abs,
+        output_error_rel=evidence.output_error.max_rel,
+        input_error_rel=evidence.input_error_rel,
+        local_error=evidence.local_error,
+        amplification=evidence.amplification,
+        verdict=evidence.verdict,
+        fp64=evidence.fp64,
+        block=BlockOps(evidence.block.candidate, evidence.block.reference) if evidence.block else None,
+        fp64_unavailable=evidence.fp64_unavailable,
+        rewired=_rewired(run, block),
+        placements=_placements(run, block),
+    )
 
 
 def _placements(run: RunRecord, block: Block) -> Placements | None:
@@ -540,8 +669,11 @@ def _placements(run: RunRecord, block: Block) -> Placements | None:
     candidate = run.candidate
     floating = [t for t in external_inputs(candidate, block.candidate) if is_floating(candidate.tensors[t].dtype)]
     handed = handed_on(candidate, block.candidate, candidate.consumers())
-    return Placements(run.traced.candidate_nproc, [candidate.tensors[t].placement or "whole" for t in floating],
-                      [candidate.tensors[t].placement or "whole" for t in handed])
+    return Placements(
+        run.traced.candidate_nproc,
+        [candidate.tensors[t].placement or "whole" for t in floating],
+        [candidate.tensors[t].placement or "whole" for t in handed],
+    )
 
 
 def _rewired(run: RunRecord, block: Block) -> Rewired | None:
@@ -550,13 +682,24 @@ def _rewired(run: RunRecord, block: Block) -> Rewired | None:
         return None
     ref_tid, counterpart, instead = found
     reads = run.candidate.tensors[instead]
-    return Rewired(site(run.reference.ops[run.reference.tensors[ref_tid].producer]),
-                   site(run.candidate.ops[run.candidate.tensors[counterpart].producer]),
-                   site(run.candidate.ops[reads.producer]) if reads.producer is not None else None,
-                   reads.leaf if reads.producer is None else None)
+    return Rewired(
+        site(run.reference.ops[run.reference.tensors[ref_tid].producer]),
+        site(run.candidate.ops[run.candidate.tensors[counterpart].producer]),
+        site(run.candidate.ops[reads.producer]) if reads.producer is not None else None,
+        reads.leaf if reads.producer is None else None,
+    )
 
 
 def _profile_row(run: RunRecord, evidence: OpEvidence) -> ProfileRow:
-    return ProfileRow(evidence.candidate, evidence.reference, evidence.op, run.candidate.ops[evidence.candidate].module,
-                      evidence.output_error.max_rel, evidence.output_error.max_abs, evidence.output_error.mean_abs,
-                      evidence.local_error, evidence.verdict, evidence.amplification)
+    return ProfileRow(
+        evidence.candidate,
+        evidence.reference,
+        evidence.op,
+        run.candidate.ops[evidence.candidate].module,
+        evidence.output_error.max_rel,
+        evidence.output_error.max_abs,
+        evidence.output_error.mean_abs,
+        evidence.local_error,
+        evidence.verdict,
+        evidence.amplification,
+    )

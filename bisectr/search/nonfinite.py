@@ -1,5 +1,6 @@
 """Where NaN or Inf in the candidate's outputs start, read from the recorded traces: they are never
 rounding, so the op (or leaf) that made them from finite values is the culprit when no replay names one."""
+
 from __future__ import annotations
 
 import math
@@ -55,7 +56,11 @@ def nonfinite_start(run: RunRecord, alignment: Alignment) -> NonFiniteStart | No
 def nonfinite_summary(run: RunRecord, start: NonFiniteStart) -> NonFinite:
     outputs = [run.candidate.tensors[pair.candidate] for pair in run.output_pairs]
     info = run.candidate.tensors[start.tid]
-    first = None if start.op is None else NonFiniteSite(**vars(site(start.op)), leaf=info.leaf if info.producer is None else None)
+    first = (
+        None
+        if start.op is None
+        else NonFiniteSite(**vars(site(start.op)), leaf=info.leaf if info.producer is None else None)
+    )
     return NonFinite(sum(o.stats.nan for o in outputs), sum(o.stats.inf for o in outputs), first)
 
 

@@ -8,6 +8,7 @@ triangle inequality bounds by that prediction plus the difference left in float6
 The float64 rule (`numerics.rounding_explains`) then says whether rounding explains the
 measured difference or something computes differently.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,11 +44,18 @@ def float64_check(live: LiveRun) -> Float64Check:
         reference64 = outputs["reference"][pair.key]
         candidate64 = pair.in_reference_layout(outputs["candidate"][pair.candidate_key], reference64.shape)
         float64_error = max(float64_error, error_metrics(candidate64, reference64).max_rel)
-        reference_rounding = max(reference_rounding, error_metrics(run.reference.value(pair.reference), reference64).max_rel)
+        reference_rounding = max(
+            reference_rounding, error_metrics(run.reference.value(pair.reference), reference64).max_rel
+        )
         candidate32 = pair.in_reference_layout(run.candidate.value(pair.candidate), reference64.shape)
         candidate_rounding = max(candidate_rounding, error_metrics(candidate32, candidate64).max_rel)
-    check = noted(judge_float64(error, float64_error, reference_rounding, candidate_rounding,
-                                [t.dtype for t in run.traces.values()]), run, runs)
+    check = noted(
+        judge_float64(
+            error, float64_error, reference_rounding, candidate_rounding, [t.dtype for t in run.traces.values()]
+        ),
+        run,
+        runs,
+    )
     return inconclusive_where_narrow(check)
 
 
@@ -62,19 +70,24 @@ def inconclusive_where_narrow(check: Float64Check) -> Float64Check:
     unseen = [role for role in check.narrow_ops if rounding[role] == 0.0]
     if unseen:
         check.status = "skipped"
-        check.reason = (f"the {unseen[0]}'s float64 run kept every op at its recorded dtypes (its outputs there are its "
-                        f"own, bit for bit), so the float64 runs cannot tell its rounding from a difference: each op's "
-                        f"float64 oracle decides")
+        check.reason = (
+            f"the {unseen[0]}'s float64 run kept every op at its recorded dtypes (its outputs there are its "
+            f"own, bit for bit), so the float64 runs cannot tell its rounding from a difference: each op's "
+            f"float64 oracle decides"
+        )
     elif check.status == "disagree" and check.float64_error <= check.predicted:
         check.status = "skipped"
-        check.reason = (f"ops still ran below float64 in the float64 runs, and the outputs there differ by "
-                        f"{check.float64_error:.3g}, no more than rounding predicts ({check.predicted:.3g}): "
-                        f"the float64 runs cannot tell, each op's float64 oracle decides")
+        check.reason = (
+            f"ops still ran below float64 in the float64 runs, and the outputs there differ by "
+            f"{check.float64_error:.3g}, no more than rounding predicts ({check.predicted:.3g}): "
+            f"the float64 runs cannot tell, each op's float64 oracle decides"
+        )
     return check
 
 
-def float64_runs(live: LiveRun, request: Callable[[str, dict[str, np.ndarray]], Float64Outputs | Float64Gradients],
-                 error: float) -> dict[str, Float64Run] | Float64Check:
+def float64_runs(
+    live: LiveRun, request: Callable[[str, dict[str, np.ndarray]], Float64Outputs | Float64Gradients], error: float
+) -> dict[str, Float64Run] | Float64Check:
     """Each side run once in float64 (`request(role, leaf values)`: its outputs, or its gradients), the
     candidate with the reference's values for the leaves it only rounds; the check skipped where a side cannot."""
     runs = {}
@@ -99,7 +112,9 @@ def noted(check: Float64Check, run: RunRecord, runs: dict[str, Float64Run]) -> F
     rounded = [pair for pair in run.alignment.leaves.pairs if pair.status == "rounded"]
     if rounded:
         worst = max(p.max_rel or 0.0 for p in rounded)
-        check.rounded_leaves = (f"the candidate's weights are {'; '.join(sorted({p.description for p in rounded}))} "
-                                f"({len(rounded)} leaves, max rel {worst:.2g}): both sides ran with the reference's values")
+        check.rounded_leaves = (
+            f"the candidate's weights are {'; '.join(sorted({p.description for p in rounded}))} "
+            f"({len(rounded)} leaves, max rel {worst:.2g}): both sides ran with the reference's values"
+        )
     check.narrow_ops = {role: float64.narrow_ops for role, float64 in runs.items() if float64.narrow_ops}
     return check

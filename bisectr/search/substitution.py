@@ -6,6 +6,7 @@ interpreter over the recorded graph the analysis also uses, `bisectr.engines.val
 `layer_norm` against mean/var/rsqrt) that contains a chosen op is computed instead by
 replaying the reference's ops on the candidate's current values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,9 +36,12 @@ def substitute(live: LiveRun, ops: list[str]) -> SubstitutionResult:
     """The outputs' error with every unit containing one of `ops` (canonical names) taken from the reference."""
     run = live.run
     chosen = set(ops)
-    units = [u for u in _units(run.alignment)
-             if any(run.candidate.ops[i].op in chosen for i in u.candidate)
-             or any(run.reference.ops[i].op in chosen for i in u.reference)]
+    units = [
+        u
+        for u in _units(run.alignment)
+        if any(run.candidate.ops[i].op in chosen for i in u.candidate)
+        or any(run.reference.ops[i].op in chosen for i in u.reference)
+    ]
     before = run.candidate_output_error(_replay_candidate(live, []))
     after = run.candidate_output_error(_replay_candidate(live, units))
     return SubstitutionResult(sorted(chosen), units, before, after)
@@ -45,7 +49,11 @@ def substitute(live: LiveRun, ops: list[str]) -> SubstitutionResult:
 
 def _units(alignment: Alignment) -> list[Unit]:
     units = [Unit([p.candidate], [p.reference]) for p in alignment.pairs]
-    units += [Unit(list(b.candidate), list(b.reference)) for b in alignment.blocks if b.matched and b.candidate and b.reference]
+    units += [
+        Unit(list(b.candidate), list(b.reference))
+        for b in alignment.blocks
+        if b.matched and b.candidate and b.reference
+    ]
     return sorted(units, key=lambda u: u.candidate[0])
 
 
@@ -82,9 +90,13 @@ def _reference_unit(live: LiveRun, unit: Unit, cand_values: dict[int, np.ndarray
         if pair.candidate in cand_values:
             from_candidate.setdefault(pair.reference, pair)
     ref_ops = sorted(unit.reference)
-    from_candidate_values = {tid: from_candidate[tid].candidate_in_reference_layout(
-        cand_values[from_candidate[tid].candidate], reference.tensors[tid].shape)
-        for tid in external_inputs(reference, ref_ops) if tid in from_candidate}
+    from_candidate_values = {
+        tid: from_candidate[tid].candidate_in_reference_layout(
+            cand_values[from_candidate[tid].candidate], reference.tensors[tid].shape
+        )
+        for tid in external_inputs(reference, ref_ops)
+        if tid in from_candidate
+    }
     ref_values = live.replay("reference", ref_ops, from_candidate_values)
     defined = {}
     for index in unit.candidate:

@@ -17,6 +17,7 @@ Fetched values live in the traces (`Trace.fetched`) and are stored with the run 
 Where the window gives no confirmed culprit, and for rounding (judged on every op), the caller
 fetches everything (`fetch_all`) and searches again.
 """
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -40,7 +41,7 @@ def layer_of(module: str) -> str:
     parts = module.split(".")
     for i, part in enumerate(parts):
         if part.isdigit():
-            return ".".join(parts[:i + 1])
+            return ".".join(parts[: i + 1])
     return ""
 
 
@@ -54,7 +55,9 @@ def boundaries(trace: Trace) -> set[int]:
             producer = trace.tensors[tid].producer
             if producer is not None and layer[producer] != layer[op.index]:
                 crossing.add(tid)
-    return {tid for tid in crossing if trace.tensors[tid].producer is not None and is_floating(trace.tensors[tid].dtype)}
+    return {
+        tid for tid in crossing if trace.tensors[tid].producer is not None and is_floating(trace.tensors[tid].dtype)
+    }
 
 
 def window_ops(trace: Trace, first: int, last: int) -> list[int]:
@@ -90,7 +93,9 @@ def window_between(run: RunRecord, partner: dict[int, int], low: int | None, ent
     """Each side's window: the candidate's ops after cut `low` up to the entry point `entry` (to
     the end without one), the reference's from the `partner` (candidate op -> reference op) of
     `low` to that of `entry`, each widened to whole layers (see `window_ops`)."""
-    bounds = {"candidate": ((low + 1) if low is not None else 0, entry if entry is not None else len(run.candidate.ops) - 1)}
+    bounds = {
+        "candidate": ((low + 1) if low is not None else 0, entry if entry is not None else len(run.candidate.ops) - 1)
+    }
     ref_low = partner.get(low, -1) if low is not None else -1
     ref_high = partner.get(entry, len(run.reference.ops) - 1) if entry is not None else len(run.reference.ops) - 1
     bounds["reference"] = (ref_low + 1, max(ref_high, ref_low + 1))
@@ -124,7 +129,9 @@ def fetch_recurrences(live: LiveRun, analysis: Analysis, window: dict[str, list[
             continue
         op = run.candidate.ops[evidence.candidate]
         if any(evidence.op == d.op and same_place(op, run.candidate.ops[d.candidate]) for d in different):
-            for role, tids in zip(("candidate", "reference"), analysis.evidence_tensors(evidence.candidate, evidence.reference)):
+            for role, tids in zip(
+                ("candidate", "reference"), analysis.evidence_tensors(evidence.candidate, evidence.reference)
+            ):
                 wanted[role].update(tid for tid in tids if run.traces[role].tensors[tid].producer is not None)
     return fetch_values(live, wanted)
 

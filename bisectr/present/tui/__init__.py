@@ -3,6 +3,7 @@
 Entry point: `run_app(run) -> int` (see `bisectr.present.tui.app.run_app`). `python -m bisectr.present.tui RUN_DIR`
 opens a saved run.
 """
+
 from __future__ import annotations
 
 from ...errors import BisectrError

@@ -1,4 +1,5 @@
 """`python -m bisectr.present.tui RUN_DIR`: open a saved run in the TUI."""
+
 from __future__ import annotations
 
 import argparse

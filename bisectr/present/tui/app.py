@@ -1,4 +1,5 @@
 """The bisectr TUI: overview, module tree + op table, op detail."""
+
 from __future__ import annotations
 
 import threading
@@ -15,8 +16,17 @@ from ...measure.result import Result
 from ...run import Run
 from .data import RunData
 from .screens import DetailScreen, HelpScreen, RetraceScreen
-from .widgets import (CulpritPanel, ErrorChart, FilterInput, ModuleTree, OpPreview, OpTable, RunSummary, SearchProgress,
-                      VerdictBanner)
+from .widgets import (
+    CulpritPanel,
+    ErrorChart,
+    FilterInput,
+    ModuleTree,
+    OpPreview,
+    OpTable,
+    RunSummary,
+    SearchProgress,
+    VerdictBanner,
+)
 
 
 class BisectrApp(App[int]):
@@ -51,7 +61,9 @@ class BisectrApp(App[int]):
     def __init__(self, data: RunData, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.data = data
-        self.set_reactive(BisectrApp.current, data.culprit_index if data.culprit_index is not None else (0 if data.rows else None))
+        self.set_reactive(
+            BisectrApp.current, data.culprit_index if data.culprit_index is not None else (0 if data.rows else None)
+        )
         self._busy: str | None = None
         self._busy_lock = threading.Lock()
 
@@ -70,7 +82,9 @@ class BisectrApp(App[int]):
                     yield ModuleTree("model", id="modules")
                     with Vertical(id="ops-right"):
                         yield OpTable(id="table")
-                        yield FilterInput(placeholder="filter: words (op, module, verdict, source), #7 for op 7", id="filter")
+                        yield FilterInput(
+                            placeholder="filter: words (op, module, verdict, source), #7 for op 7", id="filter"
+                        )
                 yield OpPreview(id="preview")
         yield SearchProgress(id="progress")
         yield Footer()
@@ -196,8 +210,10 @@ class BisectrApp(App[int]):
     def action_culprit(self) -> None:
         index = self.data.culprit_index
         if index is None:
-            self.notify("no culprit: " + ("the outputs match" if self.data.verdict == "match" else "no search result"),
-                        severity="warning")
+            self.notify(
+                "no culprit: " + ("the outputs match" if self.data.verdict == "match" else "no search result"),
+                severity="warning",
+            )
             return
         self.select(index)
 
@@ -272,8 +288,9 @@ class BisectrApp(App[int]):
     @work(thread=True, exclusive=True, group="bisect", exit_on_error=False)
     def bisect_worker(self, progress: SearchProgress, model_file: str | None) -> None:
         try:
-            result = self.data.search_again(progress=lambda message: self.call_from_thread(progress.stage, message),
-                                      model_file=model_file)
+            result = self.data.search_again(
+                progress=lambda message: self.call_from_thread(progress.stage, message), model_file=model_file
+            )
         except Exception as exc:
             self.call_from_thread(self._bisect_failed, exc)
             return

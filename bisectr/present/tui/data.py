@@ -4,6 +4,7 @@ statistics, error heat maps, source context, patch-and-re-run and repro export.
 `RunData` wraps a `Run`: its traces, alignment and result as saved (nothing is
 recomputed, nothing imported); its sides, when live, for replays and re-runs.
 """
+
 from __future__ import annotations
 
 import linecache
@@ -30,8 +31,13 @@ from ...run import Run
 # Worst first; "block" (inside a matched N:M block) and "unaligned" ops carry no evidence.
 SEVERITY = {"different": 5, "noise": 4, "unknown": 3, "unaligned": 2, "block": 1, "exact": 0, "": 0}
 # Theme variables (Textual) for verdict text.
-VERDICT_VARIABLE = {"different": "text-error", "divergent": "text-error", "noise": "text-warning",
-                    "exact": "text-success", "match": "text-success"}
+VERDICT_VARIABLE = {
+    "different": "text-error",
+    "divergent": "text-error",
+    "noise": "text-warning",
+    "exact": "text-success",
+    "match": "text-success",
+}
 HEAT_LEVELS = " ·░▒▓█"
 CONTEXT_LINES = 2
 
@@ -84,8 +90,18 @@ class OpRow:
         return SEVERITY.get(self.verdict, 0)
 
     def search_text(self) -> str:
-        return " ".join((str(self.index), self.op, self.framework_op, self.module or "(top)", self.verdict,
-                         short_source(self.source), self.reference_op, short_source(self.reference_source))).lower()
+        return " ".join(
+            (
+                str(self.index),
+                self.op,
+                self.framework_op,
+                self.module or "(top)",
+                self.verdict,
+                short_source(self.source),
+                self.reference_op,
+                short_source(self.reference_source),
+            )
+        ).lower()
 
     def matches(self, query: str) -> bool:
         """Every word of `query` occurs in the row (case-insensitive); `#7` matches op 7 only."""
@@ -273,13 +289,19 @@ class RunData:
         return ops[(position + (1 if forward else -1)) % len(ops)], kind
 
     def counts(self) -> dict[str, int]:
-        return {"candidate": len(self.run.candidate.ops), "reference": len(self.run.reference.ops),
-                "aligned": len(self.alignment.aligned_ops("candidate")), "paired": len(self.alignment.pairs)}
+        return {
+            "candidate": len(self.run.candidate.ops),
+            "reference": len(self.run.reference.ops),
+            "aligned": len(self.alignment.aligned_ops("candidate")),
+            "paired": len(self.alignment.pairs),
+        }
 
     def output_lines(self) -> list[tuple[str, str, float, float]]:
         """(output key, shape, max abs, max rel) per paired output."""
-        return [(p.key, fmt_shape(self.run.reference.tensors[p.reference].shape), p.metrics.max_abs,
-                 p.metrics.max_rel) for p in self.run.output_pairs]
+        return [
+            (p.key, fmt_shape(self.run.reference.tensors[p.reference].shape), p.metrics.max_abs, p.metrics.max_rel)
+            for p in self.run.output_pairs
+        ]
 
     # -- one op ---------------------------------------------------------------------
     def reference_values(self, cand_tid: int) -> np.ndarray | None:
@@ -336,16 +358,30 @@ class RunData:
         flat = int(np.argmax(np.where(np.isfinite(diff), diff, np.inf).reshape(-1)))
         argmax = tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
         max_abs = float(diff.reshape(-1)[flat])
-        return HeatMap(cells, max_abs, shape, (len(row_groups[0]), len(col_groups[0])), argmax,
-                       float(candidate.reshape(-1)[flat]), float(reference.reshape(-1)[flat]))
+        return HeatMap(
+            cells,
+            max_abs,
+            shape,
+            (len(row_groups[0]), len(col_groups[0])),
+            argmax,
+            float(candidate.reshape(-1)[flat]),
+            float(reference.reshape(-1)[flat]),
+        )
 
     def evidence(self, index: int) -> ShownEvidence | None:
         """The culprit's evidence from the result when `index` is the culprit, else None."""
         if not self.result or self.culprit_index != index:
             return None
         culprit = self.result.culprit
-        return ShownEvidence(culprit.local_error, culprit.fp64, culprit.verdict, culprit.input_error, culprit.output_error,
-                             culprit.amplification, culprit.fp64_unavailable)
+        return ShownEvidence(
+            culprit.local_error,
+            culprit.fp64,
+            culprit.verdict,
+            culprit.input_error,
+            culprit.output_error,
+            culprit.amplification,
+            culprit.fp64_unavailable,
+        )
 
     def replay_evidence(self, index: int) -> ShownEvidence | None:
         """Replay one op (live runs): local error and the fp64 oracle. Slow-ish: call from a worker."""
@@ -353,8 +389,15 @@ class RunData:
         if not self.run.is_live or row.reference is None:
             return None
         evidence = self.analysis.evidence(index, row.reference, oracle=True)
-        return ShownEvidence(evidence.local_error, evidence.fp64, evidence.verdict, evidence.input_error,
-                             evidence.output_error.max_abs, evidence.amplification, evidence.fp64_unavailable)
+        return ShownEvidence(
+            evidence.local_error,
+            evidence.fp64,
+            evidence.verdict,
+            evidence.input_error,
+            evidence.output_error.max_abs,
+            evidence.amplification,
+            evidence.fp64_unavailable,
+        )
 
     # -- actions ----------------------------------------------------------------------
     def patch_effect(self, index: int) -> dict[str, float]:
@@ -367,9 +410,11 @@ class RunData:
         analysis = self.analysis
         search = ForwardPass(self.run.live, analysis)
         before = self.run.output_error().max_rel
-        return {"before": before,
-                "only_this": search.candidate_error(_op_patches(analysis, self.run, index)),
-                "up_to_here": search.candidate_error(search.patches_up_to(index))}
+        return {
+            "before": before,
+            "only_this": search.candidate_error(_op_patches(analysis, self.run, index)),
+            "up_to_here": search.candidate_error(search.patches_up_to(index)),
+        }
 
     def search_again(self, progress: Callable[[str], None] | None = None, model_file: str | None = None) -> Result:
         """Run the whole search again and save the run with its result (`refresh` then shows it).
@@ -398,7 +443,10 @@ class RunData:
 def _op_patches(analysis: Analysis, run: Run, index: int) -> dict[int, np.ndarray]:
     """Reference values for the outputs of a candidate op (all that a block hands on, for an op completing one)."""
     block = analysis.blocks.get(index)
-    outputs = run.candidate.ops[index].outputs if block is None else \
-        [c for c, _ in analysis.compared_outputs(index, analysis.ops[index].reference)]
+    outputs = (
+        run.candidate.ops[index].outputs
+        if block is None
+        else [c for c, _ in analysis.compared_outputs(index, analysis.ops[index].reference)]
+    )
     values = {tid: analysis.reference_values_for(tid) for tid in outputs}
     return {tid: v for tid, v in values.items() if v is not None}

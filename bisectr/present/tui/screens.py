@@ -1,4 +1,5 @@
 """The op detail and help screens."""
+
 from __future__ import annotations
 
 from textual import work
@@ -61,10 +62,14 @@ class RetraceScreen(ModalScreen[str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="help-box"):
             yield Static(Content.styled("Search again: trace the models again", "bold"), id="help-title")
-            yield Static(Content.assemble(
-                "A saved run holds no models. Searching again imports and runs the model file you name here, "
-                "traced into this run directory as a new run (isolated sides run in this interpreter).\n",
-                ("This run was traced from: ", "$text-muted"), (self.recorded, "bold")))
+            yield Static(
+                Content.assemble(
+                    "A saved run holds no models. Searching again imports and runs the model file you name here, "
+                    "traced into this run directory as a new run (isolated sides run in this interpreter).\n",
+                    ("This run was traced from: ", "$text-muted"),
+                    (self.recorded, "bold"),
+                )
+            )
             yield Input(placeholder="path of the model file to run", id="retrace-file")
             yield Static(Content.styled("enter runs it · escape cancels", "$text-muted"), id="help-hint")
 
@@ -122,15 +127,27 @@ class DetailScreen(Screen):
         data = self.data
         row = data.by_index[index]
         self.sub_title = f"op {index}"
-        title = Content.assemble(("op ", "bold"), (str(index), "bold"), " ", (row.op, f"bold {verdict_style(row.verdict)}"),
-                                 "  in ", (row.module or "(top level)", "$text-accent"), "  ",
-                                 (row.verdict or "-", verdict_style(row.verdict)),
-                                 ("   ← the culprit" if index == data.culprit_index else "", "bold"))
+        title = Content.assemble(
+            ("op ", "bold"),
+            (str(index), "bold"),
+            " ",
+            (row.op, f"bold {verdict_style(row.verdict)}"),
+            "  in ",
+            (row.module or "(top level)", "$text-accent"),
+            "  ",
+            (row.verdict or "-", verdict_style(row.verdict)),
+            ("   ← the culprit" if index == data.culprit_index else "", "bold"),
+        )
         self.query_one("#detail-title", Static).update(title)
         cand, ref = data.run.candidate, data.run.reference
-        self.query_one("#source-candidate", SourcePanel).show(f"candidate · {cand.framework} {row.framework_op} · op {index}", row.source)
-        ref_title = (f"reference · {ref.framework} {row.reference_op} · op {row.reference}" if row.reference is not None
-                     else "reference · no paired op")
+        self.query_one("#source-candidate", SourcePanel).show(
+            f"candidate · {cand.framework} {row.framework_op} · op {index}", row.source
+        )
+        ref_title = (
+            f"reference · {ref.framework} {row.reference_op} · op {row.reference}"
+            if row.reference is not None
+            else "reference · no paired op"
+        )
         self.query_one("#source-reference", SourcePanel).show(ref_title, row.reference_source)
         evidence = data.evidence(index)
         pending = evidence is None and data.run.is_live and row.reference is not None
@@ -142,7 +159,8 @@ class DetailScreen(Screen):
         self.query_one(HeatMapView).show(heat, problem)
         self.query_one(TensorStatsPanel).show(data, index)
         self.query_one("#action-log", Static).update(
-            "" if data.live else Content.styled("patch & re-run needs a live run (bisectr trace)", "$text-muted"))
+            "" if data.live else Content.styled("patch & re-run needs a live run (bisectr trace)", "$text-muted")
+        )
         if pending:
             self.replay(index)
 
@@ -173,8 +191,10 @@ class DetailScreen(Screen):
 
     def action_patch(self) -> None:
         if not self.data.live:
-            self.app.notify("patching needs a live run: trace the model with `bisectr trace` (this run was reopened from disk)",
-                            severity="warning")
+            self.app.notify(
+                "patching needs a live run: trace the model with `bisectr trace` (this run was reopened from disk)",
+                severity="warning",
+            )
             return
         if not self.app.claim("patching and re-running"):  # type: ignore[attr-defined]
             return
@@ -197,11 +217,22 @@ class DetailScreen(Screen):
     def show_effect(self, index: int, effect: dict) -> None:
         before, only, upto = effect["before"], effect["only_this"], effect["up_to_here"]
         fixed = only <= 0.5 * before if before else True
-        self.log_line(Content("\n").join([
-            Content.assemble(("patched op ", "bold"), (str(index), "bold"), f": outputs' error {fmt(before)} → ",
-                             (fmt(only), f"bold {'$text-success' if fixed else '$text-warning'}"), " (this op only)"),
-            Content.assemble(" " * 13, f"{fmt(before)} → ", (fmt(upto), "bold"), f" (everything up to op {index})"),
-        ]))
+        self.log_line(
+            Content("\n").join(
+                [
+                    Content.assemble(
+                        ("patched op ", "bold"),
+                        (str(index), "bold"),
+                        f": outputs' error {fmt(before)} → ",
+                        (fmt(only), f"bold {'$text-success' if fixed else '$text-warning'}"),
+                        " (this op only)",
+                    ),
+                    Content.assemble(
+                        " " * 13, f"{fmt(before)} → ", (fmt(upto), "bold"), f" (everything up to op {index})"
+                    ),
+                ]
+            )
+        )
         self.app.notify(f"op {index} patched: outputs' error {fmt(before)} → {fmt(only)}")
 
     def log_line(self, content: Content | str) -> None:

@@ -1,4 +1,5 @@
 """The `bisectr train` TUI: the verdict over steps, both sides' loss curves and the per-step table."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,8 +23,10 @@ class LossCurve(Vertical):
         self.role, self.losses = role, losses
 
     def compose(self) -> ComposeResult:
-        yield Static(f"loss, {self.role}: {fmt(self.losses[0])} -> {fmt(self.losses[-1])} over {len(self.losses)} steps",
-                     classes="curve-title")
+        yield Static(
+            f"loss, {self.role}: {fmt(self.losses[0])} -> {fmt(self.losses[-1])} over {len(self.losses)} steps",
+            classes="curve-title",
+        )
         yield Sparkline(self.losses, summary_function=max)
 
 

@@ -1,4 +1,5 @@
 """Small widgets of the bisectr TUI; their look lives in bisectr.tcss."""
+
 from __future__ import annotations
 
 import math
@@ -11,9 +12,29 @@ from textual.message import Message
 from textual.widgets import DataTable, Input, Label, ProgressBar, Static, Tree
 from textual.widgets.tree import TreeNode
 
-from ..report import (HEADLINE, Line, culprit_lines, error_chart, fmt, fmt_amplification, short_source, source_text,
-                      verdict_lines)
-from .data import HEAT_LEVELS, VERDICT_VARIABLE, HeatMap, ModuleNode, OpRow, RunData, ShownEvidence, fmt_shape, source_context
+from ..report import (
+    HEADLINE,
+    Line,
+    culprit_lines,
+    error_chart,
+    fmt,
+    fmt_amplification,
+    short_source,
+    source_text,
+    verdict_lines,
+)
+from .data import (
+    HEAT_LEVELS,
+    VERDICT_VARIABLE,
+    HeatMap,
+    ModuleNode,
+    OpRow,
+    RunData,
+    ShownEvidence,
+    fmt_shape,
+    source_context,
+)
+
 
 def verdict_style(verdict: str) -> str:
     """A Textual style (theme variables) for a verdict's text."""
@@ -30,19 +51,26 @@ def rich_verdict_style(app, verdict: str, bold: bool = False) -> str:
 
 
 def truncate_left(text: str, width: int) -> str:
-    return text if len(text) <= width else "…" + text[-(width - 1):]
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
 # -- overview ------------------------------------------------------------------------
 # The theme's styles for the formatter's named styles (`report.Line`).
-LINE_STYLES = {"bold": "bold", "muted": "$text-muted", "accent": "$text-accent", "source": "underline",
-               "code": "$text-primary", "warning": "bold $warning"}
+LINE_STYLES = {
+    "bold": "bold",
+    "muted": "$text-muted",
+    "accent": "$text-accent",
+    "source": "underline",
+    "code": "$text-primary",
+    "warning": "bold $warning",
+}
 
 
 def content_line(line: Line) -> Content:
     """A line of `report`'s formatter, styled with the theme."""
-    return Content.assemble(*((text, LINE_STYLES.get(style) or (f"bold {verdict_style(style)}" if style else ""))
-                              for text, style in line))
+    return Content.assemble(
+        *((text, LINE_STYLES.get(style) or (f"bold {verdict_style(style)}" if style else "")) for text, style in line)
+    )
 
 
 class VerdictBanner(Static):
@@ -67,9 +95,15 @@ class CulpritPanel(Static):
 
     def show(self, data: RunData) -> None:
         if data.result is None or data.result.culprit is None:
-            self.update(Content.styled("No culprit: " + ("the outputs match." if data.result else "no search was run."), "$text-muted"))
+            self.update(
+                Content.styled(
+                    "No culprit: " + ("the outputs match." if data.result else "no search was run."), "$text-muted"
+                )
+            )
             return
-        self.update(Content("\n").join(content_line(line) for line in culprit_lines(data.run, data.result, self.LISTED)))
+        self.update(
+            Content("\n").join(content_line(line) for line in culprit_lines(data.run, data.result, self.LISTED))
+        )
 
 
 class ErrorChart(Static):
@@ -100,7 +134,7 @@ class ErrorChart(Static):
         styles = ["$text-primary", "$text-warning", "bold $text-error", "$text-muted"]
         out = []
         for line, style in zip(lines, styles):
-            label, body = line[: self.LABEL], line[self.LABEL:]
+            label, body = line[: self.LABEL], line[self.LABEL :]
             out.append(Content.assemble((label, "$text-muted"), (body, style)))
         self.update(Content("\n").join(out))
 
@@ -112,16 +146,42 @@ class RunSummary(Static):
         run = data.run
         counts = data.counts()
         share = counts["aligned"] / counts["candidate"] if counts["candidate"] else 0.0
-        lines = [Content.assemble(("sides      ", "$text-muted"), *[
-            part for role, trace in run.traces.items()
-            for part in ((role, "bold"), f" {trace.framework} ({trace.device}, {trace.dtype}) {len(trace.ops)} ops", "   ")])]
+        lines = [
+            Content.assemble(
+                ("sides      ", "$text-muted"),
+                *[
+                    part
+                    for role, trace in run.traces.items()
+                    for part in (
+                        (role, "bold"),
+                        f" {trace.framework} ({trace.device}, {trace.dtype}) {len(trace.ops)} ops",
+                        "   ",
+                    )
+                ],
+            )
+        ]
         reruns = f" · {data.result.reruns} re-runs" if data.result else ""
-        lines.append(Content.assemble(("alignment  ", "$text-muted"), f"{counts['aligned']} of {counts['candidate']} candidate ops aligned ",
-                                      (f"({share:.0%})", "bold"), f", {counts['paired']} paired 1:1{reruns}"))
+        lines.append(
+            Content.assemble(
+                ("alignment  ", "$text-muted"),
+                f"{counts['aligned']} of {counts['candidate']} candidate ops aligned ",
+                (f"({share:.0%})", "bold"),
+                f", {counts['paired']} paired 1:1{reruns}",
+            )
+        )
         for key, shape, max_abs, max_rel in data.output_lines()[:4]:
-            lines.append(Content.assemble(("output     ", "$text-muted"), (key, "bold"), f" {shape}  max abs {fmt(max_abs)}  max rel {fmt(max_rel)}"))
-        mode = ("live run: b searches again, the op detail can patch and re-run" if data.live
-                else "saved run (no model loaded): b asks for the model file to trace again; patching needs a live run")
+            lines.append(
+                Content.assemble(
+                    ("output     ", "$text-muted"),
+                    (key, "bold"),
+                    f" {shape}  max abs {fmt(max_abs)}  max rel {fmt(max_rel)}",
+                )
+            )
+        mode = (
+            "live run: b searches again, the op detail can patch and re-run"
+            if data.live
+            else "saved run (no model loaded): b asks for the model file to trace again; patching needs a live run"
+        )
         lines.append(Content.assemble(("run        ", "$text-muted"), (mode, "$text-muted")))
         self.update(Content("\n").join(lines))
 
@@ -170,7 +230,11 @@ SORTS = [
     ("op order", None, False),
     ("output error", lambda r: r.output_error if r.output_error is not None else -1.0, True),
     ("local error", lambda r: r.local_error if r.local_error is not None else -1.0, True),
-    ("amplification", lambda r: (r.amplification if r.amplification is not None else (math.inf if r.output_error else -1.0)), True),
+    (
+        "amplification",
+        lambda r: r.amplification if r.amplification is not None else (math.inf if r.output_error else -1.0),
+        True,
+    ),
     ("verdict", lambda r: (r.severity, -r.index), True),
 ]
 COLUMN_SORT = {"index": 0, "out": 1, "local": 2, "amp": 3, "verdict": 4}
@@ -184,9 +248,19 @@ class OpTable(DataTable):
             super().__init__()
             self.shown, self.total = shown, total
 
-    COLUMNS = [("#", "index"), ("op", "op"), ("module", "module"), ("shape", "shape"), ("out err", "out"),
-               ("local", "local"), ("amp", "amp"), ("verdict", "verdict"), ("candidate source", "source"),
-               ("ref", "ref"), ("reference source", "ref_source")]
+    COLUMNS = [
+        ("#", "index"),
+        ("op", "op"),
+        ("module", "module"),
+        ("shape", "shape"),
+        ("out err", "out"),
+        ("local", "local"),
+        ("amp", "amp"),
+        ("verdict", "verdict"),
+        ("candidate source", "source"),
+        ("ref", "ref"),
+        ("reference source", "ref_source"),
+    ]
 
     def __init__(self, **kwargs) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
@@ -224,7 +298,11 @@ class OpTable(DataTable):
     def refill(self, keep: int | None = None) -> None:
         if self.data is None:
             return
-        rows = [r for r in self.data.rows if r.matches(self.query_text)] if self.query_text.strip() else list(self.data.rows)
+        rows = (
+            [r for r in self.data.rows if r.matches(self.query_text)]
+            if self.query_text.strip()
+            else list(self.data.rows)
+        )
         _, key, reverse = SORTS[self.sort_mode]
         if key is not None:
             rows.sort(key=lambda r: (key(r), -r.index) if reverse else (key(r), r.index), reverse=reverse)
@@ -246,7 +324,11 @@ class OpTable(DataTable):
             fmt_shape(row.shape),
             number(fmt(row.output_error) if row.verdict not in ("", "block", "unaligned") else "-"),
             number(fmt(row.local_error) if row.verdict not in ("", "block", "unaligned") else "-"),
-            number(fmt_amplification(row.amplification, row.output_error) if row.verdict not in ("", "block", "unaligned") else "-"),
+            number(
+                fmt_amplification(row.amplification, row.output_error)
+                if row.verdict not in ("", "block", "unaligned")
+                else "-"
+            ),
             Text(row.verdict or "-", style=style),
             short_source(row.source),
             number("-" if row.reference is None else str(row.reference)),
@@ -290,17 +372,38 @@ class OpPreview(Static):
             self.update(Content.styled("no op selected", "$text-muted"))
             return
         row = data.by_index[index]
-        head = Content.assemble(("op ", "bold"), (str(row.index), "bold"), " ", (row.op, f"bold {verdict_style(row.verdict)}"),
-                                " in ", (row.module or "(top level)", "$text-accent"), " · ",
-                                (row.verdict or "-", verdict_style(row.verdict)),
-                                f" · out {fmt(row.output_error)} · local {fmt(row.local_error)} · "
-                                f"amp {fmt_amplification(row.amplification, row.output_error)}",
-                                ("  ← culprit" if index == data.culprit_index else "", "bold"))
-        lines = [head, Content.assemble(("cand ", "$text-muted"), (short_source(row.source), "underline"), "  ",
-                                        (source_text(row.source), "$text-primary"))]
+        head = Content.assemble(
+            ("op ", "bold"),
+            (str(row.index), "bold"),
+            " ",
+            (row.op, f"bold {verdict_style(row.verdict)}"),
+            " in ",
+            (row.module or "(top level)", "$text-accent"),
+            " · ",
+            (row.verdict or "-", verdict_style(row.verdict)),
+            f" · out {fmt(row.output_error)} · local {fmt(row.local_error)} · "
+            f"amp {fmt_amplification(row.amplification, row.output_error)}",
+            ("  ← culprit" if index == data.culprit_index else "", "bold"),
+        )
+        lines = [
+            head,
+            Content.assemble(
+                ("cand ", "$text-muted"),
+                (short_source(row.source), "underline"),
+                "  ",
+                (source_text(row.source), "$text-primary"),
+            ),
+        ]
         if row.reference is not None:
-            lines.append(Content.assemble(("ref  ", "$text-muted"), (short_source(row.reference_source), "underline"), "  ",
-                                          (source_text(row.reference_source), "$text-primary"), (f"  (op {row.reference})", "$text-muted")))
+            lines.append(
+                Content.assemble(
+                    ("ref  ", "$text-muted"),
+                    (short_source(row.reference_source), "underline"),
+                    "  ",
+                    (source_text(row.reference_source), "$text-primary"),
+                    (f"  (op {row.reference})", "$text-muted"),
+                )
+            )
         else:
             lines.append(Content.styled("ref  no reference op paired with this one", "$text-muted"))
         self.update(Content("\n").join(lines))
@@ -347,8 +450,13 @@ class SourcePanel(Static):
         width = len(str(context[-1][0]))
         lines = []
         for number, text, current in context:
-            lines.append(Content.assemble(("▶ " if current else "  ", "bold $text-error"), (f"{number:>{width}} ", "$text-muted"),
-                                          (text, "bold" if current else "$text-muted")))
+            lines.append(
+                Content.assemble(
+                    ("▶ " if current else "  ", "bold $text-error"),
+                    (f"{number:>{width}} ", "$text-muted"),
+                    (text, "bold" if current else "$text-muted"),
+                )
+            )
         self.update(Content("\n").join(lines))
 
 
@@ -357,34 +465,67 @@ class EvidencePanel(Static):
 
     def show(self, data: RunData, index: int, evidence: ShownEvidence | None, pending: bool) -> None:
         row = data.by_index[index]
-        lines = [Content.assemble(("verdict        ", "$text-muted"), (row.verdict or "-", f"bold {verdict_style(row.verdict)}"),
-                                  "  (culprit)" if index == data.culprit_index else ""),
-                 Content.assemble(("propagated     ", "$text-muted"), f"{fmt(row.output_error)} rel"
-                                  + (f" · {fmt(evidence.output_error)} abs" if evidence else "")),
-                 Content.assemble(("local          ", "$text-muted"), f"{fmt(row.local_error)} (on the reference's inputs)")]
+        lines = [
+            Content.assemble(
+                ("verdict        ", "$text-muted"),
+                (row.verdict or "-", f"bold {verdict_style(row.verdict)}"),
+                "  (culprit)" if index == data.culprit_index else "",
+            ),
+            Content.assemble(
+                ("propagated     ", "$text-muted"),
+                f"{fmt(row.output_error)} rel" + (f" · {fmt(evidence.output_error)} abs" if evidence else ""),
+            ),
+            Content.assemble(("local          ", "$text-muted"), f"{fmt(row.local_error)} (on the reference's inputs)"),
+        ]
         if evidence:
-            lines.append(Content.assemble(("amplification  ", "$text-muted"), f"{fmt_amplification(evidence.amplification, evidence.output_error)}"
-                                          f" (in {fmt(evidence.input_error)} → out {fmt(evidence.output_error)})"))
+            lines.append(
+                Content.assemble(
+                    ("amplification  ", "$text-muted"),
+                    f"{fmt_amplification(evidence.amplification, evidence.output_error)}"
+                    f" (in {fmt(evidence.input_error)} → out {fmt(evidence.output_error)})",
+                )
+            )
         else:
-            lines.append(Content.assemble(("amplification  ", "$text-muted"), fmt_amplification(row.amplification, row.output_error)))
+            lines.append(
+                Content.assemble(
+                    ("amplification  ", "$text-muted"), fmt_amplification(row.amplification, row.output_error)
+                )
+            )
         fp64 = evidence.fp64 if evidence else None
         if fp64:
             cand, ref = fp64.candidate_error, fp64.reference_error
             ratio = f" ({cand / ref:.3g}x)" if cand is not None and ref else ""
-            lines.append(Content.assemble(("vs fp64        ", "$text-muted"), f"cand {fmt(cand)} · ref {fmt(ref)}{ratio}"))
+            lines.append(
+                Content.assemble(("vs fp64        ", "$text-muted"), f"cand {fmt(cand)} · ref {fmt(ref)}{ratio}")
+            )
             verdict = evidence.verdict
-            meaning = {"different": "computes something else", "noise": "as close to float64: rounding",
-                       "exact": "bit-identical"}.get(verdict, "")
-            lines.append(Content.assemble(" " * 15, (f"→ {verdict}", f"bold {verdict_style(verdict)}"), f": {meaning}" if meaning else ""))
+            meaning = {
+                "different": "computes something else",
+                "noise": "as close to float64: rounding",
+                "exact": "bit-identical",
+            }.get(verdict, "")
+            lines.append(
+                Content.assemble(
+                    " " * 15, (f"→ {verdict}", f"bold {verdict_style(verdict)}"), f": {meaning}" if meaning else ""
+                )
+            )
         elif evidence and evidence.fp64_unavailable:
-            lines.append(Content.assemble(("vs fp64        ", "$text-muted"), f"no oracle: {evidence.fp64_unavailable}"))
+            lines.append(
+                Content.assemble(("vs fp64        ", "$text-muted"), f"no oracle: {evidence.fp64_unavailable}")
+            )
         elif pending:
             lines.append(Content.styled("vs fp64        replaying the op…", "$text-muted"))
         elif row.local_error == 0:
-            lines.append(Content.assemble(("vs fp64        ", "$text-muted"), "not needed: bit-identical on the reference's inputs"))
+            lines.append(
+                Content.assemble(
+                    ("vs fp64        ", "$text-muted"), "not needed: bit-identical on the reference's inputs"
+                )
+            )
             lines.append(Content.assemble(" " * 15, ("→ exact", f"bold {verdict_style('exact')}")))
         else:
-            lines.append(Content.styled("vs fp64        kept for the culprit only; a live run replays any op", "$text-muted"))
+            lines.append(
+                Content.styled("vs fp64        kept for the culprit only; a live run replays any op", "$text-muted")
+            )
         self.update(Content("\n").join(lines))
 
 
@@ -398,21 +539,38 @@ class TensorStatsPanel(Static):
         from rich import box
         from rich.table import Table
 
-        table = Table(box=box.SIMPLE_HEAD, expand=False, pad_edge=False, header_style="bold", show_edge=False,
-                      collapse_padding=True)
+        table = Table(
+            box=box.SIMPLE_HEAD,
+            expand=False,
+            pad_edge=False,
+            header_style="bold",
+            show_edge=False,
+            collapse_padding=True,
+        )
         rows = data.tensor_rows(index)
         bad = any(r.stats.nan or r.stats.inf for r in rows)
         dtypes = {r.dtype for r in rows}
         self.border_subtitle = f"all {dtypes.pop()}" if len(dtypes) == 1 else ""
-        columns = [("", "left"), ("tensor", "left"), ("shape", "left")] + ([("dtype", "left")] if not self.border_subtitle else []) \
-            + [("min", "right"), ("max", "right"), ("mean", "right")] + ([("nan/inf", "right")] if bad else []) + [("err", "right")]
+        columns = (
+            [("", "left"), ("tensor", "left"), ("shape", "left")]
+            + ([("dtype", "left")] if not self.border_subtitle else [])
+            + [("min", "right"), ("max", "right"), ("mean", "right")]
+            + ([("nan/inf", "right")] if bad else [])
+            + [("err", "right")]
+        )
         for column, justify in columns:
             table.add_column(column, justify=justify, no_wrap=True)
         for row in rows:
             stats = row.stats
-            cells = [f"{'cand' if row.side == 'candidate' else 'ref'} {row.role.replace(' ', '')}", truncate_left(row.name, 16),
-                     fmt_shape(row.shape)] + ([] if self.border_subtitle else [DTYPE_SHORT.get(row.dtype, row.dtype)]) + [
-                     fmt(stats.min), fmt(stats.max), fmt(stats.mean)]
+            cells = (
+                [
+                    f"{'cand' if row.side == 'candidate' else 'ref'} {row.role.replace(' ', '')}",
+                    truncate_left(row.name, 16),
+                    fmt_shape(row.shape),
+                ]
+                + ([] if self.border_subtitle else [DTYPE_SHORT.get(row.dtype, row.dtype)])
+                + [fmt(stats.min), fmt(stats.max), fmt(stats.mean)]
+            )
             if bad:
                 cells.append(f"{stats.nan}/{stats.inf}")
             cells.append(fmt(row.error) if row.error is not None else "")
@@ -431,11 +589,27 @@ class HeatMapView(Static):
             self.update(Content.styled("no stored values on one side: no map", "$text-muted"))
             return
         rows, cols = heat.block
-        lines = [Content.assemble(("│", "$text-muted"), (line, "$text-error"), ("│", "$text-muted")) for line in heat.lines()]
+        lines = [
+            Content.assemble(("│", "$text-muted"), (line, "$text-error"), ("│", "$text-muted")) for line in heat.lines()
+        ]
         where = ",".join(str(i) for i in heat.argmax)
-        lines.append(Content.styled(f"{fmt_shape(heat.shape)} · rows: leading dims · cols: last dim · "
-                                    f"cell: mean |cand - ref| of ≤{rows}x{cols}", "$text-muted"))
-        lines.append(Content.assemble("largest ", (fmt(heat.max_abs), "bold"), f" at [{where}]: cand {fmt(heat.candidate_value)}, "
-                                      f"ref {fmt(heat.reference_value)}"))
-        lines.append(Content.assemble(("scale ", "$text-muted"), (HEAT_LEVELS[1:], "$text-error"), ("  0 → largest cell", "$text-muted")))
+        lines.append(
+            Content.styled(
+                f"{fmt_shape(heat.shape)} · rows: leading dims · cols: last dim · "
+                f"cell: mean |cand - ref| of ≤{rows}x{cols}",
+                "$text-muted",
+            )
+        )
+        lines.append(
+            Content.assemble(
+                "largest ",
+                (fmt(heat.max_abs), "bold"),
+                f" at [{where}]: cand {fmt(heat.candidate_value)}, ref {fmt(heat.reference_value)}",
+            )
+        )
+        lines.append(
+            Content.assemble(
+                ("scale ", "$text-muted"), (HEAT_LEVELS[1:], "$text-error"), ("  0 → largest cell", "$text-muted")
+            )
+        )
         self.update(Content("\n").join(lines))
