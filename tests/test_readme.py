@@ -66,15 +66,16 @@ def run_bisectr(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bisectr", *args], capture_output=True, text=True, cwd=ROOT)
 
 
-SETUP_COMMANDS = 3  # set up and trace; set up and test; the same in the PaddleFormers environment
+SETUP_COMMANDS = 4  # set up and trace; set up and test; the same in the PaddleFormers environment; lint
 
 
 def test_readme_starts_with_the_two_commands_and_ci_runs_both_test_environments():
-    setup_and_trace, setup_and_test, paddleformers_setup_and_test = shell_commands()[:SETUP_COMMANDS]
+    setup_and_trace, setup_and_test, paddleformers_setup_and_test, lint = shell_commands()[:SETUP_COMMANDS]
     assert README.index(setup_and_trace) < 400
     assert setup_and_trace.endswith("bisectr trace examples/span_head.py")
     ci = (ROOT / ".ci" / "run").read_text()
-    assert setup_and_test in ci and paddleformers_setup_and_test in ci
+    assert setup_and_test in ci and paddleformers_setup_and_test in ci and lint in ci
+    assert lint.endswith("ruff check && .venv/bin/ruff format --check")
     assert "'.[torch,paddle,paddleformers,test]'" in paddleformers_setup_and_test
 
 

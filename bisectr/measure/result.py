@@ -1,4 +1,4 @@
-"""What a search concludes, as typed records: built by `search.core.bisect`, written to a run's
+"""What a search concludes, as typed records: built by `search.core.decide`, written to a run's
 `result.json` by `store`, shown by `report` (text and TUI alike).
 
 `Result.to_dict()` is the JSON contract of `bisectr bisect --json` (docs/json.md);
