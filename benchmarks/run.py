@@ -6,7 +6,7 @@
 
 Prints one table, every figure measured in this run, torch and paddle side by side:
 
-- **Recording overhead.** One side of a model (`bisectr.capture.sides.record_side`, the exact per-op work of
+- **Recording overhead.** One side of a model (`bisectr.sides.runner.record_side`, the exact per-op work of
   `bisectr.trace`: interception, module paths, source lines, statistics, fingerprints and, when
   storing, every tensor appended to `tensors.bin`) against the plain forward of the same model under
   the framework's no-grad. Model building and the final `trace.json` write are not in either figure.
@@ -191,7 +191,7 @@ def paddle_problem() -> str | None:
         return f"paddlepaddle not importable ({type(exc).__name__})"
     try:
         from bisectr.capture.recording import RecordOptions
-        from bisectr.capture.sides import record_side
+        from bisectr.sides.runner import record_side
 
         trace, _ = record_side(build("paddle_small"), None, RecordOptions(store_values=False))
         if not trace.ops:
@@ -249,7 +249,7 @@ def record_once(side, store_dir: Path | None) -> tuple[Any, int]:
     """One recording of `side` as `bisectr.trace` makes it: statistics only, or every tensor stored
     under `store_dir`. Returns the trace and the bytes of `tensors.bin` (0 when nothing is stored)."""
     from bisectr.capture.recording import RecordOptions
-    from bisectr.capture.sides import record_side
+    from bisectr.sides.runner import record_side
     from bisectr.capture.store import TensorWriter
 
     if store_dir is None:
@@ -355,7 +355,7 @@ def probe_memory(framework: str, model: str, mode: str) -> dict:
     (identical in both modes), reset the peak, then one plain forward or one recording with storage,
     keeping what `bisectr.trace` keeps (the trace and the replay calls)."""
     from bisectr.capture.recording import RecordOptions
-    from bisectr.capture.sides import record_side
+    from bisectr.sides.runner import record_side
     from bisectr.capture.store import TensorWriter
 
     side = build(f"{framework}_{model}")
@@ -447,11 +447,11 @@ def phase_timer():
     """Times the phases of `bisectr.trace` and `Run.bisect` by wrapping (in this process only, restored
     on exit) the functions they call: `align_traces` where `bisectr.run` binds it (the alignment is
     made as the run is traced), `pair_leaves` (the leaves' pairing and comparison, also made as it is
-    traced), the search's leaf phase, `Analysis.compute`, `rerun` where `bisectr.capture.sides` binds it."""
+    traced), the search's leaf phase, `Analysis.compute`, `rerun` where `bisectr.sides.runner` binds it."""
     import bisectr.measure.analysis as analysis
     import bisectr.search.forward as forward
     import bisectr.run as run_module
-    import bisectr.capture.sides as sides_module
+    import bisectr.sides.runner as sides_module
 
     spent = {
         "align": 0.0,
@@ -684,7 +684,7 @@ def measure_alignment(reference_fn: str, candidate_fn: str, sizes: tuple[int, ..
     import bisectr.adapters as adapters
     from bisectr.measure.align import align_traces, layer_numbers
     from bisectr.capture.recording import RecordOptions
-    from bisectr.capture.sides import record_side
+    from bisectr.sides.runner import record_side
 
     # what `bisectr.trace` passes (older cores had no `adapters.input_layout`)
     input_layout = getattr(adapters, "input_layout", None) or (
@@ -953,7 +953,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{paddle_version}, numpy BLAS/OpenMP threads {os.environ.get('OPENBLAS_NUM_THREADS', 'default')}, "
         f"{os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f} at the end; "
         f"{'QUICK (smoke-test sizes)' if plan.quick else 'full run'} in {elapsed:.0f} s.\n"
-        "plain = model(*inputs) under no-grad; traced = bisectr.capture.sides.record_side() on one side (interception, module "
+        "plain = model(*inputs) under no-grad; traced = bisectr.sides.runner.record_side() on one side (interception, module "
         "paths, source lines, stats + fingerprint per tensor; 'stored' also appends every tensor to tensors.bin), "
         "model building and trace.json excluded; medians, variants interleaved.\n"
         "memory: VmHWM during one forward in a fresh subprocess (glibc mmap threshold fixed at 128 KiB so freed "

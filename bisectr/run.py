@@ -26,14 +26,14 @@ from .search.core import decide
 from .search.forward import ForwardRules
 from .environment import describe
 from .errors import BisectrError, ModelFileError, RunDirError
-from .capture.isolate import IsolatedSide
+from .sides.isolate import IsolatedSide
 from .capture.modelfile import build_side, declared_nproc, load_module
-from .capture.ranks import RankedSide
+from .sides.ranks import RankedSide
 from .measure.runrecord import DEFAULT_VALUE_BUDGET, HowTraced, OutputPair, RunRecord, pair_outputs
 from .capture.recording import RecordOptions
 from .measure.result import Result
 from .serial import PlainError, from_plain, to_plain
-from .capture.sides import LocalSide, SideRunner, recorded_through
+from .sides.runner import LocalSide, SideRunner, recorded_through
 from .measure.live import LiveRun
 from .capture.locks import RunLock, interrupts_deferred
 from .capture.store import SIDES, RunWriter, read_document, read_manifest, read_trace, save_result
@@ -161,10 +161,10 @@ def trace(
     statistics: the search of such a run fetches the values it needs from the live models, layer
     outputs first, then the ops of the layers where the difference enters (`bisectr.search.window`).
 
-    With `isolate`, each side's model runs in its own worker process (`bisectr.capture.isolate`), started
+    With `isolate`, each side's model runs in its own worker process (`bisectr.sides.isolate`), started
     with `reference_python` / `candidate_python` (default: this interpreter); naming one implies it.
     A side with `reference_nproc` / `candidate_nproc` above 1 runs on that many processes started by
-    torchrun (`bisectr.capture.ranks`), as a tensor-parallel model does; None: as many as the model
+    torchrun (`bisectr.sides.ranks`), as a tensor-parallel model does; None: as many as the model
     file's `NPROC` gives its function (`{"candidate": 2}`), else 1.
     """
     model_file = Path(model_file)

@@ -52,7 +52,7 @@ from .measure.runrecord import output_seeds
 from .measure.result import Culprit
 from .run import Run, trace
 from .serial import to_plain
-from .capture.sides import StepValues, TrainerSettings, TrainStep
+from .sides.runner import StepValues, TrainerSettings, TrainStep
 from .measure.live import LiveRun
 from .leafref import leaf_kind, leaf_name
 

@@ -14,7 +14,7 @@ import bisectr
 from bisectr.adapters import Adapter, OpListener, Training, WeightConversion, adapter_named, facet, registered
 from bisectr.adapters.base import IN_OUT, OUT_IN
 from bisectr.capture.ops import canonical_op
-from bisectr.capture.sides import Rerun
+from bisectr.sides.runner import Rerun
 from bisectr.capture.trace import fingerprint, fingerprint_positions, reduced_stats, tensor_stats
 
 ADAPTERS = [adapter for adapter in registered() if importlib.util.find_spec(adapter.name) is not None]

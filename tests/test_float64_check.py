@@ -10,7 +10,7 @@ import pytest
 
 import bisectr
 from bisectr.adapters.torch import TorchAdapter
-from bisectr.capture.sides import Float64Outputs
+from bisectr.sides.runner import Float64Outputs
 from bisectr.engines.float64 import Float64Copies, float64_forward, float64_replay
 from conftest import MODELS
 

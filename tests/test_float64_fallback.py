@@ -14,7 +14,7 @@ import pytest
 import bisectr
 from bisectr.adapters import CannotUpcast
 from bisectr.measure.analysis import Analysis
-from bisectr.capture.sides import ReplayVJP
+from bisectr.sides.runner import ReplayVJP
 from bisectr.engines.float64 import float64_forward, float64_replay
 from bisectr.engines.gradient import float64_gradients
 from conftest import MODELS, assert_verdict_contract

@@ -15,10 +15,10 @@ import pytest
 import bisectr
 from bisectr.present.cli import main
 from bisectr.errors import BisectrError, TraceMismatchError
-from bisectr.engines.interpreter import Slot
-from bisectr.capture.isolate import _portable
+from bisectr.capture.calls import Slot
+from bisectr.sides.isolate import _portable
 from bisectr.present.repro import python_literal
-from bisectr.capture.sides import RecordedCall, Rerun
+from bisectr.sides.runner import RecordedCall, Rerun
 from conftest import EXAMPLES, MODELS
 
 

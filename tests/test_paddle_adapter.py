@@ -21,7 +21,7 @@ from bisectr.errors import TraceMismatchError, UserModelError  # noqa: E402
 from bisectr.capture.recording import RecordOptions, Recorder  # noqa: E402
 from bisectr.engines.float64 import float64_replay  # noqa: E402
 from bisectr.engines.values import ValuesInterpreter  # noqa: E402
-from bisectr.capture.sides import Rerun  # noqa: E402
+from bisectr.sides.runner import Rerun  # noqa: E402
 from bisectr.capture.trace import Trace  # noqa: E402
 from conftest import assert_replay_matches_model_rerun  # noqa: E402
 

@@ -8,7 +8,7 @@ import pytest
 import bisectr
 from bisectr.adapters import registered
 from bisectr.errors import TraceMismatchError, UserModelError
-from bisectr.capture.sides import Rerun
+from bisectr.sides.runner import Rerun
 from bisectr.capture.trace import PENDING_STATS, StatsBatch, TensorInfo, TensorStats, fingerprint, tensor_stats
 from bisectr.engines.patched import rerun_model
 from conftest import EXAMPLES, MODELS, assert_replay_matches_model_rerun, line_of

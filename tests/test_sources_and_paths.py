@@ -12,7 +12,7 @@ import pytest
 from bisectr.adapters.base import ModulePaths
 from bisectr.capture.modelfile import load_sides
 from bisectr.capture.recording import RecordOptions
-from bisectr.capture.sides import record_side
+from bisectr.sides.runner import record_side
 from bisectr.capture.trace import Trace
 from conftest import MODELS
 

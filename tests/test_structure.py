@@ -12,7 +12,9 @@ PACKAGES = {"bisectr": ROOT / "bisectr", "bisectr.adapters": ROOT / "adapters"}
 # Bottom first: a module imports from its own layer and those below it, never from one above.
 LAYERS = [
     ("base", ("bisectr.errors", "bisectr.serial", "bisectr.environment", "bisectr.leafref", "bisectr.adapters")),
-    ("capture", ("bisectr.capture", "bisectr.engines")),  # record each side's pass, and run it again
+    ("capture", ("bisectr.capture",)),  # record each side's pass
+    ("engines", ("bisectr.engines",)),  # run a side's ops again
+    ("sides", ("bisectr.sides",)),  # where a side's model runs: this process, a worker, torchrun's ranks
     ("measure", ("bisectr.measure",)),  # pair the two passes and measure how they differ
     ("search", ("bisectr.search",)),  # find where the difference enters, and prove it
     ("workflows", ("bisectr.run", "bisectr.training", "bisectr.weights")),  # what a user calls

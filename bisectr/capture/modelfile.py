@@ -28,7 +28,7 @@ from ..errors import BisectrError, InterceptionFailure, ModelFileError, UserMode
 # bisectr's code that runs the user's model: what it raises is bisectr's own, and its frames are not the user's.
 _BISECTR_DIRS = tuple(
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), package) + os.sep
-    for package in ("capture", "engines")
+    for package in ("capture", "engines", "sides")
 )
 _ADAPTERS_DIR = os.path.dirname(os.path.abspath(sys.modules[Adapter.__module__].__file__))
 

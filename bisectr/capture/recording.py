@@ -15,7 +15,7 @@ import numpy as np
 
 from ..adapters import Adapter, Tensors
 from ..adapters.base import API, CALLER
-from ..engines.interpreter import Call, RecordedCalls, Slot, run_op
+from .calls import Call, RecordedCalls, Slot, run_op
 from ..errors import UnreadableTensorError
 from .ops import SHARING_COLLECTIVES, canonical_op
 from .store import TensorWriter

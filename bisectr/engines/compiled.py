@@ -15,7 +15,7 @@ import numpy as np
 
 from ..adapters.base import Adapter, CompiledGraphs, CompiledProbe, facet
 from ..capture.trace import Trace
-from .interpreter import RecordedCalls
+from ..capture.calls import RecordedCalls
 from .values import ValuesInterpreter
 
 

@@ -20,7 +20,8 @@ from ..capture.structure import call_tensors, iter_tensors, map_tensors
 from ..capture.trace import OpNode, Trace, float64_dtype, is_floating
 from ..errors import UserModelError
 from ..leafref import leaf_kind
-from .interpreter import Interpreter, RecordedCalls, UnfaithfulReplay, execution_plan, run_op
+from ..capture.calls import RecordedCalls, run_op
+from .interpreter import Interpreter, UnfaithfulReplay, execution_plan
 
 # The leaves a float64 run upcasts: the model's parameters and buffers, and its inputs.
 UPCAST_LEAVES = ("param", "buffer", "input")

@@ -17,7 +17,8 @@ from ..capture.trace import Trace, float64_dtype, is_floating
 from ..errors import ModelFileError, UserModelError
 from ..leafref import LeafRef, leaf_kind
 from .float64 import Float64Calls, Float64Listener, Float64Run, float64_inputs
-from .interpreter import Call, Interpreter, RecordedCalls
+from ..capture.calls import Call, RecordedCalls
+from .interpreter import Interpreter
 from .patched import Patches, PatchedRerun
 
 

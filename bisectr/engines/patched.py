@@ -21,7 +21,8 @@ from ..capture.recording import ForwardSession, output_pairs
 from ..capture.structure import call_tensors, map_tensors
 from ..capture.trace import OpNode, Trace, device_reductions, fingerprint
 from ..errors import PathDeparture, TraceMismatchError
-from .interpreter import Interpreter, RecordedCalls, UnfaithfulReplay, execution_plan, run_op
+from ..capture.calls import RecordedCalls, run_op
+from .interpreter import Interpreter, UnfaithfulReplay, execution_plan
 
 # An unpatched op whose values move by more than this (relative to the tensor's largest
 # magnitude) between recording and re-run is not deterministic: dropout or other randomness.

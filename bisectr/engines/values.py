@@ -10,7 +10,8 @@ import numpy as np
 from ..adapters import Adapter
 from ..capture.trace import Trace, float64_dtype, is_floating
 from .float64 import Float64Calls
-from .interpreter import Call, Interpreter, RecordedCalls
+from ..capture.calls import Call, RecordedCalls
+from .interpreter import Interpreter
 
 
 class ValuesInterpreter(Interpreter):

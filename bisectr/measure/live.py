@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..capture.sides import Replay, Request, Rerun, RerunResult, SideRunner
+from ..sides.runner import Replay, Request, Rerun, RerunResult, SideRunner
 from ..capture.trace import read_live
 from .runrecord import RunRecord
 
@@ -33,7 +33,7 @@ class LiveRun:
     say: Callable[[str], None] = field(default=_silent, repr=False)
 
     def ask(self, role: str, request: Request) -> Any:
-        """One side's answer to a request (see `bisectr.capture.sides`)."""
+        """One side's answer to a request (see `bisectr.sides.runner`)."""
         return self.runners[role].run(request)
 
     def rerun(self, role: str, patches: dict[int, Any], capture: frozenset[int] = frozenset()) -> RerunResult:

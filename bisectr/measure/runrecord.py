@@ -42,7 +42,7 @@ class HowTraced:
     store_values: bool = True
     keep_modules: list[str] = field(default_factory=list)
     value_budget: int | None = None  # bytes of op outputs stored per side (see `trace`)
-    reference_nproc: int = 1  # processes torchrun ran the side on (`bisectr.capture.ranks`)
+    reference_nproc: int = 1  # processes torchrun ran the side on (`bisectr.sides.ranks`)
     candidate_nproc: int = 1
     environment: dict[str, str | None] = field(default_factory=dict)  # `environment.describe()` where it was traced
 

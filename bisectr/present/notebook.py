@@ -23,7 +23,7 @@ from ..measure.runrecord import HowTraced
 from .report import print_result
 from ..measure.result import Result
 from ..run import Run, record_run, temporary_run_dir
-from ..capture.sides import LocalSide
+from ..sides.runner import LocalSide
 
 ORIGIN = Path("bisectr.compare")  # what messages name instead of a model file
 HTML_WIDTH = 120

@@ -18,10 +18,10 @@ import numpy as np
 
 from ..adapters import adapter_named, registered
 from ..adapters.base import ReproSnippets
-from ..engines.interpreter import Call, Slot
+from ..capture.calls import Call, Slot
 from .report import short_source, source_text
 from ..measure.runrecord import RunRecord, output_seeds
-from ..capture.sides import Backward, RecordedCall
+from ..sides.runner import Backward, RecordedCall
 from ..measure.live import LiveRun
 from ..capture.trace import is_floating
 

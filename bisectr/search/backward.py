@@ -47,7 +47,7 @@ from ..engines.gradient import Gradients
 from ..engines.patched import Shift
 from ..measure.result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow
 from .core import Decided, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before, site
-from ..capture.sides import Backward, Float64Gradients, ReplayVJP
+from ..sides.runner import Backward, Float64Gradients, ReplayVJP
 from ..measure.live import LiveRun
 from ..measure.analysis import OpEvidence, block_name, external_inputs
 from ..capture.trace import OpNode, Trace, is_floating
@@ -56,7 +56,7 @@ from ..leafref import LeafRef, leaf_kind
 LEAVES = (
     "param",
     "input",
-)  # the leaves whose gradients are the backward's outputs (floating inputs: see `capture.sides.Backward`)
+)  # the leaves whose gradients are the backward's outputs (floating inputs: see `sides.runner.Backward`)
 
 
 class BackwardRun:

@@ -31,7 +31,7 @@ from ..engines.compiled import (
     ModulesOfClass,
     OpenCompiled,
 )
-from ..capture.sides import Request
+from ..sides.runner import Request
 from ..measure.live import LiveRun
 from ..leafref import leaf_kind
 from ..measure.numerics import (

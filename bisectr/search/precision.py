@@ -22,7 +22,7 @@ from ..measure.metrics import error_metrics
 from ..measure.numerics import judge_float64
 from ..measure.runrecord import RunRecord
 from ..measure.result import Float64Check
-from ..capture.sides import Float64Gradients, Float64Outputs
+from ..sides.runner import Float64Gradients, Float64Outputs
 from ..engines.float64 import Float64Run
 from ..measure.live import LiveRun
 

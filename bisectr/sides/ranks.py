@@ -4,7 +4,7 @@ A tensor-parallel candidate computes on several processes, each holding a shard 
 and exchanging partial results in collectives. `RankedSide` implements `SideRunner` by starting
 the side under `torch.distributed.run` (torchrun, the launcher users already run) with N
 processes; each rank connects back to this process over a local socket and serves the same
-requests an isolated side's worker serves (`bisectr.capture.isolate`). Every request goes to every
+requests an isolated side's worker serves (`bisectr.sides.isolate`). Every request goes to every
 rank and every rank answers it, so each collective in the model runs on all of them (lockstep).
 
 Each rank records the ops it runs. A DTensor is read whole (`full_tensor()`, a collective every rank
@@ -34,10 +34,10 @@ from typing import Any, BinaryIO
 
 from ..errors import BisectrError
 from .isolate import Worker, doing, receive_message, reply_error, send_message, serve
-from .recording import RecordOptions
-from .sides import Request, Watch
-from .store import TensorWriter
-from .trace import RANKS_DIFFER, Trace
+from ..capture.recording import RecordOptions
+from .runner import Request, Watch
+from ..capture.store import TensorWriter
+from ..capture.trace import RANKS_DIFFER, Trace
 
 RANK_TIMEOUT_S = float(os.environ.get("BISECTR_RANK_TIMEOUT", "60"))
 _CONNECT_TIMEOUT_S = 120.0  # torchrun's start and each rank's interpreter
@@ -56,7 +56,7 @@ requests, replies = connection.makefile("rb"), connection.makefile("wb")
 pickle.dump(("hello", int(os.environ["RANK"])), replies, protocol=4)
 replies.flush()
 try:
-    from bisectr.capture.ranks import serve_rank
+    from bisectr.sides.ranks import serve_rank
 except Exception as exc:
     pickle.dump(("unusable", f"{type(exc).__name__}: {exc}"), replies, protocol=4)
     replies.flush()

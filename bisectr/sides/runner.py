@@ -22,15 +22,15 @@ from ..adapters.base import CompiledProbe
 from ..engines.compiled import CloseCompiled, CompiledQuestion, OpenCompiled, answer_compiled, probe_compiled
 from ..engines.float64 import Float64Run, float64_outputs
 from ..engines.gradient import Gradients, backward, float64_gradients, replay_vjp
-from ..engines.interpreter import Call, RecordedCalls
+from ..capture.calls import Call, RecordedCalls
 from ..engines.patched import RerunResult, rerun
 from ..engines.training import StepFacts, Trainer
 from ..engines.values import replay
 from ..errors import ModelFileError, UnreadableTensorError, UnrecordedOutputError
-from .modelfile import BuiltSide, intercepted_forward, load_module, module_name
-from .recording import RecordOptions, Recorder, output_pairs
-from .store import TensorWriter
-from .trace import TensorInfo, Trace, is_floating
+from ..capture.modelfile import BuiltSide, intercepted_forward, load_module, module_name
+from ..capture.recording import RecordOptions, Recorder, output_pairs
+from ..capture.store import TensorWriter
+from ..capture.trace import TensorInfo, Trace, is_floating
 from ..leafref import leaf_kind
 
 

@@ -3,7 +3,7 @@
 Frameworks and their libraries do not always share a process: PaddleFormers switches
 `transformers`' torch support off when imported first, its `paddlecodec` dependency breaks
 `transformers` imports in the whole environment, and CUDA runtimes can clash. `IsolatedSide`
-implements `SideRunner` by asking a worker (`bisectr.capture.isolate.serve`, started with any interpreter
+implements `SideRunner` by asking a worker (`bisectr.sides.isolate.serve`, started with any interpreter
 that has bisectr and the side's framework) to build the side with `build_side` and a `LocalSide`,
 then to record, re-run and replay it, and to describe recorded calls (for repro scripts). Requests
 and replies are pickled over the worker's stdin and stdout and carry only Python builtins, bisectr's
@@ -30,10 +30,10 @@ import numpy as np
 from .. import errors
 from ..adapters import CannotUpcast, silence_import_warnings
 from ..errors import BisectrError, UserModelError
-from .modelfile import build_side, load_module
-from ..engines.interpreter import Call, Slot
-from .recording import RecordOptions
-from .sides import (
+from ..capture.modelfile import build_side, load_module
+from ..capture.calls import Call, Slot
+from ..capture.recording import RecordOptions
+from .runner import (
     Backward,
     Float64Gradients,
     Float64Outputs,
@@ -46,8 +46,8 @@ from .sides import (
     Rerun,
     Watch,
 )
-from .store import TensorWriter
-from .trace import Trace
+from ..capture.store import TensorWriter
+from ..capture.trace import Trace
 
 _PROTOCOL = 5
 _STOP_TIMEOUT_S = 5.0
@@ -61,7 +61,7 @@ replies = os.fdopen(os.dup(1), "wb")
 os.dup2(2, 1)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 try:
-    from bisectr.capture.isolate import serve
+    from bisectr.sides.isolate import serve
 except Exception as exc:
     pickle.dump(("unusable", f"{type(exc).__name__}: {exc}"), replies, protocol=4)
     replies.flush()
