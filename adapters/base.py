@@ -64,7 +64,8 @@ TENSOR_VALUE_READS = frozenset(f"Tensor.{method}" for method in VALUE_READ_METHO
 # What a frame of the framework's own code is to an op's source line, where no user code called
 # the op (`Adapter.frame_role`):
 CALLER = 0  # code that calls the op: a layer's forward; the innermost such frame is the source
-API = 1  # a public function passing the call on to its op (functional, tensor methods): the source only where no CALLER frame is on the stack
+API = 1  # a public function passing the call on to its op (functional, tensor methods): the source only where no
+# CALLER frame is on the stack
 PLUMBING = 2  # hooks, decorators, dispatch: never the source
 
 

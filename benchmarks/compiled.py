@@ -76,7 +76,8 @@ def main() -> None:
     )
     print(f"bisect of compiled_{args.model}.py ({result['verdict']}): {seconds:.1f} s{inside}")
     print(
-        f"one compile + one forward: {one:.1f} s (compile {plain['compile_s']:.1f} s, forward {plain['forward_s'] * 1e3:.2f} ms)"
+        f"one compile + one forward: {one:.1f} s (compile {plain['compile_s']:.1f} s, "
+        f"forward {plain['forward_s'] * 1e3:.2f} ms)"
     )
     print(f"ratio: {seconds / one:.1f}x one compile + one forward")
 

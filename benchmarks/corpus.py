@@ -7,12 +7,12 @@ planted bug; the model files in tests/models/), against what each must conclude.
 
 For every pair: the verdict and culprit against what the pair plants, whether the culprit was
 confirmed, candidate re-runs against ceil(log2 ops) + 3, and the alignment's coverage (candidate ops
-inside pairs or matched blocks; a correct port's must reach 90%). For the correct ports also the pairs whose values contradict
-them (those computing in float32 or float64): paired outputs further apart than rounding can put them
-(relative error above 1e-4 where the whole model differs by ~1e-6; masked scores near float32's
-largest magnitude do not count). Pairs that need PaddleFormers run with their Hugging Face reference in the
-interpreter `--reference-python` names (one without PaddleFormers' `torchcodec`), else are skipped.
-Run it before and after a change: the rows must stay the same. Exit status 1 if any pair departs.
+inside pairs or matched blocks; a correct port's must reach 90%). For the correct ports also the pairs
+whose values contradict them (those computing in float32 or float64): paired outputs further apart than
+rounding can put them (relative error above 1e-4 where the whole model differs by ~1e-6; masked scores near
+float32's largest magnitude do not count). Pairs that need PaddleFormers run with their Hugging Face
+reference in the interpreter `--reference-python` names (one without PaddleFormers' `torchcodec`), else are
+skipped. Run it before and after a change: the rows must stay the same. Exit status 1 if any pair departs.
 
 `--decisions PATH` writes what each pair's search decided (the JSON `bisect --json` prints, less its
 measured numbers beyond three digits: verdict, entry point, culprit with its sites and lines, recurrences,
@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         decided[pair.name] = decisions(result)
         print(
-            f"{row['pair']:<58} {row['verdict']:<28} {'ok ' if not row['problems'] else 'BAD'} {row['culprit'] or '':<44} "
+            f"{row['pair']:<58} {row['verdict']:<28} {'ok ' if not row['problems'] else 'BAD'} "
+            f"{row['culprit'] or '':<44} "
             f"confirmed={row['confirmed']!s:<5} re-runs {row['reruns']}/{row['budget']}  coverage {row['coverage']:.0%}"
             + (f"  contradicted pairs {row['contradicted']}" if row["contradicted"] is not None else "")
             + "".join(f"\n    {problem}" for problem in row["problems"]),

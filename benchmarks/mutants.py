@@ -1,15 +1,16 @@
 """The seeded-bug benchmark: bugs planted at random sites of many model families, and whether bisectr names them.
 
-    python benchmarks/mutants.py [--sites N] [--seed S] [--families A,B] [--operators X,Y] [--forms copy,sdpa,kv_widened]
-                                 [--sample N] [--workers N] [--json PATH] [--only FAMILY:OPERATOR:SEED[:FORM]]
-                                 [--device cuda] [--paddle-python PATH]
+    python benchmarks/mutants.py [--sites N] [--seed S] [--families A,B] [--operators X,Y]
+                                 [--forms copy,sdpa,kv_widened] [--sample N] [--workers N] [--json PATH]
+                                 [--only FAMILY:OPERATOR:SEED[:FORM]] [--device cuda] [--paddle-python PATH]
 
 Each case is a Hugging Face model from a tiny random config (`benchmarks/models/families.py`: 15 families,
 decoders, encoders, a vision transformer and Mamba) against a copy of it through a converter (form `copy`:
 the same op graph), against the same class with fused attention (form `sdpa`: another op graph) or, where the
 family shares key-value heads, against the class with a key-value head per query head (form `kv_widened`: the
-converter widens k and v, their weights of another shape), with one bug planted by an operator of `benchmarks/models/mutations.py` at a site drawn at random (`--sites` draws per
-family and operator), or with nothing planted (the controls: the copy as it is and the copy in bfloat16).
+converter widens k and v, their weights of another shape), with one bug planted by an operator of
+`benchmarks/models/mutations.py` at a site drawn at random (`--sites` draws per family and operator), or
+with nothing planted (the controls: the copy as it is and the copy in bfloat16).
 
 A mutant counts only once checked: its candidate repeats itself bit for bit, and with both sides in float64 its
 outputs differ from the reference's by at least 10x the float32 rounding of the pair (the reference's own
@@ -31,8 +32,9 @@ torch models) adds the form `paddle`: the family's PaddleFormers port (Llama; Qw
 fuses) loaded from the copy's checkpoint with a converter's mistake (`weight` operators) in it
 (`benchmarks/models/paddle_ports.py`); its `bfloat16` control is that checkpoint rounded to bfloat16.
 `--forms sp` shards the candidate as `tp` with sequence parallel (the hidden states split along the sequence
-between the projections), with the converter's mistakes. `--forms decode` runs both sides of the causal LMs inside a port's greedy decoding loop with a KV cache
-(`benchmarks/models/decoding.py`), the candidate's loop with a `decode` operator's mistake in it.
+between the projections), with the converter's mistakes. `--forms decode` runs both sides of the causal
+LMs inside a port's greedy decoding loop with a KV cache (`benchmarks/models/decoding.py`), the candidate's
+loop with a `decode` operator's mistake in it.
 `--device cuda` runs every candidate on the GPU (the reference stays on the CPU): the controls are then CPU against
 GPU rounding.
 """
@@ -111,7 +113,8 @@ class Row:
 
 # The kind of operator each form holds: the compiler's bugs for the compiled form, the widening
 # converter's for the widened one, the converter's for the paddle port, the converter's and the plan's
-# for the tensor-parallel one, the converter's under sequence parallel, the decoding loop's for the decoding one, the rest for the others.
+# for the tensor-parallel one, the converter's under sequence parallel, the decoding loop's for the
+# decoding one, the rest for the others.
 FORM_KINDS = {
     "compiled": ("compile",),
     "kv_widened": ("widen",),
@@ -200,7 +203,7 @@ def sample(cases: list[Case], size: int, seed: int) -> list[Case]:
     return chosen
 
 
-def _outputs(model, inputs) -> "torch.Tensor":
+def _outputs(model, inputs):
     import torch
 
     with torch.no_grad():

@@ -953,7 +953,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{paddle_version}, numpy BLAS/OpenMP threads {os.environ.get('OPENBLAS_NUM_THREADS', 'default')}, "
         f"{os.cpu_count()} CPUs, load avg {os.getloadavg()[0]:.1f} at the end; "
         f"{'QUICK (smoke-test sizes)' if plan.quick else 'full run'} in {elapsed:.0f} s.\n"
-        "plain = model(*inputs) under no-grad; traced = bisectr.sides.runner.record_side() on one side (interception, module "
+        "plain = model(*inputs) under no-grad; traced = bisectr.sides.runner.record_side() on one side "
+        "(interception, module "
         "paths, source lines, stats + fingerprint per tensor; 'stored' also appends every tensor to tensors.bin), "
         "model building and trace.json excluded; medians, variants interleaved.\n"
         "memory: VmHWM during one forward in a fresh subprocess (glibc mmap threshold fixed at 128 KiB so freed "
@@ -963,7 +964,8 @@ def main(argv: list[str] | None = None) -> int:
         "calls and store index kept in memory.\n"
         "search: Run.bisect() (op analysis, re-runs; tolerance 0) on the run bisectr.trace() recorded (48-layer "
         "stack: median of 3); whole command = bisectr.trace() (building both models, recording both sides, aligning "
-        "them, writing the run) + the search; x forward = wall time / plain forward of the same candidate model, the median of 5 "
+        "them, writing the run) + the search; x forward = wall time / plain forward of the same candidate model, "
+        "the median of 5 "
         "measured beside each search; phases timed by wrapping "
         "align_traces (in the trace), Analysis.compute and the side's rerun (bisectr.engines.patched.rerun); "
         "interception alone = the adapter's intercept() around a "
@@ -1105,7 +1107,8 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
                     fw,
                     lambda o: (
                         f"{mb(o.store_bytes)} for {mb(o.activation_bytes)} activations + "
-                        f"{mb(o.leaf_bytes)} params/inputs = {o.store_bytes / max(1, o.activation_bytes + o.leaf_bytes):.2f}x; "
+                        f"{mb(o.leaf_bytes)} params/inputs = "
+                        f"{o.store_bytes / max(1, o.activation_bytes + o.leaf_bytes):.2f}x; "
                         f"trace.json {mb(o.json_bytes)}"
                     ),
                 )
@@ -1267,7 +1270,8 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
             fw: cell(
                 fw,
                 lambda s: (
-                    f"{secs(s['seconds'])} for {s['steps']} steps = [bold]{s['seconds'] / s['steps'] / s['plain_step']:.0f}x[/] "
+                    f"{secs(s['seconds'])} for {s['steps']} steps = "
+                    f"[bold]{s['seconds'] / s['steps'] / s['plain_step']:.0f}x[/] "
                     f"one step ({ms(s['plain_step'])}); {s['verdict']}"
                 ),
                 training,
@@ -1364,7 +1368,8 @@ def run_all(plan: Plan, args, sizes: Callable[[str], dict], scratch: Path, repor
             base_cells[fw] = str(r)
             continue
         times = (
-            f" = [bold]{in_forwards(fw, 'base'):.0f}x[/] forward (whole command {in_forwards(fw, 'base', 'total'):.0f}x, "
+            f" = [bold]{in_forwards(fw, 'base'):.0f}x[/] forward "
+            f"(whole command {in_forwards(fw, 'base', 'total'):.0f}x, "
             f"float64 check {in_forwards(fw, 'base', 'float64'):.1f}x)"
             if in_forwards(fw, "base") is not None
             else ""

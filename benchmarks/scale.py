@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """bisectr at seed 000's size: the CTRL-sized pair (benchmarks/models/ctrl.py), plain against bisect.
 
-    python benchmarks/scale.py [--layers N] [--pairs torch,paddle] [--value-budget MB] [--isolate] [--train STEPS] [--json PATH]
-                               [--device cuda] [--dtype bfloat16]
+    python benchmarks/scale.py [--layers N] [--pairs torch,paddle] [--value-budget MB] [--isolate] [--train STEPS]
+                               [--json PATH] [--device cuda] [--dtype bfloat16]
 
 For each pair (torch vs torch: `candidate`; torch vs paddle: `candidate_paddle`), two subprocesses,
 one after the other on the same machine:
@@ -53,7 +53,9 @@ weights, forwards = 0, 0.0
 for role, function in (("reference", "reference"), ("candidate", sys.argv[2])):
     side = build_side(module, sys.argv[1], role, function)
     adapter = side.adapter
-    weights += sum(adapter.to_numpy(t).nbytes for name, t in adapter.named_leaves(side.model) if name.startswith("param:"))
+    weights += sum(
+        adapter.to_numpy(t).nbytes for name, t in adapter.named_leaves(side.model) if name.startswith("param:")
+    )
     started = time.perf_counter()
     with adapter.no_grad():
         side.forward()
@@ -71,8 +73,8 @@ def progress(message):
     stages[last[1]] = stages.get(last[1], 0.0) + now - last[0]
     last[:] = [now, message]
 budget = {} if sys.argv[4] == "default" else {"value_budget": round(float(sys.argv[4]) * 2**20)}
-run = bisectr.trace(sys.argv[1], "reference", sys.argv[2], out=sys.argv[3], commit=False, isolate=sys.argv[5] == "isolate",
-                    **budget)
+run = bisectr.trace(sys.argv[1], "reference", sys.argv[2], out=sys.argv[3], commit=False,
+                    isolate=sys.argv[5] == "isolate", **budget)
 progress("bisect: start")
 searching = time.perf_counter()
 result = run.bisect(progress=lambda m: progress("bisect: " + m))
@@ -94,8 +96,10 @@ from bisectr.adapters import Training, facet
 from bisectr.capture.modelfile import build_side, load_module
 from bisectr.capture.recording import output_pairs
 module = load_module(sys.argv[1])
-sides = [build_side(module, sys.argv[1], role, function) for role, function in (("reference", "reference"), ("candidate", sys.argv[2]))]
-optimizers = [getattr(module, function + "_optimizer")(side.model) for side, function in zip(sides, ("reference", sys.argv[2]))]
+sides = [build_side(module, sys.argv[1], role, function)
+         for role, function in (("reference", "reference"), ("candidate", sys.argv[2]))]
+optimizers = [getattr(module, function + "_optimizer")(side.model)
+              for side, function in zip(sides, ("reference", sys.argv[2]))]
 for step in range(int(sys.argv[3])):
     for side, optimizer in zip(sides, optimizers):
         training = facet(side.adapter, Training)
@@ -189,10 +193,13 @@ def bisect_rows(args: argparse.Namespace) -> list[dict]:
         )
         row = rows[-1]
         print(
-            f"{row['pair']}, {args.layers} layers{', isolated' if args.isolate else ''}: {bisect['verdict']} at {bisect['culprit']}"
-            f"{'' if bisect['confirmed'] else ' (unconfirmed)'} ({bisect['reruns']} candidate re-runs, {bisect['ops']} ops); "
+            f"{row['pair']}, {args.layers} layers{', isolated' if args.isolate else ''}: "
+            f"{bisect['verdict']} at {bisect['culprit']}"
+            f"{'' if bisect['confirmed'] else ' (unconfirmed)'} "
+            f"({bisect['reruns']} candidate re-runs, {bisect['ops']} ops); "
             f"{'largest process' if args.isolate else 'peak'} {bisect_peak / 1e9:.1f} GB / plain "
-            f"{plain_peak / 1e9:.1f} GB = {row['peak_ratio']:.2f}x (target {TARGET_PEAK}x); time {bisect['seconds']:.0f} s "
+            f"{plain_peak / 1e9:.1f} GB = {row['peak_ratio']:.2f}x (target {TARGET_PEAK}x); "
+            f"time {bisect['seconds']:.0f} s "
             f"/ plain {plain['seconds']:.0f} s = {row['time_ratio']:.1f}x (target {TARGET_TIME}x); run dir "
             f"{bisect['run_dir'] / 1e6:.0f} MB / weights {plain['weights'] / 1e9:.1f} GB = {row['run_dir_ratio']:.3f}; "
             f"search {bisect['search']:.0f} s / one forward of both sides {plain['forwards']:.1f} s = "
@@ -225,7 +232,8 @@ def train_rows(args: argparse.Namespace) -> list[dict]:
         row = rows[-1]
         print(
             f"{row['pair']}, {args.layers} layers, {args.train} steps: {trained['verdict']}, first step "
-            f"{trained['first_step']} ({trained['stage']}) at {trained['culprit']}; peak {train_peak / 1e9:.1f} GB / plain "
+            f"{trained['first_step']} ({trained['stage']}) at {trained['culprit']}; "
+            f"peak {train_peak / 1e9:.1f} GB / plain "
             f"{plain_peak / 1e9:.1f} GB = {row['peak_ratio']:.2f}x; time {trained['seconds']:.0f} s / plain "
             f"{plain['seconds']:.0f} s = {row['time_ratio']:.1f}x",
             flush=True,

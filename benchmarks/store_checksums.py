@@ -104,7 +104,8 @@ def main() -> None:
 
     sizes = sorted(t.nbytes for t in tensors)
     print(
-        f"store checksums: {len(tensors)} tensors, {total / 1e6:.1f} MB (from {sizes[0]} B to {sizes[-1] / 1e6:.1f} MB, "
+        f"store checksums: {len(tensors)} tensors, {total / 1e6:.1f} MB "
+        f"(from {sizes[0]} B to {sizes[-1] / 1e6:.1f} MB, "
         f"median {sizes[len(sizes) // 2] / 1e3:.1f} KB), in {scratch.parent}; medians of {args.repeats} runs"
     )
     print(f"{'':38}{'without crc32':>15}{'with crc32':>13}{'ratio':>9}")

@@ -49,7 +49,8 @@ NameMap = Sequence[tuple[str, str]]
 # A torch module, a paddle layer, or a state dict: name -> torch tensor, paddle tensor or numpy array.
 Source = Any
 
-# A BatchNorm's batch counter (torch's `num_batches_tracked`): not every framework has one, so it may go without a partner.
+# A BatchNorm's batch counter (torch's `num_batches_tracked`): not every framework has one, so it may go
+# without a partner.
 _BATCH_COUNT = "count"
 
 
@@ -180,7 +181,8 @@ def copy_weights(
         report.copied.append(name)
         if transpose:
             report.transposed.append(name)
-    # An entry under a second name of a tensor copied into (paddle's RNN cells' `0.cell.weight_ih` is its `weight_ih_l0`) is filled.
+    # An entry under a second name of a tensor copied into (paddle's RNN cells' `0.cell.weight_ih` is its
+    # `weight_ih_l0`) is filled.
     report.extra = [
         name
         for name, dst in dst_entries.items()

@@ -195,16 +195,19 @@ def test_nan_gradients_are_divergent_where_they_start():
             "defines reference_loss() but not candidate_loss()",
         ),
         (
-            "def reference_loss(outputs):\n    return outputs.sum()\n\n\ndef candidate_loss(outputs):\n    raise ValueError('no labels')\n",
+            "def reference_loss(outputs):\n    return outputs.sum()\n\n\n"
+            "def candidate_loss(outputs):\n    raise ValueError('no labels')\n",
             "candidate_loss() raised ValueError: no labels",
         ),
         (
-            "def reference_loss(outputs):\n    return outputs.sum()\n\n\ndef candidate_loss(outputs):\n    return outputs\n",
+            "def reference_loss(outputs):\n    return outputs.sum()\n\n\n"
+            "def candidate_loss(outputs):\n    return outputs\n",
             "candidate_loss() returned Tensor, not a paddle tensor holding one value",
         ),
         (
             "def candidate_without_gradients():\n    import paddle\n    model, inputs = candidate()\n\n"
-            "    def forward(x):\n        with paddle.no_grad():\n            return model(x)\n    return forward, inputs\n",
+            "    def forward(x):\n        with paddle.no_grad():\n            return model(x)\n"
+            "    return forward, inputs\n",
             "no gradient reaches any parameter or input of the candidate model",
         ),
     ],

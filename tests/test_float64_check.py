@@ -116,8 +116,12 @@ VIEWED_WEIGHT = textwrap.dedent("""
         class Layer(paddle.nn.Layer):
             def __init__(self):
                 super().__init__()
-                self.a = self.create_parameter([8, 8], default_initializer=paddle.nn.initializer.Assign(a.astype("float32")))
-                self.b = self.create_parameter([8, 8], default_initializer=paddle.nn.initializer.Assign(b.astype("float32")))
+                self.a = self.create_parameter(
+                    [8, 8], default_initializer=paddle.nn.initializer.Assign(a.astype("float32"))
+                )
+                self.b = self.create_parameter(
+                    [8, 8], default_initializer=paddle.nn.initializer.Assign(b.astype("float32"))
+                )
 
             def forward(self, x):
                 a_t = self.a.T

@@ -183,7 +183,8 @@ def test_paddleformers_qwen2_whose_k_bias_was_not_copied_is_that_slice_of_the_fu
 @needs_paddleformers
 def test_paddleformers_qwen2_with_q_k_v_concatenated_naively_is_every_fused_qkv_with_its_blocks_permuted(hf_python):
     result = bisect_qwen2(hf_python, "candidate_naive_qkv_order")
-    read = "q_proj 0:32, k_proj 0:16, v_proj 0:16, q_proj 32:64, k_proj 16:32, v_proj 16:32"  # the grouped layout its split reads
+    # the grouped layout its split reads
+    read = "q_proj 0:32, k_proj 0:16, v_proj 0:16, q_proj 32:64, k_proj 16:32, v_proj 16:32"
     assert_leaf_culprit(
         result,
         "model.layers.0.self_attn.qkv_proj.weight",

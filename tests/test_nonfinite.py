@@ -1,5 +1,6 @@
 """NaN/Inf in the candidate's outputs while the reference's are finite: a divergence, named
-where it starts (tests/models/nonfinite.py: an unclamped `log`, a NaN parameter, a softmax without its max subtracted)."""
+where it starts (tests/models/nonfinite.py: an unclamped `log`, a NaN parameter, a softmax without its max
+subtracted)."""
 
 import json
 import math

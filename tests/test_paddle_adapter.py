@@ -282,9 +282,10 @@ def test_rerun_with_patches_replaces_outputs_including_in_place_ops(run):
 
     rng = np.random.default_rng(0)
     bias_op, mask_op = _op_at(trace, "add", "bias"), _op_at(trace, "setitem", "mask")
-    softmax = lambda v: (
-        np.exp(v - v.max(-1, keepdims=True)) / np.exp(v - v.max(-1, keepdims=True)).sum(-1, keepdims=True)
-    )  # noqa: E731
+
+    def softmax(v):
+        return np.exp(v - v.max(-1, keepdims=True)) / np.exp(v - v.max(-1, keepdims=True)).sum(-1, keepdims=True)
+
     values = rng.standard_normal(trace.tensors[bias_op.outputs[0]].shape).astype(np.float32)
     # `logits.add_(bias)` patched: the later `logits[:, :, 0] = -5` still applies to the patched tensor.
     patched = run.live.ask("candidate", Rerun({bias_op.outputs[0]: values}, {bias_op.outputs[0]}))

@@ -99,9 +99,13 @@ AMD_EPYC = {
     SPAN_HEAD_QUOTE: {
         "verdict: noise": "verdict: noise   outputs differ by 0.00275 (relative 1.9e-06)",
         "candidate  op 70": "  candidate  op 72    _C_ops.matmul                span_head",
-        "_paddle_blocks.py:156": "             examples/_paddle_blocks.py:159:  end_logits = paddle.matmul(temp, end_reps)",
+        "_paddle_blocks.py:156": (
+            "             examples/_paddle_blocks.py:159:  end_logits = paddle.matmul(temp, end_reps)"
+        ),
         "reference  op 69": "  reference  op 71    matmul                       span_head",
-        "_torch_blocks.py:162": "             examples/_torch_blocks.py:164:  end_logits = torch.matmul(temp, end_reps.transpose(1, 2))",
+        "_torch_blocks.py:162": (
+            "             examples/_torch_blocks.py:164:  end_logits = torch.matmul(temp, end_reps.transpose(1, 2))"
+        ),
         "input error": "  input error 5.91e-05 -> output error 0.0025 (x42.3); local error 1.69e-07",
     },
     DIVERGENT_QUOTE: {"input error": "  input error 6.81e-06 -> output error 0.000485 (x71.2); local error 8.33e-05"},

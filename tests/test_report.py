@@ -204,7 +204,10 @@ def test_the_page_loads_in_a_browser_with_the_plot_and_the_culprit_visible(tanh_
     assert top == "222"  # sorted descending by local error, the culprit first
     # Structure, not pixels: the figure holds the two series' colours and the culprit's marker.
     colours = {colour for _, colour in shot.convert("RGB").getcolors(maxcolors=1 << 20)}
-    near = lambda target: any(sum(abs(a - b) for a, b in zip(colour, target)) < 60 for colour in colours)
+
+    def near(target):
+        return any(sum(abs(a - b) for a, b in zip(colour, target)) < 60 for colour in colours)
+
     assert near((0x09, 0x69, 0xDA)) and near((0xCF, 0x22, 0x2E))  # propagated (blue), local and the culprit (red)
 
 

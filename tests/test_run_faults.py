@@ -70,7 +70,12 @@ MODEL_FILE_TRIPWIRE = f"""
 
 import os as _os
 if _os.environ.get({MARKERS_ENV!r}):
-    open(_os.path.join(_os.environ[{MARKERS_ENV!r}], _os.environ.get({VARIANT_ENV!r}, "unknown") + "-model-file-imported"), "w").close()
+    open(
+        _os.path.join(
+            _os.environ[{MARKERS_ENV!r}], _os.environ.get({VARIANT_ENV!r}, "unknown") + "-model-file-imported"
+        ),
+        "w",
+    ).close()
 """
 CRAFTED_MODULE = '''"""Crafted into a run directory: importing it proves that a viewer executed a run's code."""
 open({marker!r}, "w").close()

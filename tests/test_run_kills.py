@@ -326,7 +326,8 @@ class KillReport:
         said = " / ".join(line.strip() for line in self.stderr.strip().splitlines())[:300] or "(nothing)"
         lines = [
             f"{self.signal_name} {self.moment}: {'killed' if self.reached else 'moment missed, ran to the end'}, "
-            f"exit {self.exit_status}; RUN: {self.after_kill.kind}; beside it: {self.leftovers_after_kill or 'nothing'}",
+            f"exit {self.exit_status}; RUN: {self.after_kill.kind}; "
+            f"beside it: {self.leftovers_after_kill or 'nothing'}",
             f"    stderr: {said}",
             f"    next trace: {self.next_trace}; left beside RUN after it: {self.leftovers_after_next or 'nothing'}",
         ]

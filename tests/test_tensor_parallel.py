@@ -2,11 +2,11 @@
 
 End to end, `bisectr bisect MODEL --candidate-nproc 2 --json` on a small decoder of our own
 (`models/tp_decoder.py`, also sequence parallel with a vocabulary-parallel embedding) and on Hugging
-Face Llama (`models/tp_hf_llama.py`), both sharded with `parallelize_module`: a correct plan is `noise`; each planted bug is `divergent` at its first
-layer's module, confirmed; a rank that raises, runs an extra op, exits or waits in a collective the
-others never join is exit 2 naming the rank (and the op), within a timeout. Without processes
-(torch's `LocalTensorMode` simulates the ranks): a DTensor is read whole, and a value is made
-into a DTensor placed as a recorded one.
+Face Llama (`models/tp_hf_llama.py`), both sharded with `parallelize_module`: a correct plan is `noise`;
+each planted bug is `divergent` at its first layer's module, confirmed; a rank that raises, runs an extra
+op, exits or waits in a collective the others never join is exit 2 naming the rank (and the op), within a
+timeout. Without processes (torch's `LocalTensorMode` simulates the ranks): a DTensor is read whole, and
+a value is made into a DTensor placed as a recorded one.
 """
 
 from __future__ import annotations
@@ -287,8 +287,8 @@ def test_an_interpreter_without_torch_cannot_start_the_ranks(tmp_path):
     done = bisect_on_two_ranks(DECODER, "--candidate-python", str(bare))
     assert done.returncode == 2, done.stderr[-3000:]
     assert (
-        f"torchrun for the candidate side ({bare} -m torch.distributed.run) exited with status 1 before its ranks started"
-        in done.stderr
+        f"torchrun for the candidate side ({bare} -m torch.distributed.run) exited with status 1 "
+        "before its ranks started" in done.stderr
     )
 
 

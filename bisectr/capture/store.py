@@ -397,7 +397,8 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         raise RunDirError(f"{manifest_path}: not a bisectr run manifest")
     if manifest.get("version") != FORMAT_VERSION:
         raise RunDirError(
-            f"{manifest_path}: run format version {manifest.get('version')} is not supported (expected {FORMAT_VERSION})"
+            f"{manifest_path}: run format version {manifest.get('version')} is not supported "
+            f"(expected {FORMAT_VERSION})"
         )
     return manifest
 

@@ -121,7 +121,8 @@ class OpNode:
 
 
 def _shallow_dict(record: Any) -> dict:
-    """A slotted dataclass's fields as a dict; shallow, where `dataclasses.asdict` deep-copies (40x slower on a big trace)."""
+    """A slotted dataclass's fields as a dict; shallow, where `dataclasses.asdict` deep-copies (40x slower on a
+    big trace)."""
     return {name: getattr(record, name) for name in record.__slots__}
 
 
@@ -175,7 +176,8 @@ class Trace:
         )
 
     def dtypes_of(self, indices: list[int]) -> list[str]:
-        """The dtypes ops `indices` compute in: their tensors' and those only their code shows (`OpNode.inner_dtypes`)."""
+        """The dtypes ops `indices` compute in: their tensors' and those only their code shows
+        (`OpNode.inner_dtypes`)."""
         return [self.tensors[t].dtype for i in indices for t in self.ops[i].inputs + self.ops[i].outputs] + [
             d for i in indices for d in self.ops[i].inner_dtypes
         ]
@@ -282,7 +284,8 @@ class Trace:
         if not _are_indices(tids):
             raise ValueError("tensors: a tensor id is not a non-negative integer")
         for tid, info in self.tensors.items():
-            # Values are checked through the set of their types: a Python loop per value costs as much as parsing the JSON.
+            # Values are checked through the set of their types: a Python loop per value costs as much as parsing
+            # the JSON.
             if not (
                 info.tid == tid
                 and _are_indices(info.shape)

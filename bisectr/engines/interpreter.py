@@ -1,8 +1,9 @@
 """What every engine that runs recorded calls again shares, as `torch.fx.Interpreter` runs a graph module.
 
-The recording keeps each op's call (`capture.calls`). `Interpreter.run(indices)` executes calls in order: every slot is filled by
-`fetch(tid)`, `run_node` calls the op, `store` keeps what it made. Each kind of re-run in `bisectr.engines`
-overrides these three; `execution_plan` picks the ops a run needs and when each tensor can go.
+The recording keeps each op's call (`capture.calls`). `Interpreter.run(indices)` executes calls in order:
+every slot is filled by `fetch(tid)`, `run_node` calls the op, `store` keeps what it made. Each kind of
+re-run in `bisectr.engines` overrides these three; `execution_plan` picks the ops a run needs and when each
+tensor can go.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ reads at the same position (the alignment's pairs, with the layout the framework
 give), else with one read at the same place (the reference ops of the matched block or paired op
 that reads it) whose values it holds as stored, transposed, or as a slice of a fused parameter
 (GPT-2's `c_attn` split into q/k/v, or q/k/v fused into one), or repeated (kv heads expanded for
-grouped-query attention), checked against where the candidate's ops read each part; else with a leaf of the same size read there, in reading
-order; else with a leaf anywhere that holds the same values (in any order), or failing that the
-same name. Every leaf read by either side is paired or listed as unpaired with the reason.
+grouped-query attention), checked against where the candidate's ops read each part; else with a leaf of
+the same size read there, in reading order; else with a leaf anywhere that holds the same values (in any
+order), or failing that the same name. Every leaf read by either side is paired or listed as unpaired with
+the reason.
 
 **Comparison** of a pair, in the candidate's layout: `equal` (bit for bit), `rounded` (the
 candidate's values are the reference's rounded to the candidate's lower-precision dtype, within
@@ -149,7 +150,10 @@ def _summary(pairs: list[LeafPair], unpaired: list[UnpairedLeaf]) -> str:
         return f"{text}; first different: {leaf_name(first.candidate)} ({first.description})"
     if rounded:
         worst = max(p.max_rel or 0.0 for p in rounded)
-        return f"{text}; the candidate's weights are {'; '.join(sorted({p.description for p in rounded}))}, max rel {worst:.2g}"
+        return (
+            f"{text}; the candidate's weights are {'; '.join(sorted({p.description for p in rounded}))}, "
+            f"max rel {worst:.2g}"
+        )
     return text
 
 
@@ -346,7 +350,10 @@ def _rows_permuted(order: list[int], axis: int) -> str:
         if len(order) % size == 0:
             pattern = [row - order[0] for row in order[:size]]
             if all(order[start + k] == start + pattern[k] for start in range(0, len(order), size) for k in range(size)):
-                return f"rows permuted within each block of {size} along axis {axis}: each holds the reference's rows {_listed(pattern)}"
+                return (
+                    f"rows permuted within each block of {size} along axis {axis}: "
+                    f"each holds the reference's rows {_listed(pattern)}"
+                )
     return f"rows permuted along axis {axis}: position i holds the reference's row {_listed(order)}"
 
 
@@ -862,8 +869,8 @@ def _rows_of(
 def _rows_among(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int, bool, dict[int, Placed]] | None:
     """(axis, transposed, reference tid -> where its rows are) when the reference leaves' rows (slices
     along one axis, each leaf as stored or transposed) are found among the candidate's: at least one
-    leaf's completely, or every row of the candidate (a rank's shard of a fused weight); a leaf with no row found fills the
-    positions left, in order, where it fits. A row the candidate holds several times (kv heads
+    leaf's completely, or every row of the candidate (a rank's shard of a fused weight); a leaf with no row
+    found fills the positions left, in order, where it fits. A row the candidate holds several times (kv heads
     repeated for grouped-query attention) is placed at each of them. Of the axes and orientations where
     that holds, the one whose leaves cover the most positions (a square part, found whichever way it is
     read, does not decide the layout of the others)."""

@@ -277,8 +277,9 @@ def _launched_as_rank() -> str | None:
         size = os.environ.get(world, "1")
         if size.isdigit() and int(size) > 1:
             return (
-                f"started by {launcher} as rank {os.environ.get(rank, '?')} of {size} ({world}={size}): run bisectr as one "
-                "process, not under a distributed launcher. Each rank would compare its own shards with the reference's "
+                f"started by {launcher} as rank {os.environ.get(rank, '?')} of {size} ({world}={size}): "
+                "run bisectr as one process, not under a distributed launcher. "
+                "Each rank would compare its own shards with the reference's "
                 "whole tensors; for a side that computes on several processes (tensor parallel), give bisectr "
                 "--candidate-nproc N and it starts that side's ranks under torchrun itself"
             )
@@ -320,7 +321,8 @@ def _report_bug(exc: Exception) -> int:
         log.write("".join(traceback.format_exception(exc)))
     Console(stderr=True, soft_wrap=True).print(
         f"[bold red]bisectr: internal error:[/] {type(exc).__name__}: {escape(str(exc))}\n"
-        f"This is a bug in bisectr, not in your model. Its traceback is in {escape(log.name)}; please report it with that file.",
+        f"This is a bug in bisectr, not in your model. Its traceback is in {escape(log.name)}; "
+        "please report it with that file.",
         markup=True,
         highlight=False,
     )

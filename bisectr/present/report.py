@@ -149,7 +149,8 @@ def verdict_lines(result: Result) -> list[Line]:
         lines.append(
             [
                 (
-                    f"losses: reference {fmt(result.losses.get('reference'))}, candidate {fmt(result.losses.get('candidate'))}",
+                    f"losses: reference {fmt(result.losses.get('reference'))}, "
+                    f"candidate {fmt(result.losses.get('candidate'))}",
                     "",
                 )
             ]
@@ -179,7 +180,10 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
             else ""
         )
         if culprit.description:
-            leaf = f" (the leaf {culprit.leaf}: {culprit.description}; the reference's {culprit.reference_leaf}, {culprit.layout})"
+            leaf = (
+                f" (the leaf {culprit.leaf}: {culprit.description}; "
+                f"the reference's {culprit.reference_leaf}, {culprit.layout})"
+            )
         name = compiled_code_name(culprit) if culprit.compiled else culprit.op
         lines.append([(f"culprit ({what}): ", ""), (name, "bold"), (leaf, "")])
         for role in ("candidate", "reference"):
@@ -221,7 +225,8 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
                 [
                     (
                         f"  input error {fmt(culprit.input_error)} -> output error {fmt(culprit.output_error)} "
-                        f"({fmt_amplification(culprit.amplification, culprit.output_error)}); local error {fmt(culprit.local_error)}",
+                        f"({fmt_amplification(culprit.amplification, culprit.output_error)}); "
+                        f"local error {fmt(culprit.local_error)}",
                         "",
                     )
                 ]
@@ -306,7 +311,8 @@ def compiled_lines(run: RunRecord, found: InCompiled) -> list[Line]:
         lines.append(
             [
                 (
-                    "  op         none found: no op of its graph differs compiled alone, and the graph runs no line its eager "
+                    "  op         none found: no op of its graph differs compiled alone, "
+                    "and the graph runs no line its eager "
                     "code does not",
                     "muted",
                 )
@@ -321,7 +327,8 @@ def compiled_lines(run: RunRecord, found: InCompiled) -> list[Line]:
         lines.append(
             [
                 (
-                    f"  {verdict}: with every {found.module_class} eager ({listed}), the compiled module's error goes from "
+                    f"  {verdict}: with every {found.module_class} eager ({listed}), "
+                    "the compiled module's error goes from "
                     f"{fmt(found.error)} to {fmt(found.confirmed_error)} (its eager rounding {fmt(found.rounding)})",
                     "" if found.confirmed else "warning",
                 )
@@ -393,7 +400,8 @@ def recurrence_lines(result: Result, listed: int | None = None) -> list[Line]:
         lines.append(
             [
                 (
-                    f"    op {item.index:<5} {item.module or '(top level)':<36} {share:>12}  ({short_source(item.source)})",
+                    f"    op {item.index:<5} {item.module or '(top level)':<36} "
+                    f"{share:>12}  ({short_source(item.source)})",
                     "",
                 )
             ]
@@ -489,7 +497,8 @@ def float64_text(check: Float64Check, compared: str = "outputs") -> str:
     )
     conclusion = "rounding" if check.status == "agree" else "something computes differently"
     text = (
-        f"float64 check: {compared} differ by {fmt(check.error)} as run and by {fmt(check.float64_error)} with both sides "
+        f"float64 check: {compared} differ by {fmt(check.error)} as run "
+        f"and by {fmt(check.float64_error)} with both sides "
         f"in float64; {rounding} -> {conclusion}"
     )
     if check.rounded_leaves:
@@ -652,7 +661,10 @@ def alignment_rows(run: RunRecord) -> list[list]:
     rows = []
     for pair in run.alignment.pairs:
         cand, ref = run.candidate.ops[pair.candidate], run.reference.ops[pair.reference]
-        why = f"{PAIRED_BECAUSE.get(pair.evidence.how, pair.evidence.how)}; outputs {pair.evidence.value_distance:.2g} apart"
+        why = (
+            f"{PAIRED_BECAUSE.get(pair.evidence.how, pair.evidence.how)}; "
+            f"outputs {pair.evidence.value_distance:.2g} apart"
+        )
         rows.append([cand.index, ref.index, cand.op, cand.module, ref.module, pair.confidence, why])
     return rows
 
@@ -721,7 +733,10 @@ def training_lines(result: TrainingResult) -> list[Line]:
     if result.verdict == "divergent":
         head = f"training verdict: divergent at step {result.first_step} of {steps} (stage: {result.stage})"
     elif result.verdict == "noise":
-        head = f"training verdict: noise over {steps} steps: in float64 both sides agree at every step; the difference is rounding"
+        head = (
+            f"training verdict: noise over {steps} steps: in float64 both sides agree at every step; "
+            "the difference is rounding"
+        )
     else:
         head = f"training verdict: match over {steps} steps"
     lines: list[Line] = [[(head, result.verdict)]]
@@ -734,7 +749,8 @@ def training_lines(result: TrainingResult) -> list[Line]:
                 (f" (reference {culprit.reference}, candidate {culprit.candidate}); parameter ", ""),
                 (culprit.parameter, "accent"),
                 (
-                    f"'s update differs by {fmt(culprit.update_error)} (relative, both sides in float64, from the same gradients)",
+                    f"'s update differs by {fmt(culprit.update_error)} "
+                    "(relative, both sides in float64, from the same gradients)",
                     "",
                 ),
             ]

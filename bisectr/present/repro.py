@@ -127,8 +127,8 @@ def write_repro(
     if ref_index is None:
         block = next((b for b in alignment.blocks if cand_index in b.candidate), None)
         what = (
-            f"it is compared as a block ({len(block.candidate)} candidate op(s) against {len(block.reference)} reference "
-            "ops)"
+            f"it is compared as a block ({len(block.candidate)} candidate op(s) "
+            f"against {len(block.reference)} reference ops)"
             if block is not None
             else "it has no reference partner"
         )
@@ -275,7 +275,8 @@ def relative_error(a, truth):
     print(f"candidate op vs float64 oracle: {{candidate_error:.3g}}")
     print(f"candidate vs reference:         {{relative_error(candidate, reference.astype(np.float64)):.3g}}")
     same = candidate_error <= 4 * reference_error + 16 * np.finfo(np.float32).eps * (reference.dtype != np.float64)
-    print("=> rounding: both are as close to float64" if same else "=> different: the candidate computes something else")
+    print("=> rounding: both are as close to float64" if same else "=> different: the candidate computes \
+something else")
 
 
 if __name__ == "__main__":
@@ -319,7 +320,8 @@ def run(role, data, float64):
     out = (run_reference if role == "reference" else run_candidate)(x)
     out = list(out) if isinstance(out, (tuple, list)) else [out]
     seeded = [(o, f"{{role}}_upstream_{{i}}") for i, o in enumerate(out) if f"{{role}}_upstream_{{i}}" in data.files]
-    upstream = [to_tensor(framework, data[name].astype(np.float64) if float64 else data[name], "float64" if float64 else o_dtype(o))
+    upstream = [to_tensor(framework, data[name].astype(np.float64) if float64 else data[name], \
+"float64" if float64 else o_dtype(o))
                 for o, name in seeded]
     position = 1 if role == "reference" else 0
     wanted = [x[pair[position]] for pair in COMPARED]

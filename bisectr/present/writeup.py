@@ -103,14 +103,16 @@ def _pass(run: RunRecord, result: Result) -> list[str]:
     difference = "NaN/Inf" if result.nonfinite else f"{fmt(error.max_abs)} (relative {fmt(error.max_rel)})"
     unconfirmed = " (unconfirmed)" if result.unconfirmed else ""
     verdict = [
-        f"### Verdict\n\n**{result.verdict}{unconfirmed}**: {HEADLINE[result.verdict]}; the {measured(result)} differ by "
+        f"### Verdict\n\n**{result.verdict}{unconfirmed}**: {HEADLINE[result.verdict]}; "
+        f"the {measured(result)} differ by "
         f"{difference}."
     ]
     for text in (
         result.missing_gradient,
         result.nonfinite and nonfinite_text(result.nonfinite),
         result.fp64_check and float64_text(result.fp64_check, measured(result)),
-        f"aligned: {result.ops.aligned} of {result.ops.candidate} candidate ops ({result.ops.reference} reference ops); "
+        f"aligned: {result.ops.aligned} of {result.ops.candidate} candidate ops "
+        f"({result.ops.reference} reference ops); "
         f"candidate re-runs: {result.reruns}",
     ):
         if text:
@@ -175,7 +177,8 @@ def _evidence(run: RunRecord, result: Result) -> str:
         else:
             items.append(
                 f"input error {fmt(culprit.input_error)} -> output error {fmt(culprit.output_error)} "
-                f"({fmt_amplification(culprit.amplification, culprit.output_error)}); local error {fmt(culprit.local_error)}"
+                f"({fmt_amplification(culprit.amplification, culprit.output_error)}); "
+                f"local error {fmt(culprit.local_error)}"
             )
     if culprit.fp64:
         items.append(
@@ -220,7 +223,8 @@ def _recurrences(result: Result) -> str:
         for item in result.recurrences
     ]
     return (
-        f"### Recurrences\n\nThe same difference in {len(rows)} places (the first is the culprit), with the share of the "
+        f"### Recurrences\n\nThe same difference in {len(rows)} places (the first is the culprit), "
+        "with the share of the "
         "error each makes alone:\n\n" + _table(("op", "name", "module", "source", "local error", "share"), rows)
     )
 
@@ -283,7 +287,8 @@ def training_markdown(result: TrainingResult, model_file: str) -> str:
 
 # -- the HTML page ---------------------------------------------------------------------------------------
 _STYLE = """
-body { font: 15px/1.5 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; max-width: 1100px; margin: 2em auto; padding: 0 1em; color: #1f2328; }
+body { font: 15px/1.5 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; max-width: 1100px; margin: 2em auto; \
+padding: 0 1em; color: #1f2328; }
 code, pre { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 13px; }
 pre { background: #f6f8fa; padding: 0.8em; overflow-x: auto; border-radius: 6px; }
 table { border-collapse: collapse; margin: 0.5em 0; }
@@ -310,7 +315,8 @@ def html_page(run: RunRecord, repro: str | None = None) -> str:
     """The write-up of `run` as one self-contained HTML page: the Markdown rendered, the error-by-op plot,
     the op table and `repro` (the repro script's text, where there is one)."""
     repro_part = (
-        f"<details><summary>repro script (with <code>inputs.npz</code> beside it)</summary><pre><code>{html.escape(repro)}"
+        "<details><summary>repro script (with <code>inputs.npz</code> beside it)</summary>"
+        f"<pre><code>{html.escape(repro)}"
         "</code></pre></details>"
         if repro
         else ""
@@ -460,7 +466,8 @@ def _op_table(run: RunRecord) -> str:
         rows.append(f"<tr>{cells}</tr>")
     headings = "".join(f"<th>{column}</th>" for column in OP_COLUMNS)
     return (
-        f'<details><summary>every paired op ({len(rows)}; click a heading to sort)</summary>\n<table class="ops"><thead>'
+        f"<details><summary>every paired op ({len(rows)}; click a heading to sort)</summary>\n"
+        '<table class="ops"><thead>'
         f"<tr>{headings}</tr></thead><tbody>{''.join(rows)}</tbody></table></details>"
     )
 

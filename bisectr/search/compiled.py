@@ -62,7 +62,10 @@ def in_compiled(live: LiveRun, candidate_ops: list[int]) -> InCompiled | None:
     found = _search(lambda request: live.ask("candidate", request), compiled, values)
     if found is None:
         return None
-    inside = lambda path: f"{op.module}.{path}" if op.module and path else op.module or path
+
+    def inside(path):
+        return f"{op.module}.{path}" if op.module and path else op.module or path
+
     return replace(
         found,
         module=inside(found.module),

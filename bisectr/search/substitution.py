@@ -2,9 +2,9 @@
 implementation of chosen ops, and see whether the difference goes away.
 
 The candidate's forward is re-executed from its trace, op by op, with `Sides.replay` (the
-interpreter over the recorded graph the analysis also uses, `bisectr.engines.values`). An aligned unit (a 1:1 pair, or a matched N:M block such as a fused
-`layer_norm` against mean/var/rsqrt) that contains a chosen op is computed instead by
-replaying the reference's ops on the candidate's current values.
+interpreter over the recorded graph the analysis also uses, `bisectr.engines.values`). An aligned unit (a
+1:1 pair, or a matched N:M block such as a fused `layer_norm` against mean/var/rsqrt) that contains a
+chosen op is computed instead by replaying the reference's ops on the candidate's current values.
 """
 
 from __future__ import annotations

@@ -341,7 +341,10 @@ def doing(request: Request) -> str:
         case Replay(indices) if len(indices) == 1:
             return f"replaying op {indices[0]}"
         case Replay(indices) | ReplayVJP(indices):
-            return f"replaying {'the backward of ' if isinstance(request, ReplayVJP) else ''}ops {indices[0]}..{indices[-1]}"
+            return (
+                f"replaying {'the backward of ' if isinstance(request, ReplayVJP) else ''}"
+                f"ops {indices[0]}..{indices[-1]}"
+            )
         case Backward():
             return "running the backward pass"
         case Float64Outputs():
