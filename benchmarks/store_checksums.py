@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bisectr import store  # noqa: E402
+from bisectr.capture import store  # noqa: E402
 
 DTYPES = (np.float32, np.float16, np.int64, np.float64)
 

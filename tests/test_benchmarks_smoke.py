@@ -160,3 +160,18 @@ def test_compiled_benchmark_prints_the_search_against_one_compile_and_forward():
         done.stdout
     )
     assert re.search(r"ratio: [\d.]+x one compile \+ one forward", done.stdout), done.stdout
+
+
+def test_store_checksum_benchmark_prints_write_and_read_with_and_without_crc32():
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "store_checksums.py"), "--tensors", "40", "--total-mb", "4"]
+        + ["--repeats", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"store checksums: 40 tensors, [\d.]+ MB", done.stdout), done.stdout
+    for title in ("write (TensorWriter, closed)", "first read of each + max (checked)", "second read of each + max"):
+        assert re.search(re.escape(title) + r"\s+[\d.]+ s\s+[\d.]+ s\s+[\d.]+x", done.stdout), done.stdout

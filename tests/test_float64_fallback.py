@@ -107,7 +107,7 @@ def test_an_op_without_a_float64_kernel_has_no_oracle_and_says_why(tmp_path):
     upstream = {run.reference.ops[0].outputs[0]: np.ones((24, 32))}
     with pytest.raises(CannotUpcast, match=f"{GROUPED_MM} cannot run in float64"):
         run.live.ask("reference", ReplayVJP([0], values, upstream, float64=True))
-    evidence = Analysis(run, run.sides).evidence(0, 0, oracle=True)  # expert 1's weights scaled by 1.01
+    evidence = Analysis(run.live).evidence(0, 0, oracle=True)  # expert 1's weights scaled by 1.01
     assert evidence.fp64 is None and evidence.fp64_unavailable.startswith(f"{GROUPED_MM} cannot run in float64")
     assert 0.005 < evidence.local_error < 0.01 and evidence.verdict == "different"
 
