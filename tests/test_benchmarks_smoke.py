@@ -19,6 +19,18 @@ pytestmark = pytest.mark.once
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def run_benchmark(script: str, *args: str, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
+    """`python benchmarks/SCRIPT ARGS` from the repository root, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env},
+    )
+
+
 def documentation() -> str:
     """The README and every page of docs/, where the benchmarks' commands are given."""
     return "\n".join(page.read_text() for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
@@ -37,14 +49,7 @@ HEADINGS = [
 
 def test_quick_benchmark_runs_and_prints_the_table(tmp_path):
     raw = tmp_path / "figures.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--json", str(raw)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    done = run_benchmark("run.py", "--quick", "--json", str(raw), timeout=900, COLUMNS="200")
     assert done.returncode == 0, (
         f"exit {done.returncode}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     )
@@ -60,13 +65,7 @@ def test_quick_benchmark_runs_and_prints_the_table(tmp_path):
 def scale(tmp_path, *args: str) -> tuple[list[dict], str]:
     """`benchmarks/scale.py ARGS` at one layer: its JSON rows and what it printed."""
     raw = tmp_path / "scale.json"
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--layers", "1", *args, "--json", str(raw)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = run_benchmark("scale.py", "--layers", "1", *args, "--json", str(raw), timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(raw.read_text()), done.stdout
 
@@ -114,13 +113,7 @@ def test_scale_benchmark_trains_the_one_layer_pair_as_the_readme_quotes(tmp_path
 
 
 def test_profile_names_the_recorders_own_functions():
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--profile", "torch", "deep", "stats"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_benchmark("run.py", "--quick", "--profile", "torch", "deep", "stats")
     assert done.returncode == 0, f"exit {done.returncode}\nstderr:\n{done.stderr[-3000:]}"
     tree, flat = done.stdout.split("Functions by own time")
     for frame in ("record_side", "Recorder.call"):
@@ -130,13 +123,7 @@ def test_profile_names_the_recorders_own_functions():
 
 def test_tensor_parallel_benchmark_prints_time_and_each_ranks_memory():
     assert "python benchmarks/tensor_parallel.py" in documentation()
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "tensor_parallel.py"), "--forwards", "3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_benchmark("tensor_parallel.py", "--forwards", "3")
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(
         r"TP=2 bisect of tensor_parallel.py \(divergent\): [\d.]+ s = \d+ plain TP=2 forwards", done.stdout
@@ -147,13 +134,7 @@ def test_tensor_parallel_benchmark_prints_time_and_each_ranks_memory():
 
 def test_compiled_benchmark_prints_the_search_against_one_compile_and_forward():
     assert "python benchmarks/compiled.py" in documentation()
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "compiled.py"), "--model", "hf_resnet"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_benchmark("compiled.py", "--model", "hf_resnet", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"bisect of compiled_hf_resnet.py \(noise\): [\d.]+ s\n", done.stdout), done.stdout
     assert re.search(r"one compile \+ one forward: [\d.]+ s \(compile [\d.]+ s, forward [\d.]+ ms\)", done.stdout), (
@@ -163,14 +144,7 @@ def test_compiled_benchmark_prints_the_search_against_one_compile_and_forward():
 
 
 def test_store_checksum_benchmark_prints_write_and_read_with_and_without_crc32():
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "store_checksums.py"), "--tensors", "40", "--total-mb", "4"]
-        + ["--repeats", "2"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_benchmark("store_checksums.py", "--tensors", "40", "--total-mb", "4", "--repeats", "2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"store checksums: 40 tensors, [\d.]+ MB", done.stdout), done.stdout
     for title in ("write (TensorWriter, closed)", "first read of each + max (checked)", "second read of each + max"):
