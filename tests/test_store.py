@@ -63,6 +63,24 @@ def test_a_run_holds_no_parameter_values_and_reads_them_from_the_live_model(tmp_
     assert {p.status for p in reopened.alignment.leaves.pairs} == {"equal", "different"}
 
 
+def test_a_saved_run_is_searched_again_as_a_new_live_run_and_stays_as_it_was_until_that_is_saved(tmp_path):
+    """A loaded run runs nothing: `bisect` says how to search it again; `traced_again` makes a new live run
+    of the model file into the same directory, which replaces the saved one only once saved."""
+    model_file = MODELS / "hf_gpt2.py"
+    bisectr.trace(model_file, candidate="candidate_untransposed", out=tmp_path / "run").save()
+    saved = bisectr.load(tmp_path / "run")
+    with pytest.raises(RunDirError, match=r"a saved run runs nothing by itself.*run\.traced_again\(model_file\)"):
+        saved.bisect()
+    again = saved.traced_again(model_file)
+    assert again is not saved and again.is_live and not saved.is_live and saved.result is None
+    assert again.traced.candidate_fn == "candidate_untransposed" and again.run_id != saved.run_id
+    result = again.bisect()
+    assert result.culprit.leaf.endswith("h.2.attn.c_proj.weight") and bisectr.load(tmp_path / "run").result is None
+    again.save()
+    reopened = bisectr.load(tmp_path / "run")
+    assert reopened.run_id == again.run_id and reopened.result.culprit == result.culprit
+
+
 def test_a_zero_dimensional_tensor_is_stored_with_its_shape(tmp_path):
     """HF's causal mask reads `torch.zeros(())`: stored and read back (live and reopened) as a 0-d array."""
     run = bisectr.trace(MODELS / "hf_gpt2.py", out=tmp_path / "run")
