@@ -222,7 +222,7 @@ def record_run(
         output_pairs = pair_outputs(reference_trace, candidate_trace, label)
         alignment = _align(label, pins, reference_trace, candidate_trace)
         run = Run(uuid.uuid4().hex, traced, reference_trace, candidate_trace, output_pairs, alignment, writer=writer)
-        run.live = LiveRun(run, runners, label)
+        run.live = LiveRun(run, runners)
         if commit:
             run.save()
     except BaseException:

@@ -9,7 +9,6 @@ one; a run reopened from disk has none.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -29,7 +28,6 @@ class LiveRun:
 
     run: RunRecord
     runners: dict[str, SideRunner]
-    model_file: Path  # names the sides' origin in messages
     say: Callable[[str], None] = field(default=_silent, repr=False)
 
     def ask(self, role: str, request: Request) -> Any:

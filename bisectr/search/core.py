@@ -207,11 +207,11 @@ class PassRules(ABC):
         when one neither matches nor confirms (the forward's layer window, then every op). `float64()`
         runs the float64 check when first called (None within the tolerance)."""
 
-    def obvious_cause(self, search: SearchPass, float64: Float64Check) -> Decided | None:
+    def obvious_cause(self, search: SearchPass, error: ErrorToExplain) -> Decided | None:
         """A cause named before the cut search where the float64 check does not say rounding (differing leaves)."""
         return None
 
-    def refined(self, search: SearchPass, float64: Float64Check) -> SearchPass:
+    def refined(self, search: SearchPass, error: ErrorToExplain) -> SearchPass:
         """The search the cut search runs on (the forward's, narrowed to the ops between two layer outputs)."""
         return search
 
@@ -273,7 +273,7 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
         )
 
     def obvious_cause(search: SearchPass) -> Decided | None:
-        return rules.obvious_cause(search, float64) if float64.status != "agree" else None
+        return rules.obvious_cause(search, error) if not error.is_rounding else None
 
     lacking = rules.lacking()
     if lacking is not None:
@@ -295,10 +295,11 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
         if full_error <= tolerance:
             return result("match")
         float64 = float64_check()
+        error = ErrorToExplain.judged(full_error, float64)
         nonfinite, nonfinite_found, nonfinite_culprit = rules.nonfinite()
         cause = obvious_cause(search)
         if cause is None:
-            refined = rules.refined(search, float64)
+            refined = rules.refined(search, error)
             if refined is not search:  # the values it fetched may show a leaf's layout
                 cause = obvious_cause(refined)
             search = refined
@@ -312,7 +313,7 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
                 nonfinite=nonfinite_found,
             )
         say("searching")
-        outcome = search_pass(search, ErrorToExplain.judged(full_error, float64), float64, nonfinite, exhaustive)
+        outcome = search_pass(search, error, float64, nonfinite, exhaustive)
         finding = outcome.finding
         evidence, unexplained = finding.evidence, ""
         if outcome.verdict == "noise":

@@ -24,6 +24,7 @@ for the search itself).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -33,7 +34,7 @@ from ..measure.align import Block, LeafPairing, code_place, handed_on, settle_la
 from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, external_inputs, rewired_input
 from ..errors import TraceMismatchError
 from ..measure.leaves import leaf_causes, pair_leaves, reference_values
-from ..measure.numerics import NOISE_FACTOR, NOISE_REACH_FRACTION, REACH_FRACTION, coarsest_dtype, confirms, noise_floor
+from ..measure.numerics import NOISE_REACH_FRACTION, REACH_FRACTION, coarsest_dtype, confirms, noise_floor
 from .nonfinite import NonFiniteStart, nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
 from ..measure.live import LiveRun
@@ -316,15 +317,16 @@ class ForwardRules(PassRules):
         self.searched.append(search)
         return search
 
-    def obvious_cause(self, search: ForwardPass, float64: Float64Check) -> Decided | None:
+    def obvious_cause(self, search: ForwardPass, error: ErrorToExplain) -> Decided | None:
         self.live.say("comparing parameters and buffers")
-        return _differing_leaves(search, ErrorToExplain.judged(self.full_error, float64), self.tested_causes)
+        return _differing_leaves(search, error, self.tested_causes)
 
-    def refined(self, search: ForwardPass, float64: Float64Check) -> ForwardPass:
+    def refined(self, search: ForwardPass, error: ErrorToExplain) -> ForwardPass:
         if not self.narrow:
             return search
         self.live.say("searching between layers")
-        fine = _window_search(search, ErrorToExplain(self.full_error, NOISE_FACTOR * (float64.predicted or 0.0)))
+        # The window brackets where the difference enters even in a run the float64 check takes for rounding.
+        fine = _window_search(search, replace(error, is_rounding=False))
         self.searched.append(fine)
         self.analysis = fine.analysis
         return fine
