@@ -39,13 +39,15 @@ MIN_COVERAGE = 0.9  # of a correct port's candidate ops inside pairs or matched 
 MASK_MAGNITUDE = 1e38
 
 
-def measure(pair: Pair, reference_python: str | None = None) -> tuple[dict, dict]:
+def measure(pair: Pair, reference_python: str | None = None) -> tuple[dict, dict | None]:
     """Run `pair` as `bisectr bisect [--backward]` does and judge it: (its row, whose `problems` lists
     what departs; the result as `bisect --json` prints it)."""
     import bisectr
     from bisectr.measure.analysis import Analysis
 
     isolation = {"isolate": True, "reference_python": reference_python} if "paddleformers" in pair.needs else {}
+    if pair.tokens is not None:
+        return measure_generation(pair, isolation)
     started = time.perf_counter()
     run = bisectr.trace(pair.path, pair.reference, pair.candidate, **isolation)
     result = run.bisect(backward=pair.backward is not None).to_dict()
@@ -85,6 +87,32 @@ def measure(pair: Pair, reference_python: str | None = None) -> tuple[dict, dict
         "seconds": seconds,
         "problems": found,
     }, result
+
+
+def measure_generation(pair: Pair, isolation: dict) -> tuple[dict, dict]:
+    """Run a generation pair as `bisectr generate --tokens N` does and judge it: (its row, the search of the step
+    searched as `bisect --json` prints it; None where no step was searched)."""
+    import bisectr
+
+    started = time.perf_counter()
+    result = bisectr.generate(pair.path, pair.reference, pair.candidate, pair.tokens, **isolation).to_dict()
+    seconds = time.perf_counter() - started
+    searched = result["step_search"] or {}
+    culprit = result["culprit"]
+    return {
+        "pair": pair.name,
+        "expected": pair.verdict + (f" at step {pair.step}" if pair.step is not None else ""),
+        "verdict": result["verdict"]
+        + (f" at step {result['culprit_step']}" if result["culprit_step"] is not None else ""),
+        "culprit": f"{culprit['op']} at {culprit['candidate']['module']}" if culprit else None,
+        "confirmed": bool((result["confirmation"] or {}).get("confirmed")),
+        "reruns": searched.get("reruns", 0),
+        "budget": math.ceil(math.log2(max(searched["ops"]["candidate"], 2))) + 3 if searched else 0,
+        "coverage": searched["ops"]["aligned"] / max(searched["ops"]["candidate"], 1) if searched else 1.0,
+        "contradicted": None,
+        "seconds": seconds,
+        "problems": problems(pair, result),
+    }, searched or None
 
 
 def decisions(result: dict) -> dict:
@@ -166,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         row, result = measure(pair, args.reference_python)
         rows.append(row)
-        decided[pair.name] = decisions(result)
+        decided[pair.name] = decisions(result) if result is not None else {"verdict": row["verdict"]}
         print(
             f"{row['pair']:<58} {row['verdict']:<28} {'ok ' if not row['problems'] else 'BAD'} "
             f"{row['culprit'] or '':<44} "

@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from .adapters import input_layout
-from .measure.align import Alignment, align_traces
+from .measure.align import Alignment, Permutation, align_traces
 from .measure.leaves import pair_leaves
 from .search.backward import BackwardRules
 from .search.core import decide
@@ -39,7 +39,7 @@ from .capture.locks import RunLock, interrupts_deferred
 from .capture.store import SIDES, RunWriter, read_document, read_manifest, read_trace, save_result
 from .capture.trace import Trace
 
-__all__ = ["OutputPair", "Run", "bisect", "load", "record_run", "trace"]
+__all__ = ["OutputPair", "Run", "bisect", "how_traced", "load", "record_run", "start_sides", "trace"]
 
 
 @dataclass
@@ -169,6 +169,41 @@ def trace(
     """
     model_file = Path(model_file)
     module = load_module(model_file)
+    traced = how_traced(
+        module,
+        model_file,
+        reference,
+        candidate,
+        isolate,
+        reference_python,
+        candidate_python,
+        reference_nproc,
+        candidate_nproc,
+        store_values,
+        keep_modules,
+        value_budget,
+    )
+    run_dir = Path(out) if out is not None else temporary_run_dir(model_file.stem)
+    with RunLock(run_dir):  # a run directory another process writes is refused before any model is built
+        runners, pins = start_sides(module, model_file, traced)
+        return record_run(traced, runners, pins, run_dir, model_file, watch, commit)
+
+
+def how_traced(
+    module: ModuleType,
+    model_file: Path,
+    reference: str,
+    candidate: str,
+    isolate: bool = False,
+    reference_python: str | None = None,
+    candidate_python: str | None = None,
+    reference_nproc: int | None = None,
+    candidate_nproc: int | None = None,
+    store_values: bool = True,
+    keep_modules: tuple[str, ...] = (),
+    value_budget: int | None = DEFAULT_VALUE_BUDGET,
+) -> HowTraced:
+    """How the sides of `model_file` (loaded as `module`) are to be built and recorded (see `trace`)."""
     nprocs = {
         role: declared_nproc(module, model_file, function) if nproc is None else nproc
         for role, function, nproc in (
@@ -179,7 +214,7 @@ def trace(
     for role, nproc in nprocs.items():
         if nproc < 1:
             raise BisectrError(f"--{role}-nproc must be at least 1, not {nproc}")
-    traced = HowTraced(
+    return HowTraced(
         str(model_file.resolve()),
         reference,
         candidate,
@@ -192,10 +227,6 @@ def trace(
         nprocs["reference"],
         nprocs["candidate"],
     )
-    run_dir = Path(out) if out is not None else temporary_run_dir(model_file.stem)
-    with RunLock(run_dir):  # a run directory another process writes is refused before any model is built
-        runners, pins = _start_sides(module, model_file, traced)
-        return record_run(traced, runners, pins, run_dir, model_file, watch, commit)
 
 
 def record_run(
@@ -206,10 +237,11 @@ def record_run(
     label: Path,
     watch: Callable[[str, Callable[[], int]], None] | None = None,
     commit: bool = True,
+    output_layouts: dict[str, Permutation] | None = None,
 ) -> Run:
     """Record both sides through their runners into `run_dir`, pair the outputs and align the
     traces (with `pins`: candidate module -> reference module); see `trace`. `label` names the
-    sides' origin in messages (the model file)."""
+    sides' origin in messages (the model file); `output_layouts`: see `pair_outputs`."""
     writer = RunWriter(run_dir)
     options = RecordOptions(traced.store_values, tuple(traced.keep_modules), traced.value_budget)
     try:
@@ -219,7 +251,7 @@ def record_run(
             writer.recorded(role, traces[role])
         reference_trace, candidate_trace = traces["reference"], traces["candidate"]
         traced.environment = describe()  # once the sides ran: their frameworks are loaded, a GPU found
-        output_pairs = pair_outputs(reference_trace, candidate_trace, label)
+        output_pairs = pair_outputs(reference_trace, candidate_trace, label, output_layouts)
         alignment = _align(label, pins, reference_trace, candidate_trace)
         run = Run(uuid.uuid4().hex, traced, reference_trace, candidate_trace, output_pairs, alignment, writer=writer)
         run.live = LiveRun(run, runners)
@@ -231,7 +263,7 @@ def record_run(
     return run
 
 
-def _start_sides(
+def start_sides(
     module: ModuleType, model_file: Path, traced: HowTraced
 ) -> tuple[dict[str, SideRunner], dict[str, str] | None]:
     """Each side's runner, and the model file's `ALIGN_MODULES` pins (candidate module -> reference module).

@@ -3,6 +3,8 @@
 Each `Pair` names a model file (relative to the repository), its two functions and what bisectr must
 conclude: `noise` (rounding, or `match`), `divergent` with the culprit confirmed at the planted place,
 or `unconfirmed` (`divergent` with the difference bracketed, the planted op among the bracket's ops).
+A generation pair (`tokens`) is run as `bisectr generate --tokens N` and judged on the step it searches
+(`step`: where its culprit must be).
 `tests/test_corpus.py` runs the pairs the environment has the libraries for; `benchmarks/corpus.py`
 runs them as a user would and prints a row each (before and after a change: the same rows).
 """
@@ -29,11 +31,14 @@ class Pair:
     backward: Literal["noise", "divergent", "unconfirmed"] | None = None
     backward_module: str | None = None
     needs: tuple[str, ...] = ()  # libraries beyond torch and paddle
+    # A generation pair (`bisectr generate --tokens N`): its decode steps, and the step its culprit must be at.
+    tokens: int | None = None
+    step: int | None = None
 
     @property
     def name(self) -> str:
         functions = self.candidate if self.reference == "reference" else f"{self.reference}/{self.candidate}"
-        return f"{Path(self.model).stem}:{functions}"
+        return f"{Path(self.model).stem}:{functions}" + (f" --tokens {self.tokens}" if self.tokens else "")
 
     @property
     def path(self) -> Path:
@@ -253,6 +258,17 @@ CORPUS = [
         leaf="model.layers.0.self_attn.qkv_proj.weight",
         needs=PF,
     ),
+    Pair(M + "generate_pf_qwen2.py", needs=PF, tokens=8),
+    Pair(
+        M + "generate_pf_qwen2.py",
+        "candidate_k_bias_missing",
+        verdict="divergent",
+        module="model.layers.2.self_attn",
+        leaf="model.layers.2.self_attn.qkv_proj.bias",
+        needs=PF,
+        tokens=2,
+        step=0,
+    ),
     Pair("examples/hf_llama.py", needs=PF),
     Pair(
         "examples/hf_llama.py",
@@ -266,7 +282,14 @@ CORPUS = [
 
 
 def problems(pair: Pair, result: dict) -> list[str]:
-    """What in `result` (`bisect --json`) departs from what `pair` must conclude; empty when nothing does."""
+    """What in `result` (`bisect --json`, or `generate --json` for a generation pair) departs from what `pair`
+    must conclude; empty when nothing does."""
+    if pair.tokens is not None:
+        searched = {**(result.get("step_search") or {}), "verdict": result["verdict"]}
+        found = _pass_problems(pair.verdict, pair.module, pair.leaf, searched)
+        if pair.step is not None and result.get("culprit_step") != pair.step:
+            found.append(f"searched at step {result.get('culprit_step')}, not {pair.step}")
+        return found
     found = _pass_problems(pair.verdict, pair.module, pair.leaf, result)
     if pair.backward is not None:
         backward = result.get("backward")

@@ -28,5 +28,6 @@ def test_the_pair_keeps_its_verdict_and_culprit(pair: Pair, request):
         pytest.skip(f"needs {', '.join(missing)}")
     reference_python = request.getfixturevalue("hf_python") if "paddleformers" in pair.needs else None
     row, result = measure(pair, reference_python)
-    assert_verdict_contract(result)
+    if result is not None:  # a generation pair with no step searched has no search result
+        assert_verdict_contract(result)
     assert row["problems"] == [], row

@@ -17,7 +17,7 @@ LAYERS = [
     ("sides", ("bisectr.sides",)),  # where a side's model runs: this process, a worker, torchrun's ranks
     ("measure", ("bisectr.measure",)),  # pair the two passes and measure how they differ
     ("search", ("bisectr.search",)),  # find where the difference enters, and prove it
-    ("workflows", ("bisectr.run", "bisectr.training", "bisectr.weights")),  # what a user calls
+    ("workflows", ("bisectr.run", "bisectr.training", "bisectr.generation", "bisectr.weights")),  # what a user calls
     ("present", ("bisectr.present",)),  # text, JSON, TUI, notebooks, repro scripts, the command line
     ("facade", ("bisectr", "bisectr.__main__")),
 ]

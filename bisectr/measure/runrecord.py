@@ -184,9 +184,11 @@ def _check_result_ops(result: Result, op_index: Callable[[str, int | None, str],
         op_index("candidate", index, f"result.{where}")
 
 
-def pair_outputs(reference: Trace, candidate: Trace, model_file: Path) -> list[OutputPair]:
+def pair_outputs(
+    reference: Trace, candidate: Trace, model_file: Path, layouts: dict[str, Permutation] | None = None
+) -> list[OutputPair]:
     """Pair flattened outputs by key, then the rest by position. Sizes must agree; shapes that
-    differ pair only through a layout the values confirm."""
+    differ pair only through a layout the values confirm, or the one `layouts` gives by candidate key."""
     ref_keys, cand_keys = list(reference.outputs), list(candidate.outputs)
     common = [k for k in ref_keys if k in candidate.outputs]
     ref_rest = [k for k in ref_keys if k not in candidate.outputs]
@@ -214,7 +216,9 @@ def pair_outputs(reference: Trace, candidate: Trace, model_file: Path) -> list[O
         pair = OutputPair(ref_key, cand_key, ref_tid, cand_tid, {})
         if reference.has_value(ref_tid) and candidate.has_value(cand_tid):
             ref_values, cand_values = reference.value(ref_tid), candidate.value(cand_tid)
-            if _squeezed(ref_info.shape) != _squeezed(cand_info.shape):
+            if cand_key in (layouts or {}):
+                pair.layout = layouts[cand_key]
+            elif _squeezed(ref_info.shape) != _squeezed(cand_info.shape):
                 pair.layout = _confirmed_layout(cand_values, ref_values, f"{model_file}: {shapes}")
             pair.metrics = error_metrics(pair.in_reference_layout(cand_values, ref_values.shape), ref_values)
         else:
@@ -231,14 +235,7 @@ def _confirmed_layout(candidate: np.ndarray, reference: np.ndarray, shapes: str)
     """The permutation of the candidate's (squeezed) dimensions under which its values are
     closest to the reference's, when that brings them within `LAYOUT_CONFIRMED` and no other
     layout comes as close; else an `OutputMismatchError` saying what was tried."""
-    cand_shape, ref_shape = _squeezed(candidate.shape), _squeezed(reference.shape)
-    tried = []
-    if len(cand_shape) <= MAX_OUTPUT_DIMS:
-        for layout in itertools.permutations(range(len(cand_shape))):
-            if tuple(cand_shape[i] for i in layout) == ref_shape:
-                values = np.transpose(candidate.reshape(cand_shape), layout).reshape(reference.shape)
-                tried.append((error_metrics(values, reference).max_rel, layout))
-    tried.sort()
+    tried = layouts_by_error(candidate, reference)
     if tried and tried[0][0] <= LAYOUT_CONFIRMED and (len(tried) == 1 or tried[1][0] > tried[0][0]):
         return tried[0][1]
     errors = (
@@ -248,6 +245,19 @@ def _confirmed_layout(candidate: np.ndarray, reference: np.ndarray, shapes: str)
         f"{shapes}, and no layout of the candidate's values matches the reference's ({errors}); "
         "return the outputs in the same shape"
     )
+
+
+def layouts_by_error(candidate: np.ndarray, reference: np.ndarray) -> list[tuple[float, Permutation]]:
+    """Each permutation of the candidate's squeezed dimensions that gives the reference's squeezed shape,
+    with the relative error of the candidate's values laid out so, closest first."""
+    cand_shape, ref_shape = _squeezed(candidate.shape), _squeezed(reference.shape)
+    tried = []
+    if len(cand_shape) <= MAX_OUTPUT_DIMS:
+        for layout in itertools.permutations(range(len(cand_shape))):
+            if tuple(cand_shape[i] for i in layout) == ref_shape:
+                values = np.transpose(candidate.reshape(cand_shape), layout).reshape(reference.shape)
+                tried.append((error_metrics(values, reference).max_rel, layout))
+    return sorted(tried)
 
 
 def output_seeds(run: RunRecord) -> dict[str, dict[str, np.ndarray]]:

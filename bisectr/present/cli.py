@@ -201,6 +201,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write PATH.md and PATH.html: the result, both loss curves and the per-step errors, for an issue",
     )
 
+    generate = commands.add_parser(
+        "generate",
+        help="decode greedily on both sides and find the first step, and the op in it, where they part",
+        **_help_texts(
+            "Decode greedily on both sides, each with its own cache and both fed the reference's tokens "
+            "(teacher forcing); judge every step's logits and cache against rounding (float64 runs in "
+            "lockstep); search inside the first step that differs, the cache as state.\n\nEach side is a "
+            "causal LM (Hugging Face, PaddleFormers, or a forward(input_ids, ..., cache=...) returning "
+            "(logits, cache)); its inputs are input_ids and, for left-padded batches, attention_mask."
+        ),
+    )
+    generate.add_argument("model_file", metavar="MODEL.py", help="file defining reference() and candidate()")
+    generate.add_argument("--reference", default="reference", metavar="NAME", help="function building the reference")
+    generate.add_argument("--candidate", default="candidate", metavar="NAME", help="function building the candidate")
+    generate.add_argument(
+        "--tokens", type=int, default=16, metavar="N", help="decode steps after the prefill (default 16)"
+    )
+    generate.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    generate.add_argument("--no-tui", action="store_true", help="print the text summary even on a terminal")
+    generate.add_argument("--isolate", action="store_true", help="run each side's model in its own worker process")
+    for role in ("reference", "candidate"):
+        generate.add_argument(
+            f"--{role}-python",
+            metavar="PATH",
+            help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate",
+        )
+    generate.add_argument(
+        "--report", metavar="PATH", help="also write PATH.md and PATH.html: the error and margin by step, the culprit"
+    )
+
     written = commands.add_parser(
         "report",
         help="write a saved run up for an issue: Markdown and an HTML page",
@@ -596,7 +626,53 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
     return EXIT_DIVERGENT if result.verdict == "divergent" else EXIT_OK
 
 
-COMMANDS = {"trace": run_trace, "bisect": run_bisect, "train": run_train, "report": run_report, "view": run_view}
+def run_generate(args: argparse.Namespace, console: Console) -> int:
+    from ..generation import generate
+
+    if args.tokens < 1:
+        raise BisectrError(f"--tokens must be at least 1 (got {args.tokens})")
+    options = dict(isolate=args.isolate, reference_python=args.reference_python, candidate_python=args.candidate_python)
+    if args.json:
+        result = generate(args.model_file, args.reference, args.candidate, args.tokens, **options)
+    else:
+        with Console(stderr=True).status("decoding") as status:
+
+            def progress(message: str) -> None:
+                _interruption_point()
+                status.update(message)
+
+            result = generate(
+                args.model_file, args.reference, args.candidate, args.tokens, progress=progress, **options
+            )
+    document = result.to_dict()
+    if args.report:
+        from .writeup import write_generation_report
+
+        written = _written(lambda: write_generation_report(result, args.model_file, args.report), args.report, None)
+        document["report"] = [str(path) for path in written]
+    if args.json:
+        print(json.dumps(document, allow_nan=False))
+    else:
+        if console.is_terminal and not args.no_tui:
+            from .tui import run_app
+            from .tui.generation import SEARCH, GenerationApp
+
+            if GenerationApp(result, args.model_file).run() == SEARCH:
+                run_app(result.run)
+        report.print_generation(console, result)  # still on the terminal when the TUI closes
+        if "report" in document:
+            console.print(f"report written: {', '.join(document['report'])}", highlight=False)
+    return EXIT_DIVERGENT if result.verdict == "divergent" else EXIT_OK
+
+
+COMMANDS = {
+    "trace": run_trace,
+    "bisect": run_bisect,
+    "train": run_train,
+    "generate": run_generate,
+    "report": run_report,
+    "view": run_view,
+}
 
 
 if __name__ == "__main__":

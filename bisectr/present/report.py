@@ -30,6 +30,7 @@ from ..leafref import LeafRef
 from ..capture.trace import LOCAL_PART, RANKS_DIFFER
 
 if TYPE_CHECKING:
+    from ..generation import GenerationResult
     from ..training import TrainingResult
 
 _LEVELS = "▁▂▃▄▅▆▇█"
@@ -837,3 +838,92 @@ def sparkline(values: list[float]) -> str:
         else _LEVELS[0 if high == low else int((v - low) / (high - low) * (len(_LEVELS) - 1))]
         for v in values
     )
+
+
+def generation_lines(result: GenerationResult) -> list[Line]:
+    """`bisectr generate`'s conclusion: the verdict over steps, the first flip and the step searched."""
+    steps = len(result.steps)
+    if result.verdict == "divergent":
+        entered = f"at step {result.culprit_step}"
+        if result.first_divergent_step != result.culprit_step:
+            later = (
+                f"the logits first differ at step {result.first_divergent_step}"
+                if result.first_divergent_step is not None
+                else "the logits never differ beyond rounding"
+            )
+            entered += f" (the cache it writes differs; {later})"
+        head = f"generation verdict: divergent {entered}, over {steps} steps (0: the prefill)"
+    elif result.verdict == "noise":
+        head = (
+            f"generation verdict: noise over {steps} steps (0: the prefill): in float64 both sides agree at every "
+            "step; the difference is rounding"
+        )
+    else:
+        head = f"generation verdict: match over {steps} steps (0: the prefill)"
+    lines: list[Line] = [[(head, result.verdict)]]
+    flip = result.first_flip
+    if flip is None:
+        lines.append([("top-1 tokens: the same at every step", "")])
+    else:
+        kind = "a rounding flip (a near-tie)" if flip.rounding else "a real difference"
+        lines.append(
+            [
+                (
+                    f"first flip: step {flip.step}, row {flip.row}: reference token {flip.reference_token}, candidate "
+                    f"{flip.candidate_token}, {fmt(flip.margin)} below the reference's top-1 there: {kind}",
+                    "warning" if flip.rounding else "",
+                )
+            ]
+        )
+    if result.note:
+        lines.append([(result.note, "warning")])
+    return lines
+
+
+GENERATION_COLUMNS = (
+    "step",
+    "tokens ref",
+    "tokens cand",
+    "logits err",
+    "rounding predicts",
+    "float64 differ",
+    "margin",
+    "cache err",
+    "cache float64",
+    "",
+)
+
+
+def generation_rows(result: GenerationResult) -> list[list[str]]:
+    """One row per step (`GENERATION_COLUMNS`); cache: the entry rounding explains least."""
+    return [
+        [
+            str(row.step),
+            " ".join(map(str, row.reference_tokens)),
+            " ".join(map(str, row.candidate_tokens)),
+            fmt(row.logits.error),
+            fmt(row.logits.rounding),
+            fmt(row.logits.float64_error),
+            fmt(row.margin),
+            fmt(row.cache.error) if row.cache else "n/a",
+            fmt(row.cache.float64_error) if row.cache else "n/a",
+            row.verdict if row.verdict == "divergent" else "",
+        ]
+        for row in result.steps
+    ]
+
+
+def print_generation(console: Console, result: GenerationResult) -> None:
+    """`bisectr generate`: the conclusion, the per-step table, then the search inside the step it names."""
+    for line in generation_lines(result):
+        console.print(rich_line(line), highlight=False)
+    console.print(
+        _table(
+            "Steps (logits of the last position; errors relative; cache: the entry rounding explains least)",
+            GENERATION_COLUMNS,
+            generation_rows(result),
+        )
+    )
+    if result.search is not None and result.run is not None:
+        console.print(f"\ninside step {result.culprit_step}:", highlight=False)
+        print_result(console, result.run, result.search)

@@ -39,10 +39,14 @@ from .report import (
     short_source,
     training_lines,
     training_rows,
+    GENERATION_COLUMNS,
+    generation_lines,
+    generation_rows,
 )
 from .repro import NoRepro, write_repro
 
 if TYPE_CHECKING:
+    from ..generation import GenerationResult
     from ..training import TrainingResult
 
 CONTEXT = 2  # lines of code shown before and after a culprit's line
@@ -285,6 +289,23 @@ def training_markdown(result: TrainingResult, model_file: str) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def generation_markdown(result: GenerationResult, model_file: str) -> str:
+    """The write-up of `bisectr generate`'s result: the verdict, every step's errors, then the step searched."""
+    lines = [_line_text(line) for line in generation_lines(result)]
+    steps = _table(GENERATION_COLUMNS[:-1] + ("verdict",), [tuple(row) for row in generation_rows(result)])
+    parts = [
+        f"## bisectr generate: {result.verdict} in `{Path(model_file).name}`",
+        "### Verdict\n\n" + "\n\n".join(map(_escape, lines)),
+        "### Steps\n\nStep 0 is the prefill; logits of the last position, errors relative; margin: the reference's "
+        "gap between its top-1 and top-2 logits; cache: the entry rounding explains least.\n\n" + steps,
+    ]
+    if result.run is not None and result.run.result is not None:
+        found, _ = _sections(result.run)
+        parts += [f"### Inside step {result.culprit_step}", *found[1:]]
+    parts.append(_environment_table(describe()))
+    return "\n\n".join(parts) + "\n"
+
+
 # -- the HTML page ---------------------------------------------------------------------------------------
 _STYLE = """
 body { font: 15px/1.5 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; max-width: 1100px; margin: 2em auto; \
@@ -331,6 +352,18 @@ def training_html_page(result: TrainingResult, model_file: str) -> str:
     """The training write-up as one self-contained HTML page, with both loss curves and the per-step errors."""
     title = f"bisectr train: {result.verdict} in {Path(model_file).name}"
     return _page(title, training_markdown(result, model_file), _figures([_loss_plot, _step_error_plot], result), "", "")
+
+
+def generation_html_page(result: GenerationResult, model_file: str) -> str:
+    """The generation write-up as one self-contained HTML page: error and margin by step, then the step's
+    error by op and op table."""
+    title = f"bisectr generate: {result.verdict} in {Path(model_file).name}"
+    head, plots = _figures([_generation_plot], result)
+    after = ""
+    if result.run is not None and result.run.result is not None and result.run.result.profile:
+        _, op_plot = _figures([_error_plot], result.run)
+        after = op_plot + _op_table(result.run)
+    return _page(title, generation_markdown(result, model_file), (head, plots), after, "")
 
 
 def _page(title: str, text: str, figures: tuple[str, str], after: str, closing: str) -> str:
@@ -453,6 +486,34 @@ def _step_error_plot(result: TrainingResult):
     return "Error per step", plot
 
 
+def _generation_plot(result: GenerationResult):
+    from bokeh.models import LinearAxis, Range1d
+    from bokeh.plotting import figure
+
+    steps = [row.step for row in result.steps]
+    plot = figure(
+        height=300,
+        sizing_mode="stretch_width",
+        y_axis_type="log",
+        x_axis_label="step (0: the prefill)",
+        y_axis_label="logits error (relative)",
+        title="candidate against reference, per step; the reference's top-1 margin on the right",
+        tools="pan,wheel_zoom,box_zoom,reset,hover",
+    )
+    for values, label, color in (
+        ([row.logits.error for row in result.steps], "logits error", "#cf222e"),
+        ([row.logits.rounding for row in result.steps], "rounding predicts", "#0969da"),
+        ([row.logits.float64_error for row in result.steps], "float64 differ", "#8250df"),
+    ):
+        plot.line(steps, [max(v, 1e-18) for v in values], legend_label=label, line_width=2, color=color)
+    margins = [row.margin for row in result.steps]
+    plot.extra_y_ranges = {"margin": Range1d(0, max(margins, default=1.0) * 1.1 or 1.0)}
+    plot.add_layout(LinearAxis(y_range_name="margin", axis_label="margin (logits)"), "right")
+    plot.scatter(steps, margins, y_range_name="margin", legend_label="margin", size=6, color="#1a7f37")
+    plot.legend.location = "bottom_right"
+    return "Error and margin by step", plot
+
+
 def _op_table(run: RunRecord) -> str:
     if run.result is None or not run.result.profile:
         return ""
@@ -482,6 +543,11 @@ def write_report(run: RunRecord, path: str | os.PathLike) -> list[Path]:
 def write_training_report(result: TrainingResult, model_file: str, path: str | os.PathLike) -> list[Path]:
     """`PATH.md` and `PATH.html` of `bisectr train`'s result."""
     return _write(_base(path), training_markdown(result, model_file), training_html_page(result, model_file))
+
+
+def write_generation_report(result: GenerationResult, model_file: str, path: str | os.PathLike) -> list[Path]:
+    """`PATH.md` and `PATH.html` of `bisectr generate`'s result."""
+    return _write(_base(path), generation_markdown(result, model_file), generation_html_page(result, model_file))
 
 
 def _base(path: str | os.PathLike) -> Path:

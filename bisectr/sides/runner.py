@@ -19,6 +19,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from ..adapters.base import CompiledProbe
+from ..engines.decoding import Decoder, StepOutputs
 from ..engines.compiled import CloseCompiled, CompiledQuestion, OpenCompiled, answer_compiled, probe_compiled
 from ..engines.float64 import Float64Run, float64_outputs
 from ..engines.gradient import Gradients, backward, float64_gradients, replay_vjp
@@ -141,6 +142,28 @@ class TrainerSettings:
     width: int
 
 
+@dataclass
+class DecodeStep:
+    """Decoding step `number` (0: the prefill) of the side's decoder at `width` bits (32: the model as
+    built; 64: a float64 copy), fed `token` (one per row; None at the prefill), of `steps` in all.
+    -> `StepOutputs`"""
+
+    width: int
+    number: int
+    token: np.ndarray | None
+    steps: int
+
+
+@dataclass
+class OpenStep:
+    """Make the side decoding step `number` as a forward pass of its own (`StepSide`): the steps before it
+    decoded again, fed `tokens` (the token of every step from 1 to `number`); what is recorded and re-run
+    from then on is that step. -> None"""
+
+    number: int
+    tokens: list[np.ndarray]
+
+
 Request = (
     Rerun
     | Replay
@@ -153,6 +176,8 @@ Request = (
     | TrainStep
     | StepValues
     | TrainerSettings
+    | DecodeStep
+    | OpenStep
     | OpenCompiled
     | CloseCompiled
     | CompiledQuestion
@@ -248,6 +273,7 @@ class LocalSide:
         self.recorded = RecordedCalls()
         self.trace: Trace | None = None
         self.trainers: dict[int, Trainer] = {}  # by width (`TrainStep`)
+        self.decoders: dict[int, Decoder] = {}  # by width (`DecodeStep`)
         self.compiled: CompiledProbe | None = None  # the compiled call `OpenCompiled` made ready
 
     def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
@@ -303,6 +329,18 @@ class LocalSide:
         trainer = self.trainers[request.width]
         return trainer.settings(), trainer.weight_decays()
 
+    def _decode_step(self, request: DecodeStep) -> StepOutputs:
+        if request.number == 0:
+            self.decoders[request.width] = Decoder(self.side, float64=request.width == 64)
+        return self.decoders[request.width].step(request.number, request.token, request.steps)
+
+    def _open_step(self, request: OpenStep) -> None:
+        decoder = Decoder(self.side, float64=False)
+        for number in range(request.number):
+            decoder.step(number, request.tokens[number - 1] if number else None, request.number)
+        self.side = decoder.step_side(request.tokens[request.number - 1] if request.number else None)
+        self.trace, self.recorded = None, RecordedCalls()
+
     def _open_compiled(self, request: OpenCompiled) -> tuple[str, float] | None:
         self.compiled = probe_compiled(self.side.adapter, self.trace, self.recorded, request.index, request.values)
         return None if self.compiled is None else (self.compiled.backend, self.compiled.rounding())
@@ -333,6 +371,8 @@ class LocalSide:
         TrainStep: _train_step,
         StepValues: _step_values,
         TrainerSettings: _trainer_settings,
+        DecodeStep: _decode_step,
+        OpenStep: _open_step,
         OpenCompiled: _open_compiled,
         CloseCompiled: _close_compiled,
         **dict.fromkeys(CompiledQuestion.__subclasses__(), _compiled_question),

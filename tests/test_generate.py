@@ -1,0 +1,130 @@
+"""Greedy generation compared step by step (`bisectr generate`): real torch (and PaddleFormers) causal LMs
+decoded with their own caches, teacher-forced; the first step and the op in it where they part."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+import bisectr
+from conftest import MODELS, line_of, needs_paddleformers
+
+FAULTS = MODELS / "generate_faults.py"
+HF_LLAMA = MODELS / "generate_hf_llama.py"
+PF_QWEN2 = MODELS / "generate_pf_qwen2.py"
+needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+
+
+def generate_cli(model, *args, expect=(0, 1)) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "generate", str(model), *map(str, args)], capture_output=True, text=True
+    )
+    assert done.returncode in expect, done.stderr
+    return done
+
+
+def generate_json(model, *args) -> tuple[int, dict]:
+    done = generate_cli(model, "--json", *args)
+    result = json.loads(done.stdout)
+    assert (done.returncode == 1) == (result["verdict"] == "divergent")
+    return done.returncode, result
+
+
+@pytest.mark.parametrize(
+    "candidate, said",
+    [
+        ("candidate_no_cache", "is not a causal LM with a cache"),
+        ("candidate_returns_no_cache", "returned no cache"),
+        ("candidate_other_vocab", "[2, 32] (reference) and [2, 48] (candidate): sides with different vocabularies"),
+        ("candidate_other_prompt", "the sides' prompts differ"),
+        ("candidate_short_positions", "holds 6 positions, but a prompt of 4 tokens and 4 generated need 8"),
+        ("candidate_raises", "raised at decoding step 2: ValueError: the third step fails"),
+    ],
+)
+def test_what_generate_cannot_decode_is_refused_with_status_2_naming_it(candidate, said):
+    done = generate_cli(FAULTS, "--candidate", candidate, "--tokens", 4, expect=(2,))
+    assert str(FAULTS) in done.stderr and said in done.stderr and "Traceback (most recent" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_the_same_model_on_both_sides_matches_at_every_step_and_the_json_has_the_contract():
+    status, result = generate_json(FAULTS, "--tokens", 5)
+    assert status == 0 and result["verdict"] == "match" and result["tokens"] == 5
+    assert [row["step"] for row in result["steps"]] == list(range(6))
+    for row in result["steps"]:
+        assert row["reference_tokens"] == row["candidate_tokens"] and len(row["reference_tokens"]) == 2
+        assert row["logits"]["error"] == 0 and row["logits"]["verdict"] == "match" and row["cache"]["error"] == 0
+        assert 1e-8 < row["logits"]["rounding"] < 1e-5  # each side's float32 run against its own float64 run
+    assert result["first_divergent_step"] is None and result["first_flip"] is None and result["culprit"] is None
+    assert result["culprit_step"] is None and result["step_search"] is None
+
+
+def test_the_python_api_returns_the_steps():
+    result = bisectr.generate(FAULTS, tokens=2)
+    assert result.verdict == "match" and len(result.steps) == 3 and result.to_dict()["verdict"] == "match"
+
+
+@needs_transformers
+def test_hf_llama_against_itself_matches_over_a_left_padded_batch_and_reports_each_step():
+    status, result = generate_json(HF_LLAMA, "--tokens", 6)
+    assert status == 0 and result["verdict"] == "match" and len(result["steps"]) == 7
+    for row in result["steps"]:
+        # float64 copies in lockstep: a fully masked row of padding stays finite (the softmax kept in float64)
+        assert 1e-8 < row["logits"]["rounding"] < 1e-4 and row["logits"]["float64_error"] == 0
+        assert row["margin"] > 0 and row["cache_entry"] is not None
+
+
+@needs_transformers
+def test_a_decode_mask_off_by_one_is_named_at_the_first_decode_step_and_confirmed():
+    status, result = generate_json(HF_LLAMA, "--candidate", "candidate_decode_mask", "--tokens", 3)
+    assert status == 1 and result["culprit_step"] == 1 and result["first_divergent_step"] == 1
+    assert result["steps"][0]["logits"]["verdict"] == "match"  # the prefill is right
+    culprit = result["culprit"]
+    assert culprit["step"] == 1 and culprit["candidate"]["module"] == "model.layers.0.self_attn"
+    assert culprit["candidate"]["source"].endswith(f"generate_hf_llama.py:{line_of(HF_LLAMA, '@mask')}")
+    assert result["confirmation"]["confirmed"] and len(result["step_search"]["recurrences"]) == 3
+    flip = result["first_flip"]
+    assert flip["step"] == 1 and not flip["rounding"] and flip["margin"] > 0
+
+
+@needs_transformers
+def test_a_cache_written_before_the_rotary_is_searched_at_the_prefill_that_wrote_it():
+    status, result = generate_json(HF_LLAMA, "--candidate", "candidate_cache_before_rope", "--tokens", 2)
+    steps = result["steps"]
+    assert status == 1 and result["culprit_step"] == 0 and result["first_divergent_step"] == 1
+    assert steps[0]["logits"]["verdict"] == "match" and steps[0]["cache"]["verdict"] == "divergent"
+    assert steps[0]["cache_entry"] == "layers.0.keys" and steps[0]["cache"]["error"] > 0.1
+    bracket = result["step_search"]["bracket"]["candidate"]
+    assert any(site["op"] == "cat" and "/cache_utils.py:" in site["source"] for site in bracket), bracket
+    assert {site["module"] for site in bracket} == {"model.layers.0.self_attn"}
+
+
+@needs_transformers
+def test_a_rotary_offset_that_never_advances_is_bracketed_in_the_rotary_at_the_first_decode_step():
+    status, result = generate_json(HF_LLAMA, "--candidate", "candidate_rope_offset", "--tokens", 2)
+    assert status == 1 and result["culprit_step"] == 1 and result["first_divergent_step"] == 1
+    assert {site["module"] for site in result["step_search"]["bracket"]["candidate"]} == {"model.rotary_emb"}
+
+
+@needs_paddleformers
+def test_hf_qwen2_against_paddleformers_over_32_tokens_of_a_left_padded_batch_is_noise(hf_python):
+    status, result = generate_json(PF_QWEN2, "--tokens", 32, "--reference-python", hf_python)
+    assert status == 0 and result["verdict"] == "noise" and len(result["steps"]) == 33
+    assert result["note"] == ""  # the caches paired entry by entry ([b, heads, seq, dim] against [b, seq, heads, dim])
+    for row in result["steps"]:
+        assert row["logits"]["error"] < 1e-4 and row["logits"]["float64_error"] < 1e-12
+        assert row["cache"]["error"] < 1e-4 and row["cache"]["float64_error"] < 1e-12
+        assert row["reference_tokens"] == row["candidate_tokens"]
+
+
+@needs_paddleformers
+def test_a_fused_bias_left_zero_in_paddleformers_is_named_at_the_prefill(hf_python):
+    status, result = generate_json(
+        PF_QWEN2, "--tokens", 3, "--candidate", "candidate_k_bias_missing", "--reference-python", hf_python
+    )
+    assert status == 1 and result["culprit_step"] == 0 and result["first_divergent_step"] == 0
+    culprit = result["culprit"]
+    assert culprit["step"] == 0 and culprit["candidate"]["module"] == "model.layers.2.self_attn.qkv_proj"
+    assert culprit["kind"] == "leaf" and culprit["leaf"] == "model.layers.2.self_attn.qkv_proj.bias"
