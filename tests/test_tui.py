@@ -10,6 +10,7 @@ run trace the model here. The span-head example (torch vs paddle) has its own sn
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -484,6 +485,29 @@ async def test_the_training_tui_shows_the_verdict_both_loss_curves_and_the_steps
         assert table.row_count == 3 and table.cursor_row == 0
         assert table.get_row_at(0)[-1] == "semantic"
         await pilot.press("q")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+async def test_the_generation_tui_shows_the_steps_and_s_opens_the_search_inside_the_step():
+    from textual.widgets import DataTable, Sparkline
+
+    from bisectr.generation import generate
+    from bisectr.present.tui.generation import SEARCH, GenerationApp
+
+    result = generate(ROOT / "tests" / "models" / "generate_hf_llama.py", candidate="candidate_decode_mask", tokens=3)
+    app = GenerationApp(result, "generate_hf_llama.py")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        verdict = text(app.query_one("#verdict"))
+        assert verdict.startswith("generation verdict: divergent at step 1, over 4 steps")
+        assert "press s for the search inside step 1" in verdict
+        error_curve, margin_curve = app.query(Sparkline)
+        assert list(margin_curve.data) == [row.margin for row in result.steps]
+        assert list(error_curve.data)[0] < -17 < -1 < list(error_curve.data)[1]  # step 0 matches, step 1 differs
+        table = app.query_one(DataTable)
+        assert table.row_count == 4 and table.cursor_row == 1 and table.get_row_at(1)[-1] == "divergent"
+        await pilot.press("s")
+    assert app.return_value == SEARCH
 
 
 # -- snapshots ---------------------------------------------------------------------------
