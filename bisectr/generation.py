@@ -36,7 +36,7 @@ from .capture.store import SIDES
 from .engines.decoding import StepOutputs
 from .errors import ModelFileError
 from .measure.align import Permutation
-from .measure.numerics import magnitude, noise_floor, relative_to, rounding_explains
+from .measure.numerics import coarsest_dtype, magnitude, noise_floor, relative_to, rounding_explains
 from .measure.result import Result
 from .measure.runrecord import layouts_by_error
 from .run import Run, how_traced, record_run, start_sides, temporary_run_dir
@@ -184,6 +184,7 @@ class _Decoding:
         if number == 0:
             self._check_prompts(ref.prompt, cand.prompt)
             self.entry_pairs = self._pair_entries(ref.cache, cand.cache)
+            self._note_narrower_cache(ref.cache_dtypes, cand.cache_dtypes)
         logits = _judged(*(outputs[key].logits for key in _FOUR))
         cache, entry = self._cache_judged(outputs)
         ref_top, cand_top = ref.logits.argmax(-1), cand.logits.argmax(-1)
@@ -232,6 +233,29 @@ class _Decoding:
                 return None
             pairs.append((ref_key, cand_key, layouts[0][1]))
         return pairs
+
+    def _note_narrower_cache(self, reference: dict[str, str], candidate: dict[str, str]) -> None:
+        """Say where the candidate keeps its cache in a coarser dtype than the reference: its rounding is
+        rounding by the float64 rule (as any cast down is), the cache error of every step its size."""
+        narrower = [
+            (cand_key, candidate[cand_key], reference[ref_key])
+            for ref_key, cand_key, _ in self.entry_pairs or []
+            if coarsest_dtype([candidate[cand_key], reference[ref_key]]) == candidate[cand_key]
+            and candidate[cand_key] != reference[ref_key]
+        ]
+        if narrower:
+            key, cand_dtype, ref_dtype = narrower[0]
+            self.note = "; ".join(
+                filter(
+                    None,
+                    [
+                        self.note,
+                        f"the candidate keeps {len(narrower)} of its {len(candidate)} cache entries in {cand_dtype} "
+                        f"(the reference in {ref_dtype}; {key} first): their rounding is counted as rounding, and the "
+                        "cache error of each step is its size",
+                    ],
+                )
+            )
 
     def _cache_judged(self, outputs: dict[tuple[str, int], StepOutputs]) -> tuple[Judged | None, str | None]:
         """The cache entry rounding explains least (by its float64 difference against what rounding allows)."""

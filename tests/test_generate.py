@@ -13,8 +13,11 @@ from conftest import MODELS, line_of, needs_paddleformers
 
 FAULTS = MODELS / "generate_faults.py"
 HF_LLAMA = MODELS / "generate_hf_llama.py"
+PORT = MODELS / "generate_llama_port.py"
 PF_QWEN2 = MODELS / "generate_pf_qwen2.py"
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+# The torch pairs' searches drive torch and transformers alone: the first CI environment runs them.
+torch_pair = pytest.mark.once
 
 
 def generate_cli(model, *args, expect=(0, 1)) -> subprocess.CompletedProcess:
@@ -76,6 +79,7 @@ def test_hf_llama_against_itself_matches_over_a_left_padded_batch_and_reports_ea
         assert row["margin"] > 0 and row["cache_entry"] is not None
 
 
+@torch_pair
 @needs_transformers
 def test_a_decode_mask_off_by_one_is_named_at_the_first_decode_step_and_confirmed():
     status, result = generate_json(HF_LLAMA, "--candidate", "candidate_decode_mask", "--tokens", 3)
@@ -89,6 +93,7 @@ def test_a_decode_mask_off_by_one_is_named_at_the_first_decode_step_and_confirme
     assert flip["step"] == 1 and not flip["rounding"] and flip["margin"] > 0
 
 
+@torch_pair
 @needs_transformers
 def test_a_cache_written_before_the_rotary_is_searched_at_the_prefill_that_wrote_it():
     status, result = generate_json(HF_LLAMA, "--candidate", "candidate_cache_before_rope", "--tokens", 2)
@@ -101,11 +106,87 @@ def test_a_cache_written_before_the_rotary_is_searched_at_the_prefill_that_wrote
     assert {site["module"] for site in bracket} == {"model.layers.0.self_attn"}
 
 
+@torch_pair
 @needs_transformers
 def test_a_rotary_offset_that_never_advances_is_bracketed_in_the_rotary_at_the_first_decode_step():
     status, result = generate_json(HF_LLAMA, "--candidate", "candidate_rope_offset", "--tokens", 2)
     assert status == 1 and result["culprit_step"] == 1 and result["first_divergent_step"] == 1
     assert {site["module"] for site in result["step_search"]["bracket"]["candidate"]} == {"model.rotary_emb"}
+
+
+def port_source(marker: str) -> str:
+    return f"generate_llama_port.py:{line_of(PORT, marker)}"
+
+
+@torch_pair
+@needs_transformers
+def test_a_hand_port_with_its_cache_in_another_layout_matches_hf_llama_over_8_steps():
+    status, result = generate_json(PORT, "--tokens", 8)
+    assert status == 0 and result["verdict"] in ("match", "noise") and result["note"] == ""
+    for row in result["steps"]:  # HF's [batch, heads, seq, dim] paired with the port's [batch, seq, heads, dim]
+        assert row["cache"]["float64_error"] < 1e-12 and row["logits"]["float64_error"] < 1e-12
+        assert row["reference_tokens"] == row["candidate_tokens"]
+
+
+@torch_pair
+@needs_transformers
+def test_a_cache_update_wrong_in_one_layer_is_named_at_its_line_and_the_step_that_writes_it():
+    status, result = generate_json(PORT, "--candidate", "candidate_layer1_cache", "--tokens", 3)
+    assert status == 1 and result["culprit_step"] == 1 and result["first_divergent_step"] == 2
+    steps = result["steps"]
+    assert steps[1]["logits"]["verdict"] == "match" and steps[1]["cache"]["verdict"] == "divergent"
+    assert steps[1]["cache_entry"] == "1.1"  # layer 1's values, in the port's list of (k, v)
+    culprit = result["culprit"]
+    assert culprit["step"] == 1 and culprit["candidate"]["module"] == "layers.1.self_attn"
+    assert culprit["candidate"]["source"].endswith(port_source("# @layer1_cache"))
+    assert result["confirmation"]["confirmed"] and result["confirmation"]["output_error"] < 1e-6
+
+
+@torch_pair
+@needs_transformers
+def test_a_port_caching_k_before_the_rotary_is_named_at_the_prefill_where_it_writes_the_unrotated_keys():
+    status, result = generate_json(PORT, "--candidate", "candidate_cache_before_rotary", "--tokens", 2)
+    assert status == 1 and result["culprit_step"] == 0 and result["first_divergent_step"] == 1
+    bracket = result["step_search"]["bracket"]["candidate"]
+    # the op whose output the cache keeps: k before the rotary (the tagged line only names it)
+    assert [site["source"].split("/")[-1] for site in bracket] == [port_source("k = self.k_proj(x).view")]
+    assert bracket[0]["module"] == "layers.0.self_attn"
+
+
+@torch_pair
+@needs_transformers
+def test_a_rotary_offset_that_never_advances_in_a_port_is_bracketed_at_its_line_at_the_first_decode_step():
+    status, result = generate_json(PORT, "--candidate", "candidate_rotary_offset", "--tokens", 2)
+    assert status == 1 and result["culprit_step"] == 1 and result["first_divergent_step"] == 1
+    bracket = result["step_search"]["bracket"]["candidate"]
+    assert any(site["source"].endswith(port_source("# @offset")) for site in bracket), bracket
+
+
+@torch_pair
+@needs_transformers
+@pytest.mark.parametrize(
+    "candidate, step, marker",
+    [("candidate_decode_mask", 1, "query = torch.arange"), ("candidate_prefill_mask", 0, "return torch.where(visible")],
+)
+def test_a_mask_off_by_one_in_a_port_is_named_in_its_mask_at_the_step_it_applies_to(candidate, step, marker):
+    status, result = generate_json(PORT, "--candidate", candidate, "--tokens", 2)
+    assert status == 1 and result["culprit_step"] == step and result["first_divergent_step"] == step
+    searched = result["step_search"]
+    sites = [searched["culprit"]["candidate"]] if searched["culprit"] else searched["bracket"]["candidate"]
+    assert any(site["source"].endswith(port_source(marker)) for site in sites), sites
+
+
+@torch_pair
+@needs_transformers
+def test_a_cache_kept_in_bfloat16_is_rounding_and_so_is_the_flip_it_tips():
+    status, result = generate_json(PORT, "--candidate", "candidate_bf16_cache", "--tokens", 4)
+    assert status == 0 and result["verdict"] == "noise"
+    assert "keeps 6 of its 6 cache entries in bfloat16 (the reference in float32" in result["note"]
+    first = result["steps"][0]
+    assert 1e-3 < first["cache"]["error"] < 1e-2 and first["cache"]["float64_error"] == 0
+    assert first["logits"]["error"] == 0  # the prefill reads its keys before they are cached
+    flip = result["first_flip"]
+    assert flip is None or (flip["rounding"] and flip["margin"] < 0.1)
 
 
 @needs_paddleformers

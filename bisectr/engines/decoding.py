@@ -37,11 +37,13 @@ _MAX_CACHE_DEPTH = 6
 @dataclass
 class StepOutputs:
     """What one decoding step computed, as float64 arrays: the last position's logits (batch, vocab) and
-    each cache entry after the step, by where it sits in the cache; at the prefill, the prompt's ids."""
+    each cache entry after the step, by where it sits in the cache; at the prefill, the prompt's ids and the
+    cache entries' dtypes."""
 
     logits: np.ndarray
     cache: dict[str, np.ndarray]
     prompt: np.ndarray | None = None
+    cache_dtypes: dict[str, str] | None = None  # at the prefill: each cache entry's dtype as the model keeps it
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,9 @@ class Decoder:
                 for where, t in cache_entries(self.cache, adapter.is_tensor)
             },
             self.prompt.ids_values if number == 0 else None,
+            {where: adapter.dtype_name(t) for where, t in cache_entries(self.cache, adapter.is_tensor)}
+            if number == 0
+            else None,
         )
 
     def inputs(self, token: np.ndarray | None) -> dict[str, Any]:

@@ -796,13 +796,17 @@ def _match_gap_greedy(cand_ops: list[OpNode], ref_ops: list[OpNode], similarity)
 
 
 def _pair_op_tensors(both: _TracePair, alignment: Alignment, input_layout: InputLayout | None) -> None:
-    """Outputs of paired ops pair by position; leaf inputs pair by position among same-sized inputs."""
+    """Outputs of paired ops pair by position, a floating tensor only with a floating one (a float mask is not
+    the boolean one another library casts); leaf inputs pair by position among same-sized inputs."""
     reference, candidate = both.traces["reference"], both.traces["candidate"]
     for pair in alignment.pairs:
         cand_op, ref_op = candidate.ops[pair.candidate], reference.ops[pair.reference]
         for c_tid, r_tid in zip(cand_op.outputs, ref_op.outputs):
-            c_shape, r_shape = candidate.tensors[c_tid].shape, reference.tensors[r_tid].shape
-            if candidate.tensors[c_tid].size == reference.tensors[r_tid].size or broadcasts(r_shape, c_shape):
+            c_info, r_info = candidate.tensors[c_tid], reference.tensors[r_tid]
+            if is_floating(c_info.dtype) != is_floating(r_info.dtype):
+                continue
+            c_shape, r_shape = c_info.shape, r_info.shape
+            if c_info.size == r_info.size or broadcasts(r_shape, c_shape):
                 alignment.tensors.setdefault(
                     c_tid, TensorPair(c_tid, r_tid, None, pair.confidence, "op", broadcast=broadcasts(r_shape, c_shape))
                 )
@@ -996,12 +1000,21 @@ def _block_for(
         if c_tid in both.parts:
             unpartnered.add(c_tid)
             continue
-        partner = (
-            _partner_by_consumer(both, alignment, c_tid, paired_ref_of)
-            or both.output_partner.get(c_tid)
-            or _partner_by_value(both, c_tid, options)
-            or _partner_by_mask(both, c_tid, options)
+        floating = is_floating(candidate.tensors[c_tid].dtype)
+        found = (
+            lambda: _partner_by_consumer(both, alignment, c_tid, paired_ref_of),
+            lambda: both.output_partner.get(c_tid),
+            lambda: _partner_by_value(both, c_tid, options),
+            lambda: _partner_by_mask(both, c_tid, options),
         )
+        partner = next(
+            (
+                r
+                for r in (find() for find in found)
+                if r is not None and is_floating(reference.tensors[r].dtype) == floating
+            ),
+            None,
+        )  # a floating tensor's partner is floating (a float mask is not the boolean one another library casts)
         producer = reference.tensors[partner].producer if partner is not None else None
         if producer in unpaired and producer not in ref_ops:
             # The two sides order the block's ops differently (paddle's MLP computes `up` before the
@@ -1011,7 +1024,7 @@ def _block_for(
             # Integer and boolean hand-ons (indices, masks, shapes) are structure, and so is
             # a scalar the reference passes as a Python number: a block is matched when the
             # values it passes on are.
-            if is_floating(candidate.tensors[c_tid].dtype) and not _constant_argument(both, c_tid, paired_ref_of):
+            if floating and not _constant_argument(both, c_tid, paired_ref_of):
                 unpartnered.add(c_tid)
         elif c_tid not in alignment.tensors:
             alignment.tensors[c_tid] = _block_pair(reference, candidate, c_tid, partner)
