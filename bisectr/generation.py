@@ -60,20 +60,13 @@ class Judged:
 @dataclass
 class StepRow:
     step: int  # 0: the prefill
+    verdict: StepVerdict  # the step's: `divergent` where its logits or its cache is
     reference_tokens: list[int]  # each row's top-1 token
     candidate_tokens: list[int]
     logits: Judged
     margin: float  # the reference's smallest gap between its top-1 and top-2 logits, over rows
     cache: Judged | None  # the cache entry rounding explains least (None: the caches are not compared)
     cache_entry: str | None = None  # that entry, by where it sits in the candidate's cache
-
-    @property
-    def verdict(self) -> StepVerdict:
-        return (
-            "divergent"
-            if "divergent" in (self.logits.verdict, self.cache and self.cache.verdict)
-            else (self.logits.verdict)
-        )
 
 
 @dataclass
@@ -104,14 +97,8 @@ class GenerationResult:
         """The JSON form: `bisect`'s culprit and confirmation with the step they are at, then the steps."""
         plain = to_plain(self)
         search = plain.pop("search")
-        plain["culprit"] = (
-            None
-            if search is None or search["culprit"] is None
-            else {
-                **search["culprit"],
-                "step": self.culprit_step,
-            }
-        )
+        culprit = search and search["culprit"]
+        plain["culprit"] = {**culprit, "step": self.culprit_step} if culprit else None
         plain["confirmation"] = None if search is None else search["confirmation"]
         plain["step_search"] = search
         return plain
@@ -190,7 +177,8 @@ class _Decoding:
         ref_top, cand_top = ref.logits.argmax(-1), cand.logits.argmax(-1)
         self.first_flip = self.first_flip or _flip(number, ref.logits, cand.logits, logits)
         self.fed.append(ref_top)
-        return StepRow(number, ref_top.tolist(), cand_top.tolist(), logits, _margin(ref.logits), cache, entry)
+        verdict = "divergent" if "divergent" in (logits.verdict, cache and cache.verdict) else logits.verdict
+        return StepRow(number, verdict, ref_top.tolist(), cand_top.tolist(), logits, _margin(ref.logits), cache, entry)
 
     def _check_prompts(self, reference: np.ndarray, candidate: np.ndarray) -> None:
         if reference.shape != candidate.shape or not np.array_equal(reference, candidate):

@@ -149,3 +149,13 @@ def test_store_checksum_benchmark_prints_write_and_read_with_and_without_crc32()
     assert re.search(r"store checksums: 40 tensors, [\d.]+ MB", done.stdout), done.stdout
     for title in ("write (TensorWriter, closed)", "first read of each + max (checked)", "second read of each + max"):
         assert re.search(re.escape(title) + r"\s+[\d.]+ s\s+[\d.]+ s\s+[\d.]+x", done.stdout), done.stdout
+
+
+def test_generate_cost_benchmark_prints_bisectr_against_plain_generation():
+    assert "python benchmarks/generate_cost.py" in documentation()
+    done = run_benchmark("generate_cost.py", "--tokens", "4", "--repeat", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"plain generation, both sides\s+[\d.]+ s", done.stdout), done.stdout
+    assert re.search(r"bisectr generate \((match|noise)\s*\)\s+[\d.]+ s\s+x[\d.]+\s+target x3", done.stdout), (
+        done.stdout
+    )

@@ -59,6 +59,7 @@ def test_the_same_model_on_both_sides_matches_at_every_step_and_the_json_has_the
     for row in result["steps"]:
         assert row["reference_tokens"] == row["candidate_tokens"] and len(row["reference_tokens"]) == 2
         assert row["logits"]["error"] == 0 and row["logits"]["verdict"] == "match" and row["cache"]["error"] == 0
+        assert row["verdict"] == "match"
         assert 1e-8 < row["logits"]["rounding"] < 1e-5  # each side's float32 run against its own float64 run
     assert result["first_divergent_step"] is None and result["first_flip"] is None and result["culprit"] is None
     assert result["culprit_step"] is None and result["step_search"] is None
