@@ -179,6 +179,22 @@ def test_a_mask_off_by_one_in_a_port_is_named_in_its_mask_at_the_step_it_applies
 
 @torch_pair
 @needs_transformers
+def test_a_sliding_window_cache_evicting_one_step_early_is_named_in_the_attention_at_the_first_decode_step():
+    _, correct = generate_json(
+        PORT, "--reference", "reference_window", "--candidate", "candidate_window", "--tokens", 8
+    )
+    assert correct["verdict"] == "match" and correct["note"] == ""  # Mistral's window positions are not entries
+    status, result = generate_json(
+        PORT, "--reference", "reference_window", "--candidate", "candidate_window_eviction", "--tokens", 3
+    )
+    assert status == 1 and result["culprit_step"] == 1 and result["first_divergent_step"] == 1
+    assert result["steps"][0]["verdict"] == "match"  # the prefill and the cache it writes are right
+    # the evicted key is missing from the attention's scores: named there, the cache slice having no partner
+    assert result["culprit"]["candidate"]["module"] == "layers.0.self_attn" and result["confirmation"]["confirmed"]
+
+
+@torch_pair
+@needs_transformers
 def test_a_cache_kept_in_bfloat16_is_rounding_and_so_is_the_flip_it_tips():
     status, result = generate_json(PORT, "--candidate", "candidate_bf16_cache", "--tokens", 4)
     assert status == 0 and result["verdict"] == "noise"
@@ -210,3 +226,18 @@ def test_a_fused_bias_left_zero_in_paddleformers_is_named_at_the_prefill(hf_pyth
     culprit = result["culprit"]
     assert culprit["step"] == 0 and culprit["candidate"]["module"] == "model.layers.2.self_attn.qkv_proj"
     assert culprit["kind"] == "leaf" and culprit["leaf"] == "model.layers.2.self_attn.qkv_proj.bias"
+
+
+@torch_pair
+@needs_transformers
+def test_the_report_shows_each_step_then_the_search_inside_the_step(tmp_path):
+    status, result = generate_json(
+        HF_LLAMA, "--candidate", "candidate_decode_mask", "--tokens", 2, "--report", tmp_path / "r"
+    )
+    assert status == 1 and result["report"] == [str(tmp_path / "r.md"), str(tmp_path / "r.html")]
+    markdown = (tmp_path / "r.md").read_text()
+    assert markdown.startswith("## bisectr generate: divergent in `generate_hf_llama.py`")
+    assert "### Inside step 1" in markdown and f"generate_hf_llama.py:{line_of(HF_LLAMA, '# @mask')}" in markdown
+    assert markdown.count("\n| 1 |") == 1 and "| divergent |" in markdown
+    page = (tmp_path / "r.html").read_text()
+    assert "<h3>Error and margin by step</h3>" in page and "<h3>Error by op</h3>" in page

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..capture.modelfile import BuiltSide, run_user_code
+from ..capture.trace import is_floating
 from ..adapters import Adapter
 from ..errors import BisectrError, ModelFileError
 
@@ -142,14 +143,9 @@ class Decoder:
         self.next += 1
         return StepOutputs(
             adapter.to_numpy(last_position(logits)).astype(np.float64),
-            {
-                where: adapter.to_numpy(t).astype(np.float64)
-                for where, t in cache_entries(self.cache, adapter.is_tensor)
-            },
+            {where: adapter.to_numpy(t).astype(np.float64) for where, t in cache_entries(self.cache, adapter)},
             self.prompt.ids_values if number == 0 else None,
-            {where: adapter.dtype_name(t) for where, t in cache_entries(self.cache, adapter.is_tensor)}
-            if number == 0
-            else None,
+            {where: adapter.dtype_name(t) for where, t in cache_entries(self.cache, adapter)} if number == 0 else None,
         )
 
     def inputs(self, token: np.ndarray | None) -> dict[str, Any]:
@@ -190,7 +186,7 @@ class Decoder:
         """The side at its next step as a forward pass of its own, from the cache the steps before wrote."""
         side = self.side
         inputs = self.inputs(token)
-        entries = cache_entries(self.cache, side.adapter.is_tensor) if self.cache is not None else []
+        entries = cache_entries(self.cache, side.adapter) if self.cache is not None else []
         inputs.update((f"cache.{where}", t) for where, t in entries)
         return StepSide(
             side.role,
@@ -235,7 +231,7 @@ class StepSide(BuiltSide):
 
     def forward(self) -> Any:
         inputs = dict(self.inputs)
-        cache = with_tensors(self.cache, [inputs.pop(key) for key in self.cache_keys], self.adapter.is_tensor)
+        cache = with_tensors(self.cache, [inputs.pop(key) for key in self.cache_keys], self.adapter)
         output = run_user_code(
             lambda: self.convention.call(self.model, inputs, cache),
             f"{self.model_file}: the {self.role} model returned by {self.function}() raised at decoding step "
@@ -243,7 +239,7 @@ class StepSide(BuiltSide):
             self.adapter.internal_paths(),
         )
         logits, cache = split_output(self, output)
-        return {"logits": last_position(logits), "cache": dict(cache_entries(cache, self.adapter.is_tensor))}
+        return {"logits": last_position(logits), "cache": dict(cache_entries(cache, self.adapter))}
 
 
 def positions(mask: np.ndarray | None, batch: int, length: int) -> np.ndarray:
@@ -266,7 +262,7 @@ def split_output(side: BuiltSide, output: Any) -> tuple[Any, Any]:
     where = f"{side.model_file}: the {side.role} model returned by {side.function}()"
     if not side.adapter.is_tensor(logits):
         raise ModelFileError(f"{where} returned no logits (got {type(output).__name__})")
-    if cache is None or not cache_entries(cache, side.adapter.is_tensor):
+    if cache is None or not cache_entries(cache, side.adapter):
         raise ModelFileError(
             f"{where} returned no cache: bisectr generate needs a model that returns the cache it wrote "
             "(.past_key_values, or (logits, cache)), to carry from one step to the next"
@@ -279,8 +275,25 @@ def last_position(logits: Any) -> Any:
     return logits[:, -1] if len(logits.shape) == 3 else logits
 
 
-def cache_entries(cache: Any, is_tensor: Any) -> list[tuple[str, Any]]:
-    """The tensors a cache holds, depth first, each once, named by where it sits ("layers.0.keys", "0.1")."""
+def cache_entries(cache: Any, adapter: Adapter) -> list[tuple[str, Any]]:
+    """The floating tensors a cache holds (its keys and values; integer bookkeeping such as a sliding window's
+    positions is structure), depth first, each once, named by where it sits ("layers.0.keys", "0.1")."""
+    return [(where, t) for where, t in _tensors_in(cache, adapter) if is_floating(adapter.dtype_name(t))]
+
+
+def with_tensors(cache: Any, tensors: list[Any], adapter: Adapter) -> Any:
+    """A copy of `cache`'s containers holding `tensors` in place of its entries, in `cache_entries`' order, and
+    its other tensors as they are (the cache left as it was, so that the step can run again from it; no tensor
+    is copied, so no op runs)."""
+    if cache is None:
+        return cache
+    kept = {id(t): t for _, t in _tensors_in(cache, adapter)}
+    kept.update((id(old), new) for (_, old), new in zip(cache_entries(cache, adapter), tensors))
+    return copy.deepcopy(cache, kept)
+
+
+def _tensors_in(cache: Any, adapter: Adapter) -> list[tuple[str, Any]]:
+    """Every tensor a cache holds, depth first, each once, named by where it sits."""
     found: list[tuple[str, Any]] = []
     seen: set[int] = set()
 
@@ -288,7 +301,7 @@ def cache_entries(cache: Any, is_tensor: Any) -> list[tuple[str, Any]]:
         if id(obj) in seen or depth > _MAX_CACHE_DEPTH:
             return
         seen.add(id(obj))
-        if is_tensor(obj):
+        if adapter.is_tensor(obj):
             found.append((where, obj))
             return
         if isinstance(obj, (tuple, list)):
@@ -304,12 +317,3 @@ def cache_entries(cache: Any, is_tensor: Any) -> list[tuple[str, Any]]:
 
     walk(cache, "", 0)
     return found
-
-
-def with_tensors(cache: Any, tensors: list[Any], is_tensor: Any) -> Any:
-    """A copy of `cache`'s containers holding `tensors` in place of its own, in `cache_entries`' order
-    (the cache left as it was, so that the step can run again from it)."""
-    own = [t for _, t in cache_entries(cache, is_tensor)] if cache is not None else []
-    if not own:
-        return cache
-    return copy.deepcopy(cache, {id(old): new for old, new in zip(own, tensors)})

@@ -74,25 +74,30 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="op values stored per side (default %(default)g); beyond, only statistics, and the search "
         "fetches layer outputs, then the ops of the layers where the difference enters",
     )
-    parser.add_argument("--isolate", action="store_true", help="run each side's model in its own worker process")
     parser.add_argument(
         "--backward",
         action="store_true",
         help="search the backward pass too: both sides' gradients from one fixed random output gradient "
         "(or from reference_loss(outputs) / candidate_loss(outputs) where the model file defines them)",
     )
+    _add_isolation_arguments(parser)
     for role in ("reference", "candidate"):
-        parser.add_argument(
-            f"--{role}-python",
-            metavar="PATH",
-            help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate",
-        )
         parser.add_argument(
             f"--{role}-nproc",
             type=int,
             metavar="N",
             help=f"run the {role} side on N processes started by torchrun (tensor parallel; torch.distributed); "
             "default: the model file's NPROC for the side's function, else 1",
+        )
+
+
+def _add_isolation_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--isolate", action="store_true", help="run each side's model in its own worker process")
+    for role in ("reference", "candidate"):
+        parser.add_argument(
+            f"--{role}-python",
+            metavar="PATH",
+            help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate",
         )
 
 
@@ -220,13 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     generate.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     generate.add_argument("--no-tui", action="store_true", help="print the text summary even on a terminal")
-    generate.add_argument("--isolate", action="store_true", help="run each side's model in its own worker process")
-    for role in ("reference", "candidate"):
-        generate.add_argument(
-            f"--{role}-python",
-            metavar="PATH",
-            help=f"interpreter (of another virtual environment) for the {role} side; implies --isolate",
-        )
+    _add_isolation_arguments(generate)
     generate.add_argument(
         "--report", metavar="PATH", help="also write PATH.md and PATH.html: the error and margin by step, the culprit"
     )

@@ -466,19 +466,24 @@ def _loss_plot(result: TrainingResult):
     return "Loss curves", plot
 
 
-def _step_error_plot(result: TrainingResult):
+def _per_step_figure(title: str, x_label: str, y_label: str):
+    """An empty plot of errors (log scale) by step."""
     from bokeh.plotting import figure
 
-    steps = [row.step for row in result.steps]
-    plot = figure(
+    return figure(
         height=280,
         sizing_mode="stretch_width",
         y_axis_type="log",
-        x_axis_label="step",
-        y_axis_label="error (relative)",
-        title="candidate against reference, per step",
+        x_axis_label=x_label,
+        y_axis_label=y_label,
+        title=title,
         tools="pan,wheel_zoom,box_zoom,reset,hover",
     )
+
+
+def _step_error_plot(result: TrainingResult):
+    steps = [row.step for row in result.steps]
+    plot = _per_step_figure("candidate against reference, per step", "step", "error (relative)")
     for measure, color in (("loss", "#0969da"), ("gradient", "#cf222e"), ("update", "#1a7f37"), ("moments", "#8250df")):
         values = [max(getattr(row.error, measure), 1e-18) for row in result.steps]
         plot.line(steps, values, legend_label=measure, line_width=2, color=color)
@@ -488,17 +493,12 @@ def _step_error_plot(result: TrainingResult):
 
 def _generation_plot(result: GenerationResult):
     from bokeh.models import LinearAxis, Range1d
-    from bokeh.plotting import figure
 
     steps = [row.step for row in result.steps]
-    plot = figure(
-        height=300,
-        sizing_mode="stretch_width",
-        y_axis_type="log",
-        x_axis_label="step (0: the prefill)",
-        y_axis_label="logits error (relative)",
-        title="candidate against reference, per step; the reference's top-1 margin on the right",
-        tools="pan,wheel_zoom,box_zoom,reset,hover",
+    plot = _per_step_figure(
+        "candidate against reference, per step; the reference's top-1 margin on the right",
+        "step (0: the prefill)",
+        "logits error (relative)",
     )
     for values, label, color in (
         ([row.logits.error for row in result.steps], "logits error", "#cf222e"),
