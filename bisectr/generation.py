@@ -22,7 +22,6 @@ and the op inside that step.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,9 +35,16 @@ from .capture.store import SIDES
 from .engines.decoding import StepOutputs
 from .errors import ModelFileError
 from .measure.align import Permutation
-from .measure.numerics import coarsest_dtype, magnitude, noise_floor, relative_to, rounding_explains
+from .measure.numerics import (
+    coarsest_dtype,
+    magnitude,
+    noise_floor,
+    relative_to,
+    rounding_allowance,
+    rounding_explains,
+)
 from .measure.result import Result
-from .measure.runrecord import layouts_by_error
+from .measure.runrecord import in_layout, layouts_by_error
 from .run import Run, how_traced, record_run, start_sides, temporary_run_dir
 from .serial import to_plain
 from .sides.runner import DecodeStep, OpenStep, SideRunner
@@ -130,7 +136,7 @@ def generate(
     for number in range(tokens + 1):
         say(f"decoding step {number} of {tokens}")
         rows.append(decoding.step(number))
-    result = GenerationResult("noise", tokens, rows, first_flip=decoding.first_flip, note=decoding.note)
+    result = GenerationResult("noise", tokens, rows, first_flip=decoding.first_flip, note="; ".join(decoding.notes))
     divergent = [row.step for row in rows if row.verdict == "divergent"]
     result.first_divergent_step = next((row.step for row in rows if row.logits.verdict == "divergent"), None)
     if not divergent:
@@ -156,7 +162,7 @@ class _Decoding:
         self.fed: list[np.ndarray] = []  # the token fed at each step from 1 on
         self.entry_pairs: list[tuple[str, str, Permutation]] | None = None  # (reference, candidate, layout)
         self.first_flip: Flip | None = None
-        self.note = ""
+        self.notes: list[str] = []  # what was not compared, and how the caches differ in kind
 
     def step(self, number: int) -> StepRow:
         token = self.fed[-1] if number else None
@@ -205,7 +211,7 @@ class _Decoding:
         """Each candidate cache entry with the reference's at the same place in the cache, in the layout
         that brings it closest (None, said in the note, where the caches do not pair so)."""
         if len(reference) != len(candidate):
-            self.note = (
+            self.notes.append(
                 f"the caches are not compared: the reference's holds {len(reference)} tensors, the "
                 f"candidate's {len(candidate)}"
             )
@@ -214,7 +220,7 @@ class _Decoding:
         for (ref_key, ref_values), (cand_key, cand_values) in zip(reference.items(), candidate.items()):
             layouts = layouts_by_error(cand_values, ref_values) if ref_values.size == cand_values.size else []
             if not layouts:
-                self.note = (
+                self.notes.append(
                     f"the caches are not compared: the candidate's {cand_key} {list(cand_values.shape)} has no "
                     f"layout of the reference's {ref_key} {list(ref_values.shape)}"
                 )
@@ -233,16 +239,10 @@ class _Decoding:
         ]
         if narrower:
             key, cand_dtype, ref_dtype = narrower[0]
-            self.note = "; ".join(
-                filter(
-                    None,
-                    [
-                        self.note,
-                        f"the candidate keeps {len(narrower)} of its {len(candidate)} cache entries in {cand_dtype} "
-                        f"(the reference in {ref_dtype}; {key} first): their rounding is counted as rounding, and the "
-                        "cache error of each step is its size",
-                    ],
-                )
+            self.notes.append(
+                f"the candidate keeps {len(narrower)} of its {len(candidate)} cache entries in {cand_dtype} (the "
+                f"reference in {ref_dtype}; {key} first): their rounding is counted as rounding, and the cache error "
+                "of each step is its size"
             )
 
     def _cache_judged(self, outputs: dict[tuple[str, int], StepOutputs]) -> tuple[Judged | None, str | None]:
@@ -253,14 +253,15 @@ class _Decoding:
         for ref_key, cand_key, layout in self.entry_pairs:
             values = [outputs[key].cache[ref_key if key[0] == "reference" else cand_key] for key in _FOUR]
             shape = values[0].shape
-            values = [v if i % 2 == 0 else _in_layout(v, layout, shape) for i, v in enumerate(values)]
-            if any(v.shape != shape for v in values):
+            if any(v.size != values[0].size for v in values):
                 raise ModelFileError(
-                    f"{self.model_file}: the candidate's cache entry {cand_key} no longer has the shape of the "
+                    f"{self.model_file}: the candidate's cache entry {cand_key} no longer has the size of the "
                     f"reference's {ref_key} ({list(shape)})"
                 )
+            values = [v if role == "reference" else in_layout(v, layout, shape) for v, (role, _) in zip(values, _FOUR)]
             judged = _judged(*values)
-            excess = relative_to(judged.float64_error, max(judged.rounding, noise_floor("float32")))
+            # ordered by the float64 rule itself, so that the entry kept is divergent where any entry is
+            excess = relative_to(judged.float64_error, rounding_allowance(judged.rounding, noise_floor("float32")))
             if worst is None or excess > worst[0]:
                 worst = (excess, judged, cand_key)
         return (worst[1], worst[2]) if worst else (None, None)
@@ -272,13 +273,6 @@ class _Decoding:
 
 # The order `_judged` takes a step's four runs in: (role, width).
 _FOUR = (("reference", 32), ("candidate", 32), ("reference", 64), ("candidate", 64))
-
-
-def _in_layout(values: np.ndarray, layout: Permutation, shape: tuple[int, ...]) -> np.ndarray:
-    if layout is None:
-        return values.reshape(shape) if values.size == math.prod(shape) else values
-    squeezed = tuple(d for d in values.shape if d != 1)
-    return np.ascontiguousarray(np.transpose(values.reshape(squeezed), layout)).reshape(shape)
 
 
 def _judged(reference: np.ndarray, candidate: np.ndarray, reference64: np.ndarray, candidate64: np.ndarray) -> Judged:

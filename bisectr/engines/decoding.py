@@ -5,10 +5,11 @@ carried from step to step, every step fed the token it is given (teacher forcing
 Step 0 is the prefill (the prompt); step n feeds one token per row and the attention mask grown by one
 column. The model is called with the keywords its forward names: `input_ids`, `attention_mask`,
 `position_ids` (from the mask, as Hugging Face's `generate` makes them for left-padded rows), `use_cache`,
-and its cache under `past_key_values` (Hugging Face, PaddleFormers) or `cache` (a port's own); it returns
-the logits and the cache (an object with `.logits` and `.past_key_values`, a mapping, or a tuple
-`(logits, cache)`). A cache is whatever holds its tensors: an HF `DynamicCache`, tuples of (k, v), a
-port's lists; its entries are its tensors in the order they are found, named by where they sit.
+and its cache under `cache` (newer Hugging Face, a port's own) or `past_key_values` (older Hugging Face,
+PaddleFormers); it returns the logits and the cache (an object with `.logits` and `.cache` or
+`.past_key_values`, a mapping, or a tuple `(logits, cache)`). A cache is whatever holds its tensors: an HF
+`DynamicCache`, tuples of (k, v), a port's lists; its entries are its floating tensors in the order they are
+found, named by where they sit.
 
 `StepSide` is the side at one step as a forward pass of its own, for the search inside that step: its
 inputs are the step's tokens and the cache the earlier steps wrote (leaves, named `cache.<where>`), its
@@ -20,7 +21,7 @@ from __future__ import annotations
 import copy
 import inspect
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -130,22 +131,17 @@ class Decoder:
         if number == 0:
             self._check_positions(steps)
         inputs = self.inputs(token)
-        adapter, model = self.side.adapter, self.model
-        in_float64 = adapter.intercept(model, Widened(adapter)) if self.float64 else nullcontext()
+        adapter = self.side.adapter
+        in_float64 = adapter.intercept(self.model, Widened(adapter)) if self.float64 else nullcontext()
         with adapter.no_grad(), in_float64, adapter.float64_defaults() if self.float64 else nullcontext():
-            output = run_user_code(
-                lambda: self.convention.call(model, inputs, self.cache),
-                f"{self.side.model_file}: the {self.side.role} model returned by {self.side.function}() raised "
-                f"at decoding step {number}:",
-                adapter.internal_paths(),
-            )
-        logits, self.cache = split_output(self.side, output)
+            logits, self.cache = run_step(self.side, self.convention, self.model, inputs, self.cache, number)
         self.next += 1
+        entries = cache_entries(self.cache, adapter)
         return StepOutputs(
             adapter.to_numpy(last_position(logits)).astype(np.float64),
-            {where: adapter.to_numpy(t).astype(np.float64) for where, t in cache_entries(self.cache, adapter)},
+            {where: adapter.to_numpy(t).astype(np.float64) for where, t in entries},
             self.prompt.ids_values if number == 0 else None,
-            {where: adapter.dtype_name(t) for where, t in cache_entries(self.cache, adapter)} if number == 0 else None,
+            {where: adapter.dtype_name(t) for where, t in entries} if number == 0 else None,
         )
 
     def inputs(self, token: np.ndarray | None) -> dict[str, Any]:
@@ -227,18 +223,11 @@ class StepSide(BuiltSide):
     cache: Any = None  # the cache as the earlier steps left it: its tensors are the inputs `cache_keys`
     cache_keys: tuple[str, ...] = ()
     number: int = 0
-    _entries: list[Any] = field(default_factory=list, repr=False)
 
     def forward(self) -> Any:
         inputs = dict(self.inputs)
         cache = with_tensors(self.cache, [inputs.pop(key) for key in self.cache_keys], self.adapter)
-        output = run_user_code(
-            lambda: self.convention.call(self.model, inputs, cache),
-            f"{self.model_file}: the {self.role} model returned by {self.function}() raised at decoding step "
-            f"{self.number}:",
-            self.adapter.internal_paths(),
-        )
-        logits, cache = split_output(self, output)
+        logits, cache = run_step(self, self.convention, self.model, inputs, cache, self.number)
         return {"logits": last_position(logits), "cache": dict(cache_entries(cache, self.adapter))}
 
 
@@ -248,6 +237,19 @@ def positions(mask: np.ndarray | None, batch: int, length: int) -> np.ndarray:
     if mask is None:
         return np.broadcast_to(np.arange(length, dtype=np.int64), (batch, length))
     return np.where(mask == 0, 1, np.cumsum(mask, axis=1) - 1)
+
+
+def run_step(
+    side: BuiltSide, convention: CallConvention, model: Any, inputs: dict[str, Any], cache: Any, number: int
+) -> tuple[Any, Any]:
+    """The logits and the cache of `model` (the side's, or its float64 copy) run on one step's `inputs` from
+    `cache`; what the model raises is the user's, said with the step."""
+    output = run_user_code(
+        lambda: convention.call(model, inputs, cache),
+        f"{side.model_file}: the {side.role} model returned by {side.function}() raised at decoding step {number}:",
+        side.adapter.internal_paths(),
+    )
+    return split_output(side, output)
 
 
 def split_output(side: BuiltSide, output: Any) -> tuple[Any, Any]:

@@ -60,15 +60,20 @@ class OutputPair:
 
     def in_reference_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """Candidate values of this output, in the reference's shape and layout."""
-        if self.layout is not None:
-            values = np.transpose(values.reshape(_squeezed(values.shape)), self.layout)
-        return np.ascontiguousarray(values).reshape(shape)
+        return in_layout(values, self.layout, shape)
 
     def in_candidate_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """Reference values of this output, in the candidate's shape and layout."""
         if self.layout is not None:
             values = np.transpose(values.reshape(_squeezed(values.shape)), np.argsort(self.layout))
         return np.ascontiguousarray(values).reshape(shape)
+
+
+def in_layout(values: np.ndarray, layout: Permutation, shape: tuple[int, ...]) -> np.ndarray:
+    """`values` with their squeezed dimensions permuted by `layout` (None: as they are), reshaped to `shape`."""
+    if layout is not None:
+        values = np.transpose(values.reshape(_squeezed(values.shape)), layout)
+    return np.ascontiguousarray(values).reshape(shape)
 
 
 @dataclass

@@ -628,8 +628,6 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
 def run_generate(args: argparse.Namespace, console: Console) -> int:
     from ..generation import generate
 
-    if args.tokens < 1:
-        raise BisectrError(f"--tokens must be at least 1 (got {args.tokens})")
     options = dict(isolate=args.isolate, reference_python=args.reference_python, candidate_python=args.candidate_python)
     if args.json:
         result = generate(args.model_file, args.reference, args.candidate, args.tokens, **options)

@@ -9,29 +9,13 @@ from typing import Any
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.content import Content
-from textual.containers import Vertical
-from textual.widgets import DataTable, Footer, Header, Sparkline, Static
+from textual.widgets import DataTable, Footer, Header, Static
 
 from ..report import GENERATION_COLUMNS, fmt, generation_lines, generation_rows
 from ...generation import GenerationResult
-from .widgets import content_line
+from .widgets import StepCurve, content_line
 
 SEARCH = 1  # what the app returns when the user asks for the step's search
-
-
-class StepCurve(Vertical):
-    """One number per step, as a sparkline under a title naming its range."""
-
-    def __init__(self, title: str, values: list[float], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.title, self.values = title, values
-
-    def compose(self) -> ComposeResult:
-        yield Static(
-            f"{self.title}: {fmt(min(self.values))} .. {fmt(max(self.values))} over {len(self.values)} steps",
-            classes="curve-title",
-        )
-        yield Sparkline(self.values, summary_function=max)
 
 
 class GenerationApp(App[int]):
@@ -54,10 +38,15 @@ class GenerationApp(App[int]):
         steps = self.result.steps
         yield Header(show_clock=False)
         yield Static(id="verdict")
-        yield StepCurve(
-            "logits error, log10", [math.log10(max(row.logits.error, 1e-18)) for row in steps], id="error-curve"
-        )
-        yield StepCurve("the reference's top-1 margin", [row.margin for row in steps], id="margin-curve")
+        for title, values, name in (
+            ("logits error, log10", [math.log10(max(row.logits.error, 1e-18)) for row in steps], "error"),
+            ("the reference's top-1 margin", [row.margin for row in steps], "margin"),
+        ):
+            yield StepCurve(
+                f"{title}: {fmt(min(values))} .. {fmt(max(values))} over {len(values)} steps",
+                values,
+                id=f"{name}-curve",
+            )
         yield DataTable(id="steps", zebra_stripes=True, cursor_type="row")
         yield Footer()
 

@@ -7,27 +7,11 @@ from typing import Any
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.content import Content
-from textual.containers import Vertical
-from textual.widgets import DataTable, Footer, Header, Sparkline, Static
+from textual.widgets import DataTable, Footer, Header, Static
 
 from ..report import TRAINING_COLUMNS, fmt, training_lines, training_rows
 from ...training import TrainingResult
-from .widgets import content_line
-
-
-class LossCurve(Vertical):
-    """One side's loss per step, as a sparkline under a title naming its range."""
-
-    def __init__(self, role: str, losses: list[float], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.role, self.losses = role, losses
-
-    def compose(self) -> ComposeResult:
-        yield Static(
-            f"loss, {self.role}: {fmt(self.losses[0])} -> {fmt(self.losses[-1])} over {len(self.losses)} steps",
-            classes="curve-title",
-        )
-        yield Sparkline(self.losses, summary_function=max)
+from .widgets import StepCurve, content_line
 
 
 class TrainingApp(App[int]):
@@ -36,7 +20,7 @@ class TrainingApp(App[int]):
     TITLE = "bisectr train"
     CSS = """
     #verdict { padding: 0 1; margin-bottom: 1; }
-    LossCurve { height: 4; padding: 0 1; }
+    StepCurve { height: 4; padding: 0 1; }
     Sparkline { height: 2; }
     #steps { height: 1fr; }
     """
@@ -50,7 +34,9 @@ class TrainingApp(App[int]):
         yield Header(show_clock=False)
         yield Static(id="verdict")
         for role in ("reference", "candidate"):
-            yield LossCurve(role, [getattr(row.loss, role) for row in self.result.steps], id=f"loss-{role}")
+            losses = [getattr(row.loss, role) for row in self.result.steps]
+            title = f"loss, {role}: {fmt(losses[0])} -> {fmt(losses[-1])} over {len(losses)} steps"
+            yield StepCurve(title, losses, id=f"loss-{role}")
         yield DataTable(id="steps", zebra_stripes=True, cursor_type="row")
         yield Footer()
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal
+from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.message import Message
-from textual.widgets import DataTable, Input, Label, ProgressBar, Static, Tree
+from textual.widgets import DataTable, Input, Label, ProgressBar, Sparkline, Static, Tree
 from textual.widgets.tree import TreeNode
 
 from ..report import (
@@ -613,3 +614,15 @@ class HeatMapView(Static):
             )
         )
         self.update(Content("\n").join(lines))
+
+
+class StepCurve(Vertical):
+    """One number per step (a training loss, a generation's error), as a sparkline under its title."""
+
+    def __init__(self, title: str, values: list[float], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.title, self.values = title, values
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.title, classes="curve-title")
+        yield Sparkline(self.values, summary_function=max)
