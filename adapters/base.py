@@ -7,9 +7,9 @@ only the methods of `Adapter` (its facets `Tensors`, `Interception`, `Autograd`,
 A new framework is one module of this package with one `Adapter` subclass;
 tests/test_adapters.py is the conformance test every adapter passes.
 
-Two more interfaces are optional: `Training` (`bisectr train`) and `WeightConversion`
-(`bisectr.weights`). An adapter that implements one also subclasses it, and a caller
-asks for it by type with `facet(adapter, Training)`.
+More interfaces are optional: `Training` (`bisectr train`), `WeightConversion`
+(`bisectr.weights`), `Determinism` (`bisectr.search.repeat`) and `CompiledGraphs`. An adapter that
+implements one also subclasses it, and a caller asks for it by type with `facet(adapter, Training)`.
 """
 
 from __future__ import annotations
@@ -570,6 +570,47 @@ class CompiledProbe(ABC):
         """The class name of module `path`, and the paths of every module of that class."""
 
 
+@dataclass(frozen=True)
+class DeterminismFixes:
+    """How a model stops its runs from differing, in its framework's words: one sentence each."""
+
+    seed: str  # a random op drawing from an unseeded generator
+    zeros: str  # memory made uninitialised (`empty`) and read before written
+    kernel: str  # a kernel that is not deterministic
+
+
+class Determinism(ABC):
+    """Optional: what makes a side's runs differ and the settings that change its numbers
+    (`bisectr.search.repeat`), for an `Adapter` that also subclasses this."""
+
+    fixes: DeterminismFixes
+
+    @abstractmethod
+    def numerics_settings(self) -> dict[str, str]:
+        """The settings in effect now that change the framework's numbers, and its versions. Shared names
+        where frameworks share the idea and its values ("tf32 matmul": "on" | "off", "autocast": "off" |
+        "<device> <dtype>", "default dtype"); every other name starts with the framework's ("torch threads",
+        its flags), so that only sides of one framework compare them."""
+
+    @abstractmethod
+    def seed(self, seed: int) -> None:
+        """Seed the framework's default random generators (every device's)."""
+
+    def in_training(self, model: Any, path: str) -> bool:
+        """Is the module at `path` ("": `model`) in training mode (torch and paddle spell it alike)?"""
+        module = model
+        for name in filter(None, path.split(".")):
+            module = getattr(module, name, None)
+        return bool(getattr(module, "training", False))
+
+    def eval_mode(self, model: Any) -> bool:
+        """Put `model` in eval mode (its dropout off); False where it is no module (torch and paddle spell it alike)."""
+        if not self.is_module(model):
+            return False
+        model.eval()
+        return True
+
+
 class CompiledGraphs(ABC):
     """Optional facet of an adapter whose framework compiles modules into graphs (their calls recorded as
     `COMPILED_OP`): the primitives of the search inside a compiled module's call (`bisectr.search.compiled`)."""
@@ -580,11 +621,12 @@ class CompiledGraphs(ABC):
         outputs computed now); None where `fn` is no compiled module's call. Every probe is slow."""
 
 
-Facet = TypeVar("Facet", Training, WeightConversion, CompiledGraphs)
+Facet = TypeVar("Facet", Training, WeightConversion, CompiledGraphs, Determinism)
 
 
 def facet(adapter: Adapter, interface: type[Facet]) -> Facet:
-    """`adapter` as the optional interface `interface` (`Training`, `WeightConversion`, `CompiledGraphs`); a TypeError
+    """`adapter` as the optional interface `interface` (`Training`, `WeightConversion`, `CompiledGraphs`,
+    `Determinism`); a TypeError
     naming the framework and what it lacks where its adapter does not implement it."""
     if not isinstance(adapter, interface):
         missing = ", ".join(sorted(interface.__abstractmethods__))

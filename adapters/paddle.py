@@ -36,6 +36,8 @@ from .base import (
     VALUE_READ_METHODS,
     Adapter,
     CannotUpcast,
+    Determinism,
+    DeterminismFixes,
     ModulePaths,
     OpListener,
     Reductions,
@@ -43,6 +45,23 @@ from .base import (
     Training,
     WeightConversion,
 )
+
+
+# Paddle's flags that change its numbers, where its build has them (a CPU build lacks the cuDNN ones).
+_NUMERICS_FLAGS = (
+    "FLAGS_cudnn_deterministic",
+    "FLAGS_embedding_deterministic",
+    "FLAGS_cudnn_exhaustive_search",
+    "FLAGS_use_autotune",
+    "FLAGS_gemm_use_half_precision_compute_type",
+    "FLAGS_low_precision_op_list",
+    "FLAGS_paddle_num_threads",
+)
+
+
+def _version_or_none(found: Any) -> str:
+    """A CUDA or cuDNN version as paddle gives it ("False" in a CPU build)."""
+    return "none" if found in (False, "False", None, "") else str(found)
 
 
 def _paddle():
@@ -465,7 +484,7 @@ _OP_SYNONYMS = {
 _BATCH_NORM_LAYERS = ("BatchNorm", "BatchNorm1D", "BatchNorm2D", "BatchNorm3D", "SyncBatchNorm")
 
 
-class PaddleAdapter(Adapter, Training, WeightConversion):
+class PaddleAdapter(Adapter, Training, WeightConversion, Determinism):
     name = "paddle"
     module_kind = "paddle.nn.Layer"
     repro = ReproSnippets(
@@ -481,6 +500,12 @@ class PaddleAdapter(Adapter, Training, WeightConversion):
     import_warnings = ("No ccache found",)
     op_synonyms = _OP_SYNONYMS
     tensor_class = ("paddle", "Tensor")
+    fixes = DeterminismFixes(
+        seed="seed it where the forward draws it: paddle.seed(0) before the call",
+        zeros="create the tensor with paddle.zeros (zeros_like) instead of paddle.empty, or write all of it "
+        "before it is read",
+        kernel="paddle.set_flags({'FLAGS_cudnn_deterministic': True, 'FLAGS_embedding_deterministic': 1})",
+    )
 
     def to_numpy(self, tensor: Any) -> np.ndarray:
         paddle = _paddle()
@@ -673,6 +698,26 @@ class PaddleAdapter(Adapter, Training, WeightConversion):
             name: 0.0 if exempt is not None and not exempt(tensor.name) else decay.get(id(tensor), default)
             for name, tensor in parameters.items()
         }
+
+    def numerics_settings(self) -> dict[str, str]:
+        paddle = _paddle()
+        core = paddle.base.core
+        flags = [name for name in _NUMERICS_FLAGS if core.globals().is_public(name)]
+        device = paddle.device.get_device().split(":")[0].replace("gpu", "cuda")
+        settings = {
+            "paddle": paddle.__version__,
+            "paddle cuda": _version_or_none(paddle.version.cuda()),
+            "paddle cudnn": _version_or_none(paddle.version.cudnn()),
+            "tf32 matmul": "on" if core.get_cublas_switch() else "off",
+            "autocast": f"{device} {paddle.amp.get_autocast_dtype()}" if paddle.amp.is_autocast_enabled() else "off",
+            "default dtype": paddle.get_default_dtype(),
+        }
+        settings.update((name, str(value)) for name, value in paddle.get_flags(flags).items())
+        settings["paddle threads"] = settings.pop("FLAGS_paddle_num_threads", "unknown")
+        return settings
+
+    def seed(self, seed: int) -> None:
+        _paddle().seed(seed)
 
     def no_grad(self) -> Any:
         return _paddle().no_grad()

@@ -27,6 +27,8 @@ from .base import (
     CannotUpcast,
     CompiledGraphs,
     CompiledProbe,
+    Determinism,
+    DeterminismFixes,
     ModulePaths,
     OpListener,
     Reductions,
@@ -169,7 +171,7 @@ _OP_SYNONYMS = {
 _BATCH_NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
 
 
-class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
+class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion, Determinism):
     name = "torch"
     op_synonyms = _OP_SYNONYMS
     module_kind = "torch.nn.Module"
@@ -185,6 +187,14 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
     norm_statistics = {"running_mean": "mean", "running_var": "variance", "num_batches_tracked": "count"}
     tensor_class = ("torch", "Tensor")
     value_reads = TENSOR_VALUE_READS | {"equal", "allclose"}
+    fixes = DeterminismFixes(
+        seed="seed it where the forward draws it: torch.manual_seed(0) before the call, or a generator of its own "
+        "(generator=torch.Generator().manual_seed(0))",
+        zeros="create the tensor with torch.zeros (zeros_like, new_zeros) instead of torch.empty, or write all of "
+        "it before it is read",
+        kernel="torch.use_deterministic_algorithms(True) with CUBLAS_WORKSPACE_CONFIG=:4096:8 in the environment "
+        "(and torch.backends.cudnn.deterministic = True)",
+    )
 
     def is_tensor(self, obj: Any) -> bool:
         # A meta tensor has a shape and no values (`torch.empty(shape, device="meta").stride()` asks a
@@ -401,6 +411,41 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion):
             id(p): float(group.get("weight_decay", 0.0)) for group in optimizer.param_groups for p in group["params"]
         }
         return {name: decay.get(id(tensor), 0.0) for name, tensor in parameters.items()}
+
+    def numerics_settings(self) -> dict[str, str]:
+        torch = _torch()
+        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        autocast = [
+            f"{device} {str(torch.get_autocast_dtype(device)).removeprefix('torch.')}"
+            for device in ("cpu", "cuda")
+            if torch.is_autocast_enabled(device)
+        ]
+        return {
+            "torch": torch.__version__,
+            "torch cuda": torch.version.cuda or "none",
+            "torch cudnn": str(cudnn.version()) if cudnn.is_available() else "none",
+            "tf32 matmul": "on" if matmul.allow_tf32 else "off",
+            "torch tf32 cudnn": "on" if cudnn.allow_tf32 else "off",
+            "torch matmul precision": torch.get_float32_matmul_precision(),
+            "torch reduced-precision reductions": f"fp16 {matmul.allow_fp16_reduced_precision_reduction}, "
+            f"bf16 {matmul.allow_bf16_reduced_precision_reduction}",
+            "torch deterministic algorithms": (
+                "off"
+                if not deterministic
+                else "warn only"
+                if torch.is_deterministic_algorithms_warn_only_enabled()
+                else "on"
+            ),
+            "torch cudnn flags": f"deterministic {cudnn.deterministic}, benchmark {cudnn.benchmark}",
+            "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", "unset"),
+            "torch threads": f"{torch.get_num_threads()} (interop {torch.get_num_interop_threads()})",
+            "autocast": ", ".join(autocast) or "off",
+            "default dtype": str(torch.get_default_dtype()).removeprefix("torch."),
+        }
+
+    def seed(self, seed: int) -> None:
+        _torch().manual_seed(seed)
 
     def input_layout(self, op: str, position: int) -> tuple[int, ...] | None:
         # nn.Linear stores its weight as (out, in); the shared layout is (in, out).

@@ -50,6 +50,9 @@ from .serial import to_plain
 from .sides.runner import DecodeStep, OpenStep, SideRunner
 
 StepVerdict = Literal["match", "noise", "divergent"]
+Verdict = Literal[
+    "match", "noise", "divergent", "nondeterministic"
+]  # a side that does not repeat itself: its step search's
 
 
 @dataclass
@@ -89,7 +92,7 @@ class Flip:
 
 @dataclass
 class GenerationResult:
-    verdict: StepVerdict
+    verdict: Verdict
     tokens: int  # decode steps after the prefill
     steps: list[StepRow]
     first_divergent_step: int | None = None  # the first step whose logits rounding does not explain
@@ -150,6 +153,8 @@ def generate(
     run_dir = temporary_run_dir(f"{model_file.stem}-step{result.culprit_step}")
     result.run = record_run(traced, runners, pins, run_dir, model_file, output_layouts=decoding.output_layouts())
     result.search = result.run.bisect(tolerance, exhaustive, progress)
+    if result.search.verdict == "nondeterministic":  # what differs is a side against itself, not the sides
+        result.verdict = "nondeterministic"
     return result
 
 

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -27,19 +27,19 @@ from .search.forward import ForwardRules
 from .environment import describe
 from .errors import BisectrError, ModelFileError, RunDirError
 from .sides.isolate import IsolatedSide
-from .capture.modelfile import build_side, declared_nproc, load_module
+from .capture.modelfile import SideFix, build_side, declared_nproc, load_module
 from .sides.ranks import RankedSide
 from .measure.runrecord import DEFAULT_VALUE_BUDGET, HowTraced, OutputPair, RunRecord, pair_outputs
 from .capture.recording import RecordOptions
 from .measure.result import Result
 from .serial import PlainError, from_plain, to_plain
-from .sides.runner import LocalSide, SideRunner, recorded_through
+from .sides.runner import Fix, LocalSide, SideRunner, recorded_through
 from .measure.live import LiveRun
 from .capture.locks import RunLock, interrupts_deferred
 from .capture.store import SIDES, RunWriter, read_document, read_manifest, read_trace, save_result
 from .capture.trace import Trace
 
-__all__ = ["OutputPair", "Run", "bisect", "how_traced", "load", "record_run", "start_sides", "trace"]
+__all__ = ["OutputPair", "Run", "bisect", "how_traced", "load", "record_run", "start_sides", "steadied", "trace"]
 
 
 @dataclass
@@ -72,7 +72,7 @@ class Run(RunRecord):
         if progress is not None:
             self.live.say = progress
         result = decide(ForwardRules(self.live), tolerance, exhaustive)
-        if backward:
+        if backward and result.verdict != "nondeterministic":
             result.backward = decide(
                 BackwardRules(self.live, reference_activations=result.verdict == "divergent"), tolerance
             )
@@ -92,6 +92,7 @@ class Run(RunRecord):
             keep_modules=tuple(self.traced.keep_modules),
             value_budget=self.traced.value_budget,
             commit=False,
+            fixes=self.traced.fixes,
             **isolation,
         )
 
@@ -127,11 +128,58 @@ def bisect(
     tolerance: float = 0.0,
     exhaustive: bool = False,
     backward: bool = False,
+    fix_nondeterminism: bool = False,
     **isolation: Any,
 ) -> Result:
     """Trace `model_file` into a temporary run and search for the culprit (`isolation`: see `trace`;
-    `backward`: see `Run.bisect`)."""
-    return trace(model_file, reference, candidate, **isolation).bisect(tolerance, exhaustive, backward=backward)
+    `backward`: see `Run.bisect`; `fix_nondeterminism`: see `steadied`)."""
+    run = trace(model_file, reference, candidate, **isolation)
+    search = partial(Run.bisect, tolerance=tolerance, exhaustive=exhaustive, backward=backward)
+    return steadied(run, search).result if fix_nondeterminism else search(run)
+
+
+def steadied(run: Run, search: Callable[[Run], Result]) -> Run:
+    """`search(run)`; then, while it finds a side that does not repeat itself for a reason bisectr can take
+    away (its dropout on, an unseeded random op: `Nondeterminism.fixable`), the run traced again with
+    that taken away (`SideFix`, kept in `HowTraced.fixes`) and searched again. Returns the last run (its
+    `result` set), in `run`'s run directory."""
+    search(run)
+    while (fixes := _more_fixes(run.traced.fixes, run.result)) is not None:
+        committed, out = run.writer is None, run.run_dir if run.writer is None else run.writer.final_dir
+        run.discard()  # a run not saved yet: the next trace writes its directory
+        run = trace(
+            run.traced.model_file,
+            run.traced.reference_fn,
+            run.traced.candidate_fn,
+            out=out,
+            store_values=run.traced.store_values,
+            keep_modules=tuple(run.traced.keep_modules),
+            value_budget=run.traced.value_budget,
+            isolate=run.traced.isolate,
+            reference_python=run.traced.reference_python,
+            candidate_python=run.traced.candidate_python,
+            reference_nproc=run.traced.reference_nproc,
+            candidate_nproc=run.traced.candidate_nproc,
+            commit=committed,
+            fixes=fixes,
+        )
+        search(run)
+    return run
+
+
+def _more_fixes(fixes: dict[str, SideFix], result: Result | None) -> dict[str, SideFix] | None:
+    """`fixes` with what `result` says bisectr can do about a side that does not repeat itself; None where that
+    is nothing new."""
+    if result is None or result.verdict != "nondeterministic":
+        return None
+    more = {role: replace(fix) for role, fix in fixes.items()}
+    for found in result.nondeterminism:
+        fix = more.setdefault(found.side, SideFix())
+        if found.fixable == "eval":
+            fix.eval_mode = True
+        elif found.fixable == "seed" and fix.seed is None:
+            fix.seed = 0
+    return None if more == fixes else more
 
 
 def trace(
@@ -149,6 +197,7 @@ def trace(
     candidate_nproc: int | None = None,
     watch: Callable[[str, Callable[[], int]], None] | None = None,
     commit: bool = True,
+    fixes: dict[str, SideFix] | None = None,
 ) -> Run:
     """Record both sides of `model_file`, pair their outputs and align them, into the run
     directory `out` (a temporary one if None). With `commit=False` nothing is moved into
@@ -166,6 +215,8 @@ def trace(
     A side with `reference_nproc` / `candidate_nproc` above 1 runs on that many processes started by
     torchrun (`bisectr.sides.ranks`), as a tensor-parallel model does; None: as many as the model
     file's `NPROC` gives its function (`{"candidate": 2}`), else 1.
+
+    `fixes` (role -> `SideFix`) are made to the sides before they are recorded (see `steadied`).
     """
     model_file = Path(model_file)
     module = load_module(model_file)
@@ -182,6 +233,7 @@ def trace(
         store_values,
         keep_modules,
         value_budget,
+        fixes,
     )
     run_dir = Path(out) if out is not None else temporary_run_dir(model_file.stem)
     with RunLock(run_dir):  # a run directory another process writes is refused before any model is built
@@ -202,6 +254,7 @@ def how_traced(
     store_values: bool = True,
     keep_modules: tuple[str, ...] = (),
     value_budget: int | None = DEFAULT_VALUE_BUDGET,
+    fixes: dict[str, SideFix] | None = None,
 ) -> HowTraced:
     """How the sides of `model_file` (loaded as `module`) are to be built and recorded (see `trace`)."""
     nprocs = {
@@ -226,6 +279,7 @@ def how_traced(
         value_budget,
         nprocs["reference"],
         nprocs["candidate"],
+        fixes=dict(fixes or {}),
     )
 
 
@@ -251,6 +305,7 @@ def record_run(
             writer.recorded(role, traces[role])
         reference_trace, candidate_trace = traces["reference"], traces["candidate"]
         traced.environment = describe()  # once the sides ran: their frameworks are loaded, a GPU found
+        traced.settings = {role: trace.settings for role, trace in traces.items()}
         output_pairs = pair_outputs(reference_trace, candidate_trace, label, output_layouts)
         alignment = _align(label, pins, reference_trace, candidate_trace)
         run = Run(uuid.uuid4().hex, traced, reference_trace, candidate_trace, output_pairs, alignment, writer=writer)
@@ -287,6 +342,8 @@ def start_sides(
         }
         for runner in started.values():
             runner.wait_built()
+        for role, fix in traced.fixes.items():
+            (started.get(role) or local[role]).run(Fix(fix))
     except BaseException:
         for runner in started.values():
             runner.abandon()

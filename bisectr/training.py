@@ -117,7 +117,7 @@ class OptimizerCulprit:
 
 @dataclass
 class TrainingResult:
-    verdict: str  # "match" | "noise" | "divergent"
+    verdict: str  # "match" | "noise" | "divergent" | "nondeterministic"
     steps: list[StepRow]
     first_step: int | None = None
     stage: str | None = None  # "forward" | "backward" | "optimizer"
@@ -303,6 +303,13 @@ def train(
     elif number == 1:
         say(f"searching the {result.stage} pass at the initial weights")
         searched = run.bisect(backward=measure == "gradient")
+        if searched.verdict == "nondeterministic":  # a side against itself: the sides are not compared
+            result.verdict, result.culprit = "nondeterministic", searched.culprit
+            result.note = "; ".join(
+                f"the {found.side} does not repeat itself ({found.cause}): {found.fix}"
+                for found in searched.nondeterminism
+            )
+            return result
         searched = searched.backward if measure == "gradient" else searched
         if searched.verdict == "divergent":
             result.culprit = searched.culprit

@@ -88,7 +88,8 @@ def assert_verdict_contract(result: dict) -> None:
     """What a user may rely on in any result (`bisect --json` or `Result.to_dict()`): "confirmed"
     only where the numbers fell below half (and under a tenth, or to rounding); `divergent` either
     confirmed, bracketed or (backward) a gradient one side lacks, said plainly; `noise` never against
-    a float64 check that disagrees. A backward pass's result is held to the same."""
+    a float64 check that disagrees; `nondeterministic` names a side that does not repeat itself, its op as the
+    culprit and a fix, and searches nothing. A backward pass's result is held to the same."""
     from bisectr.serial import number  # JSON writes a number that is not finite as "Infinity" / "NaN"
 
     confirmation, check = result["confirmation"], result["fp64_check"]
@@ -102,6 +103,12 @@ def assert_verdict_contract(result: dict) -> None:
         assert check["status"] != "disagree", check
         if check["status"] == "agree":  # the triangle inequality: measured <= predicted + what float64 leaves
             assert number(check["error"]) <= 1.01 * (number(check["predicted"]) + number(check["float64_error"])), check
+    if result["verdict"] == "nondeterministic":
+        first = result["nondeterminism"][0]
+        assert result["culprit"]["candidate"] == first["op"] and first["fix"] and result["reruns"] == 0
+        assert first["cause"] in ("random", "uninitialized", "kernel", "other") and result["backward"] is None
+    else:
+        assert result["nondeterminism"] == []
     if result.get("backward") is not None:
         assert result["backward"]["pass"] == "backward"
         assert_verdict_contract(result["backward"])

@@ -2,7 +2,8 @@
 
 Each `Pair` names a model file (relative to the repository), its two functions and what bisectr must
 conclude: `noise` (rounding, or `match`), `divergent` with the culprit confirmed at the planted place,
-or `unconfirmed` (`divergent` with the difference bracketed, the planted op among the bracket's ops).
+`unconfirmed` (`divergent` with the difference bracketed, the planted op among the bracket's ops), or
+`nondeterministic` (a side that does not repeat itself, the op where its runs part in the module).
 A generation pair (`tokens`) is run as `bisectr generate --tokens N` and judged on the step it searches
 (`step`: where its culprit must be).
 `tests/test_corpus.py` runs the pairs the environment has the libraries for; `benchmarks/corpus.py`
@@ -24,7 +25,7 @@ class Pair:
     model: str  # relative to the repository
     candidate: str = "candidate"
     reference: str = "reference"
-    verdict: Literal["noise", "divergent", "unconfirmed"] = "noise"
+    verdict: Literal["noise", "divergent", "unconfirmed", "nondeterministic"] = "noise"
     module: str | None = None  # the candidate module where the culprit (or, unconfirmed, a bracketed op) must be
     leaf: str | None = None  # the leaf the culprit must name
     # With `--backward`: the backward pass's verdict and culprit module, as above (None: forward only).
@@ -58,6 +59,7 @@ CORPUS = [
     Pair("examples/correct_port.py"),
     Pair("examples/cube_root_fp64.py", verdict="divergent", module=""),
     Pair("examples/deep_stack.py"),
+    Pair("examples/dropout_left_on.py", verdict="nondeterministic", module="blocks.0.drop"),
     Pair("examples/mask_fill.py"),
     Pair("examples/op_substitution.py"),
     Pair("examples/paddle_vs_paddle.py"),
@@ -80,6 +82,9 @@ CORPUS = [
     Pair(M + "paddle_resnet.py", "candidate_bn_eps", verdict="divergent", module="layer4.1.bn1"),
     Pair(M + "paddle_conv_bias.py"),
     Pair(M + "paddle_conv_bias.py", "candidate_wrong_bias", verdict="divergent", module="conv2"),
+    # sides that do not repeat themselves
+    Pair(M + "nondeterministic_torch.py", "candidate_uninitialised", verdict="nondeterministic", module="blocks.1"),
+    Pair(M + "nondeterministic_paddle.py", "candidate_shuffle", verdict="nondeterministic", module="blocks.1"),
     Pair(M + "paddle_avgpool_exclusive.py"),
     Pair(M + "paddle_avgpool_exclusive.py", "candidate_exclusive", verdict="divergent", module=""),
     Pair(M + "paddle_shared_block.py"),
@@ -328,6 +333,11 @@ def _pass_problems(expected: str, module: str | None, leaf: str | None, result: 
     confirmed = bool((result.get("confirmation") or {}).get("confirmed")) or bool(result.get("missing_gradient"))
     if expected == "noise":
         return [] if verdict in ("noise", "match") else [f"{verdict} where rounding was expected"]
+    if expected == "nondeterministic" or verdict == "nondeterministic":
+        where = (culprit or {}).get("candidate", {}).get("module")
+        if verdict != expected:
+            return [f"{verdict} where {expected} was expected"]
+        return [] if where is not None and _under(where, module) else [f"runs part at {where!r}, not under {module!r}"]
     if verdict != "divergent":
         return [f"{verdict} where a difference was expected"]
     if expected == "unconfirmed":

@@ -162,6 +162,19 @@ async def test_overview_shows_verdict_culprit_sources_and_chart(saved):
         assert chart[2].index("^") == len("propagated ") + CULPRIT
 
 
+async def test_a_side_that_does_not_repeat_itself_shows_its_op_cause_and_fix(tmp_path):
+    run = bisectr.trace(ROOT / "tests" / "models" / "nondeterministic_torch.py", candidate="candidate_dropout")
+    run.bisect()
+    app = BisectrApp(RunData(run))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert text(app.query_one(VerdictBanner)).startswith("verdict: nondeterministic")
+        culprit = text(app.query_one(CulpritPanel))
+        assert "the candidate does not repeat itself" in culprit and "blocks.0.drop" in culprit
+        assert "cause: random" in culprit and "model.eval()" in culprit
+        assert app.query_one(ErrorChart) is not None and RunData(run).culprit_index == 2
+
+
 # -- keys ------------------------------------------------------------------------------
 async def test_f_goes_to_the_culprit_in_the_op_table(saved):
     app = saved_app(saved)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..adapters import Adapter, adapter_for, registered
+from ..adapters import Adapter, Determinism, adapter_for, registered
 from ..adapters.base import OpListener
 from ..errors import BisectrError, InterceptionFailure, ModelFileError, UserModelError
 
@@ -31,6 +31,20 @@ _BISECTR_DIRS = tuple(
     for package in ("capture", "engines", "sides")
 )
 _ADAPTERS_DIR = os.path.dirname(os.path.abspath(sys.modules[Adapter.__module__].__file__))
+
+
+@dataclass
+class SideFix:
+    """What `--fix-nondeterminism` changes in a side before it is recorded (see `bisectr.search.repeat`)."""
+
+    eval_mode: bool = False  # its model put in eval mode: its dropout off
+    seed: int | None = None  # its framework's random generators seeded before every run of the model
+
+    def described(self) -> list[str]:
+        """What it changes, in words."""
+        return (["model put in eval mode (dropout off)"] if self.eval_mode else []) + (
+            [f"random generators seeded with {self.seed} before each run"] if self.seed is not None else []
+        )
 
 
 @dataclass
@@ -46,6 +60,16 @@ class BuiltSide:
     # The model file's `<function>_loss(outputs)`, else `<role>_loss(outputs)` (`candidate_loss`): a
     # scalar to start this side's backward pass from (see `bisectr.search.backward`); None: a fixed random gradient.
     loss: Callable[[Any], Any] | None = None
+    seed: int | None = None  # the framework's random generators are seeded with it before each run (`SideFix`)
+
+    def apply(self, fix: SideFix) -> None:
+        """Make `fix`'s changes to the side."""
+        if fix.eval_mode and not (isinstance(self.adapter, Determinism) and self.adapter.eval_mode(self.model)):
+            raise ModelFileError(
+                f"{self.model_file}: {self.function}() returned no {self.adapter.module_kind}, which bisectr could "
+                "put in eval mode"
+            )
+        self.seed = fix.seed
 
     def input_items(self) -> list[tuple[str, Any]]:
         if isinstance(self.inputs, dict):
@@ -57,6 +81,8 @@ class BuiltSide:
         call = (
             (lambda: self.model(**self.inputs)) if isinstance(self.inputs, dict) else (lambda: self.model(*self.inputs))
         )
+        if self.seed is not None:
+            self.adapter.seed(self.seed)
         return run_user_code(
             call,
             f"{self.model_file}: the {self.role} model returned by {self.function}() raised",

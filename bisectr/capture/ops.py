@@ -14,7 +14,39 @@ from ..adapters import op_synonyms
 
 
 # Ops whose outputs are memory left uninitialised, other values on every run: never compared across runs.
+# A re-run fills it with a value beyond any it held when recorded (`recording.poison_for`), so that a read of it shows.
 UNINITIALISED = frozenset({"empty", "empty_like", "new_empty", "empty_strided"})
+
+# Ops that draw from a random generator: other values on every run where it is not seeded.
+DROPOUT = frozenset(
+    {"dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d", "dropout2d", "dropout3d", "native_dropout"}
+)
+RANDOM = DROPOUT | frozenset(
+    {
+        "rand",
+        "randn",
+        "randint",
+        "randperm",
+        "rand_like",
+        "randn_like",
+        "randint_like",
+        "bernoulli",
+        "multinomial",
+        "normal",
+        "uniform",
+        "poisson",
+        "exponential",
+        "geometric",
+        "cauchy",
+        "log_normal",
+        "random",
+        "rrelu",
+        "gumbel_softmax",
+        "gaussian",
+        "standard_normal",
+        "shuffle",
+    }
+)
 
 # Collectives that sum what each process holds: what they read is each process's part of a sum
 # (a partial value), never compared with a whole tensor.

@@ -4,16 +4,17 @@ the model's code (in `bisectr.engines`)."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import sysconfig
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from ..adapters import Adapter, Tensors
+from ..adapters import Adapter, Determinism, Tensors
 from ..adapters.base import API, CALLER
 from .calls import Call, RecordedCalls, Slot, run_op
 from ..errors import UnreadableTensorError
@@ -49,6 +50,9 @@ class RecordOptions:
     # With store_values, op outputs are stored until they would pass this many bytes, then none
     # (None: no limit); the search fetches what it needs of the rest (`bisectr.search.window`).
     value_budget: int | None = None
+    # Op index -> the value to fill the memory that op leaves uninitialised with, as a re-run fills it
+    # (`engines.patched.Patches`, `poison_for`).
+    poison: dict[int, float] = field(default_factory=dict)
 
 
 class TensorIds:
@@ -154,12 +158,17 @@ class Recorder(ForwardSession):
             return result
         index = self.op_count
         self.op_count += 1
+        if index == 0 and isinstance(self.adapter, Determinism):  # as the forward runs: its autocast is on
+            self.trace.settings = self.adapter.numerics_settings()
         module = self.modules[-1] if self.modules else ""
         keep = self._keeps(module)
         for tensor in produced:
             self._refuse_unreadable(tensor, f"op {index} ({name}) returned")
-        output_tids = [self._record_tensor(tensor, index, None, keep) for tensor in produced]
         op = canonical_op(name)
+        if index in self.options.poison:
+            for tensor in produced:
+                poison(self.adapter, tensor, self.options.poison[index])
+        output_tids = [self._record_tensor(tensor, index, None, keep) for tensor in produced]
         self._place(input_tids, output_tids, produced, shared=op in SHARING_COLLECTIVES)
         source, library = self._source()
         inner = getattr(fn, "inner_dtypes", None)  # see `OpNode.inner_dtypes`
@@ -341,6 +350,18 @@ class Recorder(ForwardSession):
         if filename.startswith(self._internal) or filename.startswith("<"):
             return _SKIP
         return _USER
+
+
+def poison_for(recorded: TensorInfo) -> float:
+    """What to fill memory an op left uninitialised with in a run after its recording: a power of two beyond every
+    value it held when recorded (even where that memory held an earlier run's poison), so that a read of it shows."""
+    return 2.0 ** (math.ceil(math.log2(max(recorded.stats.absmax, 2048.0))) + 1)
+
+
+def poison(adapter: Tensors, tensor: Any, value: float) -> None:
+    """Fill floating `tensor`, memory an op left uninitialised, with `value`."""
+    if is_floating(adapter.dtype_name(tensor)):
+        adapter.assign(tensor, np.full(tuple(tensor.shape), value, np.float64))
 
 
 def output_pairs(adapter: Tensors, outputs: Any) -> list[tuple[str, Any]]:

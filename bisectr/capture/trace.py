@@ -138,6 +138,8 @@ class Trace:
     tensors: dict[int, TensorInfo] = field(default_factory=dict)
     outputs: dict[str, int] = field(default_factory=dict)  # flattened output key -> tid
     unread_leaves: list[str] = field(default_factory=list)  # floating parameters and buffers no op read
+    # The settings that change the framework's numbers as its first op ran (`Determinism.numerics_settings`).
+    settings: dict[str, str] = field(default_factory=dict)
     # Reads a stored tensor's values; set by the store. None in a trace without values.
     value_reader: Callable[[int], np.ndarray] | None = field(default=None, repr=False)
     # Reads a parameter's or buffer's values from the live model (set by `sides.recorded_through`): a run does not
@@ -258,6 +260,7 @@ class Trace:
             "tensors": [t.to_json() for t in self.tensors.values()],
             "outputs": self.outputs,
             "unread_leaves": self.unread_leaves,
+            "settings": self.settings,
         }
 
     @classmethod
@@ -271,6 +274,7 @@ class Trace:
             tensors={t["tid"]: TensorInfo.from_json(t) for t in data["tensors"]},
             outputs=data["outputs"],
             unread_leaves=data.get("unread_leaves", []),
+            settings=data.get("settings", {}),
         )
 
     def check(self) -> None:
@@ -319,6 +323,8 @@ class Trace:
             raise ValueError("outputs: not a mapping of output keys to tensors of the trace")
         if not (type(self.unread_leaves) is list and all(type(name) is str for name in self.unread_leaves)):
             raise ValueError("unread_leaves: not a list of leaf names")
+        if not (type(self.settings) is dict and all(type(v) is str for v in self.settings.values())):
+            raise ValueError("settings: not an object of strings")
 
 
 _NUMBER_TYPES = frozenset((int, float))

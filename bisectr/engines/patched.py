@@ -17,7 +17,7 @@ import numpy as np
 from ..adapters import Adapter, Tensors
 from ..capture.modelfile import BuiltSide, intercepted_forward
 from ..capture.ops import UNINITIALISED
-from ..capture.recording import ForwardSession, output_pairs
+from ..capture.recording import ForwardSession, output_pairs, poison, poison_for
 from ..capture.structure import call_tensors, map_tensors
 from ..capture.trace import OpNode, Trace, device_reductions, fingerprint
 from ..errors import PathDeparture, TraceMismatchError
@@ -105,7 +105,10 @@ class Patches:
 
     def output(self, op: OpNode, tid: int, tensor: Any, reached: bool, check: bool, in_place: bool) -> Any:
         """Op output `tid` as the run goes on with it: tainted where a patch reached the op's inputs,
-        else checked (where `check`) against the recording; patched; captured."""
+        else checked (where `check`) against the recording; patched; captured. Memory the op leaves
+        uninitialised is poisoned: where the model reads it, the run departs from the recording."""
+        if op.op in UNINITIALISED:
+            poison(self.adapter, tensor, poison_for(self.trace.tensors[tid]))
         if reached:
             self.tainted.add(tid)
         elif check:
@@ -425,8 +428,9 @@ def rerun(
     """The forward again with `patches`: the recorded calls executed (`rerun_recorded`: the same results,
     several times faster, and only the ops a cut leaves to compute) where they can stand in for the model
     (see `RecordedCalls.replayable`), and the model's own code otherwise (`rerun_model`), also once the
-    recorded calls turn out not to stand in (autocast)."""
-    if recorded.replayable(side.adapter):
+    recorded calls turn out not to stand in (autocast), and for a side seeded before each run (`BuiltSide.seed`),
+    whose random ops draw what they drew only in the model's own run."""
+    if side.seed is None and recorded.replayable(side.adapter):
         try:
             return rerun_recorded(side.adapter, trace, recorded, patches, capture)
         except UnfaithfulReplay:

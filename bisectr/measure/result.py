@@ -225,9 +225,41 @@ class Float64Check:
         self.predicted = None if skipped else self.reference_rounding + self.candidate_rounding
 
 
+Cause = Literal["random", "uninitialized", "kernel", "other"]
+
+
+@dataclass
+class Nondeterminism:
+    """A side that does not repeat itself: the first op whose outputs differ between two of its runs
+    (`bisectr.search.repeat`), why, and how to make it repeat itself."""
+
+    side: Literal["reference", "candidate"]
+    op: OpSite
+    cause: Cause
+    fix: str  # one sentence
+    # How far the op's outputs moved between the runs, relative to their largest magnitude (None: the
+    # second run called another op there).
+    difference: float | None
+    reads: str | None = (
+        None  # what the op reads that made it differ: a leaf that changed, the op making uninitialised memory
+    )
+    # What `--fix-nondeterminism` can do about it: "eval" (the side's model in eval mode), "seed"
+    # (its random generators seeded before each run), None (nothing: the fix is the user's).
+    fixable: Literal["eval", "seed"] | None = None
+
+
+@dataclass
+class SettingDifference:
+    """A setting that changes numerics, which the two sides ran with different values of."""
+
+    name: str
+    reference: str
+    candidate: str
+
+
 @dataclass
 class Result:
-    verdict: Literal["match", "noise", "divergent"]
+    verdict: Literal["match", "noise", "divergent", "nondeterministic"]
     output_error: OutputError
     culprit: Culprit | None
     reruns: int  # candidate re-runs
@@ -252,6 +284,10 @@ class Result:
     activations: str | None = None
     backward: Result | None = None  # the backward pass's result, when one was run
     leaves: LeafPairing | None = None  # the parameters and buffers, paired and compared
+    # For `nondeterministic`: each side that does not repeat itself (its culprit is the first's).
+    nondeterminism: list[Nondeterminism] = field(default_factory=list)
+    settings: list[SettingDifference] = field(default_factory=list)  # the sides' numerics settings that differ
+    fixed: list[str] = field(default_factory=list)  # what `--fix-nondeterminism` changed before the sides were recorded
 
     @property
     def unconfirmed(self) -> bool:

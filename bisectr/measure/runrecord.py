@@ -18,8 +18,9 @@ from .align import Alignment, Permutation
 from ..errors import ModelFileError, OutputMismatchError
 from .metrics import UNKNOWN, ErrorMetrics, OutputError, error_metrics
 from .numerics import magnitude, relative_to
-from .result import Result
+from .result import Result, SettingDifference
 from ..serial import PlainError
+from ..capture.modelfile import SideFix
 from ..capture.trace import Trace, is_floating
 
 LAYOUT_CONFIRMED = 0.5  # outputs of different shapes pair through a layout that brings them within this max_rel
@@ -45,6 +46,8 @@ class HowTraced:
     reference_nproc: int = 1  # processes torchrun ran the side on (`bisectr.sides.ranks`)
     candidate_nproc: int = 1
     environment: dict[str, str | None] = field(default_factory=dict)  # `environment.describe()` where it was traced
+    settings: dict[str, dict[str, str]] = field(default_factory=dict)  # each side's `Trace.settings`
+    fixes: dict[str, SideFix] = field(default_factory=dict)  # what `--fix-nondeterminism` changed in each side
 
 
 @dataclass
@@ -94,6 +97,15 @@ class RunRecord:
     @property
     def model_file(self) -> Path:
         return Path(self.traced.model_file)
+
+    def settings_differ(self) -> list[SettingDifference]:
+        """The numerics settings (`Trace.settings`) both sides name and ran with different values of."""
+        reference, candidate = self.reference.settings, self.candidate.settings
+        return [
+            SettingDifference(name, reference[name], candidate[name])
+            for name in reference
+            if name in candidate and reference[name] != candidate[name]
+        ]
 
     def worst_output_error(self, outputs: dict[str, np.ndarray]) -> float:
         """The largest max_rel of `outputs` (keyed like the reference's outputs) against the reference's."""

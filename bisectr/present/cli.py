@@ -11,7 +11,7 @@ import sys
 import tempfile
 import threading
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn, Sequence
 
@@ -79,6 +79,12 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="search the backward pass too: both sides' gradients from one fixed random output gradient "
         "(or from reference_loss(outputs) / candidate_loss(outputs) where the model file defines them)",
+    )
+    parser.add_argument(
+        "--fix-nondeterminism",
+        action="store_true",
+        help="where a side does not repeat itself because its dropout is on or a random op is unseeded, put it "
+        "in eval mode or seed it before each run, trace again and search as usual (the report says so)",
     )
     _add_isolation_arguments(parser)
     for role in ("reference", "candidate"):
@@ -360,19 +366,29 @@ def _report_bug(exc: Exception) -> int:
 
 def _exit_status(result: Result | None) -> int:
     passes = [] if result is None else [result, result.backward]
-    return EXIT_DIVERGENT if any(r is not None and r.verdict == "divergent" for r in passes) else EXIT_OK
+    return EXIT_DIVERGENT if any(r is not None and r.verdict in FAILING for r in passes) else EXIT_OK
 
 
-def _search(run, console: Console, exhaustive: bool, quiet: bool, backward: bool):
-    if quiet:
-        return run.bisect(exhaustive=exhaustive, backward=backward, progress=lambda message: _interruption_point())
+FAILING = ("divergent", "nondeterministic")  # the verdicts of exit status 1
+
+
+def _search(run, console: Console, exhaustive: bool, quiet: bool, backward: bool, fix_nondeterminism: bool):
+    """`run` searched (with `fix_nondeterminism`, the run `steadied` returns): the run its result is in."""
+    from ..run import steadied
+
+    def search(run):
+        return run.bisect(exhaustive=exhaustive, backward=backward, progress=progress)
 
     def progress(message: str) -> None:
         _interruption_point()
-        status.update(message)
+        if status is not None:
+            status.update(message)
 
-    with console.status("searching") as status:
-        return run.bisect(exhaustive=exhaustive, backward=backward, progress=progress)
+    with nullcontext() if quiet else console.status("searching") as status:
+        if fix_nondeterminism:
+            return steadied(run, search)
+        search(run)
+        return run
 
 
 class _RecordingText:
@@ -436,7 +452,14 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
             )
         _interruption_point()
         if not args.stats_only:
-            _search(run, console, exhaustive=False, quiet=not console.is_terminal, backward=args.backward)
+            run = _search(
+                run,
+                console,
+                exhaustive=False,
+                quiet=not console.is_terminal,
+                backward=args.backward,
+                fix_nondeterminism=args.fix_nondeterminism,
+            )
         _interruption_point()
         run.save()  # traces, alignment and result land together: until here the previous run stays
         if args.report:
@@ -502,7 +525,8 @@ def run_bisect(args: argparse.Namespace, console: Console) -> int:
     status_console = Console(stderr=True)
     with _recording_status(status_console, args.model_file, quiet=args.json) as watch:
         run = trace(args.model_file, args.reference, args.candidate, watch=watch, **_trace_options(args))
-    searched = _search(run, status_console, args.exhaustive, quiet=args.json, backward=args.backward)
+    run = _search(run, status_console, args.exhaustive, args.json, args.backward, args.fix_nondeterminism)
+    searched = run.result
     result = searched.to_dict()
     if args.repro:
         from .repro import NoRepro, write_repro
@@ -622,7 +646,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
         from .writeup import write_training_report
 
         _written(lambda: write_training_report(result, args.model_file, args.report), args.report, Console(stderr=True))
-    return EXIT_DIVERGENT if result.verdict == "divergent" else EXIT_OK
+    return EXIT_DIVERGENT if result.verdict in FAILING else EXIT_OK
 
 
 def run_generate(args: argparse.Namespace, console: Console) -> int:
@@ -659,7 +683,7 @@ def run_generate(args: argparse.Namespace, console: Console) -> int:
         report.print_generation(console, result)  # still on the terminal when the TUI closes
         if "report" in document:
             console.print(f"report written: {', '.join(document['report'])}", highlight=False)
-    return EXIT_DIVERGENT if result.verdict == "divergent" else EXIT_OK
+    return EXIT_DIVERGENT if result.verdict in FAILING else EXIT_OK
 
 
 COMMANDS = {

@@ -20,6 +20,7 @@ from ..measure.result import (
     Float64Check,
     InCompiled,
     NonFinite,
+    Nondeterminism,
     NotBlamed,
     Placements,
     ProfileRow,
@@ -112,11 +113,13 @@ STYLES = {
     "match": "bold green",
     "noise": "bold yellow",
     "divergent": "bold red",
+    "nondeterministic": "bold magenta",
     "exact": "green",
     "different": "bold red",
     "unknown": "dim",
 }
 HEADLINE = {
+    "nondeterministic": "a side does not repeat itself: two of its runs differ",
     "divergent": "a semantic difference reaches the outputs",
     "noise": "the outputs differ only by rounding that some ops amplify",
     "match": "the outputs are equal within the tolerance",
@@ -133,13 +136,56 @@ def measured(result: Result) -> str:
     return "gradients" if result.pass_ == "backward" else "outputs"
 
 
+def settings_lines(result: Result) -> list[Line]:
+    """The settings that change numerics which the sides ran with different values of, and what
+    `--fix-nondeterminism` changed: said before any number."""
+    lines: list[Line] = [
+        [(f"settings differ: {d.name}: reference {d.reference}, candidate {d.candidate}", "warning")]
+        for d in result.settings
+    ]
+    lines += [[(f"fixed before recording: {change} (--fix-nondeterminism)", "warning")] for change in result.fixed]
+    return lines
+
+
+def moved_text(found: Nondeterminism) -> str:
+    """How the op's outputs moved between the side's two runs, and what it reads that made them."""
+    if found.difference is None:
+        moved = "the second run called another op there"
+    else:
+        moved = f"its outputs moved by at least {fmt(found.difference)} (relative)"
+    return f"between the runs {moved}" + (f"; it reads {found.reads}" if found.reads else "")
+
+
+def nondeterminism_lines(result: Result) -> list[Line]:
+    """For `nondeterministic`: for each side that does not repeat itself, the op where its two runs part,
+    why, and the fix."""
+    lines: list[Line] = []
+    for found in result.nondeterminism:
+        lines.append(
+            [
+                (f"the {found.side} does not repeat itself: first op that differs between two of its runs: ", ""),
+                (found.op.op, "bold"),
+            ]
+        )
+        lines.append([(f"  {found.side:9}  op {found.op.index:<5} ", ""), (found.op.module or "(top level)", "accent")])
+        if found.op.source:
+            lines.append(source_line(found.op.source))
+        lines.append([(f"  {moved_text(found)}", "")])
+        lines.append([("  cause: ", ""), (found.cause, "bold")])
+        lines.append([(f"  fix: {found.fix}", "")])
+        if found.fixable:
+            lines.append([("  (--fix-nondeterminism does this and searches as usual)", "muted")])
+    return lines
+
+
 def verdict_lines(result: Result) -> list[Line]:
-    """The verdict, the outputs' difference, where NaN/Inf start and the float64 check."""
+    """The settings that differ, the verdict, the outputs' difference, where NaN/Inf start and the float64 check."""
     error = result.output_error
     difference = "NaN/Inf" if result.nonfinite else f"{fmt(error.max_abs)} (relative {fmt(error.max_rel)})"
     unconfirmed = " (unconfirmed)" if result.unconfirmed else ""
     label = "backward verdict" if result.pass_ == "backward" else "verdict"
-    lines: list[Line] = [
+    lines: list[Line] = [] if result.pass_ == "backward" else settings_lines(result)
+    lines += [
         [
             (f"{label}: {result.verdict}", result.verdict),
             (unconfirmed, "warning"),
@@ -170,6 +216,8 @@ def verdict_lines(result: Result) -> list[Line]:
 def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> list[Line]:
     """The culprit on both sides with its source lines, the evidence, the confirmation, what was not
     blamed and (unconfirmed) the bracket. `listed` caps the recurrences and not-blamed items shown."""
+    if result.verdict == "nondeterministic":
+        return nondeterminism_lines(result)
     culprit = result.culprit
     lines: list[Line] = []
     backward = result.pass_ == "backward"
@@ -733,6 +781,11 @@ def training_lines(result: TrainingResult) -> list[Line]:
     steps = len(result.steps)
     if result.verdict == "divergent":
         head = f"training verdict: divergent at step {result.first_step} of {steps} (stage: {result.stage})"
+    elif result.verdict == "nondeterministic":
+        head = (
+            f"training verdict: nondeterministic: the sides part at step {result.first_step} of {steps}, and a side's "
+            "forward at the initial weights does not repeat itself"
+        )
     elif result.verdict == "noise":
         head = (
             f"training verdict: noise over {steps} steps: in float64 both sides agree at every step; "
@@ -758,9 +811,15 @@ def training_lines(result: TrainingResult) -> list[Line]:
         )
     elif culprit is not None:
         what = "first op whose backward differs" if result.stage == "backward" else "first semantic difference"
+        if result.verdict == "nondeterministic":
+            what = "first op that differs between two runs of the side"
         lines.append([(f"culprit ({what}): ", ""), (culprit.op, "bold")])
-        for role in ("candidate", "reference"):
+        sides = ("candidate", "reference")
+        if result.verdict == "nondeterministic":  # both sites are the op of the side named in the note
+            sides = ("candidate",)
+        for role in sides:
             site = getattr(culprit, role)
+            role = "" if result.verdict == "nondeterministic" else role
             lines.append(
                 [(f"  {role:9}  op {site.index:<5} {site.op:<28} ", ""), (site.module or "(top level)", "accent")]
             )
@@ -853,6 +912,11 @@ def generation_lines(result: GenerationResult) -> list[Line]:
             )
             entered += f" (the cache it writes differs; {later})"
         head = f"generation verdict: divergent {entered}, over {steps} steps (0: the prefill)"
+    elif result.verdict == "nondeterministic":
+        head = (
+            f"generation verdict: nondeterministic: step {result.culprit_step} differs, and inside it a side does not "
+            "repeat itself"
+        )
     elif result.verdict == "noise":
         head = (
             f"generation verdict: noise over {steps} steps (0: the prefill): in float64 both sides agree at every "

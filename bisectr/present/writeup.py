@@ -31,6 +31,7 @@ from .report import (
     fmt,
     fmt_amplification,
     measured,
+    moved_text,
     nonfinite_text,
     not_blamed_text,
     op_rows,
@@ -73,7 +74,7 @@ def _sections(run: RunRecord) -> tuple[list[str], list[str]]:
     """The Markdown sections: (what the run found, the environment and the note closing it)."""
     result = run.result
     model = Path(run.traced.model_file).name
-    findings = [f"## bisectr: {result.verdict if result else 'traced'} in `{model}`", _sides(run)]
+    findings = [f"## bisectr: {result.verdict if result else 'traced'} in `{model}`", _settings(result), _sides(run)]
     if result is None:
         findings.append("This run holds no search result (traced with `--stats-only`, or not searched yet).")
     else:
@@ -122,7 +123,9 @@ def _pass(run: RunRecord, result: Result) -> list[str]:
         if text:
             verdict.append(_escape(text))
     parts = ["\n\n".join(verdict)]
-    if result.culprit is not None:
+    if result.verdict == "nondeterministic":
+        parts.append(_not_repeated(result))
+    elif result.culprit is not None:
         parts += [_culprit(run, result), _evidence(run, result)]
     parts += [_recurrences(result), _different_leaves(result)]
     if result.bracket is not None:
@@ -130,6 +133,53 @@ def _pass(run: RunRecord, result: Result) -> list[str]:
             "### Where the difference enters\n\n```text\n" + "\n".join(bracket_lines(result.bracket)) + "\n```"
         )
     return parts
+
+
+def _settings(result: Result | None) -> str:
+    """The settings that change numerics which the sides ran with different values of, and what
+    `--fix-nondeterminism` changed: before any number."""
+    if result is None or not (result.settings or result.fixed):
+        return ""
+    parts = []
+    if result.settings:
+        rows = [(d.name, f"`{d.reference}`", f"`{d.candidate}`") for d in result.settings]
+        parts.append(
+            "### Settings that differ\n\nThe sides ran with different settings that change numerics:\n\n"
+            + _table(("setting", "reference", "candidate"), rows)
+        )
+    if result.fixed:
+        parts.append(
+            "### Fixed before recording\n\n`--fix-nondeterminism` changed the sides before they were recorded:\n\n"
+            + "\n".join(f"- {_escape(change)}" for change in result.fixed)
+        )
+    return "\n\n".join(parts)
+
+
+def _not_repeated(result: Result) -> str:
+    parts = []
+    for found in result.nondeterminism:
+        rows = [
+            (
+                found.side,
+                f"{found.op.index} `{found.op.op}`",
+                f"`{found.op.module or '(top level)'}`",
+                f"`{short_source(found.op.source)}`" if found.op.source else "",
+            )
+        ]
+        parts += [
+            f"### The {found.side} does not repeat itself\n\nThe first op that differs between two of its runs:",
+            _table(("side", "op", "module", "source"), rows),
+            _context(found.op.source),
+            "\n".join(
+                f"- {_escape(item)}"
+                for item in (
+                    moved_text(found),
+                    f"cause: {found.cause}",
+                    f"fix: {found.fix}",
+                )
+            ),
+        ]
+    return "\n\n".join(part for part in parts if part)
 
 
 def _culprit(run: RunRecord, result: Result) -> str:
@@ -249,7 +299,22 @@ def _different_leaves(result: Result) -> str:
 def _environment(run: RunRecord) -> str:
     if not run.traced.environment:
         return "### Environment\n\nnot recorded (a run written by an earlier bisectr)"
-    return _environment_table(run.traced.environment)
+    return _environment_table(run.traced.environment) + _settings_table(run)
+
+
+def _settings_table(run: RunRecord) -> str:
+    """Each side's settings that change numerics, as it ran."""
+    reference, candidate = run.reference.settings, run.candidate.settings
+    names = list(dict.fromkeys([*reference, *candidate]))
+    if not names:
+        return ""
+    rows = [
+        (name, f"`{reference[name]}`" if name in reference else "", f"`{candidate[name]}`" if name in candidate else "")
+        for name in names
+    ]
+    return "\n\nSettings that change numerics, as each side ran:\n\n" + _table(
+        ("setting", "reference", "candidate"), rows
+    )
 
 
 def _environment_table(found: dict[str, str | None]) -> str:

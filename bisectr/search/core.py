@@ -50,6 +50,7 @@ from ..measure.result import (
     Cut,
     Float64Check,
     NonFinite,
+    Nondeterminism,
     NotBlamed,
     OpCounts,
     OpSite,
@@ -179,6 +180,7 @@ class PassRules(ABC):
         self.live = live
         self.searched: list[SearchPass] = []  # every search made, whose re-runs the result counts
         self.output_error: OutputError | None = None  # what `start` returned
+        self.unrepeated: list[Nondeterminism] = []  # the sides `start` found do not repeat themselves
 
     @property
     def run(self) -> RunRecord:
@@ -249,6 +251,26 @@ class PassRules(ABC):
         return None
 
 
+def _unrepeated_culprit(run: RunRecord, found: Nondeterminism) -> Culprit:
+    """The culprit of a `nondeterministic` result: the op where the side's two runs part, as both sites."""
+    op = run.traces[found.side].ops[found.op.index]
+    return Culprit(
+        "op",
+        op.op,
+        found.op,
+        found.op,
+        None,
+        None,
+        found.difference,
+        found.difference,
+        None,
+        None,
+        None,
+        "different",
+        None,
+    )
+
+
 def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -> Result:
     """Decide one pass: `match` within `tolerance`, a cause the pass names before searching, else the
     cut search's verdict, culprit, confirmation and bracket. The only place a `Result` is made."""
@@ -268,8 +290,17 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
             fp64_check=float64,
             profile=rules.profile(),
             pass_=rules.name,
-            leaves=None if verdict == "match" else rules.leaves,
+            leaves=None if verdict in ("match", "nondeterministic") else rules.leaves,
+            settings=run.settings_differ(),
+            fixed=[f"{role}: {change}" for role, fix in run.traced.fixes.items() for change in fix.described()],
             **{"culprit": None, **rules.result_fields(), **found},
+        )
+
+    if rules.unrepeated:
+        return result(
+            "nondeterministic",
+            culprit=_unrepeated_culprit(run, rules.unrepeated[0]),
+            nondeterminism=rules.unrepeated,
         )
 
     def obvious_cause(search: SearchPass) -> Decided | None:

@@ -33,6 +33,8 @@ from .compiled import in_compiled
 from ..measure.align import Block, LeafPairing, code_place, handed_on, settle_layouts
 from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, external_inputs, rewired_input
 from ..errors import TraceMismatchError
+from ..sides.runner import RerunByCode
+from .repeat import not_repeated
 from ..measure.leaves import leaf_causes, pair_leaves, reference_values
 from ..measure.numerics import NOISE_REACH_FRACTION, REACH_FRACTION, coarsest_dtype, confirms, noise_floor
 from .nonfinite import NonFiniteStart, nonfinite_culprit, nonfinite_start, nonfinite_summary
@@ -49,6 +51,7 @@ from ..measure.result import (
     Culprit,
     Float64Check,
     NonFinite,
+    Nondeterminism,
     Placements,
     ProfileRow,
     Recurrence,
@@ -288,7 +291,7 @@ class ForwardRules(PassRules):
 
     def start(self) -> OutputError:
         self.live.say("re-running each side unpatched" + (" (and keeping its layer outputs)" if self.windowed else ""))
-        check_reproducible(
+        self.unrepeated = check_reproducible(
             self.live, {role: boundaries(self.run.traces[role]) for role in SIDES} if self.windowed else {}
         )
         return self.run.output_error()
@@ -432,24 +435,36 @@ def _differing_leaves(search: ForwardPass, error: ErrorToExplain, tested: set[tu
     return None
 
 
-def check_reproducible(live: LiveRun, keep: dict[str, set[int]] | None = None) -> None:
-    """Refuse a model whose unpatched re-run does not reproduce its recording: a random
-    difference (dropout in training mode, random ops) is neither a bug nor rounding. The values of
-    the op outputs `keep` (role -> tids) names that the run lacks are kept (`Trace.fetched`)."""
+def check_reproducible(live: LiveRun, keep: dict[str, set[int]] | None = None) -> list[Nondeterminism]:
+    """Each side re-run unpatched must reproduce its recording: a random difference (dropout in training
+    mode, random ops) is neither a bug nor rounding. Returns where and why each side that does not
+    repeat itself parts from its recording (`bisectr.search.repeat`). The values of the op outputs `keep`
+    (role -> tids) names that the run lacks are kept (`Trace.fetched`)."""
     run = live.run
+    unrepeated = []
     for role in SIDES:
         trace = run.traces[role]
         wanted = missing(trace, (keep or {}).get(role, ()))
         try:
             trace.fetched.update(live.rerun(role, {}, wanted).captured)
-        except TraceMismatchError as exc:
-            raise TraceMismatchError(
-                f"{run.model_file}: the {role} side does not reproduce its own outputs when run "
-                f"twice, so no verdict can be given: {exc} If the model has dropout, put it in "
-                "eval mode (model.eval()) in the model file."
-            ) from None
-    if keep:
+        except TraceMismatchError:
+            live.say(f"recording the {role} again: its re-run departed from its recording")
+            found = not_repeated(live, role)
+            if found is not None:
+                unrepeated.append(found)
+                continue
+            # Its code repeats itself, its recorded calls do not (a forward that seeds its own generator).
+            live.ask(role, RerunByCode())
+            try:
+                trace.fetched.update(live.rerun(role, {}, wanted).captured)
+            except TraceMismatchError as exc:
+                raise TraceMismatchError(
+                    f"{run.model_file}: the {role} side's re-run does not reproduce its outputs, though its "
+                    f"model's code does when recorded twice, so no verdict can be given: {exc}"
+                ) from None
+    if keep and not unrepeated:
         settle_layouts(run.reference, run.candidate, run.alignment)
+    return unrepeated
 
 
 def entry_region(

@@ -39,6 +39,7 @@ from .runner import (
     Float64Outputs,
     LeafValue,
     LocalSide,
+    RecordAgain,
     RecordedCall,
     Replay,
     ReplayVJP,
@@ -355,4 +356,6 @@ def doing(request: Request) -> str:
             return f"describing op {index}"
         case LeafValue(tid):
             return f"reading tensor {tid} from the model"
+        case RecordAgain():
+            return "recording again"
     return type(request).__name__

@@ -28,8 +28,9 @@ from ..engines.patched import RerunResult, rerun
 from ..engines.training import StepFacts, Trainer
 from ..engines.values import replay
 from ..errors import ModelFileError, UnreadableTensorError, UnrecordedOutputError
-from ..capture.modelfile import BuiltSide, intercepted_forward, load_module, module_name
-from ..capture.recording import RecordOptions, Recorder, output_pairs
+from ..capture.modelfile import BuiltSide, SideFix, intercepted_forward, load_module, module_name
+from ..capture.ops import UNINITIALISED
+from ..capture.recording import RecordOptions, Recorder, output_pairs, poison_for
 from ..capture.store import TensorWriter
 from ..capture.trace import TensorInfo, Trace, is_floating
 from ..leafref import leaf_kind
@@ -164,6 +165,35 @@ class OpenStep:
     tokens: list[np.ndarray]
 
 
+@dataclass
+class RecordAgain:
+    """The forward recorded once more, statistics only and its uninitialised memory poisoned as a re-run's is
+    (`recording.poison_for`), the recording that re-runs follow left as it is (`bisectr.search.repeat`). -> `Trace`"""
+
+
+@dataclass
+class DrawsRandom:
+    """Op `index` replayed twice on `values` (tid -> array, as `Replay`) with the framework's random
+    generators seeded alike: do its outputs repeat (it draws from them), and is the module calling it
+    in training mode? -> (bool, bool)"""
+
+    index: int
+    values: dict[int, np.ndarray]
+
+
+@dataclass
+class RerunByCode:
+    """From now on re-run the model's own code, not its recorded calls: its forward repeats itself only as a
+    whole (it seeds its own generator). -> None"""
+
+
+@dataclass
+class Fix:
+    """Make `fix`'s changes to the side, before it is recorded (`--fix-nondeterminism`). -> None"""
+
+    fix: SideFix
+
+
 Request = (
     Rerun
     | Replay
@@ -178,6 +208,10 @@ Request = (
     | TrainerSettings
     | DecodeStep
     | OpenStep
+    | RecordAgain
+    | DrawsRandom
+    | RerunByCode
+    | Fix
     | OpenCompiled
     | CloseCompiled
     | CompiledQuestion
@@ -341,6 +375,27 @@ class LocalSide:
         self.side = decoder.step_side(request.tokens[request.number - 1] if request.number else None)
         self.trace, self.recorded = None, RecordedCalls()
 
+    def _record_again(self, request: RecordAgain) -> Trace:
+        poisons = {
+            op.index: poison_for(self.trace.tensors[op.outputs[0]]) for op in self.trace.ops if op.op in UNINITIALISED
+        }
+        return record_side(self.side, None, RecordOptions(store_values=False, poison=poisons))[0]
+
+    def _draws_random(self, request: DrawsRandom) -> tuple[bool, bool]:
+        adapter = self.side.adapter
+        runs = []
+        for _ in range(2):
+            adapter.seed(0)
+            runs.append(replay(adapter, self.trace, self.recorded, [request.index], request.values))
+        repeats = all(np.array_equal(runs[0][tid], runs[1][tid], equal_nan=True) for tid in runs[0])
+        return repeats, adapter.in_training(self.side.model, self.trace.ops[request.index].module)
+
+    def _rerun_by_code(self, request: RerunByCode) -> None:
+        self.recorded.faithful = False
+
+    def _fix(self, request: Fix) -> None:
+        self.side.apply(request.fix)
+
     def _open_compiled(self, request: OpenCompiled) -> tuple[str, float] | None:
         self.compiled = probe_compiled(self.side.adapter, self.trace, self.recorded, request.index, request.values)
         return None if self.compiled is None else (self.compiled.backend, self.compiled.rounding())
@@ -373,6 +428,10 @@ class LocalSide:
         TrainerSettings: _trainer_settings,
         DecodeStep: _decode_step,
         OpenStep: _open_step,
+        RecordAgain: _record_again,
+        DrawsRandom: _draws_random,
+        RerunByCode: _rerun_by_code,
+        Fix: _fix,
         OpenCompiled: _open_compiled,
         CloseCompiled: _close_compiled,
         **dict.fromkeys(CompiledQuestion.__subclasses__(), _compiled_question),

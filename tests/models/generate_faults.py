@@ -10,6 +10,8 @@ logits off the running mean of the cache. Prompt: input_ids (2, 4) from `default
 - `candidate_other_vocab()`: 48 logits per position instead of 32.
 - `candidate_other_prompt()`: other token ids (another tokenizer).
 - `candidate_short_positions()`: a model whose config holds 6 positions (the prompt's 4 and 4 generated need 8).
+- `candidate_dropout()`: the same model with `Dropout(0.2)` on the states before the logits, in train mode
+  (`nondeterministic`, exit 1: the step searched finds the candidate does not repeat itself).
 - `candidate_raises()`: raises ValueError at its third call, decoding step 2 (the float64 copy bisectr decodes
   beside it counts its own calls).
 """
@@ -95,3 +97,16 @@ def candidate_short_positions():
 
 def candidate_raises():
     return Raises().eval(), _prompt()
+
+
+class DropoutLM(TinyLM):
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.2)
+
+    def logits(self, states):
+        return super().logits(self.drop(states))
+
+
+def candidate_dropout():
+    return DropoutLM().train(), reference()[1]

@@ -1,7 +1,7 @@
 """A paddle model left in training mode: dropout changes every run, so re-runs cannot follow the recording.
 
-Both sides are the same seeded `paddle.nn.Sequential(Linear, Dropout(0.5), Linear)` in train mode.
-bisectr should refuse it (exit 2, nondeterministic model) before any verdict.
+Both sides are the same seeded `paddle.nn.Sequential(Linear, Dropout(0.5), Linear)` in train mode:
+`nondeterministic` on both sides, at the dropout (exit 1).
 """
 
 

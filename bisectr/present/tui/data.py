@@ -34,6 +34,7 @@ SEVERITY = {"different": 5, "noise": 4, "unknown": 3, "unaligned": 2, "block": 1
 VERDICT_VARIABLE = {
     "different": "text-error",
     "divergent": "text-error",
+    "nondeterministic": "text-error",
     "noise": "text-warning",
     "exact": "text-success",
     "match": "text-success",
@@ -257,8 +258,11 @@ class RunData:
 
     @property
     def culprit_index(self) -> int | None:
+        """The candidate op the culprit is (None where the reference does not repeat itself: its op is the culprit)."""
         culprit = self.result.culprit if self.result else None
-        return culprit.candidate.index if culprit else None
+        if culprit is None or any(found.side == "reference" for found in self.result.nondeterminism[:1]):
+            return None
+        return culprit.candidate.index
 
     @property
     def verdict(self) -> str | None:
