@@ -20,8 +20,10 @@ no mutant. Every checked mutant then counts: one bisectr cannot localize is
 a miss, never an exclusion.
 
 A mutant is right when `bisect` says `divergent`, its culprit is at the planted site (the changed parameter as
-the culprit leaf, or an op of the changed module) and the confirmation holds; a control is right when it is
-`noise` or `match`. Printed: right by family and by operator, `noise` on any mutant, `divergent` on any
+the culprit leaf, or an op of the changed module) and the confirmation holds; a mutant of a `repeat` operator
+(a candidate that does not repeat itself: dropout left on, unseeded noise, memory read uninitialised, a
+shuffle) when it says `nondeterministic` at an op of the changed module with the operator's cause; a control
+is right when it is `noise` or `match`. Printed: right by family and by operator, `noise` on any mutant, `divergent` on any
 control, and re-runs against ceil(log2 ops) + 3. Exit status 1 when a case is wrong.
 
 `--sample N` runs a stratified sample of N cases (every operator and every family at least once, with the
@@ -98,6 +100,7 @@ class Row:
     expected_module: str | None = None
     expected_leaf: str | None = None
     expected_aten: str | None = None
+    expected_cause: str | None = None  # a `repeat` operator's: the candidate does not repeat itself, and why
     rounding: float | None = None  # relative: the pair's float32 rounding
     float64_error: float | None = None  # relative: the mutant's outputs against the reference's, both in float64
     excluded: str | None = None  # why the case is no mutant (invisible, not deterministic)
@@ -123,7 +126,7 @@ FORM_KINDS = {
     "sp": ("weight",),
     "decode": ("decode",),
 }
-OTHER_KINDS = ("weight", "op")
+OTHER_KINDS = ("weight", "op", "repeat")
 
 
 def plant(families: list[str], operators: list[str], sites: int, seed: int, forms: list[str]) -> list[Case]:
@@ -245,13 +248,14 @@ def check(case: Case, row: Row) -> None:
             site.leaf,
             site.aten,
         )
+        row.expected_cause = OPERATORS[case.operator].cause
         if case.form == "paddle":
             row.expected_module, row.expected_leaf = (
                 ported_name(case.family, site.module),
                 ported_name(case.family, site.leaf),
             )
-    if case.is_control or OPERATORS[case.operator].kind == "tp":  # a plan's mistake shows on the ranks only: `judge`
-        return
+    if case.is_control or OPERATORS[case.operator].kind in ("tp", "repeat"):
+        return  # a plan's mistake shows on the ranks only (`judge`); a mutant that does not repeat itself counts as it is
     first = _outputs(candidate, inputs)
     if not torch.equal(first, _outputs(candidate, inputs)):
         row.excluded = "not deterministic"
@@ -314,6 +318,16 @@ def judge(row: Row, result: dict) -> None:
             or bool(compiled)
             and _under(compiled.get("module") or "", row.expected_module)
         )
+    if row.expected_cause is not None:  # the candidate does not repeat itself
+        found = (result.get("nondeterminism") or [{}])[0]
+        if row.verdict != "nondeterministic":
+            row.problem = f"{row.verdict} where the candidate does not repeat itself"
+        elif not at_site:
+            row.problem = "runs part elsewhere"
+        elif found.get("cause") != row.expected_cause:
+            row.problem = f"cause {found.get('cause')}, not {row.expected_cause}"
+        row.right = row.problem is None
+        return
     if row.verdict != "divergent":
         row.problem = f"{row.verdict} on a mutant"
     elif not at_site:
@@ -353,7 +367,7 @@ def evaluate(key: str) -> dict:
                     run = bisectr.trace(MODEL_FILE, out=Path(out) / "run")
                 result = run.bisect().to_dict()
                 judge(row, result)
-                if row.site is not None and row.float64_error is None:
+                if row.site is not None and row.float64_error is None and row.expected_cause is None:
                     _checked_by_the_search(row, result)
     except Exception as exc:  # a crash or a refusal is a wrong answer, never an exclusion
         row.problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"

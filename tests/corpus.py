@@ -60,6 +60,7 @@ CORPUS = [
     Pair("examples/cube_root_fp64.py", verdict="divergent", module=""),
     Pair("examples/deep_stack.py"),
     Pair("examples/dropout_left_on.py", verdict="nondeterministic", module="blocks.0.drop"),
+    Pair("examples/dropout_left_on.py", "candidate_downscale", verdict="divergent", module="blocks.0.drop"),
     Pair("examples/mask_fill.py"),
     Pair("examples/op_substitution.py"),
     Pair("examples/paddle_vs_paddle.py"),

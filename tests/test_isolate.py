@@ -65,9 +65,16 @@ def test_isolated_recording_writes_the_same_run_directory(tmp_path):
     ]
     ids = [run.run_id.encode() for run in runs]  # each file names its own run
     for side in ("reference", "candidate"):
-        for name in ("trace.json", "tensors.bin"):
-            written = [(run.run_dir / side / name).read_bytes() for run in runs]
-            assert written[0].replace(ids[0], ids[1]) == written[1], f"{side}/{name}"
+        written = [(run.run_dir / side / "tensors.bin").read_bytes() for run in runs]
+        assert written[0] == written[1], f"{side}/tensors.bin"
+        traces = [
+            json.loads((run.run_dir / side / "trace.json").read_bytes().replace(id_, ids[1]))
+            for run, id_ in zip(runs, ids)
+        ]
+        # The settings are each process's own (its thread count may differ): the same names, recorded in both.
+        settings = [trace.pop("settings") for trace in traces]
+        assert traces[0] == traces[1], f"{side}/trace.json"
+        assert settings[0].keys() == settings[1].keys() and settings[0]
 
 
 PID_MODEL = """

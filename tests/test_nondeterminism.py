@@ -53,7 +53,9 @@ FIXES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(
+    "case", [pytest.param(name, marks=[pytest.mark.once] if CASES[name][0] == TORCH else []) for name in CASES]
+)
 def test_each_source_of_difference_between_runs_is_named_at_its_op_with_cause_and_fix(case):
     model, reference, candidate, side, op, module, tag, cause, fixable = CASES[case]
     result = bisectr.bisect(model, reference, candidate)
@@ -100,6 +102,7 @@ def test_a_deterministic_pair_is_searched_as_before():
         assert (result.verdict, result.nondeterminism, result.fixed) == ("match", [], [])
 
 
+@pytest.mark.once  # torch alone
 def test_a_side_compared_with_itself_is_checked_on_both_sides():
     result = bisectr.bisect(TORCH, "reference_dropout", "reference_dropout")
     assert result.verdict == "nondeterministic"
@@ -143,6 +146,7 @@ def test_fix_nondeterminism_puts_dropout_off_and_the_usual_search_names_the_bug(
     assert (clean.verdict, clean.fixed) == ("match", ["candidate: model put in eval mode (dropout off)"])
 
 
+@pytest.mark.once  # torch alone
 def test_fix_nondeterminism_seeds_an_unseeded_random_op_and_the_search_names_it():
     """Seeded, the noise repeats itself, and it is what the candidate computes that the reference does not."""
     result = bisectr.bisect(TORCH, candidate="candidate_noise", fix_nondeterminism=True)
@@ -151,17 +155,20 @@ def test_fix_nondeterminism_seeds_an_unseeded_random_op_and_the_search_names_it(
     assert result.culprit.candidate.source == f"{TORCH}:{line_of(TORCH, '# @noise')}"
 
 
+@pytest.mark.once  # torch alone
 def test_a_forward_that_seeds_itself_is_re_run_by_its_code_and_searched():
     result = bisectr.bisect(TORCH, candidate="candidate_seeded_noise")
     assert result.verdict == "divergent" and result.confirmation.confirmed
     assert result.culprit.candidate.source == f"{TORCH}:{line_of(TORCH, '# @seeded')}"
 
 
+@pytest.mark.once  # torch alone
 def test_fix_nondeterminism_leaves_what_it_cannot_fix_to_the_user():
     result = bisectr.bisect(TORCH, candidate="candidate_uninitialised", fix_nondeterminism=True)
     assert (result.verdict, result.fixed) == ("nondeterministic", [])
 
 
+@pytest.mark.once  # torch alone
 def test_memory_left_uninitialised_is_poisoned_beyond_what_it_held_in_every_later_run(tmp_path):
     """Whatever the recording read there (an earlier run's poison among it), a re-run and a second recording fill
     it with a power of two beyond it: the read departs at once."""
@@ -169,7 +176,7 @@ def test_memory_left_uninitialised_is_poisoned_beyond_what_it_held_in_every_late
     [empty] = [op for op in run.candidate.ops if op.op == "empty"]
     recorded = run.candidate.tensors[empty.outputs[0]].stats
     again = run.live.ask("candidate", RecordAgain()).tensors[empty.outputs[0]].stats
-    assert again.min == again.max >= 4096 and again.max > 2 * recorded.absmax
+    assert again.min == again.max >= 4096 and again.max > recorded.absmax
     with pytest.raises(TraceMismatchError, match=r"departed from its recording at op (6|8) "):
         run.live.ask("candidate", Rerun({}))
 
@@ -215,6 +222,7 @@ def torch_settings_restored():
     torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
+@pytest.mark.once  # torch alone
 def test_each_sides_settings_are_in_the_saved_run(tmp_path, torch_settings_restored):
     run = bisectr.trace(TORCH, "reference_threads", "candidate_threads", out=tmp_path / "run")
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
@@ -226,12 +234,14 @@ def test_each_sides_settings_are_in_the_saved_run(tmp_path, torch_settings_resto
     )
 
 
+@pytest.mark.once  # torch alone
 def test_train_answers_nondeterministic_where_its_first_step_search_finds_a_side_that_does_not_repeat():
     result = bisectr.train(TORCH, candidate="candidate_dropout", steps=2)
     assert (result.verdict, result.first_step, result.stage) == ("nondeterministic", 1, "forward")
     assert result.culprit.candidate.module == "blocks.0.drop" and "model.eval()" in result.note
 
 
+@pytest.mark.once  # torch alone
 def test_generate_answers_nondeterministic_where_the_step_search_finds_a_side_that_does_not_repeat(tmp_path):
     done = _cli(
         "generate", str(MODELS / "generate_faults.py"), "--candidate", "candidate_dropout", "--tokens", "2", "--json"
@@ -252,6 +262,7 @@ def test_a_side_in_a_worker_process_is_recorded_again_and_fixed_there():
     assert (fixed.verdict, fixed.fixed) == ("divergent", ["candidate: model put in eval mode (dropout off)"])
 
 
+@pytest.mark.once  # torch alone
 def test_trace_saves_the_run_it_traced_again_with_what_it_fixed(tmp_path):
     done = _cli(
         "trace", str(TORCH), "--candidate", "candidate_dropout", "--no-tui", "-o", str(tmp_path / "run"),

@@ -23,6 +23,9 @@ it changed, or raises `NotApplicable` when the family has no such site. Two kind
   decomposition registered for one aten op (every use of it in the compiled graph goes through it; eager
   code never does), or a branch only compiled code takes (`torch.compiler.is_compiling()`) in one module.
   The site is the aten op (`Site.aten`), or the module.
+- `repeat` operators make the candidate not repeat itself, in one module's output: dropout left on, unseeded
+  noise added, the output copied into part of a `torch.empty` buffer that is then read whole, its positions
+  shuffled by `torch.randperm`. The site is the module; `Operator.cause` is what bisectr must say.
 - `decode` operators are mistakes in a port's greedy decoding loop (the `decode` form, `decoding.py`), from a
   decode step drawn at random on: the position id stuck (the rotary offset not advanced), the new token
   masked from itself, one layer's cache written with keys and values swapped. The site is the loop's positions or mask module, or
@@ -62,8 +65,9 @@ class Site:
 @dataclass(frozen=True)
 class Operator:
     name: str
-    kind: Literal["weight", "op", "widen", "tp", "compile", "decode"]
+    kind: Literal["weight", "op", "widen", "tp", "compile", "decode", "repeat"]
     apply: Callable[[object, random.Random], Site]
+    cause: str | None = None  # a `repeat` operator's: the cause bisectr must name
 
 
 def _layer(name: str) -> int | None:
@@ -370,6 +374,53 @@ def extra_scale(model, rng):
                                and not re.search(r"\.(self|output)$", n)))
     _wrap_output(model.get_submodule(name), HEAD_DIM ** 0.25)
     return Site(name, None, f"{name}: output x {HEAD_DIM ** 0.25:g}")
+
+
+def _changed_output_forward(self, *args, **kwargs):
+    out = type(self).forward(self, *args, **kwargs)
+    if isinstance(out, tuple):
+        return (self.mutant_change(out[0]), *out[1:])
+    return self.mutant_change(out)
+
+
+def _dropped(x):
+    import torch
+
+    return torch.nn.functional.dropout(x, 0.1, training=True)
+
+
+def _noisy(x):
+    import torch
+
+    return x + 0.01 * torch.randn_like(x)
+
+
+def _half_uninitialised(x):
+    import torch
+
+    buffer = torch.empty_like(x)
+    buffer[..., : x.shape[-1] // 2] = x[..., : x.shape[-1] // 2]
+    return buffer * 1.0
+
+
+def _shuffled(x):
+    import torch
+
+    return x[:, torch.randperm(x.shape[1])] if x.dim() > 1 else x[torch.randperm(x.shape[0])]
+
+
+def _output_changed(change: Callable, what: str):
+    """A `repeat` operator: the output of an attention or MLP block drawn at random goes through `change`."""
+
+    def apply(model, rng):
+        name = _pick(rng, _modules(model, lambda n, m: re.search(r"(attention|attn|mixer|mlp|feed_forward)$", n)
+                                   is not None and not re.search(r"\.(self|output)$", n)))
+        module = model.get_submodule(name)
+        module.mutant_change = change
+        module.forward = types.MethodType(_changed_output_forward, module)
+        return Site(name, None, f"{name}: {what}")
+
+    return apply
 
 
 def _residual_scaled_forward(self, hidden_states, *args, **kwargs):
@@ -693,6 +744,11 @@ OPERATORS = {operator.name: operator for operator in [
     Operator("head_gathered_interleaved", "tp", head_gathered_interleaved),
     Operator("fused_sharded_as_stored", "tp", fused_sharded_as_stored),
     Operator("compiled_branch", "compile", compiled_branch),
+    Operator("dropout_left_on", "repeat", _output_changed(_dropped, "dropout(0.1) on its output, on"), "random"),
+    Operator("unseeded_noise", "repeat", _output_changed(_noisy, "unseeded noise added to its output"), "random"),
+    Operator("uninitialised_read", "repeat", _output_changed(_half_uninitialised, "half its output left in torch.empty memory"),
+             "uninitialized"),
+    Operator("shuffled", "repeat", _output_changed(_shuffled, "its output's positions shuffled by randperm"), "random"),
     Operator("positions_stuck", "decode", positions_stuck),
     Operator("self_blocked", "decode", self_blocked),
     Operator("cache_kv_swapped", "decode", cache_kv_swapped),

@@ -284,13 +284,18 @@ def live_fingerprint(adapter: Tensors, tensor: Any) -> list[float]:
 
 
 def rerun_recorded(
-    adapter: Adapter, trace: Trace, recorded: RecordedCalls, patches: dict[int, Any], capture: Iterable[int] = ()
+    adapter: Adapter,
+    trace: Trace,
+    recorded: RecordedCalls,
+    patches: dict[int, Any],
+    capture: Iterable[int] = (),
+    every_op: bool = False,
 ) -> RerunResult:
-    """What `PatchedRerun` computes for the same patches, by executing the recorded calls
-    (`PatchedInterpreter`); where a value no patch reached departs from the recording, run again checking
-    every op, to name the first op that departs."""
+    """What `PatchedRerun` computes for the same patches (which checks every op), by executing the recorded
+    calls (`PatchedInterpreter`, checking every op with `every_op`); where a value no patch reached departs
+    from the recording, run again checking every op, to name the first op that departs."""
     try:
-        return PatchedInterpreter(adapter, trace, recorded, patches, capture, check_every_op=False).result()
+        return PatchedInterpreter(adapter, trace, recorded, patches, capture, check_every_op=every_op).result()
     except TraceMismatchError as departed:
         PatchedInterpreter(adapter, trace, recorded, patches, capture, check_every_op=True).result()
         raise departed
@@ -424,15 +429,16 @@ def rerun(
     recorded: RecordedCalls,
     patches: dict[int, Any],
     capture: frozenset[int] = frozenset(),
+    every_op: bool = False,
 ) -> RerunResult:
     """The forward again with `patches`: the recorded calls executed (`rerun_recorded`: the same results,
-    several times faster, and only the ops a cut leaves to compute) where they can stand in for the model
-    (see `RecordedCalls.replayable`), and the model's own code otherwise (`rerun_model`), also once the
-    recorded calls turn out not to stand in (autocast), and for a side seeded before each run (`BuiltSide.seed`),
-    whose random ops draw what they drew only in the model's own run."""
+    several times faster, and only the ops a cut leaves to compute; checking every op with `every_op`) where
+    they can stand in for the model (see `RecordedCalls.replayable`), and the model's own code otherwise
+    (`rerun_model`), also once the recorded calls turn out not to stand in (autocast), and for a side seeded
+    before each run (`BuiltSide.seed`), whose random ops draw what they drew only in the model's own run."""
     if side.seed is None and recorded.replayable(side.adapter):
         try:
-            return rerun_recorded(side.adapter, trace, recorded, patches, capture)
+            return rerun_recorded(side.adapter, trace, recorded, patches, capture, every_op)
         except UnfaithfulReplay:
             recorded.faithful = False
     return rerun_model(side, trace, patches, capture)

@@ -34,9 +34,12 @@ class LiveRun:
         """One side's answer to a request (see `bisectr.sides.runner`)."""
         return self.runners[role].run(request)
 
-    def rerun(self, role: str, patches: dict[int, Any], capture: frozenset[int] = frozenset()) -> RerunResult:
-        """One side's model re-run with `patches` (tid -> values), keeping the values of `capture`."""
-        return self.ask(role, Rerun(patches, capture))
+    def rerun(
+        self, role: str, patches: dict[int, Any], capture: frozenset[int] = frozenset(), every_op: bool = False
+    ) -> RerunResult:
+        """One side's model re-run with `patches` (tid -> values), keeping the values of `capture` (`every_op`:
+        see `Rerun`)."""
+        return self.ask(role, Rerun(patches, capture, every_op))
 
     def replay(
         self, role: str, indices: list[int], values: dict[int, np.ndarray], float64: bool = False

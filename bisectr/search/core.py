@@ -253,21 +253,21 @@ class PassRules(ABC):
 
 def _unrepeated_culprit(run: RunRecord, found: Nondeterminism) -> Culprit:
     """The culprit of a `nondeterministic` result: the op where the side's two runs part, as both sites."""
-    op = run.traces[found.side].ops[found.op.index]
+    moved = found.difference
     return Culprit(
-        "op",
-        op.op,
-        found.op,
-        found.op,
-        None,
-        None,
-        found.difference,
-        found.difference,
-        None,
-        None,
-        None,
-        "different",
-        None,
+        kind="op",
+        op=run.traces[found.side].ops[found.op.index].op,
+        candidate=found.op,
+        reference=found.op,
+        leaf=None,
+        input_error=None,
+        output_error=moved,
+        output_error_rel=moved,
+        input_error_rel=None,
+        local_error=None,
+        amplification=None,
+        verdict="different",
+        fp64=None,
     )
 
 

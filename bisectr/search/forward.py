@@ -436,8 +436,8 @@ def _differing_leaves(search: ForwardPass, error: ErrorToExplain, tested: set[tu
 
 
 def check_reproducible(live: LiveRun, keep: dict[str, set[int]] | None = None) -> list[Nondeterminism]:
-    """Each side re-run unpatched must reproduce its recording: a random difference (dropout in training
-    mode, random ops) is neither a bug nor rounding. Returns where and why each side that does not
+    """Each side re-run unpatched must reproduce its recording at every op: a random difference (dropout in
+    training mode, random ops) is neither a bug nor rounding. Returns where and why each side that does not
     repeat itself parts from its recording (`bisectr.search.repeat`). The values of the op outputs `keep`
     (role -> tids) names that the run lacks are kept (`Trace.fetched`)."""
     run = live.run
@@ -446,7 +446,7 @@ def check_reproducible(live: LiveRun, keep: dict[str, set[int]] | None = None) -
         trace = run.traces[role]
         wanted = missing(trace, (keep or {}).get(role, ()))
         try:
-            trace.fetched.update(live.rerun(role, {}, wanted).captured)
+            trace.fetched.update(live.rerun(role, {}, wanted, every_op=True).captured)
         except TraceMismatchError:
             live.say(f"recording the {role} again: its re-run departed from its recording")
             found = not_repeated(live, role)
@@ -456,7 +456,7 @@ def check_reproducible(live: LiveRun, keep: dict[str, set[int]] | None = None) -
             # Its code repeats itself, its recorded calls do not (a forward that seeds its own generator).
             live.ask(role, RerunByCode())
             try:
-                trace.fetched.update(live.rerun(role, {}, wanted).captured)
+                trace.fetched.update(live.rerun(role, {}, wanted, every_op=True).captured)
             except TraceMismatchError as exc:
                 raise TraceMismatchError(
                     f"{run.model_file}: the {role} side's re-run does not reproduce its outputs, though its "

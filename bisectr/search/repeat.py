@@ -17,7 +17,7 @@ values. What it is says why:
 
 from __future__ import annotations
 
-from ..adapters import Determinism, adapter_named
+from ..adapters import Determinism, DeterminismFixes, adapter_named
 from ..capture.ops import DROPOUT, RANDOM, UNINITIALISED
 from ..capture.trace import OpNode, TensorInfo, Trace, read_live
 from ..leafref import LeafRef
@@ -78,7 +78,7 @@ def first_difference(first: Trace, again: Trace) -> Nondeterminism | None:
     fix; None where none does."""
     for op, other in zip(first.ops, again.ops):
         if op.framework_op != other.framework_op or len(op.outputs) != len(other.outputs):
-            return _diagnosed(first, op, None, f"the second run called {other.framework_op} here")
+            return _other_path(first, op, f"the second run called {other.framework_op} here")
         if op.op in UNINITIALISED:
             continue
         moved = [
@@ -95,66 +95,64 @@ def first_difference(first: Trace, again: Trace) -> Nondeterminism | None:
             return _diagnosed(first, op, max(moved), changed[0] if changed else None)
     if len(first.ops) != len(again.ops):
         op = first.ops[min(len(first.ops), len(again.ops)) - 1]
-        return _diagnosed(first, op, None, f"the second run made {len(again.ops)} ops, the first {len(first.ops)}")
+        return _other_path(first, op, f"the second run made {len(again.ops)} ops, the first {len(first.ops)}")
     return None
 
 
-def _diagnosed(trace: Trace, op: OpNode, difference: float | None, reads: str | None) -> Nondeterminism:
-    """The op where the runs part, the cause its kind and what it reads give, and the fix in its framework's words."""
-    fixes = adapter_named(trace.framework)
-    fixes = fixes.fixes if isinstance(fixes, Determinism) else None
-    site = OpSite(op.index, op.framework_op, op.module, op.source)
-    side = trace.side
-    if difference is None:
-        return Nondeterminism(
-            side,
-            site,
-            "other",
-            f"{reads}: make the forward's control flow depend on its inputs alone (seed Python's and numpy's "
-            "generators where a branch draws from them)",
-            None,
-        )
-    if op.op in DROPOUT:
-        return Nondeterminism(
-            side,
-            site,
-            "random",
-            f"put the {side} model in eval mode (model.eval()) in the model file: its dropout is on",
-            difference,
-            fixable="eval",
-        )
+def _site(op: OpNode) -> OpSite:
+    return OpSite(op.index, op.framework_op, op.module, op.source)
+
+
+def _fixes(trace: Trace) -> DeterminismFixes:
+    """How the side's framework says each fix."""
+    adapter = adapter_named(trace.framework)
+    return adapter.fixes if isinstance(adapter, Determinism) else _GENERIC_FIXES
+
+
+_GENERIC_FIXES = DeterminismFixes(
+    "seed the generator it draws from", "write the memory before it is read", "use deterministic kernels"
+)
+
+
+def _diagnosed(trace: Trace, op: OpNode, difference: float, changed_leaf: str | None) -> Nondeterminism:
+    """The op where the runs part, with the cause its kind and what it reads give, and the fix."""
     if op.op in RANDOM:
-        return Nondeterminism(
-            side, site, "random", fixes.seed if fixes else "seed its generator", difference, fixable="seed"
-        )
+        return _random(trace, op, difference, "eval" if op.op in DROPOUT else "seed")
     empty = _uninitialised_read(trace, op)
     if empty is not None:
         made = trace.ops[empty]
+        where = made.source or made.module or f"op {empty}"
         return Nondeterminism(
-            side,
-            site,
+            trace.side,
+            _site(op),
             "uninitialized",
-            f"{made.framework_op} at {made.source or made.module or 'op ' + str(empty)} leaves memory that this op "
-            f"reads uninitialised: {fixes.zeros if fixes else 'write it before it is read'}",
+            f"{made.framework_op} at {where} leaves memory that this op reads uninitialised: {_fixes(trace).zeros}",
             difference,
             reads=f"op {empty} ({made.framework_op})",
         )
-    if reads is not None:
-        return Nondeterminism(side, site, "other", _changed_leaf_fix(reads), difference, reads=reads)
-    return Nondeterminism(
-        side, site, "kernel", fixes.kernel if fixes else "use the framework's deterministic kernels", difference
+    if changed_leaf is not None:
+        return Nondeterminism(
+            trace.side, _site(op), "other", _changed_leaf_fix(changed_leaf), difference, reads=changed_leaf
+        )
+    return Nondeterminism(trace.side, _site(op), "kernel", _fixes(trace).kernel, difference)
+
+
+def _other_path(trace: Trace, op: OpNode, what: str) -> Nondeterminism:
+    """The second run took another path at `op` (`what` it did) with no value differing before."""
+    fix = (
+        f"{what}: make the forward's control flow depend on its inputs alone (seed Python's and numpy's "
+        "generators where a branch draws from them)"
     )
+    return Nondeterminism(trace.side, _site(op), "other", fix, None)
 
 
 def _random(trace: Trace, op: OpNode, difference: float | None, fixable: str) -> Nondeterminism:
     """An op that draws from the framework's random generators: dropout on (`fixable` "eval"), or an unseeded draw."""
-    site = OpSite(op.index, op.framework_op, op.module, op.source)
     if fixable == "eval":
         fix = f"put the {trace.side} model in eval mode (model.eval()) in the model file: its dropout is on"
     else:
-        fixes = adapter_named(trace.framework)
-        fix = fixes.fixes.seed if isinstance(fixes, Determinism) else "seed the generator it draws from"
-    return Nondeterminism(trace.side, site, "random", fix, difference, fixable=fixable)
+        fix = _fixes(trace).seed
+    return Nondeterminism(trace.side, _site(op), "random", fix, difference, fixable=fixable)
 
 
 def _changed_leaf_fix(leaf: str) -> str:

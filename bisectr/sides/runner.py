@@ -40,10 +40,13 @@ from ..leafref import leaf_kind
 @dataclass
 class Rerun:
     """Run again, following the recording, with `patches` (tid -> values, or a `Shift`) swapped in
-    (see `engines.patched.Patches`); the values of the tids in `capture` come back too. -> `RerunResult`"""
+    (see `engines.patched.Patches`); the values of the tids in `capture` come back too. With `every_op`,
+    each op no patch reaches is checked against the recording, not only where it meets patched values
+    and at the outputs (a difference a later op squashes, a norm's, still shows). -> `RerunResult`"""
 
     patches: dict[int, Any]
     capture: frozenset[int] = frozenset()
+    every_op: bool = False
 
 
 @dataclass
@@ -321,7 +324,7 @@ class LocalSide:
         return answer(self, request)
 
     def _rerun(self, request: Rerun) -> RerunResult:
-        return rerun(self.side, self.trace, self.recorded, request.patches, request.capture)
+        return rerun(self.side, self.trace, self.recorded, request.patches, request.capture, request.every_op)
 
     def _replay(self, request: Replay) -> dict[int, np.ndarray]:
         return replay(self.side.adapter, self.trace, self.recorded, request.indices, request.values, request.float64)
