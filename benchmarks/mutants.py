@@ -23,8 +23,8 @@ A mutant is right when `bisect` says `divergent`, its culprit is at the planted 
 the culprit leaf, or an op of the changed module) and the confirmation holds; a mutant of a `repeat` operator
 (a candidate that does not repeat itself: dropout left on, unseeded noise, memory read uninitialised, a
 shuffle) when it says `nondeterministic` at an op of the changed module with the operator's cause; a control
-is right when it is `noise` or `match`. Printed: right by family and by operator, `noise` on any mutant, `divergent` on any
-control, and re-runs against ceil(log2 ops) + 3. Exit status 1 when a case is wrong.
+is right when it is `noise` or `match`. Printed: right by family and by operator, `noise` on any mutant,
+`divergent` on any control, and re-runs against ceil(log2 ops) + 3. Exit status 1 when a case is wrong.
 
 `--sample N` runs a stratified sample of N cases (every operator and every family at least once, with the
 controls): what CI runs. `--only` runs one case and prints its row (`bisectr bisect
@@ -254,8 +254,9 @@ def check(case: Case, row: Row) -> None:
                 ported_name(case.family, site.module),
                 ported_name(case.family, site.leaf),
             )
+    # A plan's mistake shows on the ranks only (`judge`); a mutant that does not repeat itself counts as it is.
     if case.is_control or OPERATORS[case.operator].kind in ("tp", "repeat"):
-        return  # a plan's mistake shows on the ranks only (`judge`); a mutant that does not repeat itself counts as it is
+        return
     first = _outputs(candidate, inputs)
     if not torch.equal(first, _outputs(candidate, inputs)):
         row.excluded = "not deterministic"

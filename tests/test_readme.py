@@ -2,6 +2,7 @@
 
 import re
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -63,7 +64,11 @@ def assert_quoted_output_printed(quoted: list[str], printed: list[str]) -> None:
 
 
 def run_bisectr(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bisectr", *args], capture_output=True, text=True, cwd=ROOT)
+    """`bisectr ARGS` from the repository's root; a `trace` saves its run outside the work tree."""
+    with tempfile.TemporaryDirectory() as out:
+        if args[0] == "trace" and "-o" not in args:
+            args = (*args, "-o", f"{out}/run")
+        return subprocess.run([sys.executable, "-m", "bisectr", *args], capture_output=True, text=True, cwd=ROOT)
 
 
 SETUP_COMMANDS = 4  # set up and trace; set up and test; the same in the PaddleFormers environment; lint
