@@ -253,22 +253,8 @@ class PassRules(ABC):
 
 def _unrepeated_culprit(run: RunRecord, found: Nondeterminism) -> Culprit:
     """The culprit of a `nondeterministic` result: the op where the side's two runs part, as both sites."""
-    moved = found.difference
-    return Culprit(
-        kind="op",
-        op=run.traces[found.side].ops[found.op.index].op,
-        candidate=found.op,
-        reference=found.op,
-        leaf=None,
-        input_error=None,
-        output_error=moved,
-        output_error_rel=moved,
-        input_error_rel=None,
-        local_error=None,
-        amplification=None,
-        verdict="different",
-        fp64=None,
-    )
+    op = run.traces[found.side].ops[found.op.index]
+    return culprit_without_evidence("op", op, op, None, found.difference)
 
 
 def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -> Result:
