@@ -50,9 +50,9 @@ from .serial import to_plain
 from .sides.runner import DecodeStep, OpenStep, SideRunner
 
 StepVerdict = Literal["match", "noise", "divergent"]
-Verdict = Literal[
-    "match", "noise", "divergent", "nondeterministic"
-]  # a side that does not repeat itself: its step search's
+# A generation's verdict: a step's, or `nondeterministic` where the search of the step finds a side that does not
+# repeat itself.
+Verdict = Literal["match", "noise", "divergent", "nondeterministic"]
 
 
 @dataclass

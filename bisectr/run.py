@@ -83,18 +83,7 @@ class Run(RunRecord):
         """A new live run of `model_file` as this run was traced (its functions, stored values and
         modules kept), into the same run directory, where it replaces this one once saved (the run
         directory is left as it is until then). `isolation`: the interpreters of isolated sides (see `trace`)."""
-        return trace(
-            model_file,
-            self.traced.reference_fn,
-            self.traced.candidate_fn,
-            out=self.run_dir,
-            store_values=self.traced.store_values,
-            keep_modules=tuple(self.traced.keep_modules),
-            value_budget=self.traced.value_budget,
-            commit=False,
-            fixes=self.traced.fixes,
-            **isolation,
-        )
+        return _traced_as(self.traced, model_file, self.run_dir, False, self.traced.fixes, **isolation)
 
     def save(self) -> Path:
         """Write the run into its directory: everything at once for a run traced with
@@ -147,24 +136,38 @@ def steadied(run: Run, search: Callable[[Run], Result]) -> Run:
     while (fixes := _more_fixes(run.traced.fixes, run.result)) is not None:
         committed, out = run.writer is None, run.run_dir if run.writer is None else run.writer.final_dir
         run.discard()  # a run not saved yet: the next trace writes its directory
-        run = trace(
-            run.traced.model_file,
-            run.traced.reference_fn,
-            run.traced.candidate_fn,
-            out=out,
-            store_values=run.traced.store_values,
-            keep_modules=tuple(run.traced.keep_modules),
-            value_budget=run.traced.value_budget,
-            isolate=run.traced.isolate,
-            reference_python=run.traced.reference_python,
-            candidate_python=run.traced.candidate_python,
-            reference_nproc=run.traced.reference_nproc,
-            candidate_nproc=run.traced.candidate_nproc,
-            commit=committed,
-            fixes=fixes,
-        )
+        isolation = {name: getattr(run.traced, name) for name in _ISOLATION}
+        run = _traced_as(run.traced, run.traced.model_file, out, committed, fixes, **isolation)
         search(run)
     return run
+
+
+# The `trace` arguments that say where each side runs, as `HowTraced` keeps them.
+_ISOLATION = ("isolate", "reference_python", "candidate_python", "reference_nproc", "candidate_nproc")
+
+
+def _traced_as(
+    traced: HowTraced,
+    model_file: str | os.PathLike,
+    out: Path | None,
+    commit: bool,
+    fixes: dict[str, SideFix],
+    **isolation: Any,
+) -> Run:
+    """A new live run of `model_file` recorded as `traced` says (its functions, stored values and modules), into
+    `out`, with `fixes` made to its sides first (`isolation`: see `trace`)."""
+    return trace(
+        model_file,
+        traced.reference_fn,
+        traced.candidate_fn,
+        out=out,
+        store_values=traced.store_values,
+        keep_modules=tuple(traced.keep_modules),
+        value_budget=traced.value_budget,
+        commit=commit,
+        fixes=fixes,
+        **isolation,
+    )
 
 
 def _more_fixes(fixes: dict[str, SideFix], result: Result | None) -> dict[str, SideFix] | None:

@@ -240,9 +240,8 @@ class Nondeterminism:
     # How far the op's outputs moved between the runs, relative to their largest magnitude (None: the
     # second run called another op there).
     difference: float | None
-    reads: str | None = (
-        None  # what the op reads that made it differ: a leaf that changed, the op making uninitialised memory
-    )
+    # What the op reads that made it differ: a leaf that changed, the op that left the memory uninitialised.
+    reads: str | None = None
     # What `--fix-nondeterminism` can do about it: "eval" (the side's model in eval mode), "seed"
     # (its random generators seeded before each run), None (nothing: the fix is the user's).
     fixable: Literal["eval", "seed"] | None = None

@@ -364,12 +364,12 @@ def _report_bug(exc: Exception) -> int:
     return EXIT_BUG
 
 
+FAILING = ("divergent", "nondeterministic")  # the verdicts of exit status 1
+
+
 def _exit_status(result: Result | None) -> int:
     passes = [] if result is None else [result, result.backward]
     return EXIT_DIVERGENT if any(r is not None and r.verdict in FAILING for r in passes) else EXIT_OK
-
-
-FAILING = ("divergent", "nondeterministic")  # the verdicts of exit status 1
 
 
 def _search(run, console: Console, exhaustive: bool, quiet: bool, backward: bool, fix_nondeterminism: bool):
