@@ -201,6 +201,15 @@ class Tensors(ABC):
         """A new tensor of `values` held as `tensor` is: its dtype, its device, its spread over processes."""
         return self.from_numpy(values, self.dtype_name(tensor), self.device_name(tensor), self.layout(tensor))
 
+    def hold_whole(self, model: Any) -> None:
+        """Keep a model whose data-parallel wrapping shards its parameters (FSDP2) holding them whole from now on,
+        gathered once and never freed: every run of its forward then reads the same parameter tensors, which
+        bisectr names and reads back. A model held whole already is left as it is."""
+
+    def full_precision(self, model: Any) -> None:
+        """Drop the mixed precision a data-parallel wrapper was given (FSDP2's `MixedPrecisionPolicy`), before the
+        model's first forward: a float64 copy of it then computes and reduces its gradients in float64."""
+
     def layout(self, tensor: Any) -> Any:
         """How the tensor's values are spread over processes (a DTensor's mesh and placements), for
         `from_numpy` to make another tensor of the same global shape spread the same way (a partial
@@ -419,6 +428,15 @@ class Training(ABC):
     @abstractmethod
     def clear_gradients(self, optimizer: Any) -> None:
         """Drop the gradients the optimizer's parameters hold."""
+
+    def copy_values(self, into: Any, source: Any) -> None:
+        """Copy `source`'s values into the parameter or buffer `into` (of the same shape and placement), cast to
+        its dtype. Raises `CannotUpcast` where the framework cannot (a side it does not train on several processes)."""
+        raise CannotUpcast(f"bisectr does not train {self.name} models on several processes")
+
+    def snapshot(self, tensor: Any) -> Any:
+        """A copy of the tensor's values as the model holds them (a shard stays a shard)."""
+        return tensor.detach().clone()
 
     def backward(self, loss: Any) -> None:
         """Accumulate the gradients of `loss` into the parameters (torch and paddle spell it alike)."""

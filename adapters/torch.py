@@ -263,6 +263,32 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion, Determin
         tensor = torch.from_numpy(np.array(values, copy=True)).to(device=device, dtype=getattr(torch, dtype))
         return tensor if layout is None else _distributed(tensor, layout)
 
+    def hold_whole(self, model: Any) -> None:
+        fully_sharded = _loaded_class("torch.distributed.fsdp", "FSDPModule")
+        if fully_sharded is None or not isinstance(model, _torch().nn.Module):
+            return
+        for module in model.modules():
+            if isinstance(module, fully_sharded):
+                module.set_reshard_after_forward(False, recurse=False)
+                module.set_reshard_after_backward(False, recurse=False)
+                module.unshard()
+
+    def full_precision(self, model: Any) -> None:
+        fully_sharded = _loaded_class("torch.distributed.fsdp", "FSDPModule")
+        if fully_sharded is None or not isinstance(model, _torch().nn.Module):
+            return
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        for module in model.modules():
+            if isinstance(module, fully_sharded):
+                state = module._get_fsdp_state()
+                state._mp_policy = MixedPrecisionPolicy()
+                group = state._fsdp_param_group
+                if group is not None:
+                    group.mp_policy = MixedPrecisionPolicy()
+                    for parameter in group.fsdp_params:
+                        parameter.mp_policy = group.mp_policy
+
     def layout(self, tensor: Any) -> Any:
         if not _is_dtensor(tensor):
             return None
@@ -375,6 +401,12 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion, Determin
         if not isinstance(model, _torch().nn.Module):
             raise CannotUpcast("it is a plain function, whose parameters bisectr cannot reach")
         return copy.deepcopy(model)
+
+    def copy_values(self, into: Any, source: Any) -> None:
+        with _torch().no_grad():
+            whole = _whole(source).to(into.dtype)
+            layout = self.layout(into)
+            into.copy_(whole if layout is None else _distributed(whole, layout))
 
     def clear_gradients(self, optimizer: Any) -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -754,6 +786,11 @@ def _in_place(collective: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+# Where FSDP2's hooks call torch from: they gather parameters, free them and hook the backward, computing nothing
+# of the model's. Their calls run as they are, unrecorded.
+_FRAMEWORK_HOOKS = os.path.join("torch", "distributed", "fsdp", "")
+
+
 def _make_router_class():
     from torch.overrides import TorchFunctionMode, resolve_name
 
@@ -775,6 +812,8 @@ def _make_router_class():
             self.listener = listener
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
+            if _FRAMEWORK_HOOKS in sys._getframe(1).f_code.co_filename:
+                return func(*args, **(kwargs or {}))
             return self.listener.call(op_name(func), func, args, kwargs or {})
 
     return CallRouter

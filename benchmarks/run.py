@@ -110,7 +110,7 @@ class Plan:
 FULL = Plan(
     False, {"small": 7, "base": 3, "deep": 5}, ("small", "base", "deep"), (1_000, 10_000, 100_000), 3, ("torch",), 20
 )
-QUICK = Plan(True, {"small": 2, "base": 2, "deep": 2}, ("small",), (300, 1_000, 3_000), 1, FRAMEWORKS, 3)
+QUICK = Plan(True, {"small": 1, "base": 1, "deep": 1}, ("small",), (300, 1_000, 3_000), 1, ("torch",), 2)
 
 
 def say(message: str) -> None:

@@ -20,18 +20,31 @@
    update whose float32 and float64 values differ by as much as the update itself, and that
    parameter's rounding must not excuse another's real difference.
 4. **The stage** at that step, from the float64 runs (whose inputs to that step still agree):
-   `forward` (the losses differ), `backward` (the losses agree, the gradients differ) or `optimizer`
-   (the gradients agree, the updates differ). At step 1, a forward or backward stage is searched
-   (`Run.bisect`, with the backward for a backward stage) and its culprit named; an optimizer stage
-   names the parameter whose update differs most and what differs between the optimizers: the
-   learning rate of that step, epsilon, the betas, the weight decay (and whether it is coupled to
-   the gradient or decoupled), AMSGrad, gradient clipping; or, when no setting differs, the update
-   rule itself (bias correction, for one).
+   `forward` (the losses differ), `backward` (the losses agree, the gradients differ), `reduction`
+   (a side on several processes, whose gradients differ the way a reduction across its ranks makes them:
+   a parameter every rank holds whole whose ranks' gradients differ and sum or average to the other
+   side's, never reduced; or every differing gradient the other side's times one factor, the world size
+   or its inverse for one) or `optimizer` (the gradients agree, the updates differ). At step 1, a forward
+   or backward stage is searched (`Run.bisect`, with the backward for a backward stage) and its culprit
+   named; a reduction stage names the parameters and what the reduction did; an optimizer stage names
+   the parameter whose update differs most and what differs between the optimizers: the learning rate
+   of that step, epsilon, the betas, the weight decay (and whether it is coupled to the gradient or
+   decoupled), AMSGrad, gradient clipping; or, when no setting differs, the update rule itself (bias
+   correction, for one).
+
+A side on several processes (`--candidate-nproc N`, or the model file's `NPROC`) trains on its ranks, each
+with its own batch (`candidate_batch(step)` gives the rank its share) and its model built again by the side's
+function, wrapped as the model file wraps it (DDP, FSDP2, tensor parallel). Its loss is the mean of its
+ranks' losses (the loss whose gradient data parallelism averages), and each parameter is read whole after
+the ranks' reduction (a shard gathered, one parameter at a time). Ranks given batches of different shapes are
+refused: the world size does not divide the batch. `<role>_micro_batches(step)` (a list of batches) makes a
+step accumulate gradients over them; its loss is their losses' sum, each as the side's loss function gives it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -52,13 +65,15 @@ from .measure.runrecord import output_seeds
 from .measure.result import Culprit
 from .run import Run, trace
 from .serial import to_plain
-from .sides.runner import StepValues, TrainerSettings, TrainStep
+from .sides.runner import EachRank, StepValues, TrainerSettings, TrainStep
 from .measure.live import LiveRun
 from .leafref import leaf_kind, leaf_name
 
 MEASURES = ("loss", "gradient", "update")  # what decides the first semantic step and its stage
 RECORDED = MEASURES + ("moments",)  # compared and shown at every step
 STAGES = {"loss": "forward", "gradient": "backward", "update": "optimizer"}
+# Relative difference of two float64 gradients that rounding alone cannot make (it makes about 1e-15).
+_FLOAT64_EXACT = 1e-8
 SETTINGS = ("epsilon", "beta1", "beta2", "weight_decay", "weight_decay_kind", "amsgrad", "gradient_clipping")
 
 
@@ -66,12 +81,18 @@ SETTINGS = ("epsilon", "beta1", "beta2", "weight_decay", "weight_decay_kind", "a
 class StepRecord:
     """What one side's training step computed. A parameter's gradient, update and Adam moments
     ("gradient", "update", "moment1", "moment2") are read from the side one parameter at a time
-    (`read`), as float64 arrays, until its next step: no step keeps a copy of them all."""
+    (`read`; every rank's own, by rank: `read_each`), as float64 arrays, until its next step: no step
+    keeps a copy of them all. `unreduced`: the parameters every rank held alike before the step, whose
+    gradients the ranks hold differently."""
 
     loss: float
     learning_rate: float
     parameters: list[str]
     read: Callable[[str, str], np.ndarray | None]  # (measure, parameter) -> its values, None: it has none
+    read_each: Callable[[str, str], list[np.ndarray | None]]
+    ranks: int = 1
+    unreduced: list[str] = field(default_factory=list)
+    micro_batches: int = 1
 
 
 @dataclass
@@ -116,12 +137,21 @@ class OptimizerCulprit:
 
 
 @dataclass
+class ReductionCulprit:
+    kind: str  # "reduction"
+    side: str  # the side on several processes
+    parameters: list[str]  # its parameters whose gradients the reduction leaves wrong
+    what: str  # what the reduction did, in a sentence
+    factor: float | None = None  # every such gradient is the other side's times this
+
+
+@dataclass
 class TrainingResult:
     verdict: str  # "match" | "noise" | "divergent" | "nondeterministic"
     steps: list[StepRow]
     first_step: int | None = None
     stage: str | None = None  # "forward" | "backward" | "optimizer"
-    culprit: Culprit | OptimizerCulprit | None = None
+    culprit: Culprit | OptimizerCulprit | ReductionCulprit | None = None
     note: str = ""  # what was not searched, and why
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # each side's optimizer settings
 
@@ -200,16 +230,35 @@ class StepComparison:
         return relative_to(difference, max(magnitude(reference), floor))
 
 
+# Module names a wrapper puts between a model and its parameters (DDP, torch.compile, FSDP1, checkpointing).
+_WRAPPERS = frozenset({"module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"})
+
+
 def parameter_pairs(run: Run) -> list[tuple[str, str, TensorPair]]:
-    """(reference leaf, candidate leaf, pair) of the parameters the forward alignment pairs."""
-    pairs = []
+    """(reference leaf, candidate leaf, pair) of the sides' parameters: where both sides run one framework, those
+    named alike (but for the names a wrapper adds, `_WRAPPERS`) and of one shape; then those the forward alignment
+    pairs (across frameworks, which lay weights out differently, only those)."""
+    reference, candidate = run.reference, run.candidate
+
+    def parameters(trace: Any) -> dict[str, int]:
+        return {leaf: tid for leaf, tid in trace.leaves.items() if leaf_kind(leaf) == "param"}
+
+    def unwrapped(leaf: str) -> str:
+        return ".".join(part for part in leaf_name(leaf).split(".") if part not in _WRAPPERS)
+
+    same_framework = reference.framework == candidate.framework
+    by_name = {unwrapped(leaf): (leaf, tid) for leaf, tid in parameters(candidate).items() if same_framework}
+    pairs, paired = [], set()
+    for ref_leaf, ref_tid in parameters(reference).items():
+        cand_leaf, cand_tid = by_name.get(unwrapped(ref_leaf), (None, None))
+        if cand_leaf is not None and candidate.tensors[cand_tid].shape == reference.tensors[ref_tid].shape:
+            pairs.append((ref_leaf, cand_leaf, TensorPair(cand_tid, ref_tid, None, 1.0, "name")))
+            paired |= {ref_leaf, cand_leaf}
     for cand_tid, pair in run.alignment.tensors.items():
-        cand_leaf, ref_leaf = (
-            run.candidate.tensors[cand_tid].leaf or "",
-            run.reference.tensors[pair.reference].leaf or "",
-        )
-        if leaf_kind(cand_leaf) == leaf_kind(ref_leaf) == "param":
+        cand_leaf, ref_leaf = candidate.tensors[cand_tid].leaf or "", reference.tensors[pair.reference].leaf or ""
+        if leaf_kind(cand_leaf) == leaf_kind(ref_leaf) == "param" and not {cand_leaf, ref_leaf} & paired:
             pairs.append((ref_leaf, cand_leaf, pair))
+            paired |= {ref_leaf, cand_leaf}
     if not pairs:
         raise ModelFileError(
             f"{run.model_file}: no parameter of the candidate is paired with one of the reference: "
@@ -236,13 +285,15 @@ def train(
     candidate: str = "candidate",
     steps: int = 20,
     progress: Callable[[str], None] | None = None,
+    **isolation: Any,
 ) -> TrainingResult:
-    """Train both sides of `model_file` for `steps` steps and compare them (see the module docstring)."""
+    """Train both sides of `model_file` for `steps` steps and compare them (see the module docstring).
+    `isolation`: where each side runs (`isolate`, `reference_python`, ..., `candidate_nproc`: see `run.trace`)."""
     say = progress or (lambda message: None)
     if steps < 1:
         raise ModelFileError(f"{model_file}: --steps must be at least 1 (got {steps})")
     say("tracing both sides at their initial weights")
-    run = trace(model_file, reference, candidate)
+    run = trace(model_file, reference, candidate, **isolation)
     seeds = output_seeds(run)
     trained = [(role, width) for role in ("reference", "candidate") for width in (32, 64)]
     pairs = parameter_pairs(run)
@@ -254,10 +305,15 @@ def train(
     )
     floor = noise_floor(coarsest_dtype([run.reference.dtype, run.candidate.dtype]))
     rows: list[StepRow] = []
-    first: tuple[int, str, tuple[str, float] | None] | None = None  # step, measure, the update that differs most
+    # step, measure, the update that differs most, what a reduction across ranks did
+    first: tuple[int, str, tuple[str, float] | None, ReductionCulprit | None] | None = None
+    micro_batches = {}  # role -> micro-batches per step
     for number in range(1, steps + 1):
         say(f"step {number} of {steps}")
-        records = {(role, width): _step(run.live, role, width, number, seeds[role]) for role, width in trained}
+        records = {
+            (role, width): _step(run.live, role, width, number, seeds[role], run.model_file) for role, width in trained
+        }
+        micro_batches = {role: records[role, 32].micro_batches for role in ("reference", "candidate")}
         as_run = comparison.between(records["candidate", 32], records["reference", 32])
         in_float64 = comparison.between(records["candidate", 64], records["reference", 64])
         reference_rounding = reference_itself.between(
@@ -286,16 +342,19 @@ def train(
         )
         if semantic and first is None:
             worst = _most_different_update(in_float64, pairs) if semantic[0] == "update" else None
-            first = (number, semantic[0], worst)
+            reduction = _reduction_culprit(records, comparison) if semantic[0] == "gradient" else None
+            first = (number, semantic[0], worst, reduction)
     optimizers = {role: run.live.ask(role, TrainerSettings(32)) for role in ("reference", "candidate")}
     settings = {role: of_role[0] for role, of_role in optimizers.items()}
     if first is None:
         exact = all(getattr(row.error, m) == 0 for row in rows for m in MEASURES)
         return TrainingResult("match" if exact else "noise", rows, settings=settings)
-    number, measure, worst = first
+    number, measure, worst, reduction = first
     row = rows[number - 1]
     result = TrainingResult("divergent", rows, number, STAGES[measure], settings=settings)
-    if worst is not None:
+    if reduction is not None:
+        result.stage, result.culprit = "reduction", reduction
+    elif worst is not None:
         parameter, error = worst
         decays = {role: of_role[1] for role, of_role in optimizers.items()}
         what, ref_value, cand_value = _differing_setting(row, settings, _decay_differences(pairs, decays))
@@ -313,11 +372,13 @@ def train(
         searched = searched.backward if measure == "gradient" else searched
         if searched.verdict == "divergent":
             result.culprit = searched.culprit
+            if searched.unconfirmed and searched.bracket is not None:
+                result.note = _unconfirmed_text(searched.bracket)
         elif measure == "loss":
             result.note = (
                 f"the models' outputs agree ({searched.verdict}: {_error_text(searched)}), the losses do not "
-                f"(reference {row.loss.reference:.6g}, candidate {row.loss.candidate:.6g}): the loss "
-                "functions compute differently"
+                f"(reference {row.loss.reference:.6g}, candidate {row.loss.candidate:.6g}): "
+                + _loss_difference(row.loss, micro_batches)
             )
         else:
             result.note = (
@@ -332,21 +393,170 @@ def train(
     return result
 
 
-def _step(live: LiveRun, role: str, width: int, number: int, seeds: dict[str, np.ndarray]) -> StepRecord:
-    """Step `number` of the `role` side's trainer at `width` bits, made where its model lives."""
-    facts = live.ask(role, TrainStep(width, number, seeds))
+def _step(
+    live: LiveRun, role: str, width: int, number: int, seeds: dict[str, np.ndarray], model_file: str
+) -> StepRecord:
+    """Step `number` of the `role` side's trainer at `width` bits, made where its model lives (on each of
+    its ranks)."""
+    each = live.ask(role, EachRank(TrainStep(width, number, seeds)))
+    shapes = [facts.batch for facts in each]
+    if any(batch != shapes[0] for batch in shapes):
+        ranks = "; ".join(f"rank {rank}: {', '.join(map(str, batch))}" for rank, batch in enumerate(shapes))
+        raise ModelFileError(
+            f"{model_file}: the {role}'s {len(each)} ranks were given batches of different shapes at step {number} "
+            f"({ranks}): the world size {len(each)} does not divide the batch, and the ranks' gradients are "
+            "averaged as if each held an equal share of it"
+        )
+    unreduced = [
+        name
+        for name in each[0].replicas
+        if len({facts.replicas[name][0] for facts in each}) == 1
+        and len({facts.replicas[name][1] for facts in each}) > 1
+    ]
     return StepRecord(
-        facts.loss,
-        facts.learning_rate,
-        facts.parameters,
+        sum(facts.loss for facts in each) / len(each),
+        each[0].learning_rate,
+        each[0].parameters,
         lambda measure, name: live.ask(role, StepValues(width, measure, name)),
+        lambda measure, name: live.ask(role, EachRank(StepValues(width, measure, name))),
+        len(each),
+        unreduced,
+        each[0].micro_batches,
     )
+
+
+def _reduction_culprit(
+    records: dict[tuple[str, int], StepRecord], comparison: StepComparison
+) -> ReductionCulprit | None:
+    """What a reduction across a side's ranks did to its gradients, where that explains how they differ from the
+    other side's (both in float64): parameters held whole that the ranks never reduced (their gradients differ by
+    rank and sum or average to the other side's), or every differing gradient scaled by one factor. None: no side
+    is on several processes, or its gradients differ otherwise (a backward's difference)."""
+    for role in ("candidate", "reference"):
+        mine = records[role, 64]
+        if mine.ranks < 2:
+            continue
+        theirs = records["reference" if role == "candidate" else "candidate", 64]
+        in_both = [(c, r, pair) if role == "candidate" else (r, c, None) for r, c, pair in comparison.pairs]
+        found = _never_reduced(mine, theirs, in_both, comparison)
+        if found is not None:
+            return ReductionCulprit("reduction", role, *found)
+        scaled = _scaled(mine, theirs, in_both, comparison)
+        if scaled is not None:
+            names, factor = scaled
+            return ReductionCulprit("reduction", role, names, _scaling_text(factor, mine.ranks), factor)
+    return None
+
+
+def _never_reduced(
+    mine: StepRecord, theirs: StepRecord, in_both: list[tuple[str, str, TensorPair | None]], comparison: StepComparison
+) -> tuple[list[str], str] | None:
+    """The parameters (of `mine`, held whole by every rank) whose gradients its ranks never reduced: each rank
+    holds its own, and their sum or mean is the other side's gradient."""
+    named: dict[str, list[str]] = {"sum": [], "mean": []}
+    for own, other, pair in in_both:
+        if own not in mine.unreduced:
+            continue
+        each = [values for values in mine.read_each("gradient", own) if values is not None]
+        target = theirs.read("gradient", other)
+        if target is None or len(each) < mine.ranks:
+            continue
+        total = np.sum(each, axis=0)
+        for how, values in (("sum", total), ("mean", total / mine.ranks)):
+            if _distance(values, target, pair, comparison, other) < _FLOAT64_EXACT:
+                named[how].append(leaf_name(own))
+                break
+    how = max(named, key=lambda each: len(named[each]))
+    if not named[how]:
+        return None
+    return named[how], (
+        f"the gradients of {_listed(named[how])} are never reduced across the {mine.ranks} ranks: each rank holds "
+        f"its own, and their {how} is the other side's"
+    )
+
+
+def _scaled(
+    mine: StepRecord, theirs: StepRecord, in_both: list[tuple[str, str, TensorPair | None]], comparison: StepComparison
+) -> tuple[list[str], float] | None:
+    """(the differing parameters of `mine`, the factor) where each of its gradients that differs from the other
+    side's is that gradient times one factor."""
+    names, factors = [], []
+    for own, other, pair in in_both:
+        values, target = mine.read("gradient", own), theirs.read("gradient", other)
+        if values is None or target is None:
+            continue
+        if pair is not None:
+            values = pair.candidate_in_reference_layout(values, comparison.shapes[other])
+        values = values.reshape(target.shape)
+        if _distance(values, target, None, comparison, other) < _FLOAT64_EXACT:
+            continue
+        square = float(np.vdot(target, target))
+        if square == 0.0:
+            return None
+        factor = float(np.vdot(values, target)) / square
+        if relative_to(magnitude(values - factor * target), magnitude(values)) > _FLOAT64_EXACT:
+            return None
+        names.append(leaf_name(own))
+        factors.append(factor)
+    if not factors or any(not math.isclose(f, factors[0], rel_tol=1e-6) for f in factors):
+        return None
+    return names, factors[0]
+
+
+def _scaling_text(factor: float, ranks: int) -> str:
+    if math.isclose(factor, 1 / ranks, rel_tol=1e-6):
+        return (
+            f"every gradient is 1/{ranks} of the other side's: divided by the world size {ranks} once more than "
+            "the reduction's average does (averaged twice)"
+        )
+    if math.isclose(factor, ranks, rel_tol=1e-6):
+        return f"every gradient is {ranks} times the other side's: summed over the {ranks} ranks, not averaged"
+    return f"every gradient is {factor:.6g} times the other side's"
+
+
+def _distance(
+    values: np.ndarray, target: np.ndarray, pair: TensorPair | None, comparison: StepComparison, name: str
+) -> float:
+    """Relative difference of a gradient of one side (in the other's layout through `pair`) from the other's."""
+    if pair is not None:
+        values = pair.candidate_in_reference_layout(values, comparison.shapes[name])
+    return relative_to(magnitude(values.reshape(target.shape) - target), magnitude(target))
+
+
+def _listed(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def _most_different_update(in_float64: Distances, pairs: list[tuple[str, str, TensorPair]]) -> tuple[str, float]:
     """The reference leaf whose update differs most (relative, both sides in float64), and by how much."""
     error, name = max(zip(in_float64.of("update"), (reference for reference, _, _ in pairs)))
     return name, error
+
+
+def _unconfirmed_text(bracket: Any) -> str:
+    """Where the search says an unconfirmed difference enters: the candidate's ops there and their lines."""
+    sites = "; ".join(
+        f"op {site.index} {site.op} ({os.path.basename(site.source) or site.module or 'top level'})"
+        for site in bracket.candidate
+    )
+    return (
+        f"unconfirmed: no patch of the culprit's own difference removes it; the difference enters between the "
+        f"candidate's ops {bracket.low} and {bracket.high}: {sites}"
+    )
+
+
+def _loss_difference(losses: BySide, micro_batches: dict[str, int]) -> str:
+    """What differs between loss functions: a side that sums its micro-batches' losses undivided, else
+    their code."""
+    for role, other in (("candidate", "reference"), ("reference", "candidate")):
+        count = micro_batches.get(role, 1)
+        ratio = getattr(losses, role) / getattr(losses, other) if getattr(losses, other) else math.inf
+        if count > 1 and math.isclose(ratio, count, rel_tol=1e-4):
+            return (
+                f"the {role}'s loss is {count} times the {other}'s: it accumulates {count} micro-batches, each "
+                f"loss not divided by {count}"
+            )
+    return "the loss functions compute differently"
 
 
 def _error_text(result: Any) -> str:

@@ -20,6 +20,15 @@ def pytest_configure(config):
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
+# `BISECTR_FULL_SETS=1` runs every member of the sets the tests otherwise sample (`sampled`).
+FULL_SETS = os.environ.get("BISECTR_FULL_SETS") == "1"
+
+
+def sampled(members: list, every: int) -> list:
+    """Every `every`-th member, from the first (each kind of a set listed in turn keeps some), or all of them
+    with `BISECTR_FULL_SETS=1`: a slow set's sample for each test run, the whole set when asked for."""
+    return list(members) if FULL_SETS else list(members)[::every]
+
 
 @pytest.fixture
 def models() -> Path:

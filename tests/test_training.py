@@ -200,21 +200,23 @@ candidate_optimizer = reference_optimizer
 
 
 def test_the_steps_hold_no_copy_of_every_gradient_update_and_moment(tmp_path):
-    """What numpy holds while training (the four trainers' tensors are not numpy's) stays within one
-    copy of each trainer's parameters, the values before its step, which its update needs, and the
-    parameter being compared."""
+    """What numpy holds while training (the four trainers' tensors are not numpy's, nor the values before each
+    step, which the updates need and the framework keeps) stays within the parameter being compared: no step
+    keeps a numpy copy of every parameter."""
     from bisectr.training import train
 
     model_file = tmp_path / "wide_stack.py"
     model_file.write_text(WIDE_STACK)
     parameters = 4 * (512 * 512 + 512)
-    before_steps = parameters * (2 * 4 + 2 * 8)  # two float32 trainers, two float64
+    numpy_before_steps = parameters * (2 * 4 + 2 * 8)  # what numpy copies of the values before each step would hold
     at_step_1 = []
 
     def progress(message: str) -> None:
         if message.startswith("step 1 "):
             at_step_1.append(tracemalloc.get_traced_memory()[0])  # the trace's and the imports' share
             tracemalloc.reset_peak()
+
+    import torch._dynamo  # noqa: F401  (what an optimizer's first step imports, outside the measure)
 
     tracemalloc.start()
     try:
@@ -224,4 +226,4 @@ def test_the_steps_hold_no_copy_of_every_gradient_update_and_moment(tmp_path):
         tracemalloc.stop()
     assert result.verdict == "match" and len(result.steps) == 3
     comparing_one = 6 * 512 * 512 * 8  # a few float64 arrays of the largest parameter while it is compared
-    assert before_steps <= peak < before_steps + comparing_one, (peak, before_steps)
+    assert 0 < peak < comparing_one < numpy_before_steps, (peak, comparing_one)

@@ -87,13 +87,17 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
         "in eval mode or seed it before each run, trace again and search as usual (the report says so)",
     )
     _add_isolation_arguments(parser)
+    _add_ranks_arguments(parser)
+
+
+def _add_ranks_arguments(parser: argparse.ArgumentParser) -> None:
     for role in ("reference", "candidate"):
         parser.add_argument(
             f"--{role}-nproc",
             type=int,
             metavar="N",
-            help=f"run the {role} side on N processes started by torchrun (tensor parallel; torch.distributed); "
-            "default: the model file's NPROC for the side's function, else 1",
+            help=f"run the {role} side on N processes started by torchrun (tensor or data parallel; "
+            "torch.distributed); default: the model file's NPROC for the side's function, else 1",
         )
 
 
@@ -211,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="also write PATH.md and PATH.html: the result, both loss curves and the per-step errors, for an issue",
     )
+    _add_isolation_arguments(train)
+    _add_ranks_arguments(train)
 
     generate = commands.add_parser(
         "generate",
@@ -421,15 +427,19 @@ def _recording_status(
         status.update(text)  # a last frame with the final count, however short the recording was
 
 
-def _trace_options(args: argparse.Namespace) -> dict:
+def _where_sides_run(args: argparse.Namespace) -> dict:
+    """`trace`'s arguments saying where each side runs: its own worker, interpreter and ranks."""
     return {
         "isolate": args.isolate,
         "reference_python": args.reference_python,
         "candidate_python": args.candidate_python,
         "reference_nproc": args.reference_nproc,
         "candidate_nproc": args.candidate_nproc,
-        "value_budget": round(args.value_budget * 2**20),
     }
+
+
+def _trace_options(args: argparse.Namespace) -> dict:
+    return {**_where_sides_run(args), "value_budget": round(args.value_budget * 2**20)}
 
 
 def run_trace(args: argparse.Namespace, console: Console) -> int:
@@ -627,7 +637,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
         raise BisectrError(f"--steps must be at least 1 (got {args.steps})")
     status_console = Console(stderr=True)
     if args.json:
-        result = train(args.model_file, args.reference, args.candidate, args.steps)
+        result = train(args.model_file, args.reference, args.candidate, args.steps, **_where_sides_run(args))
         print(json.dumps(result.to_dict(), allow_nan=False))
     else:
         with status_console.status("training") as status:
@@ -636,7 +646,9 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
                 _interruption_point()
                 status.update(message)
 
-            result = train(args.model_file, args.reference, args.candidate, args.steps, progress)
+            result = train(
+                args.model_file, args.reference, args.candidate, args.steps, progress, **_where_sides_run(args)
+            )
         if console.is_terminal and not args.no_tui:
             from .tui.training import TrainingApp
 

@@ -795,7 +795,12 @@ def training_lines(result: TrainingResult) -> list[Line]:
         head = f"training verdict: match over {steps} steps"
     lines: list[Line] = [[(head, result.verdict)]]
     culprit = result.culprit
-    if culprit is not None and not isinstance(culprit, Culprit):
+    if culprit is not None and culprit.kind == "reduction":
+        lines.append([(f"culprit: the {culprit.side}'s reduction across its ranks: ", ""), (culprit.what, "bold")])
+        names = culprit.parameters
+        listed = ", ".join(names) if len(names) <= 6 else f"{', '.join(names[:4])} and {len(names) - 4} more"
+        lines.append([(f"  parameters ({len(names)}): ", ""), (listed, "accent")])
+    elif culprit is not None and not isinstance(culprit, Culprit):
         lines.append(
             [
                 ("culprit: the optimizer's ", ""),

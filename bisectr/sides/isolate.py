@@ -45,6 +45,8 @@ from .runner import (
     ReplayVJP,
     Request,
     Rerun,
+    StepValues,
+    TrainStep,
     Watch,
 )
 from ..capture.store import TensorWriter
@@ -154,9 +156,11 @@ class Worker:
     def __init__(self):
         self.runner: LocalSide | None = None
 
+    on_ranks = False  # one rank of a side on several processes
+
     def build(self, model_file: str, role: str, function: str) -> None:
         path = Path(model_file)
-        self.runner = LocalSide(build_side(load_module(path), path, role, function))
+        self.runner = LocalSide(build_side(load_module(path), path, role, function), self.on_ranks)
 
     def record(self, directory: str | None, options: RecordOptions) -> tuple[dict, dict]:
         """The trace as JSON data, and where the worker wrote each tensor in `directory`/tensors.bin."""
@@ -358,4 +362,8 @@ def doing(request: Request) -> str:
             return f"reading tensor {tid} from the model"
         case RecordAgain():
             return "recording again"
+        case TrainStep(width, number):
+            return f"training step {number}" + (" in float64" if width == 64 else "")
+        case StepValues(width, measure, parameter):
+            return f"reading {parameter}'s {measure}" + (" in float64" if width == 64 else "")
     return type(request).__name__

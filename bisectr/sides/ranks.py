@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 from ..errors import BisectrError
 from .isolate import Worker, doing, receive_message, reply_error, send_message, serve
 from ..capture.recording import RecordOptions
-from .runner import Request, Watch
+from .runner import EachRank, Request, Watch
 from ..capture.store import TensorWriter
 from ..capture.trace import RANKS_DIFFER, Trace
 
@@ -75,6 +75,8 @@ class RankWorker(Worker):
     """One rank's worker: joins the process group before the model is built; records into a
     scratch directory unless it is the first rank (every rank reads the same tensors, so that
     each runs the same collectives)."""
+
+    on_ranks = True
 
     def __init__(self, rank: int):
         super().__init__()
@@ -226,9 +228,13 @@ class RankedSide:
         return traces[0]
 
     def run(self, request: Request) -> Any:
+        """The first rank's answer (every rank's, by rank, to an `EachRank` request)."""
+        each = isinstance(request, EachRank)
+        asked = request.request if each else request
         with self._lock:
-            self._send_all(("run", request))
-            return self._collect(doing(request))[0]
+            self._send_all(("run", asked))
+            answers = self._collect(doing(asked))
+        return answers if each else answers[0]
 
     def close(self) -> None:
         self._finalizer()

@@ -191,6 +191,14 @@ class RerunByCode:
 
 
 @dataclass
+class EachRank:
+    """`request` answered by every rank of a side on several processes, not only by the first. -> the list of
+    their answers, by rank (one answer for a side on one process)"""
+
+    request: Any
+
+
+@dataclass
 class Fix:
     """Make `fix`'s changes to the side, before it is recorded (`--fix-nondeterminism`). -> None"""
 
@@ -215,6 +223,7 @@ Request = (
     | DrawsRandom
     | RerunByCode
     | Fix
+    | EachRank
     | OpenCompiled
     | CloseCompiled
     | CompiledQuestion
@@ -303,10 +312,12 @@ def _refuse_unrecorded_outputs(side: BuiltSide, trace: Trace) -> None:
 
 
 class LocalSide:
-    """A side whose model lives in this process: each request is answered by its engine (`ANSWERS`)."""
+    """A side whose model lives in this process: each request is answered by its engine (`ANSWERS`).
+    `on_ranks`: this process is one rank of a side on several processes."""
 
-    def __init__(self, side: BuiltSide):
-        self.side = side
+    def __init__(self, side: BuiltSide, on_ranks: bool = False):
+        self.side, self.on_ranks = side, on_ranks
+        side.adapter.hold_whole(side.model)
         self.recorded = RecordedCalls()
         self.trace: Trace | None = None
         self.trainers: dict[int, Trainer] = {}  # by width (`TrainStep`)
@@ -399,6 +410,9 @@ class LocalSide:
     def _fix(self, request: Fix) -> None:
         self.side.apply(request.fix)
 
+    def _each_rank(self, request: EachRank) -> list[Any]:
+        return [self.run(request.request)]
+
     def _open_compiled(self, request: OpenCompiled) -> tuple[str, float] | None:
         self.compiled = probe_compiled(self.side.adapter, self.trace, self.recorded, request.index, request.values)
         return None if self.compiled is None else (self.compiled.backend, self.compiled.rounding())
@@ -414,7 +428,7 @@ class LocalSide:
         if width not in self.trainers:
             side = self.side
             module = sys.modules.get(module_name(side.model_file)) or load_module(side.model_file)
-            self.trainers[width] = Trainer(side, module, seeds, float64=width == 64)
+            self.trainers[width] = Trainer(side, module, seeds, float64=width == 64, on_ranks=self.on_ranks)
         return self.trainers[width]
 
     ANSWERS: dict[type, Callable[[LocalSide, Any], Any]] = {
@@ -435,6 +449,7 @@ class LocalSide:
         DrawsRandom: _draws_random,
         RerunByCode: _rerun_by_code,
         Fix: _fix,
+        EachRank: _each_rank,
         OpenCompiled: _open_compiled,
         CloseCompiled: _close_compiled,
         **dict.fromkeys(CompiledQuestion.__subclasses__(), _compiled_question),

@@ -1,0 +1,98 @@
+"""Training on several processes against one (`bisectr train` with a side on torchrun's ranks): DDP, FSDP2 and
+tensor parallel with sequence parallel, correct (`noise`) and with the bugs of `ranks_training.py`, each named at
+its step and stage; bad input refused naming its cause."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import MODELS, line_of
+
+RANKS = MODELS / "ranks_training.py"
+
+pytestmark = pytest.mark.once
+
+
+def train(candidate: str, steps: int, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "bisectr", "train", str(RANKS), "--candidate", candidate, "--steps", str(steps)]
+        + list(options),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def train_json(candidate: str, steps: int) -> dict:
+    done = train(candidate, steps, "--json")
+    assert done.returncode in (0, 1), done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(
+    "candidate", ["candidate_ddp", "candidate_fsdp_bf16_reduce", "candidate_tp_sp", "candidate_tp_sp_local_up"]
+)
+def test_correct_training_on_2_ranks_is_noise_over_5_steps(candidate):
+    result = train_json(candidate, 5)
+    assert result["verdict"] == "noise" and len(result["steps"]) == 5
+    for row in result["steps"]:
+        assert row["float64_error"]["gradient"] < 1e-12 and row["float64_error"]["update"] < 1e-12
+        assert row["error"]["loss"] < 1e-4
+    bf16 = candidate == "candidate_fsdp_bf16_reduce"
+    assert (result["steps"][0]["error"]["gradient"] > 1e-4) == bf16  # a bf16 reduction rounds, within its own rounding
+
+
+def test_accumulation_over_micro_batches_divided_by_their_number_is_noise():
+    result = train_json("candidate_ddp_accumulation", 2)
+    assert result["verdict"] == "noise"
+
+
+def test_gradients_averaged_twice_are_the_reduction_at_step_1_with_their_factor():
+    result = train_json("candidate_ddp_averaged_twice", 2)
+    culprit = result["culprit"]
+    assert (result["verdict"], result["first_step"], result["stage"]) == ("divergent", 1, "reduction")
+    assert culprit["kind"] == "reduction" and culprit["side"] == "candidate"
+    assert culprit["factor"] == pytest.approx(0.5, rel=1e-6) and "averaged twice" in culprit["what"]
+    assert len(culprit["parameters"]) == 14 and "module.blocks.0.up.weight" in culprit["parameters"]
+    assert result["steps"][0]["float64_error"]["loss"] < 1e-12  # the losses agree: not the forward
+
+
+def test_norms_left_out_of_the_sequence_parallel_plan_are_never_reduced():
+    result = train_json("candidate_tp_sp_norm_unreduced", 2)
+    culprit = result["culprit"]
+    assert (result["verdict"], result["first_step"], result["stage"]) == ("divergent", 1, "reduction")
+    assert sorted(culprit["parameters"]) == sorted(
+        f"blocks.{block}.norm.{name}" for block in (0, 1) for name in ("weight", "bias")
+    )
+    assert "never reduced across the 2 ranks" in culprit["what"] and "their sum" in culprit["what"]
+
+
+def test_accumulation_without_dividing_by_the_micro_batches_is_named_by_its_factor():
+    result = train_json("candidate_ddp_undivided", 2)
+    assert (result["verdict"], result["first_step"], result["stage"]) == ("divergent", 1, "forward")
+    first = result["steps"][0]["loss"]
+    assert first["candidate"] == pytest.approx(2 * first["reference"], rel=1e-5)
+    assert "accumulates 2 micro-batches, each loss not divided by 2" in result["note"]
+
+
+def test_a_world_size_that_does_not_divide_the_batch_is_refused():
+    done = train("candidate_ddp_uneven", 2, "--no-tui")
+    assert done.returncode == 2, done.stderr
+    assert "2 ranks were given batches of different shapes at step 1" in done.stderr
+    assert "rank 0: (3, 8, 16); rank 1: (1, 8, 16)" in done.stderr and "does not divide the batch" in done.stderr
+
+
+def test_a_rank_that_raises_in_its_step_is_named_with_the_step_and_line():
+    done = train("candidate_ddp_raises", 3, "--no-tui")
+    assert done.returncode == 2, done.stderr
+    assert "rank 1 of the candidate side" in done.stderr
+    assert "candidate_ddp_raises_batch(2) raised RuntimeError: the data loader of rank 1 failed" in done.stderr
+    assert f'ranks_training.py", line {line_of(RANKS, "@raises")}' in done.stderr
+
+
+def test_a_local_shard_taken_without_its_backward_reduction_is_the_backward_at_step_1_bracketing_its_line():
+    result = train_json("candidate_tp_sp_missing_reduction", 1)
+    assert (result["verdict"], result["first_step"], result["stage"]) == ("divergent", 1, "backward")
+    assert f"ranks_training.py:{line_of(RANKS, '@missing_reduction')}" in result["note"]
