@@ -47,6 +47,7 @@ from .measure.result import Result
 from .measure.runrecord import in_layout, layouts_by_error
 from .run import Run, how_traced, record_run, start_sides, temporary_run_dir
 from .serial import to_plain
+from .sides.ranks import Rendezvous
 from .sides.runner import DecodeStep, OpenStep, SideRunner
 
 StepVerdict = Literal["match", "noise", "divergent"]
@@ -124,16 +125,31 @@ def generate(
     isolate: bool = False,
     reference_python: str | None = None,
     candidate_python: str | None = None,
+    reference_nproc: int | None = None,
+    candidate_nproc: int | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> GenerationResult:
     """Decode `tokens` steps after the prefill on both sides of `model_file` and compare them step by
-    step (see the module docstring); with `isolate` (or a side's python), each side runs in its own process."""
+    step (see the module docstring); with `isolate` (or a side's python), each side runs in its own process,
+    and a side with its nproc (`run.trace`) on torchrun's ranks."""
     say = progress or (lambda message: None)
     if tokens < 1:
         raise ModelFileError(f"{model_file}: --tokens must be at least 1 (got {tokens})")
     model_file = Path(model_file)
     module = load_module(model_file)
-    traced = how_traced(module, model_file, reference, candidate, isolate, reference_python, candidate_python)
-    runners, pins = start_sides(module, model_file, traced)
+    traced = how_traced(
+        module,
+        model_file,
+        reference,
+        candidate,
+        isolate,
+        reference_python,
+        candidate_python,
+        reference_nproc,
+        candidate_nproc,
+        rendezvous=rendezvous,
+    )
+    runners, pins = start_sides(module, model_file, traced, rendezvous)
     decoding = _Decoding(runners, model_file, tokens)
     rows = []
     for number in range(tokens + 1):

@@ -28,7 +28,7 @@ from .environment import describe
 from .errors import BisectrError, ModelFileError, RunDirError
 from .sides.isolate import IsolatedSide
 from .capture.modelfile import SideFix, build_side, declared_nproc, load_module
-from .sides.ranks import RankedSide
+from .sides.ranks import RankedSide, Rendezvous
 from .measure.runrecord import DEFAULT_VALUE_BUDGET, HowTraced, OutputPair, RunRecord, pair_outputs
 from .capture.recording import RecordOptions
 from .measure.result import Result
@@ -201,6 +201,7 @@ def trace(
     watch: Callable[[str, Callable[[], int]], None] | None = None,
     commit: bool = True,
     fixes: dict[str, SideFix] | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> Run:
     """Record both sides of `model_file`, pair their outputs and align them, into the run
     directory `out` (a temporary one if None). With `commit=False` nothing is moved into
@@ -217,7 +218,8 @@ def trace(
     with `reference_python` / `candidate_python` (default: this interpreter); naming one implies it.
     A side with `reference_nproc` / `candidate_nproc` above 1 runs on that many processes started by
     torchrun (`bisectr.sides.ranks`), as a tensor-parallel model does; None: as many as the model
-    file's `NPROC` gives its function (`{"candidate": 2}`), else 1.
+    file's `NPROC` gives its function (`{"candidate": 2}`), else 1. With `rendezvous` on several nodes, the
+    candidate's ranks are `candidate_nproc` per node on each of them, this process node 0's bisectr.
 
     `fixes` (role -> `SideFix`) are made to the sides before they are recorded (see `steadied`).
     """
@@ -237,10 +239,11 @@ def trace(
         keep_modules,
         value_budget,
         fixes,
+        rendezvous,
     )
     run_dir = Path(out) if out is not None else temporary_run_dir(model_file.stem)
     with RunLock(run_dir):  # a run directory another process writes is refused before any model is built
-        runners, pins = start_sides(module, model_file, traced)
+        runners, pins = start_sides(module, model_file, traced, rendezvous)
         return record_run(traced, runners, pins, run_dir, model_file, watch, commit)
 
 
@@ -258,6 +261,7 @@ def how_traced(
     keep_modules: tuple[str, ...] = (),
     value_budget: int | None = DEFAULT_VALUE_BUDGET,
     fixes: dict[str, SideFix] | None = None,
+    rendezvous: Rendezvous | None = None,
 ) -> HowTraced:
     """How the sides of `model_file` (loaded as `module`) are to be built and recorded (see `trace`)."""
     nprocs = {
@@ -283,6 +287,7 @@ def how_traced(
         nprocs["reference"],
         nprocs["candidate"],
         fixes=dict(fixes or {}),
+        candidate_nodes=rendezvous.nnodes if rendezvous is not None else 1,
     )
 
 
@@ -322,11 +327,12 @@ def record_run(
 
 
 def start_sides(
-    module: ModuleType, model_file: Path, traced: HowTraced
+    module: ModuleType, model_file: Path, traced: HowTraced, rendezvous: Rendezvous | None = None
 ) -> tuple[dict[str, SideRunner], dict[str, str] | None]:
     """Each side's runner, and the model file's `ALIGN_MODULES` pins (candidate module -> reference module).
     Sides in other processes build their models while this one builds its own (from `module`, the
-    loaded model file); on any failure every process started is stopped."""
+    loaded model file); on any failure every process started is stopped. `rendezvous`: the nodes the
+    candidate's ranks spread over."""
     pins = getattr(module, "ALIGN_MODULES", None)
     functions = {"reference": traced.reference_fn, "candidate": traced.candidate_fn}
     nprocs = {"reference": traced.reference_nproc, "candidate": traced.candidate_nproc}
@@ -334,8 +340,9 @@ def start_sides(
     started: dict[str, IsolatedSide | RankedSide] = {}
     try:
         for role, function in functions.items():
-            if nprocs[role] > 1:
-                started[role] = RankedSide(model_file, role, function, nprocs[role], pythons[role])
+            nodes = rendezvous if role == "candidate" and rendezvous is not None and rendezvous.nnodes > 1 else None
+            if nprocs[role] > 1 or nodes is not None:
+                started[role] = RankedSide(model_file, role, function, nprocs[role], pythons[role], nodes)
             elif traced.isolate:
                 started[role] = IsolatedSide(model_file, role, function, pythons[role])
         local = {

@@ -1,10 +1,13 @@
 """Training on several processes against one (`bisectr train` with a side on torchrun's ranks): DDP, FSDP2 and
 tensor parallel with sequence parallel, correct (`noise`) and with the bugs of `ranks_training.py`, each named at
-its step and stage; bad input refused naming its cause."""
+its step and stage; bad input refused naming its cause; the same on two machines (two torchrun agents here)."""
 
 import json
+import os
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -96,3 +99,80 @@ def test_a_local_shard_taken_without_its_backward_reduction_is_the_backward_at_s
     result = train_json("candidate_tp_sp_missing_reduction", 1)
     assert (result["verdict"], result["first_step"], result["stage"]) == ("divergent", 1, "backward")
     assert f"ranks_training.py:{line_of(RANKS, '@missing_reduction')}" in result["note"]
+
+
+# -- two machines: two torchrun agents on this one, one rank each ------------------------------------
+
+
+def free_port_pair() -> int:
+    """A port whose next port is free too (torchrun's store, and bisectr's on the next)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        try:
+            with socket.socket() as following:
+                following.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise AssertionError("no two free ports in a row")
+
+
+def on_nodes(
+    command: list[str], port: int, nodes: tuple[int, ...] = (0, 1), **env: str
+) -> dict[int, subprocess.CompletedProcess]:
+    """`command` run as each of `nodes` of 2 (every other node first, in the background), one rank each."""
+    options = ["--candidate-nproc", "1", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    environment = {**os.environ, **env}
+    started = {
+        node: subprocess.Popen(
+            [sys.executable, "-m", "bisectr", *command, *options, "--node-rank", str(node)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
+        for node in sorted(nodes, reverse=True)
+    }
+    done = {}
+    for node, process in started.items():
+        stdout, stderr = process.communicate(timeout=600)
+        done[node] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    return done
+
+
+def test_two_nodes_of_one_rank_give_the_answers_of_one_node_of_two():
+    trained = ["train", str(RANKS), "--steps", "2", "--json", "--candidate"]
+    correct = on_nodes([*trained, "candidate_ddp"], free_port_pair())
+    averaged_twice = on_nodes([*trained, "candidate_ddp_averaged_twice"], free_port_pair())
+    for done in (*correct.values(), *averaged_twice.values()):
+        assert done.returncode in (0, 1), done.stderr
+    assert "node 1 of 2: 1 rank(s) of the candidate side" in correct[1].stderr and not correct[1].stdout
+    assert json.loads(correct[0].stdout)["verdict"] == "noise"
+    result = json.loads(averaged_twice[0].stdout)
+    assert (result["verdict"], result["first_step"], result["stage"]) == ("divergent", 1, "reduction")
+    assert result["culprit"]["factor"] == pytest.approx(0.5, rel=1e-6) and len(result["culprit"]["parameters"]) == 14
+
+
+def test_a_tensor_parallel_forward_on_two_nodes_is_bisected_as_on_one():
+    done = on_nodes(["bisect", str(MODELS / "tp_decoder.py"), "--json"], free_port_pair())
+    assert done[0].returncode == 0 and done[1].returncode == 0, done[0].stderr + done[1].stderr
+    assert json.loads(done[0].stdout)["verdict"] == "noise"
+
+
+def test_a_node_that_never_joins_is_named_within_the_join_timeout():
+    started = time.monotonic()
+    done = on_nodes(
+        ["train", str(RANKS), "--candidate", "candidate_ddp"], free_port_pair(), (0,), BISECTR_JOIN_TIMEOUT="10"
+    )[0]
+    assert done.returncode == 2 and time.monotonic() - started < 120, done.stderr
+    assert "node 1 of 2 never joined (the rendezvous at 127.0.0.1:" in done.stderr
+
+
+def test_a_node_whose_node_0_never_comes_stops_within_the_join_timeout():
+    done = on_nodes(
+        ["train", str(RANKS), "--candidate", "candidate_ddp"], free_port_pair(), (1,), BISECTR_JOIN_TIMEOUT="10"
+    )[1]
+    assert done.returncode == 2, done.stderr
+    assert "node 0 never came to the rendezvous at 127.0.0.1:" in done.stderr

@@ -44,7 +44,8 @@ class HowTraced:
     keep_modules: list[str] = field(default_factory=list)
     value_budget: int | None = None  # bytes of op outputs stored per side (see `trace`)
     reference_nproc: int = 1  # processes torchrun ran the side on (`bisectr.sides.ranks`)
-    candidate_nproc: int = 1
+    candidate_nproc: int = 1  # per node, on `candidate_nodes` machines
+    candidate_nodes: int = 1
     environment: dict[str, str | None] = field(default_factory=dict)  # `environment.describe()` where it was traced
     settings: dict[str, dict[str, str]] = field(default_factory=dict)  # each side's `Trace.settings`
     fixes: dict[str, SideFix] = field(default_factory=dict)  # what `--fix-nondeterminism` changed in each side

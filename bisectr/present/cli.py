@@ -13,7 +13,7 @@ import threading
 import traceback
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, NoReturn, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -25,6 +25,9 @@ from ..errors import BisectrError, UserModelError
 from ..measure.result import Result
 from ..measure.runrecord import DEFAULT_VALUE_BUDGET
 from ..serial import to_plain
+
+if TYPE_CHECKING:
+    from ..sides.ranks import Rendezvous
 
 EXIT_OK, EXIT_DIVERGENT, EXIT_ERROR, EXIT_BUG = 0, 1, 2, 3
 # Off a terminal (a pipe, a file) tables are printed at their natural width: no cell cut or wrapped.
@@ -96,9 +99,20 @@ def _add_ranks_arguments(parser: argparse.ArgumentParser) -> None:
             f"--{role}-nproc",
             type=int,
             metavar="N",
-            help=f"run the {role} side on N processes started by torchrun (tensor or data parallel; "
+            help=f"run the {role} side on N processes (per node) started by torchrun (tensor or data parallel; "
             "torch.distributed); default: the model file's NPROC for the side's function, else 1",
         )
+    nodes = parser.add_argument_group(
+        "several machines (torchrun's rendezvous; the candidate's ranks)",
+        "Every node runs the same command with its own --node-rank: node 0 searches, the others serve it their ranks.",
+    )
+    nodes.add_argument("--nnodes", type=int, default=1, metavar="N", help="machines the candidate's ranks run on")
+    nodes.add_argument("--node-rank", type=int, default=0, metavar="R", help="this machine's rank among them (0..N-1)")
+    nodes.add_argument("--master-addr", metavar="HOST", help="node 0's address (torchrun's store on --master-port)")
+    nodes.add_argument(
+        "--master-port", type=int, default=29500, metavar="PORT", help="torchrun's store on node 0 (bisectr's: PORT+1)"
+    )
+    nodes.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address and port in one")
 
 
 def _add_isolation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -238,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     generate.add_argument("--no-tui", action="store_true", help="print the text summary even on a terminal")
     _add_isolation_arguments(generate)
+    _add_ranks_arguments(generate)
     generate.add_argument(
         "--report", metavar="PATH", help="also write PATH.md and PATH.html: the error and margin by step, the culprit"
     )
@@ -286,6 +301,8 @@ def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> 
     if not console.is_terminal:
         console.width = UNBOUNDED_WIDTH
     try:
+        if getattr(args, "node_rank", 0) > 0:
+            return _serve_as_node(args)
         status = COMMANDS[args.command](args, console)
         _interruption_point()
         return status
@@ -428,14 +445,46 @@ def _recording_status(
 
 
 def _where_sides_run(args: argparse.Namespace) -> dict:
-    """`trace`'s arguments saying where each side runs: its own worker, interpreter and ranks."""
+    """`trace`'s arguments saying where each side runs: its own worker, interpreter, ranks and machines."""
     return {
         "isolate": args.isolate,
         "reference_python": args.reference_python,
         "candidate_python": args.candidate_python,
         "reference_nproc": args.reference_nproc,
         "candidate_nproc": args.candidate_nproc,
+        "rendezvous": _rendezvous(args),
     }
+
+
+def _rendezvous(args: argparse.Namespace) -> Rendezvous | None:
+    """The machines the candidate's ranks spread over (None: this one only)."""
+    from ..sides.ranks import Rendezvous
+
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise BisectrError(f"--node-rank must be from 0 to --nnodes - 1 ({args.nnodes - 1}), not {args.node_rank}")
+    if args.nnodes == 1:
+        return None
+    address, port = args.master_addr, args.master_port
+    if args.rdzv_endpoint:
+        address, _, given = args.rdzv_endpoint.rpartition(":")
+        if not address or not given.isdigit():
+            raise BisectrError(f"--rdzv-endpoint must be HOST:PORT, not {args.rdzv_endpoint!r}")
+        port = int(given)
+    if not address:
+        raise BisectrError(f"--nnodes {args.nnodes} needs node 0's address: --master-addr HOST or --rdzv-endpoint")
+    return Rendezvous(args.nnodes, args.node_rank, address, port)
+
+
+def _serve_as_node(args: argparse.Namespace) -> int:
+    """Node R > 0 of the candidate's machines: serve node 0's bisectr this node's ranks, then exit."""
+    from ..capture.modelfile import declared_nproc, load_module
+    from ..sides.ranks import serve_node
+
+    rendezvous = _rendezvous(args)
+    model_file = Path(args.model_file)
+    nproc = args.candidate_nproc or declared_nproc(load_module(model_file), model_file, args.candidate)
+    serve_node("candidate", nproc, rendezvous, args.candidate_python)
+    return EXIT_OK
 
 
 def _trace_options(args: argparse.Namespace) -> dict:
@@ -664,7 +713,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
 def run_generate(args: argparse.Namespace, console: Console) -> int:
     from ..generation import generate
 
-    options = dict(isolate=args.isolate, reference_python=args.reference_python, candidate_python=args.candidate_python)
+    options = _where_sides_run(args)
     if args.json:
         result = generate(args.model_file, args.reference, args.candidate, args.tokens, **options)
     else:

@@ -15,6 +15,12 @@ plain tensor (after `to_local()`) is its own part: the first rank's is recorded.
 the same ops: where their traces differ, the first op that does is named. A rank that fails is
 named with its traceback, and a rank that stops answering is given up on after a timeout
 (`BISECTR_RANK_TIMEOUT`, seconds; also each rank's process-group timeout), never waited for forever.
+
+On several machines (`Rendezvous`: torchrun's `--nnodes`, `--node-rank`, `--master-addr`, `--master-port`),
+node 0 is where bisectr searches: it starts torchrun for its own ranks and listens for every node's ranks on
+the master's port + 1. Every other node runs the same command with its own `--node-rank` (`serve_node`): it
+starts torchrun for its ranks, which connect to node 0, and waits for them. Ranks that have not all connected
+within `BISECTR_JOIN_TIMEOUT` seconds (default 120) are given up on, naming the nodes that never joined.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import tempfile
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from ..errors import BisectrError
@@ -40,7 +47,8 @@ from ..capture.store import TensorWriter
 from ..capture.trace import RANKS_DIFFER, Trace
 
 RANK_TIMEOUT_S = float(os.environ.get("BISECTR_RANK_TIMEOUT", "60"))
-_CONNECT_TIMEOUT_S = 120.0  # torchrun's start and each rank's interpreter
+# torchrun's start, every node's joining and each rank's interpreter
+_CONNECT_TIMEOUT_S = float(os.environ.get("BISECTR_JOIN_TIMEOUT", "120"))
 _STOP_TIMEOUT_S = 5.0
 # Once a rank has failed, how long the others have to answer: those that fail the same way answer at
 # once; the rest wait in a collective the failed rank never joins.
@@ -49,9 +57,17 @@ _AFTER_FAILURE_S = 5.0
 # Run by each rank's interpreter (torchrun --no-python): connect back, then serve requests. Needs only
 # the standard library until bisectr is imported, so that an interpreter without it says so.
 _RANK_BOOTSTRAP = """\
-import os, pickle, signal, socket, sys
+import os, pickle, signal, socket, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-connection = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+deadline = time.monotonic() + float(sys.argv[3])
+while True:  # node 0's bisectr may not listen yet
+    try:
+        connection = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.5)
 requests, replies = connection.makefile("rb"), connection.makefile("wb")
 pickle.dump(("hello", int(os.environ["RANK"])), replies, protocol=4)
 replies.flush()
@@ -128,40 +144,123 @@ def serve_rank(requests: BinaryIO, replies: BinaryIO) -> None:
     serve(requests, replies, RankWorker(int(os.environ["RANK"])))
 
 
+# ---------------------------------------------------------------- where the ranks meet
+
+
+@dataclass
+class Rendezvous:
+    """How a side's ranks spread over machines, as torchrun's options say it: `nnodes` machines, this one
+    `node_rank`, node 0 at `master_addr`:`master_port` (torchrun's store; bisectr listens on the next port).
+    One machine: torchrun's `--standalone`."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    @property
+    def parent(self) -> tuple[str, int]:
+        """Where node 0's bisectr listens for the ranks."""
+        return (self.master_addr, self.master_port + 1 if self.nnodes > 1 else 0)
+
+    def torchrun_options(self, nproc: int) -> list[str]:
+        if self.nnodes == 1:
+            return ["--standalone", f"--nproc-per-node={nproc}"]
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node-rank={self.node_rank}",
+            f"--master-addr={self.master_addr}",
+            f"--master-port={self.master_port}",
+            f"--rdzv-conf=timeout={max(1, round(_CONNECT_TIMEOUT_S))}",  # a node 0 that never comes
+            f"--nproc-per-node={nproc}",
+        ]
+
+
+def _torchrun(python: str, nproc: int, rendezvous: Rendezvous, parent: tuple[str, int]) -> list[str]:
+    """The command starting this node's `nproc` ranks, each connecting to the parent at `parent`."""
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        *rendezvous.torchrun_options(nproc),
+        "--no-python",
+        python,
+        "-c",
+        _RANK_BOOTSTRAP,
+        parent[0],
+        str(parent[1]),
+        str(_CONNECT_TIMEOUT_S),
+    ]
+
+
+def _rank_environment() -> dict[str, str]:
+    # One hash seed for every rank: a model that iterates a set of strings (Gemma-3's rotary tables, one per
+    # layer type) then runs its ops in one order on all of them.
+    seed = os.environ.get("PYTHONHASHSEED", "random")
+    return {**os.environ, "PYTHONHASHSEED": "0" if seed == "random" else seed}
+
+
+def serve_node(role: str, nproc: int, rendezvous: Rendezvous, python: str | None = None) -> None:
+    """Node `rendezvous.node_rank` (not 0) of a side on several machines: start torchrun for this node's `nproc`
+    ranks, which connect to node 0's bisectr and serve it, and wait until they are done."""
+    python = python or sys.executable
+    print(
+        f"bisectr: node {rendezvous.node_rank} of {rendezvous.nnodes}: {nproc} rank(s) of the {role} side for "
+        f"the bisectr on {rendezvous.master_addr} (node 0)",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        status = subprocess.run(
+            _torchrun(python, nproc, rendezvous, rendezvous.parent),
+            stdin=subprocess.DEVNULL,
+            stdout=2,
+            env=_rank_environment(),
+        ).returncode
+    except OSError as exc:
+        raise BisectrError(f"cannot start torchrun for node {rendezvous.node_rank} with {python}: {exc}") from None
+    if status != 0:
+        raise BisectrError(
+            f"node {rendezvous.node_rank}'s ranks ended with torchrun's status {status}: node 0 never came to the "
+            f"rendezvous at {rendezvous.master_addr}:{rendezvous.master_port} within {_CONNECT_TIMEOUT_S:.0f} s, "
+            "or stopped it (its messages are above and on node 0)"
+        )
+
+
 # ---------------------------------------------------------------- the parent's side
 
 
 class RankedSide:
-    """A side whose model runs on `nproc` ranks that torchrun starts with interpreter `python`."""
+    """A side whose model runs on `nproc` ranks per node that torchrun starts with interpreter `python`, on the
+    nodes `rendezvous` says (this one node 0)."""
 
-    def __init__(self, model_file: str | os.PathLike, role: str, function: str, nproc: int, python: str | None = None):
-        self.role, self.nproc = role, nproc
+    def __init__(
+        self,
+        model_file: str | os.PathLike,
+        role: str,
+        function: str,
+        nproc: int,
+        python: str | None = None,
+        rendezvous: Rendezvous | None = None,
+    ):
+        self.role, self.rendezvous = role, rendezvous or Rendezvous()
+        self.nproc = nproc * self.rendezvous.nnodes  # every rank, on every node
         self.python = python or sys.executable
         self.connections: list[socket.socket] = []
         self.streams: list[tuple[BinaryIO, BinaryIO]] = []  # by rank: (requests, replies)
-        server = socket.create_server(("127.0.0.1", 0))
-        command = [
-            self.python,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            "--no-python",
-            self.python,
-            "-c",
-            _RANK_BOOTSTRAP,
-            "127.0.0.1",
-            str(server.getsockname()[1]),
-        ]
+        try:
+            server = socket.create_server(self.rendezvous.parent)
+        except OSError as exc:
+            raise BisectrError(
+                f"cannot listen for the {role} side's ranks on {self.rendezvous.parent[0]}:{self.rendezvous.parent[1]} "
+                f"({exc.strerror or exc}): node 0's bisectr listens on the master port + 1"
+            ) from None
+        command = _torchrun(self.python, nproc, self.rendezvous, server.getsockname()[:2])
         try:
             # The ranks' own output (the user's prints, torchrun's) goes to file descriptor 2 (also where
             # Python's sys.stderr is replaced, in a notebook): stdout is bisectr's.
-            # One hash seed for every rank: a model that iterates a set of strings (Gemma-3's rotary tables,
-            # one per layer type) then runs its ops in one order on all of them.
-            seed = os.environ.get("PYTHONHASHSEED", "random")
-            env = {**os.environ, "PYTHONHASHSEED": "0" if seed == "random" else seed}
             self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=2, start_new_session=True, env=env
+                command, stdin=subprocess.DEVNULL, stdout=2, start_new_session=True, env=_rank_environment()
             )
         except OSError as exc:
             server.close()
@@ -192,7 +291,8 @@ class RankedSide:
                 self.close()
                 raise BisectrError(
                     f"the {self.role} side's ranks did not all start within {_CONNECT_TIMEOUT_S:.0f} s "
-                    f"({len(by_rank)} of {self.nproc} did)"
+                    f"({len(by_rank)} of {self.nproc} did){self._missing_nodes(by_rank)} (BISECTR_JOIN_TIMEOUT "
+                    "sets the timeout)"
                 )
             try:
                 connection, _ = server.accept()
@@ -206,6 +306,23 @@ class RankedSide:
             connection, requests, replies = by_rank[rank]
             self.connections.append(connection)
             self.streams.append((requests, replies))
+
+    def _missing_nodes(self, connected: dict) -> str:
+        """Which nodes never joined, where the side spans several."""
+        rendezvous = self.rendezvous
+        if rendezvous.nnodes == 1:
+            return ""
+        per_node = self.nproc // rendezvous.nnodes
+        missing = sorted({rank // per_node for rank in range(self.nproc) if rank not in connected} - {0})
+        if not connected:  # torchrun starts no rank until every node has joined its rendezvous
+            missing = list(range(1, rendezvous.nnodes))
+        nodes = ", ".join(map(str, missing))
+        return (
+            f": node {nodes} of {rendezvous.nnodes} never joined (the rendezvous at {rendezvous.master_addr}:"
+            f"{rendezvous.master_port}); every node runs the same command with its own --node-rank"
+            if missing
+            else ""
+        )
 
     def wait_built(self) -> None:
         self._collect("building the side")
