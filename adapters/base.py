@@ -434,6 +434,19 @@ class Training(ABC):
         its dtype. Raises `CannotUpcast` where the framework cannot (a side it does not train on several processes)."""
         raise CannotUpcast(f"bisectr does not train {self.name} models on several processes")
 
+    def waits_for_every_gradient(self, model: Any) -> bool:
+        """Does the model's data-parallel wrapping wait, in the backward, for a gradient of every parameter on
+        every rank (DDP without `find_unused_parameters`)? A rank whose forward leaves one out then hangs."""
+        return False
+
+    def unreached(self, loss: Any, parameters: dict[str, Any]) -> list[str]:
+        """The names of `parameters` (name -> tensor) that the backward of `loss` would give no gradient."""
+        return []
+
+    def gathered(self, value: Any) -> list[Any]:
+        """`value` from every rank of this process's group, by rank (a collective every rank runs)."""
+        return [value]
+
     def snapshot(self, tensor: Any) -> Any:
         """A copy of the tensor's values as the model holds them (a shard stays a shard)."""
         return tensor.detach().clone()

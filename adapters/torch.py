@@ -408,6 +408,26 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion, Determin
             layout = self.layout(into)
             into.copy_(whole if layout is None else _distributed(whole, layout))
 
+    def waits_for_every_gradient(self, model: Any) -> bool:
+        data_parallel = _loaded_class("torch.nn.parallel", "DistributedDataParallel")
+        return (
+            data_parallel is not None
+            and isinstance(model, data_parallel)
+            and not model.find_unused_parameters
+            and not model.static_graph
+        )
+
+    def unreached(self, loss: Any, parameters: dict[str, Any]) -> list[str]:
+        reached = {id(leaf) for leaf in _graph_leaves([loss])}
+        return [name for name, tensor in parameters.items() if tensor.requires_grad and id(tensor) not in reached]
+
+    def gathered(self, value: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, value)
+        return every
+
     def clear_gradients(self, optimizer: Any) -> None:
         optimizer.zero_grad(set_to_none=True)
 

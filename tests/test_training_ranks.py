@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,9 +19,9 @@ RANKS = MODELS / "ranks_training.py"
 pytestmark = pytest.mark.once
 
 
-def train(candidate: str, steps: int, *options: str) -> subprocess.CompletedProcess:
+def train(candidate: str, steps: int, *options: str, model: Path = RANKS) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "bisectr", "train", str(RANKS), "--candidate", candidate, "--steps", str(steps)]
+        [sys.executable, "-m", "bisectr", "train", str(model), "--candidate", candidate, "--steps", str(steps)]
         + list(options),
         capture_output=True,
         text=True,
@@ -28,8 +29,8 @@ def train(candidate: str, steps: int, *options: str) -> subprocess.CompletedProc
     )
 
 
-def train_json(candidate: str, steps: int) -> dict:
-    done = train(candidate, steps, "--json")
+def train_json(candidate: str, steps: int, model: Path = RANKS) -> dict:
+    done = train(candidate, steps, "--json", model=model)
     assert done.returncode in (0, 1), done.stderr
     return json.loads(done.stdout)
 
@@ -45,6 +46,14 @@ def test_correct_training_on_2_ranks_is_noise_over_5_steps(candidate):
         assert row["error"]["loss"] < 1e-4
     bf16 = candidate == "candidate_fsdp_bf16_reduce"
     assert (result["steps"][0]["error"]["gradient"] > 1e-4) == bf16  # a bf16 reduction rounds, within its own rounding
+
+
+def test_hugging_face_llama_under_fsdp2_is_noise_and_averaged_twice_under_ddp_is_the_reduction():
+    llama = MODELS / "hf_llama_ranks_training.py"
+    assert train_json("candidate_fsdp", 2, model=llama)["verdict"] == "noise"
+    result = train_json("candidate_ddp_averaged_twice", 2, model=llama)
+    assert (result["verdict"], result["first_step"], result["stage"]) == ("divergent", 1, "reduction")
+    assert result["culprit"]["factor"] == pytest.approx(0.5, rel=1e-6) and len(result["culprit"]["parameters"]) == 21
 
 
 def test_accumulation_over_micro_batches_divided_by_their_number_is_noise():
@@ -99,6 +108,19 @@ def test_a_local_shard_taken_without_its_backward_reduction_is_the_backward_at_s
     result = train_json("candidate_tp_sp_missing_reduction", 1)
     assert (result["verdict"], result["first_step"], result["stage"]) == ("divergent", 1, "backward")
     assert f"ranks_training.py:{line_of(RANKS, '@missing_reduction')}" in result["note"]
+
+
+def test_a_parameter_unused_on_one_rank_under_ddp_is_named_before_its_reduction_hangs():
+    done = train("candidate_ddp_unused", 2, "--reference", "reference_routed", "--no-tui")
+    assert done.returncode == 2, done.stderr
+    assert "at step 1, the candidate's module.expert.bias, module.expert.weight are unused on rank 1" in done.stderr
+    assert "find_unused_parameters=True" in done.stderr
+
+
+def test_ddp_told_of_unused_parameters_averages_without_them_and_is_noise():
+    done = train("candidate_ddp_unused_found", 2, "--reference", "reference_routed", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verdict"] == "noise"
 
 
 # -- two machines: two torchrun agents on this one, one rank each ------------------------------------

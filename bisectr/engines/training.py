@@ -85,7 +85,8 @@ class Trainer:
                 )
             self.training.copy_values(leaf, recorded[name])
             dtype = adapter.dtype_name(leaf)
-            if self.float64 and is_floating(dtype) and dtype != "float64":
+            # A buffer may keep the dtype its code gives it (a rotary table's float32); a parameter is trained.
+            if self.float64 and leaf_kind(name) == "param" and is_floating(dtype) and dtype != "float64":
                 raise CannotUpcast(
                     f"built under float64 defaults, its {leaf_name(name)} is still {dtype} (a dtype given explicitly)"
                 )
@@ -109,12 +110,30 @@ class Trainer:
             with adapter.enable_grad():
                 outputs = replace(side, model=self.model, inputs=inputs).forward()
                 loss = self._loss(outputs)
+            if self.on_ranks and self.training.waits_for_every_gradient(self.model):
+                self._refuse_unused(loss, number)
             self.training.backward(loss)
             total += float(adapter.to_numpy(loss).reshape(()))
         replicas = self._replicas() if self.on_ranks else {}
         self.training.optimizer_step(self.optimizer, self.scheduler)
         shapes = [shape for inputs in batches for shape in _shapes(adapter, inputs)]
         return StepFacts(total, learning_rate, list(self.parameters), len(batches), shapes, replicas)
+
+    def _refuse_unused(self, loss: Any, number: int) -> None:
+        """Raise, on every rank, where some rank's forward left out parameters another used: the backward's
+        reduction would wait for their gradients on that rank forever."""
+        every = self.training.gathered(self.training.unreached(loss, self.parameters))
+        unused = {rank: set(names) for rank, names in enumerate(every)}
+        named = sorted(set().union(*unused.values()) - set.intersection(*unused.values()))
+        if named:
+            ranks = sorted(rank for rank, names in unused.items() if names & set(named))
+            raise ModelFileError(
+                f"{self.side.model_file}: at step {number}, the {self.side.role}'s {', '.join(map(leaf_name, named))} "
+                f"{'is' if len(named) == 1 else 'are'} unused on rank {', '.join(map(str, ranks))} (its forward never "
+                "reaches them) and used on the others: its data-parallel wrapping waits in the backward for their "
+                "gradients on every rank and would hang (DistributedDataParallel(..., find_unused_parameters=True) "
+                "reduces without them)"
+            )
 
     def _batches(self, number: int) -> list[Any]:
         """The step's micro-batches (`<role>_micro_batches(step)`), else its one batch (`<role>_batch(step)`,

@@ -13,6 +13,9 @@ initial weights every side runs the whole batch (what `bisectr bisect` and the t
   `candidate_ddp_undivided`: the same without the division.
 - `candidate_tp_sp_norm_unreduced`: the blocks' norms left out of the sequence-parallel plan: each rank normalizes
   its own tokens with its own copy of the norm's weights, whose gradients are never all-reduced.
+- `candidate_ddp_unused` against `reference_routed`: the last block routes the rows whose first feature is positive
+  through an expert, and rank 1 has none: DDP without `find_unused_parameters` waits for the expert's gradients
+  on rank 1 (`candidate_ddp_unused_found`: with it, correct).
 - `candidate_ddp_uneven`: the batch split by `chunk` into 3 and 1 rows where 2 ranks need 2 each.
 - `candidate_ddp_raises`: rank 1 raises in its step 2 batch.
 """
@@ -34,6 +37,8 @@ NPROC = {
         "candidate_tp_sp_norm_unreduced",
         "candidate_tp_sp_local_up",
         "candidate_tp_sp_missing_reduction",
+        "candidate_ddp_unused",
+        "candidate_ddp_unused_found",
     )
 }
 
@@ -275,3 +280,64 @@ def candidate_tp_sp_missing_reduction():
 
 
 candidate_tp_sp_local_up_batch = candidate_tp_sp_missing_reduction_batch = candidate_tp_sp_batch
+
+
+# -- a parameter unused on one rank ----------------------------------------------------------------
+
+
+def _routed():
+    """A stack whose last block sends the rows whose first feature is positive through a second projection
+    (an expert): on the rank whose rows all have it negative, that projection is unused."""
+    import torch
+    from torch import nn
+
+    class Routed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stack = _stack()
+            self.expert = nn.Linear(WIDTH, WIDTH)
+
+        def forward(self, x):
+            x = self.stack(x)
+            chosen = x[:, 0, 0] > 0
+            if bool(chosen.any()):  # a rank without such a row never calls the expert
+                x = torch.where(chosen[:, None, None], x + self.expert(x), x)
+            return x
+
+    return Routed()
+
+
+def _routed_batch(step: int):
+    """Rows 0-1 routed to the expert (their first feature made large), rows 2-3 not: rank 1's half never is."""
+    (x,) = _whole_batch(step)
+    x = x.clone()
+    x[:2, 0, 0], x[2:, 0, 0] = 10.0, -10.0
+    return (x,)
+
+
+def reference_routed():
+    return _routed(), _routed_batch(0)
+
+
+def reference_routed_batch(step):
+    return _routed_batch(step)
+
+
+def candidate_ddp_unused(find_unused_parameters: bool = False):
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(_routed(), find_unused_parameters=find_unused_parameters)  # @unused
+    return model, _routed_batch(0)
+
+
+def candidate_ddp_unused_batch(step):
+    rank, world = _rank_and_world()
+    (x,) = _routed_batch(step)
+    return (x.chunk(world)[rank],)
+
+
+def candidate_ddp_unused_found():
+    return candidate_ddp_unused(find_unused_parameters=True)
+
+
+candidate_ddp_unused_found_batch = candidate_ddp_unused_batch
