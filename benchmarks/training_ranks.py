@@ -22,6 +22,8 @@ import threading
 import time
 from pathlib import Path
 
+from tensor_parallel import rank_peaks_kb
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "benchmarks" / "models" / "fsdp_stack.py"
 
@@ -63,22 +65,10 @@ def plain_training(steps: int) -> list[dict]:
         return [json.loads(path.read_text()) for path in written]
 
 
-def _peak_kb(pid: int) -> int | None:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return None
-    return next((int(line.split()[1]) for line in status if line.startswith("VmHWM:")), None)
-
-
-def _ranks(parent: int) -> list[int]:
-    """The pids of the ranks torchrun started under `parent` (torchrun's children)."""
-    ranks = []
-    for child in Path(f"/proc/{parent}/task/{parent}/children").read_text().split():
-        command = Path(f"/proc/{child}/cmdline").read_bytes()
-        if b"torch.distributed.run" in command:
-            ranks += [int(pid) for pid in Path(f"/proc/{child}/task/{child}/children").read_text().split()]
-    return sorted(ranks)
+def _torchruns(parent: int) -> list[int]:
+    """The torchrun processes `parent` started (each the parent of a side's ranks)."""
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    return [int(pid) for pid in children if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes()]
 
 
 def bisectr_training(steps: int) -> tuple[float, list[int], str]:
@@ -90,10 +80,11 @@ def bisectr_training(steps: int) -> tuple[float, list[int], str]:
 
     def watch() -> None:
         while not stop.wait(0.2):
-            for pid in _ranks(os.getpid()):
-                peak = _peak_kb(pid)
-                if peak is not None:
-                    peaks[pid] = max(peaks.get(pid, 0), peak)
+            for torchrun in _torchruns(os.getpid()):
+                try:
+                    peaks.update(enumerate(rank_peaks_kb(torchrun)))  # VmHWM only grows: the last read is the peak
+                except (OSError, StopIteration):  # the ranks are exiting
+                    pass
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -102,7 +93,7 @@ def bisectr_training(steps: int) -> tuple[float, list[int], str]:
     seconds = time.perf_counter() - start
     stop.set()
     watcher.join()
-    return seconds, [peaks[pid] for pid in sorted(peaks)], result.verdict
+    return seconds, [peaks[rank] for rank in sorted(peaks)], result.verdict
 
 
 def main() -> None:

@@ -133,6 +133,16 @@ def test_tensor_parallel_benchmark_prints_time_and_each_ranks_memory():
     assert len(ratios) == 2 and all(1.0 <= ratio < 2.0 for ratio in ratios), done.stdout
 
 
+def test_training_ranks_benchmark_prints_each_ranks_memory_against_plain_fsdp2_training():
+    assert "python benchmarks/training_ranks.py" in documentation()
+    done = run_benchmark("training_ranks.py", "--steps", "1", "--width", "64", "--layers", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = re.search(r"FSDP2 on 2 ranks, 0\.1M parameters .* bisectr train \(noise\) [\d.]+ s", done.stdout)
+    assert printed, done.stdout
+    ratios = [float(r) for r in re.findall(r"in plain FSDP2 training \(([\d.]+)x\)", done.stdout)]
+    assert len(ratios) == 2 and all(1.0 <= ratio < 5.0 for ratio in ratios), done.stdout
+
+
 def test_compiled_benchmark_prints_the_search_against_one_compile_and_forward():
     assert "python benchmarks/compiled.py" in documentation()
     done = run_benchmark("compiled.py", "--model", "hf_resnet", timeout=600)
