@@ -56,6 +56,19 @@ def test_hugging_face_llama_under_fsdp2_is_noise_and_averaged_twice_under_ddp_is
     assert result["culprit"]["factor"] == pytest.approx(0.5, rel=1e-6) and len(result["culprit"]["parameters"]) == 21
 
 
+def test_the_sequence_parallel_plan_bisected_pairs_each_norm_weight_with_its_own():
+    """The norm's input is made by the plan's conversion on the candidate and a leaf on the reference: its
+    weight and bias still pair by argument position, not one place early."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bisectr", "bisect", str(RANKS), "--candidate", "candidate_tp_sp", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    result = json.loads(done.stdout)
+    assert result["verdict"] == "noise" and result["leaves"]["summary"] == "14 leaves paired (14 equal)", done.stderr
+
+
 def test_accumulation_over_micro_batches_divided_by_their_number_is_noise():
     result = train_json("candidate_ddp_accumulation", 2)
     assert result["verdict"] == "noise"

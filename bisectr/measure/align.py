@@ -810,14 +810,33 @@ def _pair_op_tensors(both: _TracePair, alignment: Alignment, input_layout: Input
                 alignment.tensors.setdefault(
                     c_tid, TensorPair(c_tid, r_tid, None, pair.confidence, "op", broadcast=broadcasts(r_shape, c_shape))
                 )
-        cand_leaves = [(i, t) for i, t in enumerate(cand_op.inputs) if candidate.tensors[t].producer is None]
-        ref_leaves = [(i, t) for i, t in enumerate(ref_op.inputs) if reference.tensors[t].producer is None]
-        for (ci, c_tid), (ri, r_tid) in zip(cand_leaves, ref_leaves):
+        for (ci, c_tid), (ri, r_tid) in _paired_leaf_inputs(candidate, reference, cand_op, ref_op):
             c_info, r_info = candidate.tensors[c_tid], reference.tensors[r_tid]
             if c_info.size != r_info.size or c_tid in alignment.tensors:
                 continue
             transform = _leaf_transform(candidate, reference, cand_op, ref_op, ci, ri, input_layout)
             alignment.tensors[c_tid] = TensorPair(c_tid, r_tid, transform, pair.confidence, "input")
+
+
+def _paired_leaf_inputs(
+    candidate: Trace, reference: Trace, cand_op: OpNode, ref_op: OpNode
+) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """The two ops' leaf inputs, ((position, tid) on the candidate, on the reference), paired: by argument
+    position where both run one op with as many arguments (an input made by an op on one side, a leaf on the
+    other, as a DTensor's conversion makes it, keeps the weights after it in place); else in order."""
+
+    def is_leaf(trace: Trace, tid: int) -> bool:
+        return trace.tensors[tid].producer is None
+
+    if cand_op.op == ref_op.op and len(cand_op.inputs) == len(ref_op.inputs):
+        return [
+            ((i, c_tid), (i, r_tid))
+            for i, (c_tid, r_tid) in enumerate(zip(cand_op.inputs, ref_op.inputs))
+            if is_leaf(candidate, c_tid) and is_leaf(reference, r_tid)
+        ]
+    cand_leaves = [(i, t) for i, t in enumerate(cand_op.inputs) if is_leaf(candidate, t)]
+    ref_leaves = [(i, t) for i, t in enumerate(ref_op.inputs) if is_leaf(reference, t)]
+    return list(zip(cand_leaves, ref_leaves))
 
 
 def _leaf_transform(
