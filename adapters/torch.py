@@ -53,6 +53,13 @@ def _loaded_class(module: str, name: str) -> type | None:
     return getattr(sys.modules.get(module), name, None)
 
 
+def _fully_sharded_modules(model: Any) -> Iterator[Any]:
+    """The modules of `model` FSDP2's `fully_shard` wrapped (none where the model never imported FSDP2)."""
+    fully_sharded = _loaded_class("torch.distributed.fsdp", "FSDPModule")
+    if fully_sharded is not None and isinstance(model, _torch().nn.Module):
+        yield from (module for module in model.modules() if isinstance(module, fully_sharded))
+
+
 def _is_dtensor(tensor: Any) -> bool:
     dtensor = _loaded_class("torch.distributed.tensor", "DTensor")
     return dtensor is not None and isinstance(tensor, dtensor)
@@ -264,30 +271,22 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion, Determin
         return tensor if layout is None else _distributed(tensor, layout)
 
     def hold_whole(self, model: Any) -> None:
-        fully_sharded = _loaded_class("torch.distributed.fsdp", "FSDPModule")
-        if fully_sharded is None or not isinstance(model, _torch().nn.Module):
-            return
-        for module in model.modules():
-            if isinstance(module, fully_sharded):
-                module.set_reshard_after_forward(False, recurse=False)
-                module.set_reshard_after_backward(False, recurse=False)
-                module.unshard()
+        for module in _fully_sharded_modules(model):
+            module.set_reshard_after_forward(False, recurse=False)
+            module.set_reshard_after_backward(False, recurse=False)
+            module.unshard()
 
     def full_precision(self, model: Any) -> None:
-        fully_sharded = _loaded_class("torch.distributed.fsdp", "FSDPModule")
-        if fully_sharded is None or not isinstance(model, _torch().nn.Module):
-            return
-        from torch.distributed.fsdp import MixedPrecisionPolicy
+        for module in _fully_sharded_modules(model):
+            from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        for module in model.modules():
-            if isinstance(module, fully_sharded):
-                state = module._get_fsdp_state()
-                state._mp_policy = MixedPrecisionPolicy()
-                group = state._fsdp_param_group
-                if group is not None:
-                    group.mp_policy = MixedPrecisionPolicy()
-                    for parameter in group.fsdp_params:
-                        parameter.mp_policy = group.mp_policy
+            state = module._get_fsdp_state()
+            state._mp_policy = MixedPrecisionPolicy()
+            group = state._fsdp_param_group
+            if group is not None:
+                group.mp_policy = MixedPrecisionPolicy()
+                for parameter in group.fsdp_params:
+                    parameter.mp_policy = group.mp_policy
 
     def layout(self, tensor: Any) -> Any:
         if not _is_dtensor(tensor):
@@ -830,9 +829,11 @@ def _make_router_class():
         def __init__(self, listener: OpListener):
             super().__init__()
             self.listener = listener
+            # Only a model that imported FSDP2 has its hooks: others pay no look at the caller's frame.
+            self.fully_sharded = _loaded_class("torch.distributed.fsdp", "FSDPModule") is not None
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if _FRAMEWORK_HOOKS in sys._getframe(1).f_code.co_filename:
+            if self.fully_sharded and _FRAMEWORK_HOOKS in sys._getframe(1).f_code.co_filename:
                 return func(*args, **(kwargs or {}))
             return self.listener.call(op_name(func), func, args, kwargs or {})
 

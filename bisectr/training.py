@@ -463,7 +463,7 @@ def _never_reduced(
             continue
         total = np.sum(each, axis=0)
         for how, values in (("sum", total), ("mean", total / mine.ranks)):
-            if _distance(values, target, pair, comparison, other) < _FLOAT64_EXACT:
+            if comparison._error(values, target, pair, other, 0.0) < _FLOAT64_EXACT:
                 named[how].append(leaf_name(own))
                 break
     how = max(named, key=lambda each: len(named[each]))
@@ -488,7 +488,7 @@ def _scaled(
         if pair is not None:
             values = pair.candidate_in_reference_layout(values, comparison.shapes[other])
         values = values.reshape(target.shape)
-        if _distance(values, target, None, comparison, other) < _FLOAT64_EXACT:
+        if comparison._error(values, target, None, other, 0.0) < _FLOAT64_EXACT:
             continue
         square = float(np.vdot(target, target))
         if square == 0.0:
@@ -512,15 +512,6 @@ def _scaling_text(factor: float, ranks: int) -> str:
     if math.isclose(factor, ranks, rel_tol=1e-6):
         return f"every gradient is {ranks} times the other side's: summed over the {ranks} ranks, not averaged"
     return f"every gradient is {factor:.6g} times the other side's"
-
-
-def _distance(
-    values: np.ndarray, target: np.ndarray, pair: TensorPair | None, comparison: StepComparison, name: str
-) -> float:
-    """Relative difference of a gradient of one side (in the other's layout through `pair`) from the other's."""
-    if pair is not None:
-        values = pair.candidate_in_reference_layout(values, comparison.shapes[name])
-    return relative_to(magnitude(values.reshape(target.shape) - target), magnitude(target))
 
 
 def _listed(names: list[str]) -> str:

@@ -10,6 +10,7 @@ never reduced can be told from one they did."""
 from __future__ import annotations
 
 import hashlib
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -69,13 +70,10 @@ class Trainer:
         """The side's model built again by its function (under float64 defaults for a float64 run), holding
         the recorded model's values. Raises `CannotUpcast` where a float64 build keeps a parameter narrower."""
         side, adapter = self.side, self.side.adapter
-        path = Path(side.model_file)
+        with adapter.float64_defaults() if self.float64 else nullcontext():
+            model = build_side(module, Path(side.model_file), side.role, side.function).model
         if self.float64:
-            with adapter.float64_defaults():
-                model = build_side(module, path, side.role, side.function).model
             adapter.full_precision(model)
-        else:
-            model = build_side(module, path, side.role, side.function).model
         recorded = dict(adapter.named_leaves(side.model))
         for name, leaf in adapter.named_leaves(model):
             if name not in recorded:
