@@ -1,3 +1,3 @@
-from .present.cli import program
+from .present.entry import program
 
 program()

@@ -299,6 +299,7 @@ def searching(process: subprocess.Popen, run_dir: Path, previous_manifest: bytes
 
 
 MOMENTS: dict[str, Moment] = {  # in the order a trace reaches them
+    "after_0.3s": after(0.3),  # importing bisectr's modules
     "after_1s": after(1.0),  # loading bisectr, torch and the model
     "recording_reference": recording_reference,
     "recording_candidate": recording_candidate,

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
-import signal
 import sys
 import tempfile
-import threading
 import traceback
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, NoReturn, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from rich.console import Console
 from rich.markup import escape
 
 from . import report
+from .exits import (
+    EXIT_BUG,
+    EXIT_DIVERGENT,
+    EXIT_ERROR,
+    EXIT_OK,
+    exit_interrupted,
+    ignore_interrupts,
+    interruption_point,
+)
 from ..adapters import silence_import_warnings
 from ..environment import version_text
 from ..errors import BisectrError, UserModelError
@@ -29,7 +35,6 @@ from ..serial import to_plain
 if TYPE_CHECKING:
     from ..sides.ranks import Rendezvous
 
-EXIT_OK, EXIT_DIVERGENT, EXIT_ERROR, EXIT_BUG = 0, 1, 2, 3
 # Off a terminal (a pipe, a file) tables are printed at their natural width: no cell cut or wrapped.
 UNBOUNDED_WIDTH = 1 << 16
 
@@ -274,15 +279,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def program() -> NoReturn:
-    """The `bisectr` command: `main`, then exit with its status (the work is done and said: a
-    Ctrl-C during the interpreter's shutdown no longer changes the status)."""
-    signal.signal(signal.SIGINT, _interrupt)
-    status = main(exit_on_interrupt=True)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.exit(status)
-
-
 def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -304,7 +300,7 @@ def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> 
         if getattr(args, "node_rank", 0) > 0:
             return _serve_as_node(args)
         status = COMMANDS[args.command](args, console)
-        _interruption_point()
+        interruption_point()
         return status
     except BisectrError as exc:
         error_console = Console(stderr=True, soft_wrap=True)
@@ -313,12 +309,12 @@ def main(argv: Sequence[str] | None = None, exit_on_interrupt: bool = False) -> 
             error_console.print(exc.user_traceback, markup=False, highlight=False)
         return EXIT_ERROR
     except KeyboardInterrupt as exc:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # what was kept is said: the shutdown must not be cut short
+        ignore_interrupts()
         Console(stderr=True, soft_wrap=True).print(
             f"bisectr: interrupted; {str(exc) or 'nothing was saved'}", highlight=False
         )
         if exit_on_interrupt:
-            _exit_interrupted()
+            exit_interrupted()
         return EXIT_ERROR
     except Exception as exc:  # what bisectr did not expect is its own bug, never a verdict
         return _report_bug(exc)
@@ -342,36 +338,6 @@ def _launched_as_rank() -> str | None:
                 "--candidate-nproc N and it starts that side's ranks under torchrun itself"
             )
     return None
-
-
-_interrupt_pending = threading.Event()
-
-
-def _interrupt(signum: int, frame) -> None:
-    """Ctrl-C, as Python's own handler, but never inside the import machinery: an exception raised in
-    its module-lock callbacks is printed and ignored, and the interrupt would be lost. There it is
-    kept for the next `_interruption_point`."""
-    if frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
-        _interrupt_pending.set()
-        return
-    raise KeyboardInterrupt
-
-
-def _interruption_point() -> None:
-    """Act on a Ctrl-C that came while modules were being imported."""
-    if _interrupt_pending.is_set():
-        _interrupt_pending.clear()
-        raise KeyboardInterrupt
-
-
-def _exit_interrupted() -> NoReturn:
-    """End the process with status 2 after an interruption. CPython marks a KeyboardInterrupt raised
-    inside code that C++ bindings run with `PyRun_String` (torch's and paddle's, while they import)
-    as unhandled, even once caught, and its normal exit would then end the process by SIGINT."""
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(EXIT_ERROR)
 
 
 def _report_bug(exc: Exception) -> int:
@@ -403,7 +369,7 @@ def _search(run, console: Console, exhaustive: bool, quiet: bool, backward: bool
         return run.bisect(exhaustive=exhaustive, backward=backward, progress=progress)
 
     def progress(message: str) -> None:
-        _interruption_point()
+        interruption_point()
         if status is not None:
             status.update(message)
 
@@ -509,7 +475,7 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
                 commit=False,
                 **_trace_options(args),
             )
-        _interruption_point()
+        interruption_point()
         if not args.stats_only:
             run = _search(
                 run,
@@ -519,12 +485,12 @@ def run_trace(args: argparse.Namespace, console: Console) -> int:
                 backward=args.backward,
                 fix_nondeterminism=args.fix_nondeterminism,
             )
-        _interruption_point()
+        interruption_point()
         run.save()  # traces, alignment and result land together: until here the previous run stays
         if args.report:
             _write_report(run, args.report, console)
         status = _show_trace(args, console, run)
-        _interruption_point()
+        interruption_point()
         return status
     except KeyboardInterrupt:
         raise KeyboardInterrupt(_what_is_kept(run, out)) from None
@@ -692,7 +658,7 @@ def run_train(args: argparse.Namespace, console: Console) -> int:
         with status_console.status("training") as status:
 
             def progress(message: str) -> None:
-                _interruption_point()
+                interruption_point()
                 status.update(message)
 
             result = train(
@@ -720,7 +686,7 @@ def run_generate(args: argparse.Namespace, console: Console) -> int:
         with Console(stderr=True).status("decoding") as status:
 
             def progress(message: str) -> None:
-                _interruption_point()
+                interruption_point()
                 status.update(message)
 
             result = generate(
