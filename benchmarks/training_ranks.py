@@ -7,7 +7,8 @@ the time, side by side.
 Both on `benchmarks/models/fsdp_stack.py` (L blocks of width W, AdamW): first its candidate trained N steps
 under torchrun as a training script would (each rank's peak resident memory, VmHWM), then
 `bisectr.training.train(..., steps=N)` in this process, whose ranks' VmHWM is read from /proc while they run.
-Prints both, and the ratios.
+Plain training runs twice: as is, and with the allocator setting bisectr gives its ranks (`RANK_ALLOCATOR`: a
+fixed mmap threshold, which lowers plain training's peak too). Prints all three, and the ratios.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import time
 from pathlib import Path
 
 from tensor_parallel import rank_peaks_kb
+
+from bisectr.sides.ranks import RANK_ALLOCATOR
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "benchmarks" / "models" / "fsdp_stack.py"
@@ -49,8 +52,8 @@ with open(os.path.join(sys.argv[3], f"rank{dist.get_rank()}.json"), "w") as out:
 """
 
 
-def plain_training(steps: int) -> list[dict]:
-    """Each rank's training time and peak memory, by rank."""
+def plain_training(steps: int, allocator: dict[str, str]) -> list[dict]:
+    """Each rank's training time and peak memory, by rank, with `allocator`'s settings in its environment."""
     with tempfile.TemporaryDirectory(prefix="bisectr-train-bench-") as rows:
         done = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python"]
@@ -58,6 +61,7 @@ def plain_training(steps: int) -> list[dict]:
             capture_output=True,
             text=True,
             timeout=1800,
+            env={**os.environ, **allocator},
         )
         written = sorted(Path(rows).glob("rank*.json"))
         if done.returncode != 0 or len(written) != 2:
@@ -104,17 +108,20 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["BENCH_WIDTH"], os.environ["BENCH_LAYERS"] = str(args.width), str(args.layers)
     parameters = args.layers * 8 * args.width * args.width
-    plain = plain_training(args.steps)
+    plain = plain_training(args.steps, {})
+    like_bisectr = plain_training(args.steps, RANK_ALLOCATOR)
     seconds, peaks, verdict = bisectr_training(args.steps)
     print(
         f"FSDP2 on 2 ranks, {parameters / 1e6:.1f}M parameters ({parameters * 4 / 2**20:.0f} MB in float32), "
         f"{args.steps} steps: bisectr train ({verdict}) {seconds:.1f} s, plain training "
         f"{max(row['seconds'] for row in plain):.2f} s"
     )
-    for rank, (row, peak) in enumerate(zip(plain, peaks)):
+    settings = " ".join(f"{name}={value}" for name, value in RANK_ALLOCATOR.items())
+    for rank, (row, alike, peak) in enumerate(zip(plain, like_bisectr, peaks)):
         print(
-            f"rank {rank}: peak memory {peak / 1024:.0f} MB in bisectr train, {row['peak_kb'] / 1024:.0f} MB in plain "
-            f"FSDP2 training ({peak / row['peak_kb']:.2f}x)"
+            f"rank {rank}: peak memory {peak / 1024:.0f} MB in bisectr train; plain FSDP2 training "
+            f"{row['peak_kb'] / 1024:.0f} MB ({peak / row['peak_kb']:.2f}x), and with bisectr's ranks' {settings} "
+            f"{alike['peak_kb'] / 1024:.0f} MB ({peak / alike['peak_kb']:.2f}x)"
         )
 
 

@@ -193,11 +193,17 @@ def _torchrun(python: str, nproc: int, rendezvous: Rendezvous, parent: tuple[str
     ]
 
 
+# glibc raises its mmap threshold as large blocks are freed, up to 32 MB. A rank that keeps two trainers and reads
+# parameters whole between their steps then leaves freed shards and gradients as holes in its heap, which grows
+# by hundreds of MB per step. A fixed threshold returns each freed tensor's pages (the user's own setting wins).
+RANK_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+
+
 def _rank_environment() -> dict[str, str]:
     # One hash seed for every rank: a model that iterates a set of strings (Gemma-3's rotary tables, one per
     # layer type) then runs its ops in one order on all of them.
     seed = os.environ.get("PYTHONHASHSEED", "random")
-    return {**os.environ, "PYTHONHASHSEED": "0" if seed == "random" else seed}
+    return {**RANK_ALLOCATOR, **os.environ, "PYTHONHASHSEED": "0" if seed == "random" else seed}
 
 
 def serve_node(role: str, nproc: int, rendezvous: Rendezvous, python: str | None = None) -> None:
