@@ -226,6 +226,18 @@ class Tensors(ABC):
         """Does each process hold only a part of the tensor (a shard)?"""
         return False
 
+    def replicated(self, tensor: Any) -> bool:
+        """Does the framework hold that every process has the same values of this distributed tensor (a
+        DTensor placed `Replicate()` on every dimension of its mesh)? False for a plain tensor."""
+        return False
+
+    def reduced_over_ranks(self, tensor: Any, how: str) -> Any:
+        """A replicated distributed tensor whose processes hold different values, made one: each process's
+        values summed ("sum") or averaged ("mean") over its mesh, placed as it was. A collective: every process
+        calls it at the same point. What a reduction the model left out would have made of a gradient each
+        process holds its own part of. A plain tensor is returned as it is."""
+        return tensor
+
     def shared_numpy(self, tensor: Any) -> np.ndarray:
         """The values every process of a distributed run takes the tensor to hold: a distributed
         tensor's global values, a plain one's as the first process holds it (each may hold its own:

@@ -300,6 +300,22 @@ class TorchAdapter(Adapter, CompiledGraphs, Training, WeightConversion, Determin
     def sharded(self, tensor: Any) -> bool:
         return _is_dtensor(tensor) and any(placement.is_shard() for placement in tensor.placements)
 
+    def replicated(self, tensor: Any) -> bool:
+        return _is_dtensor(tensor) and all(placement.is_replicate() for placement in tensor.placements)
+
+    def reduced_over_ranks(self, tensor: Any, how: str) -> Any:
+        if not _is_dtensor(tensor):
+            return tensor
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        mesh, local = tensor.device_mesh, tensor.to_local().clone()
+        for dim in range(mesh.ndim):
+            dist.all_reduce(local, group=mesh.get_group(dim))
+        if how == "mean":
+            local /= mesh.size()
+        return DTensor.from_local(local, mesh, tensor.placements, run_check=False)
+
     def shared_numpy(self, tensor: Any) -> np.ndarray:
         distributed = sys.modules.get("torch.distributed")
         if (

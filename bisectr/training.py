@@ -374,6 +374,8 @@ def train(
             result.culprit = searched.culprit
             if searched.unconfirmed and searched.bracket is not None:
                 result.note = _unconfirmed_text(searched.bracket)
+            else:
+                result.note = searched.missing_gradient or searched.unreduced_gradient or ""
         elif measure == "loss":
             result.note = (
                 f"the models' outputs agree ({searched.verdict}: {_error_text(searched)}), the losses do not "

@@ -125,6 +125,27 @@ def test_a_planted_tp_bug_is_divergent_at_its_first_layer_confirmed(bug, env):
     assert culprit["placements"]["ranks"] == 2
 
 
+def test_an_mlp_by_hand_on_each_ranks_columns_whose_input_gradient_is_reduced_is_backward_noise():
+    backward = result_of(bisect_on_two_ranks(LLAMA, "--backward", "--json", TP_MLP="local"))["backward"]
+    assert backward["verdict"] == "noise" and backward["output_error"]["max_rel"] < 1e-5
+    assert backward["unreduced_gradient"] is None
+
+
+def test_a_gradient_placed_replicate_that_no_rank_reduced_is_named_at_its_first_layer_confirmed():
+    backward = result_of(bisect_on_two_ranks(LLAMA, "--backward", "--json", TP_BUG="unreduced_mlp"))["backward"]
+    culprit = backward["culprit"]
+    assert backward["verdict"] == "divergent" and backward["output_error"]["max_rel"] > 0.1
+    assert (culprit["candidate"]["op"], culprit["candidate"]["module"]) == ("DTensor.to_local", "model.layers.0.mlp")
+    assert "@unreduced_mlp" in source_line(culprit["candidate"]["source"])
+    assert culprit["reference"]["module"] == "model.layers.0.mlp.gate_proj"
+    confirmation = backward["confirmation"]
+    assert confirmation["confirmed"] and confirmation["output_error"] < 1e-5 and len(confirmation["patched_ops"]) == 2
+    assert (
+        "placed Replicate (every rank holds the same), but the 2 ranks hold different values"
+        in (backward["unreduced_gradient"])
+    )
+
+
 @pytest.mark.parametrize("plan", ["layers", "torchtitan"])
 def test_a_forgotten_reduce_in_hf_llama_is_named_at_layer_0s_o_proj(plan):
     done = bisect_on_two_ranks(LLAMA, TP_BUG="forgotten_reduce", TP_PLAN=plan)

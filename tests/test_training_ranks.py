@@ -117,10 +117,14 @@ def test_a_rank_that_raises_in_its_step_is_named_with_the_step_and_line():
     assert f'ranks_training.py", line {line_of(RANKS, "@raises")}' in done.stderr
 
 
-def test_a_local_shard_taken_without_its_backward_reduction_is_the_backward_at_step_1_bracketing_its_line():
+def test_a_local_shard_taken_without_its_backward_reduction_is_named_at_step_1_in_the_backward():
     result = train_json("candidate_tp_sp_missing_reduction", 1)
     assert (result["verdict"], result["first_step"], result["stage"]) == ("divergent", 1, "backward")
-    assert f"ranks_training.py:{line_of(RANKS, '@missing_reduction')}" in result["note"]
+    culprit = result["culprit"]
+    assert culprit["candidate"]["source"].endswith(f"ranks_training.py:{line_of(RANKS, '@missing_reduction')}")
+    assert (culprit["candidate"]["module"], culprit["reference"]["op"]) == ("blocks.0", "nn.functional.linear")
+    assert "placed Replicate" in result["note"] and "2 ranks hold different values" in result["note"]
+    assert "summed over the ranks there, the candidate's gradients are the reference's" in result["note"]
 
 
 def test_a_parameter_unused_on_one_rank_under_ddp_is_named_before_its_reduction_hangs():

@@ -4,7 +4,8 @@ in float64 (`float64_gradients`, with the float64 engine's `Float64Listener`).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import hashlib
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -29,6 +30,9 @@ class Gradients:
     tensors: dict[int, np.ndarray]  # op output tid -> the gradient reaching it (absent: none reaches it)
     leaves: dict[int, np.ndarray | None]  # parameter or floating input tid -> its gradient (None: frozen, or unused)
     loss: float | None = None  # the side's loss, where the model file defines one
+    # op output tid -> a fingerprint of this process's values of a gradient its framework says every process
+    # holds alike (a DTensor placed Replicate): on a side on several processes, the ranks' must be equal.
+    replicated: dict[int, str] = field(default_factory=dict)
 
 
 class VJPInterpreter(Interpreter):
@@ -91,7 +95,8 @@ class GradientRerun(PatchedRerun):
     whose readers all cut the gradient (a `detach`), where no gradient would call its hook.
 
     `activations` (tid -> values) replace op outputs in the forward while keeping the graph: the
-    backward then runs through the side's own ops, each at the values given."""
+    backward then runs through the side's own ops, each at the values given. The gradients of `reduced`
+    (tid -> "sum" or "mean") are reduced over the ranks (`Adapter.reduced_over_ranks`) and handed on so."""
 
     with_gradients = True
 
@@ -101,10 +106,13 @@ class GradientRerun(PatchedRerun):
         trace: Trace,
         gradient_patches: dict[int, np.ndarray],
         activations: dict[int, np.ndarray] | None = None,
+        reduced: dict[int, str] | None = None,
     ):
         super().__init__(adapter, trace, activations or {})
         self.gradient_patches = Patches(adapter, trace, gradient_patches)
+        self.reduced = reduced or {}
         self.gradients: dict[int, np.ndarray] = {}
+        self.replicated: dict[int, str] = {}
         self.leaves: dict[int, Any] = {}
         self.patched: list[Any] = []
 
@@ -125,10 +133,13 @@ class GradientRerun(PatchedRerun):
         def hook(gradient: Any) -> Any:
             if gradient is None:  # none reaches it (see `Adapter.add_gradient_hook`)
                 return None
-            self.gradients[tid] = adapter.to_numpy(gradient)
+            handed_on = adapter.reduced_over_ranks(gradient, self.reduced[tid]) if tid in self.reduced else None
+            self.gradients[tid] = adapter.to_numpy(gradient if handed_on is None else handed_on)
+            if adapter.replicated(gradient):
+                self.replicated[tid] = fingerprint(self.gradients[tid])
             if tid in self.gradient_patches.patches:
                 return adapter.from_numpy(self.gradient_patches.values(tid, gradient), dtype, device, layout)
-            return None
+            return handed_on
 
         return hook
 
@@ -155,11 +166,12 @@ def backward(
     seeds: dict[str, np.ndarray],
     gradient_patches: dict[int, np.ndarray],
     activations: dict[int, np.ndarray],
+    reduced: dict[int, str] | None = None,
 ) -> Gradients:
     """The side's forward and backward again through its own code (see `GradientRerun`), from its loss or
     from `seeds`."""
     adapter = side.adapter
-    listener = GradientRerun(adapter, trace, gradient_patches, activations)
+    listener = GradientRerun(adapter, trace, gradient_patches, activations, reduced)
     differentiated = with_gradient_inputs(side, side.inputs)
     outputs = intercepted_forward(differentiated, listener, gradients=True)
     listener.finish(output_pairs(adapter, outputs))
@@ -169,7 +181,7 @@ def backward(
         if leaf_kind(trace.tensors[tid].leaf) in ("param", "input") and is_floating(trace.tensors[tid].dtype)
     }
     grads, loss = leaf_gradients(side, outputs, seeds, leaves, listener.patched)
-    return Gradients(listener.gradients, grads, loss)
+    return Gradients(listener.gradients, grads, loss, listener.replicated)
 
 
 def float64_gradients(
@@ -242,3 +254,10 @@ def leaf_gradients(
     for key, grad in zip(reached, adapter.gradients(roots, upstream, [parameters[k] for k in reached])):
         grads[key] = None if grad is None else adapter.to_numpy(grad)
     return grads, loss
+
+
+def fingerprint(values: np.ndarray | None) -> str:
+    """A short digest of an array's bytes ("none" for None): to tell whether processes hold the same values."""
+    if values is None:
+        return "none"
+    return hashlib.blake2b(np.ascontiguousarray(values).tobytes(), digest_size=8).hexdigest()

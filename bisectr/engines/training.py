@@ -9,7 +9,6 @@ never reduced can be told from one they did."""
 
 from __future__ import annotations
 
-import hashlib
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,6 +23,7 @@ from ..capture.modelfile import BuiltSide, build_side, loss_of, run_user_code
 from ..capture.recording import output_pairs
 from ..capture.structure import map_tensors
 from ..capture.trace import is_floating
+from .gradient import fingerprint
 
 
 @dataclass
@@ -168,7 +168,7 @@ class Trainer:
         the step and of its gradient."""
         adapter = self.side.adapter
         return {
-            name: (_fingerprint(adapter.to_numpy(self._before[name])), _fingerprint(self.training.gradient(t)))
+            name: (fingerprint(adapter.to_numpy(self._before[name])), fingerprint(self.training.gradient(t)))
             for name, t in self.parameters.items()
             if adapter.layout(t) is None
         }
@@ -206,12 +206,6 @@ def _shapes(adapter: Any, inputs: Any) -> list[tuple[int, ...]]:
     shapes: list[tuple[int, ...]] = []
     map_tensors(inputs, adapter.is_tensor, lambda t: shapes.append(tuple(t.shape)) or t)
     return shapes
-
-
-def _fingerprint(values: np.ndarray | None) -> str:
-    if values is None:
-        return "none"
-    return hashlib.blake2b(np.ascontiguousarray(values).tobytes(), digest_size=8).hexdigest()
 
 
 def _function(module: Any, side: BuiltSide, what: str, required: bool) -> Callable | None:

@@ -277,6 +277,9 @@ class Result:
     # Backward only: a gradient one side has and the other lacks, said plainly (a frozen parameter,
     # a detached path); the losses, where the model file defines them.
     missing_gradient: str | None = None
+    # Backward only, a side on several processes: gradients placed Replicate whose ranks hold different values
+    # (a reduction the side's backward leaves out), said plainly.
+    unreduced_gradient: str | None = None
     losses: dict[str, float | None] | None = None
     # The backward's: "own" (each side on its own forward activations) or "reference" (the
     # candidate's backward through its own ops at the reference's forward values).

@@ -202,8 +202,9 @@ def verdict_lines(result: Result) -> list[Line]:
                 )
             ]
         )
-    if result.missing_gradient:
-        lines.append([(result.missing_gradient, "warning")])
+    for plainly in (result.missing_gradient, result.unreduced_gradient):
+        if plainly:
+            lines.append([(plainly, "warning")])
     if result.nonfinite:
         lines.append([(nonfinite_text(result.nonfinite), "")])
     if result.fp64_check:
@@ -316,6 +317,8 @@ def culprit_role(result: Result) -> str:
     """What the culprit is to its pass: "first semantic difference", "most amplifying op", ..."""
     if result.pass_ == "backward" and result.missing_gradient:
         return "a gradient one side lacks"
+    if result.pass_ == "backward" and result.unreduced_gradient:
+        return "a gradient its ranks never reduced"
     if result.pass_ == "backward":
         return (
             "first op whose backward differs" if result.verdict == "divergent" else "where most gradient error enters"

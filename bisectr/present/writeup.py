@@ -114,6 +114,7 @@ def _pass(run: RunRecord, result: Result) -> list[str]:
     ]
     for text in (
         result.missing_gradient,
+        result.unreduced_gradient,
         result.nonfinite and nonfinite_text(result.nonfinite),
         result.fp64_check and float64_text(result.fp64_check, measured(result)),
         f"aligned: {result.ops.aligned} of {result.ops.candidate} candidate ops "

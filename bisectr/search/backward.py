@@ -46,8 +46,18 @@ from .window import fetch_all, needs_window
 from ..engines.gradient import Gradients
 from ..engines.patched import Shift
 from ..measure.result import Bracket, Confirmation, Culprit, Float64Check, ProfileRow
-from .core import Decided, Outcome, PassRules, SearchPass, bracket, culprit_without_evidence, cut_before, site
-from ..sides.runner import Backward, Float64Gradients, ReplayVJP
+from .core import (
+    Decided,
+    ErrorToExplain,
+    Outcome,
+    PassRules,
+    SearchPass,
+    bracket,
+    culprit_without_evidence,
+    cut_before,
+    site,
+)
+from ..sides.runner import Backward, EachRank, Float64Gradients, ReplayVJP
 from ..measure.live import LiveRun
 from ..measure.analysis import OpEvidence, block_name, external_inputs
 from ..capture.trace import OpNode, Trace, is_floating
@@ -70,7 +80,9 @@ class BackwardRun:
         self.seeds = output_seeds(run)
         self.activations = _reference_activations(run) if reference_activations else {}
         self.reference = live.ask("reference", Backward(self.seeds["reference"]))
-        self.candidate = live.ask("candidate", Backward(self.seeds["candidate"], activations=self.activations))
+        ranks = live.ask("candidate", EachRank(Backward(self.seeds["candidate"], activations=self.activations)))
+        self.candidate = ranks[0]
+        self.unreduced = _unreduced(ranks)
         tensors, parameters = {}, {}
         for cand_tid, pair in run.alignment.tensors.items():
             cand_info, ref_info = run.candidate.tensors[cand_tid], run.reference.tensors[pair.reference]
@@ -146,6 +158,16 @@ class BackwardRun:
     def relative(self, cand_tid: int, max_abs: float) -> float:
         """An absolute error of parameter `cand_tid`'s gradient, relative to its scale (see `leaf_error`)."""
         return relative_to(max_abs, self.leaf_scales[cand_tid])
+
+
+def _unreduced(ranks: list[Gradients]) -> dict[int, list[np.ndarray]]:
+    """The gradients placed Replicate whose ranks hold different values, with each rank's (by op output tid)."""
+    first = ranks[0]
+    return {
+        tid: [grads.tensors[tid] for grads in ranks]
+        for tid in first.replicated
+        if len({grads.replicated.get(tid) for grads in ranks}) > 1
+    }
 
 
 def _reference_activations(run: RunRecord) -> dict[int, np.ndarray]:
@@ -319,6 +341,14 @@ class BackwardPass(SearchPass):
                 grads.leaves[tid] = grads.leaves[tid] + shift
         return grads
 
+    def reduced_rerun(self, reduced: dict[int, str]) -> list[Gradients]:
+        """A candidate backward re-run reducing the gradients of `reduced` (tid -> "sum" or "mean") over its ranks
+        as they are handed on: every rank's gradients, by rank."""
+        self.candidate_reruns += 1
+        backward = self.backward
+        request = Backward(backward.seeds["candidate"], {}, backward.activations, reduced)
+        return self.live.ask("candidate", EachRank(request))
+
     def _moved(self, grads: Gradients, side: str) -> float:
         """How far a re-run's parameter gradients moved from the `side`'s own (worst max_rel)."""
         backward = self.backward
@@ -461,6 +491,9 @@ class BackwardRules(PassRules):
         missing = missing_tensor_gradient(self.search.backward) or missing_leaf_gradient(self.search.backward)
         return _missing_gradient(self.search, *missing) if missing is not None else None
 
+    def obvious_cause(self, search: BackwardPass, error: ErrorToExplain) -> Decided | None:
+        return _unreduced_gradient(search, error) if search.backward.unreduced else None
+
     def float64_check(self) -> Float64Check:
         if self.reference_activations:
             return Float64Check(
@@ -532,6 +565,79 @@ def _missing_gradient(search: BackwardPass, tid: int, lacking: str) -> Decided:
             [cand_op.index], after, before, given and confirms(after, before, 0.0), cut=True
         )
     return decided
+
+
+def _unreduced_gradient(search: BackwardPass, error: ErrorToExplain) -> Decided | None:
+    """Gradients of the candidate placed Replicate whose ranks hold different values: the op reading such a tensor
+    handed on each rank's own part of its gradient (a partial sum) as if every rank held the whole, and no rank
+    reduced it (a DTensor's `to_local()` without its `grad_placements`). Every gradient the backward reaches after
+    it differs by rank too, so they are reduced in turn (`_reduced_in_turn`), summed, else averaged, until none is
+    left that differs; confirmed where the leaves' gradients are then the reference's. The culprit is the first
+    reader in the model. None where neither way confirms."""
+    backward = search.backward
+    run, readers = backward.run, backward.readers["candidate"]
+    before = backward.leaf_error().max_rel
+    for how in ("sum", "mean"):
+        reduced, grads = _reduced_in_turn(search, how)
+        after = backward.leaf_error(grads).max_rel if grads is not None else before
+        if reduced and confirms(after, before, error.rounding):
+            break
+    else:
+        return None
+    read = {tid: max(readers[tid]) for tid in reduced}
+    first = min(read, key=read.get)
+    reader, producer = run.candidate.ops[read[first]], run.candidate.producer_op(first)
+    others = sorted(read[tid] for tid in read if tid != first)
+    return Decided(
+        culprit_without_evidence("op", reader, _reference_reader(backward, first, reader), None),
+        Confirmation(sorted(read.values()), after, before, True),
+        unreduced_gradient=(
+            f"the gradient of {producer.framework_op}'s output in {producer.module or '(top level)'} is placed "
+            f"Replicate (every rank holds the same), but the {len(backward.unreduced[first])} ranks hold different "
+            f"values: {reader.framework_op} hands on each rank's own part of it, never reduced"
+            + (
+                f" (and so {'does op' if len(others) == 1 else 'do ops'} {', '.join(map(str, others))})"
+                if others
+                else ""
+            )
+            + f"; {'summed' if how == 'sum' else 'averaged'} over the ranks there, the candidate's gradients are "
+            "the reference's"
+        ),
+    )
+
+
+def _reduced_in_turn(search: BackwardPass, how: str) -> tuple[dict[int, str], Gradients | None]:
+    """Reduce (`how`) the unreduced gradient the backward reaches first, re-run, and again while one is left:
+    the gradients reduced, and the first rank's gradients of the last re-run (None: none was made)."""
+    backward = search.backward
+    readers = backward.readers["candidate"]
+    reduced: dict[int, str] = {}
+    unreduced, grads = backward.unreduced, None
+    while True:
+        left = [tid for tid in unreduced if readers.get(tid) and tid not in reduced]
+        if not left or len(reduced) >= len(backward.unreduced):
+            return reduced, grads
+        reduced[max(left, key=lambda tid: max(readers[tid]))] = how
+        ranks = search.reduced_rerun(reduced)
+        unreduced, grads = _unreduced(ranks), ranks[0]
+
+
+def _reference_reader(backward: BackwardRun, tid: int, reader: OpNode) -> OpNode:
+    """The reference's op reading what candidate tensor `tid` holds: the first reader of the reference tensor
+    paired with it, or with the nearest tensor it was made from (a DTensor's `redistribute` of a paired
+    output); else the reference's op paired with the candidate op nearest after `reader`."""
+    run = backward.run
+    while tid not in run.alignment.tensors:
+        producer = run.candidate.producer_op(tid)
+        if producer is None or not producer.inputs:
+            break
+        tid = producer.inputs[0]
+    pair = run.alignment.tensors.get(tid)
+    ref_readers = backward.readers["reference"].get(pair.reference) if pair is not None else None
+    if ref_readers:
+        return run.reference.ops[min(ref_readers)]
+    nearest = sorted(backward.op_pairs, key=lambda index: (index < reader.index, abs(index - reader.index)))
+    return run.reference.ops[backward.op_pairs[nearest[0]]]
 
 
 def _float64_gradient_check(backward: BackwardRun, error: float) -> Float64Check:

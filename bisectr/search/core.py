@@ -163,12 +163,13 @@ class Outcome:
 @dataclass
 class Decided:
     """A difference a pass names without the cut search: differing leaves whose reference values
-    confirm it, a gradient one side lacks."""
+    confirm it, a gradient one side lacks, a gradient a side's ranks never reduced."""
 
     culprit: Culprit
     confirmation: Confirmation | None = None
     recurrences: list[Recurrence] = field(default_factory=list)
     missing_gradient: str | None = None
+    unreduced_gradient: str | None = None
 
 
 class PassRules(ABC):
@@ -328,6 +329,7 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
                 confirmation=cause.confirmation,
                 recurrences=cause.recurrences,
                 nonfinite=nonfinite_found,
+                unreduced_gradient=cause.unreduced_gradient,
             )
         say("searching")
         outcome = search_pass(search, error, float64, nonfinite, exhaustive)

@@ -75,12 +75,14 @@ class ReplayVJP:
 class Backward:
     """Forward and backward again, following the recording, from the loss or from `seeds` (output
     key -> gradient), with `gradient_patches` (tid -> gradient) handed on instead of the own, on
-    `activations` (tid -> values) in place of its own forward's (see `engines.gradient.GradientRerun`).
+    `activations` (tid -> values) in place of its own forward's, and the gradients of `reduced` (tid ->
+    "sum" or "mean") reduced over the ranks before they are handed on (see `engines.gradient.GradientRerun`).
     -> `Gradients`"""
 
     seeds: dict[str, np.ndarray]
     gradient_patches: dict[int, np.ndarray] = field(default_factory=dict)
     activations: dict[int, np.ndarray] = field(default_factory=dict)
+    reduced: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -352,7 +354,9 @@ class LocalSide:
         )
 
     def _backward(self, request: Backward) -> Gradients:
-        return backward(self.side, self.trace, request.seeds, request.gradient_patches, request.activations)
+        return backward(
+            self.side, self.trace, request.seeds, request.gradient_patches, request.activations, request.reduced
+        )
 
     def _float64_outputs(self, request: Float64Outputs) -> Float64Run:
         return float64_outputs(self.side, self.trace, self.recorded, request.leaf_values)

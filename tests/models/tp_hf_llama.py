@@ -10,6 +10,10 @@ sum on each rank (`output_layouts=Partial()`), the all-reduce forgotten. `TP_PLA
 embedding and the head too, as TorchTitan's Llama plan does: the embedding row-parallel over a replicated
 input (`RowwiseParallel(input_layouts=Replicate())`: each rank looks up the rows of its vocabulary half, the
 output an all-reduce), the head column-parallel gathered whole (`ColwiseParallel(output_layouts=Replicate())`).
+`TP_MLP=local` computes each MLP by hand on this rank's gate/up columns and down rows (the weights sharded by the
+same plan): its input made a replicated DTensor and taken local with its gradient's reduction
+(`to_local(grad_placements=[Partial()])`), correct; `TP_BUG=unreduced_mlp` takes it local without, so that the
+backward hands each rank's own part of the input's gradient on as if it were the whole (forward unchanged).
 """
 import os
 import sys
@@ -39,4 +43,22 @@ def candidate():
             "self_attn.o_proj": RowwiseParallel(output_layouts=Partial()) if forgotten else RowwiseParallel(),  # @plan
             "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel(),
         })
+        if os.environ.get("TP_MLP") == "local" or os.environ.get("TP_BUG") == "unreduced_mlp":
+            _on_own_columns(layer.mlp, mesh, reduced=os.environ.get("TP_BUG") != "unreduced_mlp")
     return model, inputs
+
+
+def _on_own_columns(mlp, mesh, reduced):
+    import types
+
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+    from torch.nn.functional import linear
+
+    def forward(self, x):
+        whole = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+        rows = whole.to_local(grad_placements=[Partial()]) if reduced else whole.to_local()  # @unreduced_mlp
+        gate, up = linear(rows, self.gate_proj.weight.to_local()), linear(rows, self.up_proj.weight.to_local())
+        own = linear(self.act_fn(gate) * up, self.down_proj.weight.to_local())
+        return DTensor.from_local(own, mesh, [Partial()]).full_tensor()
+
+    mlp.forward = types.MethodType(forward, mlp)
