@@ -81,7 +81,7 @@ class BackwardRun:
         self.activations = _reference_activations(run) if reference_activations else {}
         self.reference = live.ask("reference", Backward(self.seeds["reference"]))
         ranks = live.ask("candidate", EachRank(Backward(self.seeds["candidate"], activations=self.activations)))
-        self.candidate = ranks[0]
+        self.candidate, self.candidate_ranks = ranks[0], len(ranks)
         self.unreduced = _unreduced(ranks)
         tensors, parameters = {}, {}
         for cand_tid, pair in run.alignment.tensors.items():
@@ -160,14 +160,9 @@ class BackwardRun:
         return relative_to(max_abs, self.leaf_scales[cand_tid])
 
 
-def _unreduced(ranks: list[Gradients]) -> dict[int, list[np.ndarray]]:
-    """The gradients placed Replicate whose ranks hold different values, with each rank's (by op output tid)."""
-    first = ranks[0]
-    return {
-        tid: [grads.tensors[tid] for grads in ranks]
-        for tid in first.replicated
-        if len({grads.replicated.get(tid) for grads in ranks}) > 1
-    }
+def _unreduced(ranks: list[Gradients]) -> list[int]:
+    """The op outputs whose gradients are placed Replicate and whose ranks hold different values of them."""
+    return [tid for tid in ranks[0].replicated if len({grads.replicated.get(tid) for grads in ranks}) > 1]
 
 
 def _reference_activations(run: RunRecord) -> dict[int, np.ndarray]:
@@ -593,7 +588,7 @@ def _unreduced_gradient(search: BackwardPass, error: ErrorToExplain) -> Decided 
         Confirmation(sorted(read.values()), after, before, True),
         unreduced_gradient=(
             f"the gradient of {producer.framework_op}'s output in {producer.module or '(top level)'} is placed "
-            f"Replicate (every rank holds the same), but the {len(backward.unreduced[first])} ranks hold different "
+            f"Replicate (every rank holds the same), but the {backward.candidate_ranks} ranks hold different "
             f"values: {reader.framework_op} hands on each rank's own part of it, never reduced"
             + (
                 f" (and so {'does op' if len(others) == 1 else 'do ops'} {', '.join(map(str, others))})"
