@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import math
 import os
 import sys
@@ -125,6 +126,7 @@ _OP_SYNONYMS = {
     "squeeze": "reshape",
     "unsqueeze": "reshape",
     "to": "cast",
+    "type_as": "cast",
     "type": "cast",
     "float": "cast",
     "half": "cast",
@@ -851,12 +853,25 @@ def _make_router_class():
         def __torch_function__(self, func, types, args=(), kwargs=None):
             if self.fully_sharded and _FRAMEWORK_HOOKS in sys._getframe(1).f_code.co_filename:
                 return func(*args, **(kwargs or {}))
+            if _inside_functorch_transform(args, kwargs):
+                # An op `torch.vmap` maps over a function (a mask built index by index): its tensors are
+                # functorch's wrappers, holding no values of their own. What the transform returns is recorded.
+                return func(*args, **(kwargs or {}))
             return self.listener.call(op_name(func), func, args, kwargs or {})
 
     return CallRouter
 
 
 _router_class = None
+
+
+def _inside_functorch_transform(args: tuple, kwargs: dict | None) -> bool:
+    """Does a call read a tensor `torch.vmap` (or another functorch transform) wrapped?"""
+    is_wrapped = _torch()._C._functorch.is_functorch_wrapped_tensor
+    tensor = _torch().Tensor
+    return any(
+        isinstance(value, tensor) and is_wrapped(value) for value in itertools.chain(args, (kwargs or {}).values())
+    )
 
 
 def _CallRouter(listener: OpListener):

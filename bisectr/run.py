@@ -300,10 +300,12 @@ def record_run(
     watch: Callable[[str, Callable[[], int]], None] | None = None,
     commit: bool = True,
     output_layouts: dict[str, Permutation] | None = None,
+    paired_outputs: dict[str, str] | None = None,
 ) -> Run:
     """Record both sides through their runners into `run_dir`, pair the outputs and align the
     traces (with `pins`: candidate module -> reference module); see `trace`. `label` names the
-    sides' origin in messages (the model file); `output_layouts`: see `pair_outputs`."""
+    sides' origin in messages (the model file); `output_layouts` and `paired_outputs`: `pair_outputs`'
+    `layouts` and `only`."""
     writer = RunWriter(run_dir)
     options = RecordOptions(traced.store_values, tuple(traced.keep_modules), traced.value_budget)
     try:
@@ -314,7 +316,7 @@ def record_run(
         reference_trace, candidate_trace = traces["reference"], traces["candidate"]
         traced.environment = describe()  # once the sides ran: their frameworks are loaded, a GPU found
         traced.settings = {role: trace.settings for role, trace in traces.items()}
-        output_pairs = pair_outputs(reference_trace, candidate_trace, label, output_layouts)
+        output_pairs = pair_outputs(reference_trace, candidate_trace, label, output_layouts, paired_outputs)
         alignment = _align(label, pins, reference_trace, candidate_trace)
         run = Run(uuid.uuid4().hex, traced, reference_trace, candidate_trace, output_pairs, alignment, writer=writer)
         run.live = LiveRun(run, runners)

@@ -15,6 +15,7 @@ FAULTS = MODELS / "generate_faults.py"
 HF_LLAMA = MODELS / "generate_hf_llama.py"
 PORT = MODELS / "generate_llama_port.py"
 PF_QWEN2 = MODELS / "generate_pf_qwen2.py"
+PORT_CACHES = MODELS / "generate_port_caches.py"
 needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
 # The torch pairs' searches drive torch and transformers alone: the first CI environment runs them.
 torch_pair = pytest.mark.once
@@ -135,7 +136,7 @@ def test_a_cache_update_wrong_in_one_layer_is_named_at_its_line_and_the_step_tha
     status, result = generate_json(PORT, "--candidate", "candidate_layer1_cache", "--tokens", 3)
     assert status == 1 and result["culprit_step"] == 1 and result["first_divergent_step"] == 2
     steps = result["steps"]
-    assert steps[1]["logits"]["verdict"] == "match" and steps[1]["cache"]["verdict"] == "divergent"
+    assert steps[1]["logits"]["verdict"] in ("match", "noise") and steps[1]["cache"]["verdict"] == "divergent"
     assert steps[1]["cache_entry"] == "1.1"  # layer 1's values, in the port's list of (k, v)
     culprit = result["culprit"]
     assert culprit["step"] == 1 and culprit["candidate"]["module"] == "layers.1.self_attn"
@@ -183,12 +184,13 @@ def test_a_sliding_window_cache_evicting_one_step_early_is_named_in_the_attentio
     _, correct = generate_json(
         PORT, "--reference", "reference_window", "--candidate", "candidate_window", "--tokens", 8
     )
-    assert correct["verdict"] == "match" and correct["note"] == ""  # Mistral's window positions are not entries
+    # Mistral's window positions are not entries; the port rounds otherwise than transformers' attention does
+    assert correct["verdict"] in ("match", "noise") and correct["note"] == ""
     status, result = generate_json(
         PORT, "--reference", "reference_window", "--candidate", "candidate_window_eviction", "--tokens", 3
     )
     assert status == 1 and result["culprit_step"] == 1 and result["first_divergent_step"] == 1
-    assert result["steps"][0]["verdict"] == "match"  # the prefill and the cache it writes are right
+    assert result["steps"][0]["verdict"] in ("match", "noise")  # the prefill and the cache it writes are right
     # the evicted key is missing from the attention's scores: named there, the cache slice having no partner
     assert result["culprit"]["candidate"]["module"] == "layers.0.self_attn" and result["confirmation"]["confirmed"]
 
@@ -200,10 +202,91 @@ def test_a_cache_kept_in_bfloat16_is_rounding_and_so_is_the_flip_it_tips():
     assert status == 0 and result["verdict"] == "noise"
     assert "keeps 6 of its 6 cache entries in bfloat16 (the reference in float32" in result["note"]
     first = result["steps"][0]
-    assert 1e-3 < first["cache"]["error"] < 1e-2 and first["cache"]["float64_error"] == 0
-    assert first["logits"]["error"] == 0  # the prefill reads its keys before they are cached
+    assert 1e-3 < first["cache"]["error"] < 1e-2 and first["cache"]["float64_error"] < 1e-12
+    assert first["logits"]["error"] < 1e-5  # the prefill reads its keys before they are cached
     flip = result["first_flip"]
     assert flip is None or (flip["rounding"] and flip["margin"] < 0.1)
+
+
+def assert_rounding_at_every_step(result: dict, cache_compared: bool = True) -> None:
+    """The correct port's steps: logits and (where compared) cache within float32 rounding, 0 in float64."""
+    assert result["verdict"] in ("match", "noise") and result["culprit_step"] is None
+    for row in result["steps"]:
+        assert row["logits"]["float64_error"] < 1e-12 and row["reference_tokens"] == row["candidate_tokens"]
+        assert (row["cache"] is not None) == cache_compared
+        assert not cache_compared or (row["cache"]["error"] < 1e-5 and row["cache"]["float64_error"] < 1e-12)
+
+
+def assert_divergent_from(result: dict, step: int, culprit_step: int) -> None:
+    """Divergent, the logits first at `step` (the steps before within rounding), searched at `culprit_step`."""
+    assert result["verdict"] == "divergent" and result["first_divergent_step"] == step
+    assert result["culprit_step"] == culprit_step and result["step_search"] is not None
+    assert all(row["logits"]["verdict"] != "divergent" for row in result["steps"][:step])
+
+
+@torch_pair
+@needs_transformers
+def test_a_stacked_cache_pairs_its_parts_with_the_references_keys_and_values_and_its_step_is_searched_on_logits():
+    status, correct = generate_json(PORT_CACHES, "--candidate", "candidate_stacked", "--tokens", 3)
+    assert status == 0
+    assert "the candidate's cache stacks 2 tensors in each entry (layers.0 [2, 2, 2, 8, 16] first)" in correct["note"]
+    assert_rounding_at_every_step(correct)
+    parts = {f"layers.{layer}[{part}]" for layer in (0, 1) for part in (0, 1)}  # each layer's k and v
+    assert {row["cache_entry"] for row in correct["steps"]} <= parts
+    status, result = generate_json(PORT_CACHES, "--candidate", "candidate_stacked_decode_mask", "--tokens", 2)
+    assert status == 1
+    assert_divergent_from(result, step=1, culprit_step=1)  # the step's outputs pair on the logits alone
+
+
+@torch_pair
+@needs_transformers
+def test_a_stacked_cache_written_wrong_is_divergent_at_the_prefill_and_searched_where_the_logits_part():
+    status, result = generate_json(PORT_CACHES, "--candidate", "candidate_stacked_kv_swapped", "--tokens", 2)
+    assert status == 1
+    assert_divergent_from(result, step=1, culprit_step=1)
+    prefill = result["steps"][0]
+    assert prefill["verdict"] == "divergent" and prefill["cache"]["verdict"] == "divergent"
+    assert prefill["cache_entry"] == "layers.0[0]" and prefill["cache"]["error"] > 0.5  # layer 0's values as keys
+    assert "step 0's cache differs in layers.0[0], which the search inside a step does not compare" in result["note"]
+
+
+@torch_pair
+@needs_transformers
+def test_a_cache_with_heads_merged_is_not_compared_and_the_logits_decide():
+    status, correct = generate_json(PORT_CACHES, "--candidate", "candidate_merged", "--tokens", 3)
+    assert status == 0
+    assert correct["note"].startswith("the caches are not compared: the candidate's cache entry layers.0.0 [2, 8, 32]")
+    assert_rounding_at_every_step(correct, cache_compared=False)
+    status, result = generate_json(PORT_CACHES, "--candidate", "candidate_merged_decode_mask", "--tokens", 2)
+    assert status == 1
+    assert_divergent_from(result, step=1, culprit_step=1)
+
+
+@torch_pair
+@needs_transformers
+def test_a_window_keeping_one_more_position_than_hf_is_compared_over_the_positions_both_keep_at_every_step():
+    window = ("--reference", "reference_window", "--tokens", 4)
+    status, correct = generate_json(PORT_CACHES, "--candidate", "candidate_window", *window)
+    assert status == 0
+    assert "layers.0.0 [2, 2, 6, 16] and the reference's layers.0.keys [2, 2, 5, 16] keep" in correct["note"]
+    assert_rounding_at_every_step(correct)
+    status, result = generate_json(PORT_CACHES, "--candidate", "candidate_window_decode_mask", *window)
+    assert status == 1
+    assert_divergent_from(result, step=1, culprit_step=1)
+    assert result["steps"][0]["verdict"] == "match"  # the prefill and the positions both caches keep
+
+
+@torch_pair
+@needs_transformers
+def test_a_port_with_the_interleaved_rotary_pairs_its_cached_keys_in_the_references_dimension_order():
+    status, correct = generate_json(PORT_CACHES, "--candidate", "candidate_interleaved", "--tokens", 3)
+    assert status == 0
+    assert "2 of the candidate's cache entries hold each head's dimensions in another order" in correct["note"]
+    assert_rounding_at_every_step(correct)  # not divergent from step 0: its keys compared in the reference's order
+    status, result = generate_json(PORT_CACHES, "--candidate", "candidate_interleaved_decode_mask", "--tokens", 2)
+    assert status == 1
+    assert_divergent_from(result, step=1, culprit_step=1)
+    assert result["steps"][0]["cache"]["error"] < 1e-5
 
 
 @needs_paddleformers

@@ -97,7 +97,16 @@ def test_a_wrong_custom_backward_in_every_block_is_found_in_blocks_0(candidate):
 @pytest.mark.parametrize(
     "candidate, marker, steps_and_layers",
     [
-        ("candidate_cache_before_rope", "# @rotate", [(step, layer) for step in range(1, 7) for layer in range(4)]),
+        pytest.param(
+            "candidate_cache_before_rope",
+            "# @rotate",
+            [(step, layer) for step in range(1, 7) for layer in range(4)],
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="its attention is a class of its own, so it is paired by data flow: confirmed, but each step's "
+                "occurrence named at the cache's concatenation in cache_utils.py, not at the user's line",
+            ),
+        ),
         ("candidate_rope_offset", "# @offset", [(step, None) for step in range(1, 7)]),
         ("candidate_decode_mask", "# @mask", [(step, None) for step in range(1, 7)]),
     ],

@@ -51,7 +51,9 @@ class FakePass(SearchPass):
             op_node(i, f"layers.{i // 8}.mlp" if i in (enters, *recurs) else f"layers.{i // 8}", f"model.py:{i % 8}")
             for i in range(count)
         ]
-        record = SimpleNamespace(candidate=SimpleNamespace(ops=ops, dtype="float32"))
+        record = SimpleNamespace(
+            candidate=SimpleNamespace(ops=ops, dtype="float32"), alignment=SimpleNamespace(tensors={})
+        )
         super().__init__(SimpleNamespace(run=record, say=lambda message: None))
         self.enters, self.recurs, self.guess = enters, recurs, guess
         self.reaches = reaches or {}

@@ -112,6 +112,11 @@ class OpNode:
     # and buffers, read inside its compiled code (its rounding is theirs).
     inner_dtypes: list[str] = field(default_factory=list)
 
+    @property
+    def data_inputs(self) -> list[int]:
+        """The tensors whose values the op computes from: a cast reads any other (`x.type_as(y)`) for its dtype."""
+        return self.inputs[:1] if self.op == "cast" else self.inputs
+
     def to_json(self) -> dict:
         return _shallow_dict(self)
 
@@ -204,6 +209,42 @@ class Trace:
                 pending.extend(fresh)
                 seen.update(fresh)
         return False
+
+    def activations(self) -> set[int]:
+        """Ops computing the model's activations: from its inputs and its parameters both (the embedding of its
+        tokens and all that follows), or from a floating input (the hidden states a layer is given), not tables made
+        of only one of them (a mask from the input's attention mask, a position bias from a parameter, a rotary
+        table from neither)."""
+        from_input: set[int] = set()
+        from_parameter: set[int] = set()
+        from_data: set[int] = set()
+        for op in self.ops:
+            for tid in op.inputs:
+                info = self.tensors[tid]
+                if info.producer is None:
+                    kind = leaf_kind(info.leaf)
+                    if kind == "input":
+                        from_input.add(op.index)
+                        if is_floating(info.dtype):
+                            from_data.add(op.index)
+                    elif kind == "param":
+                        from_parameter.add(op.index)
+                else:
+                    for made_from in (from_input, from_parameter, from_data):
+                        if info.producer in made_from:
+                            made_from.add(op.index)
+        return (from_input & from_parameter) | from_data
+
+    def made_by(self, tid: int) -> set[int]:
+        """The ops that computed tensor `tid`: its producer and, in turn, those of what it read."""
+        ops: set[int] = set()
+        pending = [tid]
+        while pending:
+            producer = self.tensors[pending.pop()].producer
+            if producer is not None and producer not in ops:
+                ops.add(producer)
+                pending.extend(self.ops[producer].inputs)
+        return ops
 
     def producer_op(self, tid: int) -> OpNode | None:
         producer = self.tensors[tid].producer

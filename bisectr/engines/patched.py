@@ -39,12 +39,17 @@ class PassOn:
     shape: tuple[int, ...]
 
 
+# A shift this many times the value it leads to (and past 1) leaves none of the re-run's own digits in the sum.
+SWAMPING = 1e3
+
+
 @dataclass
 class Shift:
     """A patch that adds `delta` to what the re-run computes instead of replacing it: an op's own
     difference taken out (or put in) while whatever reaches the op in this re-run stays, as when
-    every occurrence of a difference is taken out at once. Where the sum is not finite,
-    `fallback` stands in."""
+    every occurrence of a difference is taken out at once. Where the sum is not finite, or the shift is
+    so much larger than `fallback` that the sum would keep nothing of the values (a mask's -1e9 taken out of
+    a score), `fallback` stands in."""
 
     delta: np.ndarray
     fallback: np.ndarray | None = None
@@ -56,11 +61,11 @@ class Shift:
     def applied_to(self, values: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore", over="ignore"):
             shifted = (values + self.delta).astype(values.dtype)
-        return (
-            shifted
-            if self.fallback is None
-            else np.where(np.isfinite(shifted), shifted, self.fallback).astype(values.dtype)
-        )
+        if self.fallback is None:
+            return shifted
+        with np.errstate(invalid="ignore", over="ignore"):
+            swamped = np.abs(self.delta) > SWAMPING * np.maximum(np.abs(self.fallback), 1.0)
+        return np.where(np.isfinite(shifted) & ~swamped, shifted, self.fallback).astype(values.dtype)
 
 
 @dataclass

@@ -79,16 +79,41 @@ class TensorPair:
     # The candidate holds a slice of the reference (one part of a fused parameter): (axis, start,
     # stop) of the reference's values, taken before `transform`.
     part: tuple[int, int, int] | None = None
+    # Where the candidate holds rows of the reference along `part`'s axis that are not one run (a port's q projection
+    # from a fused one laid out per head): which, in the candidate's order; `part` spans them.
+    rows: tuple[int, ...] | None = None
+
+    def held(self) -> list[int] | range:
+        """The reference's positions along `part`'s axis that the candidate holds, in its order."""
+        axis, start, stop = self.part
+        return list(self.rows) if self.rows is not None else range(start, stop)
 
     def reference_in_candidate_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         if self.part is not None:
-            axis, start, stop = self.part
-            values = np.take(values, range(start, stop), axis=axis)
+            values = np.take(values, self.held(), axis=self.part[0])
         if self.transform is not None:
             values = np.transpose(values, self.transform)
         if self.broadcast:
             values = np.broadcast_to(values, shape)
         return np.ascontiguousarray(values).reshape(shape)
+
+    def candidate_into_reference(self, values: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        """`reference`'s values with the candidate's in their place: all of them, or where the candidate holds a
+        slice of the reference (`part`), that slice."""
+        if self.part is None:
+            return self.candidate_in_reference_layout(values, reference.shape)
+        axis = self.part[0]
+        whole = np.array(reference, copy=True)
+        index: list = [slice(None)] * whole.ndim
+        index[axis] = self.held()
+        held = whole[tuple(index)]
+        if self.broadcast:
+            padded = (1,) * (values.ndim - held.ndim) + tuple(held.shape)
+            values = values[tuple(slice(0, 1) if r == 1 else slice(None) for r in padded)]
+        if self.transform is not None:
+            values = np.transpose(values.reshape(np.transpose(held, self.transform).shape), np.argsort(self.transform))
+        whole[tuple(index)] = values.reshape(held.shape)
+        return whole
 
     def candidate_in_reference_layout(self, values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         if self.part is not None:
@@ -814,7 +839,7 @@ def _pair_op_tensors(both: _TracePair, alignment: Alignment, input_layout: Input
             c_info, r_info = candidate.tensors[c_tid], reference.tensors[r_tid]
             if c_info.size != r_info.size or c_tid in alignment.tensors:
                 continue
-            transform = _leaf_transform(candidate, reference, cand_op, ref_op, ci, ri, input_layout)
+            transform = leaf_transform(candidate, reference, cand_op, ref_op, ci, ri, input_layout)
             alignment.tensors[c_tid] = TensorPair(c_tid, r_tid, transform, pair.confidence, "input")
 
 
@@ -839,7 +864,7 @@ def _paired_leaf_inputs(
     return list(zip(cand_leaves, ref_leaves))
 
 
-def _leaf_transform(
+def leaf_transform(
     candidate: Trace,
     reference: Trace,
     cand_op: OpNode,
@@ -1052,7 +1077,7 @@ def _block_for(
 
 def _block_pair(reference: Trace, candidate: Trace, c_tid: int, r_tid: int) -> TensorPair:
     """The pair of a tensor a block hands on with its partner, in the layout their values say."""
-    transform, distance = _layout(reference, candidate, c_tid, r_tid)
+    transform, distance = layout_of(reference, candidate, c_tid, r_tid)
     expanded = broadcasts(reference.tensors[r_tid].shape, candidate.tensors[c_tid].shape)
     return TensorPair(c_tid, r_tid, transform, round(1.0 - distance / 2, 3), "block", expanded)
 
@@ -1115,7 +1140,7 @@ def _partner_by_value(both: _TracePair, c_tid: int, options: list[int]) -> int |
     reference, candidate = both.traces["reference"], both.traces["candidate"]
     info = candidate.tensors[c_tid]
     fits = [r for r in options if reference.tensors[r].size == info.size and reference.tensors[r].dtype == info.dtype]
-    scored = [(_layout(reference, candidate, c_tid, r)[1], r) for r in fits]
+    scored = [(layout_of(reference, candidate, c_tid, r)[1], r) for r in fits]
     best = min(scored, default=None)
     return best[1] if best is not None and best[0] <= VALUE_MATCH else None
 
@@ -1153,12 +1178,12 @@ def settle_layouts(reference: Trace, candidate: Trace, alignment: Alignment) -> 
     hand when the traces were aligned (a run with a value budget), now that they are."""
     for c_tid, pair in alignment.tensors.items():
         if pair.how == "block" and pair.transform is None and reference.has_value(pair.reference):
-            transform, distance = _layout(reference, candidate, c_tid, pair.reference)
+            transform, distance = layout_of(reference, candidate, c_tid, pair.reference)
             if transform is not None:
                 alignment.tensors[c_tid] = replace(pair, transform=transform, confidence=round(1.0 - distance / 2, 3))
 
 
-def _layout(reference: Trace, candidate: Trace, c_tid: int, r_tid: int) -> tuple[Permutation, float]:
+def layout_of(reference: Trace, candidate: Trace, c_tid: int, r_tid: int) -> tuple[Permutation, float]:
     """How the reference tensor's data is laid out in the candidate tensor (same data in
     another order: `k.transpose(-1, -2)` on one side, `matmul(..., transpose_y=True)` on
     the other), and the value distance in that layout. Decided on the reference's values."""

@@ -21,18 +21,19 @@ float64 truth.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..adapters import CannotUpcast
 from .align import LAYOUT_OPS, Alignment, Block, TensorPair
-from .metrics import EXACT, UNKNOWN, ErrorMetrics, Float64Evidence, OpVerdict, error_metrics
+from .metrics import EXACT, UNKNOWN, ErrorMetrics, Float64Evidence, OpVerdict, blocked, error_metrics
 from .numerics import coarsest_dtype, judge, noise_floor
 from .runrecord import RunRecord
 from .live import LiveRun
 from ..capture.trace import OpNode, Trace, is_floating
-from ..leafref import leaf_kind
+from ..leafref import leaf_kind, leaf_name
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Analysis:
         self.blocks: dict[int, Block] = {}  # candidate op completing a matched N:M block -> the block
         self._tensor_errors: dict[int, ErrorMetrics | None] = {}
         self._held: dict[int, tuple[bool, ...]] = {}  # candidate op -> `_values_held` when its evidence was made
+        self._activation_ops: set[int] | None = None  # the candidate's `Trace.activations`, once asked
 
     @property
     def reference(self) -> Trace:
@@ -185,11 +187,20 @@ class Analysis:
 
     def in_reference_layout(self, cand_tid: int, ref_tid: int, values: np.ndarray) -> np.ndarray:
         """Values of the candidate tensor `cand_tid` laid out as its partner `ref_tid` (a transpose
-        absorbed by `transpose_y` on one side is undone here)."""
+        absorbed by `transpose_y` on one side is undone here); where it holds a slice of its partner, the
+        partner's values with the candidate's in that slice."""
         pair = self.alignment.tensors.get(cand_tid)
-        shape = self.reference.tensors[ref_tid].shape
         if pair is not None and pair.reference == ref_tid:
-            return pair.candidate_in_reference_layout(values, shape)
+            return pair.candidate_into_reference(values, self.reference.value(ref_tid))
+        return values.reshape(self.reference.tensors[ref_tid].shape)
+
+    def in_candidate_layout(self, cand_tid: int, ref_tid: int, values: np.ndarray) -> np.ndarray:
+        """Values of the reference tensor `ref_tid` laid out as the candidate tensor `cand_tid` it is paired with
+        (only its slice, where the candidate holds a slice of it)."""
+        pair = self.alignment.tensors.get(cand_tid)
+        shape = self.candidate.tensors[cand_tid].shape
+        if pair is not None and pair.reference == ref_tid:
+            return pair.reference_in_candidate_layout(values, shape)
         return values.reshape(shape)
 
     def tensor_error(self, cand_tid: int) -> ErrorMetrics | None:
@@ -260,10 +271,12 @@ class Analysis:
             return [(self.candidate.ops[cand_index].outputs[0], self.reference.ops[ref_index].outputs[0])]
         return self._block_outputs(block)
 
-    def local_outputs(self, cand_index: int, ref_index: int, block: Block | None = None) -> dict[int, np.ndarray]:
+    def local_outputs(
+        self, cand_index: int, ref_index: int, block: Block | None = None, every: bool = False
+    ) -> dict[int, np.ndarray]:
         """The candidate op (or the block it completes) replayed on the reference's inputs, keeping the
         candidate's own parameters (and its own values for inputs with no reference partner): the
-        values of `compared_outputs`, by candidate tid."""
+        values of `compared_outputs` (of every tensor the replay computed, for `every`), by candidate tid."""
         block = block or self.blocks.get(cand_index)
         compared = [tid for tid, _ in self.compared_outputs(cand_index, ref_index, block)]
         ops = self.covered_ops(cand_index, ref_index, block)[0]
@@ -277,7 +290,7 @@ class Analysis:
             if from_reference is not None:
                 values[tid] = from_reference
         computed = self.live.replay("candidate", ops, values)
-        return {tid: computed[tid] for tid in compared}
+        return computed if every else {tid: computed[tid] for tid in compared}
 
     def _reads_its_own_inputs(self, cand_op: OpNode) -> bool:
         """Does the local replay feed the op exactly the values it read when recorded?"""
@@ -290,6 +303,222 @@ class Analysis:
             if error is None or error.max_abs != 0:
                 return False
         return True
+
+    def entering_op(self, block: Block, completing: int, reference_op: int) -> Entering:
+        """Where a block's difference enters, as (candidate op, reference op or None for the block's own). The
+        block's ops are replayed on the reference's inputs; the first whose outputs hold no value of the reference
+        block (nor of its inputs), with nothing computed from them that does, while what it reads does (a bucket
+        function's first wrong comparison inside a position bias computed as one block). Where the reference
+        block computes on that op's input first, and the candidate holds nothing of what that makes, the
+        candidate lacks that op: it is named on the reference's side, on the candidate's where the input was made
+        (a norm after the encoder, a soft-cap on the scores). Without a live run, or where no op is found,
+        `entering_op`."""
+        if self.run.traced.candidate_nproc > 1 or self.run.traced.reference_nproc > 1:
+            # what a rank holds of its own is no value of the reference's: the block's structure decides
+            return Entering(entering_op(self.alignment, self.candidate, block))
+        fallback = Entering(in_common_module(self.candidate, block))
+        if self.live is None or not block.reference:
+            return fallback
+        try:
+            computed = self.local_outputs(completing, reference_op, block, every=True)
+        except Exception:  # an op that cannot run on substituted inputs: the block's structure decides
+            return fallback
+        reference = {
+            t: self.reference.value(t)
+            for t in {t for i in block.reference for t in self.reference.ops[i].outputs}
+            | set(external_inputs(self.reference, block.reference))
+            if self.reference.has_value(t)
+        }
+        held = _holding(block.candidate, self.candidate, computed, reference)
+        inside = set(block.candidate)
+        descendants = _descendants(self.candidate, block.candidate)
+        reads_held = {
+            i: all(held[p] for p in {self.candidate.tensors[t].producer for t in self.candidate.ops[i].inputs} & inside)
+            for i in block.candidate
+        }
+        # An op that breaks from what it reads only by a table no reference tensor holds: that table, even where
+        # what follows holds a reference value again (positions counted from 0 rotate by nothing: the rotated
+        # query holds the reference's query before its rotation).
+        for i in block.candidate:
+            table = self._unpaired_table(i, inside) if not held[i] and reads_held[i] else None
+            if table is not None:
+                return self._from_table(table)
+        frontier = [
+            i for i in block.candidate if not held[i] and not any(held[d] for d in descendants[i]) and reads_held[i]
+        ]
+        # Of several, one whose outputs are a reference tensor scaled (q scaled before its product where the reference
+        # scales the scores after) is taken for another order of the same computation, where another is not.
+        unexplained = [i for i in frontier if not _scaled_holding(i, self.candidate, computed, reference)]
+        for i in (unexplained or frontier)[:1]:
+            rewired = self._read_instead(i, block)
+            if rewired is not None:
+                return rewired
+            table = self._unpaired_table(i, inside)
+            if table is not None:
+                return self._from_table(table)
+            return self._missing_before(i, block, computed, reference) or Entering(i, self.counterpart(i, block))
+        return fallback
+
+    def _from_table(self, table: int) -> Entering:
+        made = self.candidate.ops[table]
+        return Entering(
+            table,
+            cause=f"it computes from a table no reference tensor holds, made by {made.framework_op} at "
+            f"{made.source or made.module}",
+        )
+
+    def counterpart(self, index: int, block: Block) -> int | None:
+        """The reference op to name against candidate op `index`: the op of `block` computing on a partner of what it
+        reads (through ops that only move data), of its kind where one is (what the reference does there instead),
+        else the op making that partner; None where what it reads has no partner."""
+        read = _moved_from(self.candidate, self.candidate.ops[index].inputs)
+        partners = {self.alignment.tensors[t].reference for t in read if t in self.alignment.tensors}
+        reading = [
+            i
+            for i in block.reference
+            if self.reference.ops[i].op not in ONLY_MOVES_DATA
+            and partners & _moved_from(self.reference, self.reference.ops[i].inputs)
+        ]
+        kind = self.candidate.ops[index].op
+        makers = sorted(p for p in (self.reference.tensors[t].producer for t in partners) if p is not None)
+        return next(
+            (i for i in reading if self.reference.ops[i].op == kind),
+            reading[0] if reading else makers[-1] if makers else None,
+        )
+
+    def _read_instead(self, index: int, block: Block) -> Entering | None:
+        """Where op `index` reads, from outside its block, a table paired with one the reference block does not
+        read (a layer given the full mask where the reference gives it the sliding window's): named where the
+        candidate made what it reads. An activation read instead (the residual stream where the reference reads its
+        norm) is the reading op's own mistake."""
+        reads = set(external_inputs(self.reference, block.reference))
+        for tid in self.candidate.ops[index].inputs:
+            pair = self.alignment.tensors.get(tid)
+            info = self.candidate.tensors[tid]
+            if pair is None or info.producer is None or info.producer in set(block.candidate):
+                continue
+            if pair.reference in reads or not is_floating(info.dtype) or info.producer in self._activations():
+                continue
+            made = self.candidate.ops[info.producer]
+            return Entering(
+                info.producer,
+                cause=f"{self.candidate.ops[index].framework_op} reads what {made.framework_op} made at "
+                f"{made.source or made.module}, which the reference computes but does not read here",
+            )
+        return None
+
+    def _activations(self) -> set[int]:
+        if self._activation_ops is None:
+            self._activation_ops = self.candidate.activations()
+        return self._activation_ops
+
+    def _unpaired_table(self, index: int, inside: set[int]) -> int | None:
+        """Where op `index` reads a tensor computed from no parameter that no reference tensor holds (a position
+        table or a mask the candidate made otherwise than the reference): the first op computing it."""
+        for tid in self.candidate.ops[index].inputs:
+            info = self.candidate.tensors[tid]
+            if info.producer is None or info.producer in inside or tid in self.alignment.tensors:
+                continue
+            if not is_floating(info.dtype) or info.producer in self._activations():
+                continue
+            return self._table_site(tid)
+        return None
+
+    def table_read(self, index: int) -> Entering | None:
+        """Where op `index` reads a table no reference tensor holds (`_unpaired_table`): named there."""
+        table = self._unpaired_table(index, {index})
+        return None if table is None else self._from_table(table)
+
+    def _table_site(self, tid: int) -> int:
+        """Of the ops making table `tid`, the first whose output no reference table holds (a decoding step's mask
+        from the right positions, compared with the wrong bound): the first op computing it where all do. A
+        constant (a one-position step's position 0) tells nothing by its values: no reference tensor holds it."""
+        made = sorted(self.candidate.made_by(tid))
+        computing = [i for i in made if computes(self.candidate.ops[i].op)] or [self.candidate.tensors[tid].producer]
+        activations = self.reference.activations()
+        tables: dict[int, list[np.ndarray]] = {}
+        for info in self.reference.tensors.values():
+            if info.producer is not None and info.producer not in activations and self.reference.has_value(info.tid):
+                tables.setdefault(info.size, []).append(self.reference.value(info.tid))
+        for i in computing:
+            op = self.candidate.ops[i]
+            if not op.outputs or not self.candidate.has_value(op.outputs[0]):
+                continue
+            values = self.candidate.value(op.outputs[0])
+            constant = bool(np.all(values == values.reshape(-1)[0])) if values.size else True
+            if constant or not any(same_values(values, held) for held in tables.get(values.size, [])):
+                return i
+        return computing[0]
+
+    def _missing_before(
+        self, entering: int, block: Block, computed: dict[int, np.ndarray], reference: dict[int, np.ndarray]
+    ) -> Entering | None:
+        """(where the candidate made what op `entering` reads, the reference op it lacks) where the reference block
+        computes on a partner of what `entering` reads before anything the candidate holds: a reference op that
+        computes, reads that partner (through ops that only move data) and whose output no candidate value holds."""
+        candidate_values = list(computed.values())
+        by_size: dict[int, list[np.ndarray]] = {}
+        for values in candidate_values:
+            by_size.setdefault(values.size, []).append(values)
+        for tid in self.candidate.ops[entering].inputs:
+            pair = self.alignment.tensors.get(tid)
+            if pair is None or self.candidate.tensors[tid].producer in set(block.candidate):
+                continue
+            kinds = {self.candidate.ops[i].op for i in block.candidate}
+            for ref_op in block.reference:
+                op = self.reference.ops[ref_op]
+                if not computes(op.op) or op.op in kinds or not op.outputs or op.outputs[0] not in reference:
+                    continue  # an op of a kind the candidate's block has is there, reading something else
+                if pair.reference not in _moved_from(self.reference, op.inputs):
+                    continue
+                if not any(
+                    self.reference.ops[j].op == self.candidate.ops[entering].op for j in block.reference if j > ref_op
+                ):
+                    continue  # the reference computes otherwise on that input, not first something the candidate lacks
+                made = reference[op.outputs[0]]
+                if any(same_values(values, made) for values in by_size.get(made.size, [])):
+                    continue
+                producer = self.candidate.tensors[tid].producer
+                site = self._missing_site(entering, producer, op.module)
+                maker = self.candidate.ops[producer].framework_op if producer is not None else "its input"
+                return Entering(
+                    site,
+                    ref_op,
+                    f"the candidate has no counterpart of the reference's {op.framework_op} in "
+                    f"{op.module or '(top level)'}: {self.candidate.ops[entering].framework_op} reads what "
+                    f"{maker} made as it is",
+                )
+        return None
+
+    def _missing_site(self, consumer: int, producer: int | None, lacked_module: str) -> int:
+        """Where an op the candidate lacks belongs: after the op that made what it would read (a norm closing an
+        encoder) or before the one reading that (a norm opening a head). The candidate's own modules say where it
+        has one it never called (their parameters unread); else the reference's, where its lacked op lies."""
+        if producer is None:
+            return consumer
+        sites = {"producer": producer, "consumer": consumer}
+        unread = [leaf_name(name).rpartition(".")[0] for name in self.candidate.unread_leaves]
+        if unread:
+            nearest = {
+                side: max(_shared_depth(self.candidate.ops[index].module, module) for module in unread)
+                for side, index in sites.items()
+            }
+        else:
+            partners = {
+                "producer": self._partner_module(self.candidate.ops[producer].outputs),
+                "consumer": self._partner_module(self.candidate.ops[consumer].outputs),
+            }
+            nearest = {side: _shared_depth(module, lacked_module) for side, module in partners.items()}
+        return sites["consumer"] if nearest["consumer"] > nearest["producer"] else sites["producer"]
+
+    def _partner_module(self, tids: list[int]) -> str:
+        """The module of the reference op making the partner of the first of `tids` paired ('' where none is)."""
+        for tid in tids:
+            pair = self.alignment.tensors.get(tid)
+            if pair is not None:
+                producer = self.reference.tensors[pair.reference].producer
+                return self.reference.ops[producer].module if producer is not None else ""
+        return ""
 
     def with_oracle(self, evidence: OpEvidence) -> OpEvidence:
         """The evidence with its fp64 oracle replayed where the local error alone decided it (live runs)."""
@@ -320,12 +549,16 @@ class Analysis:
             local_out = self.local_outputs(cand_index, ref_index, block)
         except Exception:  # an op that cannot run on substituted inputs keeps no local evidence
             return None, None, None
-        if any(local_out[c].size != reference_out[r].size for c, r in compared):
+        try:
+            reference_out = {c: self.in_candidate_layout(c, r, reference_out[r]) for c, r in compared}
+        except ValueError:
             return None, None, None
-        local_out = {r: self.in_reference_layout(c, r, local_out[c]) for c, r in compared}
+        if any(local_out[c].size != reference_out[c].size for c, _ in compared):
+            return None, None, None
+        local_out = {c: local_out[c].reshape(reference_out[c].shape) for c, _ in compared}
 
         def worst(values: dict[int, np.ndarray], truth: dict[int, np.ndarray]) -> float:
-            return max(error_metrics(values[r], truth[r]).max_rel for _, r in compared)
+            return max(error_metrics(values[c], truth[c]).max_rel for c, _ in compared)
 
         local = worst(local_out, reference_out)
         if local == 0.0 or (decided_under is not None and local <= decided_under):
@@ -336,7 +569,9 @@ class Analysis:
             oracle = self.live.replay("reference", ref_ops, {}, float64=True)  # on the reference's own inputs
         except CannotUpcast as exc:  # an op without a float64 kernel: the local error decides alone
             return local, None, str(exc)
-        oracle = {r: oracle[r].reshape(reference_out[r].shape) for _, r in compared}
+        oracle = {
+            c: self.in_candidate_layout(c, r, oracle[r].reshape(self.reference.tensors[r].shape)) for c, r in compared
+        }
         return local, Float64Evidence(worst(local_out, oracle), worst(reference_out, oracle)), None
 
 
@@ -363,6 +598,47 @@ def entering_op(alignment: Alignment, trace: Trace, block: Block) -> int:
     partnered = alignment.partnered_ops()
     unpartnered = [i for i in block.candidate if i not in partnered and computes(trace.ops[i].op)]
     return unpartnered[0] if unpartnered else computing_op(trace, block.candidate)
+
+
+def in_common_module(trace: Trace, block: Block) -> int:
+    """The first op of `block` that computes in the innermost module holding all its ops (a port's residual add
+    before the norm that reads it, in the layer); the op completing it where none does."""
+    computing = [i for i in block.candidate if computes(trace.ops[i].op)]
+    common = common_module([trace.ops[i].module for i in computing])
+    return next((i for i in computing if trace.ops[i].module == common), computing_op(trace, block.candidate))
+
+
+@dataclass(frozen=True)
+class Entering:
+    """Where a block's difference enters: the candidate op to name, the reference op to name against it (None: the
+    block's own), and what the difference is where the values say it (an op the candidate lacks)."""
+
+    candidate: int
+    reference: int | None = None
+    cause: str | None = None
+
+
+def _shared_depth(module: str, other: str) -> int:
+    """How many leading names two module paths share."""
+    depth = 0
+    for a, b in zip(module.split("."), other.split(".")):
+        if a != b or not a:
+            break
+        depth += 1
+    return depth
+
+
+def common_module(modules: list[str]) -> str:
+    """The innermost module path that every one of `modules` is, or lies under ('' for the root)."""
+    if not modules:
+        return ""
+    parts = [m.split(".") if m else [] for m in modules]
+    common = []
+    for names in zip(*parts):
+        if len(set(names)) != 1:
+            break
+        common.append(names[0])
+    return ".".join(common)
 
 
 def rewired_input(
@@ -405,3 +681,197 @@ def _ratio(output_error: float, input_error: float) -> float:
     if output_error == 0 or output_error != output_error:
         return 0.0
     return output_error / input_error if input_error > 0 else float("inf")
+
+
+# The largest distance (relative to their magnitude) at which a value replayed in a block holds a reference value:
+# another order of the same float32 sums stays well below it, a coarser dtype widens it (`_holding`).
+HOLDS_VALUES = 1e-4
+MAX_PERMUTED_AXES = 5  # tensors of more axes are compared as stored only
+MAX_PERMUTED_COLUMNS = 4096
+ONLY_MOVES_DATA = LAYOUT_OPS | {"getitem", "cast", "dropout", "split", "chunk", "unbind"}
+
+
+def same_values(values: np.ndarray, reference: np.ndarray, tolerance: float = HOLDS_VALUES) -> bool:
+    """Do two tensors of one size hold the same values in some layout: as stored, with their axes in another order
+    (heads split before the sequence or after it), or with the entries of one axis reordered alike in every row
+    (rotary halves against interleaved pairs)? Positions both block (a mask's -1e9 against -inf) count as equal;
+    values that are not floats are compared exactly."""
+    if values.size != reference.size:
+        return False
+    if _close(values.reshape(-1), reference.reshape(-1), tolerance):
+        return True
+    if values.size < 2 or not _same_multiset(values, reference, tolerance):
+        return False
+    return _in_another_axis_order(values, reference, tolerance) or _rows_permuted_alike(values, reference, tolerance)
+
+
+def _close(a: np.ndarray, b: np.ndarray, tolerance: float) -> bool:
+    """Are two flat arrays equal within `tolerance` of their magnitude, blocked and non-finite positions alike?"""
+    if a.dtype.kind not in "fc" or b.dtype.kind not in "fc":
+        return bool(np.array_equal(a.astype(np.float64), b.astype(np.float64)))
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    special_a, special_b = _special(a), _special(b)
+    if not np.array_equal(special_a, special_b):
+        return False
+    if special_a.any():
+        if not np.array_equal(_special_kind(a[special_a]), _special_kind(b[special_a])):
+            return False
+        a, b = a[~special_a], b[~special_a]
+    if a.size == 0:
+        return True
+    scale = max(float(np.abs(a).max()), float(np.abs(b).max()), 1e-30)
+    return float(np.abs(a - b).max()) <= tolerance * scale
+
+
+def _special(values: np.ndarray) -> np.ndarray:
+    """Where flat `values` are not finite, or hold a mask's blocking constants."""
+    special = ~np.isfinite(values)
+    masked = blocked(np.where(special, 0.0, values))
+    return special if masked is None else special | masked
+
+
+def _special_kind(values: np.ndarray) -> np.ndarray:
+    """NaN 0, +inf 1, blocking or -inf -1: what two special values must share to count as equal."""
+    return np.where(np.isnan(values), 0, np.where(values > 0, 1, -1))
+
+
+def _same_multiset(a: np.ndarray, b: np.ndarray, tolerance: float) -> bool:
+    """Do two tensors hold the same values in any order (what any layout of one keeps of the other)?"""
+    return _close(np.sort(a.reshape(-1)), np.sort(b.reshape(-1)), tolerance)
+
+
+def _in_another_axis_order(a: np.ndarray, b: np.ndarray, tolerance: float) -> bool:
+    """Is one tensor the other with its axes permuted, read in its own order (a (batch, seq, hidden) tensor against
+    the (batch, heads, seq, head_dim) one holding its heads)?"""
+    return axis_order(b, a, tolerance) is not None or axis_order(a, b, tolerance) is not None
+
+
+def axis_order(shaped: np.ndarray, flat: np.ndarray, tolerance: float) -> tuple[int, ...] | None:
+    """The order of `shaped`'s axes, other than its own, in which its values read as `flat`'s; None where none
+    does."""
+    rank = shaped.ndim
+    if rank < 2 or rank > MAX_PERMUTED_AXES or shaped.size != flat.size:
+        return None
+    for order in itertools.permutations(range(rank)):
+        if order != tuple(range(rank)) and _close(np.transpose(shaped, order).reshape(-1), flat.reshape(-1), tolerance):
+            return order
+    return None
+
+
+def _rows_permuted_alike(a: np.ndarray, b: np.ndarray, tolerance: float) -> bool:
+    """Are two tensors of one shape equal once the entries of one axis are reordered, alike in every row?"""
+    if a.shape != b.shape:
+        return False
+    rng = np.random.default_rng(0)
+    for axis in range(a.ndim):
+        count = a.shape[axis]
+        if count < 2 or count > MAX_PERMUTED_COLUMNS:
+            continue
+        columns_a = np.moveaxis(a, axis, -1).reshape(-1, count).astype(np.float64)
+        columns_b = np.moveaxis(b, axis, -1).reshape(-1, count).astype(np.float64)
+        if not (np.isfinite(columns_a).all() and np.isfinite(columns_b).all()):
+            continue
+        projection = rng.standard_normal(columns_a.shape[0])
+        order_a, order_b = np.argsort(projection @ columns_a), np.argsort(projection @ columns_b)
+        if _close(columns_a[:, order_a].reshape(-1), columns_b[:, order_b].reshape(-1), tolerance):
+            return True
+    return False
+
+
+def _moved_from(trace: Trace, tids: list[int]) -> set[int]:
+    """`tids` and every tensor they were made from by ops that only move data (a transpose, a reshape, a slice)."""
+    moved, pending = set(), list(tids)
+    while pending:
+        tid = pending.pop()
+        if tid in moved:
+            continue
+        moved.add(tid)
+        producer = trace.tensors[tid].producer
+        if producer is not None and trace.ops[producer].op in ONLY_MOVES_DATA:
+            pending.extend(trace.ops[producer].inputs)
+    return moved
+
+
+def _descendants(trace: Trace, indices: list[int]) -> dict[int, set[int]]:
+    """For each op of `indices`, the ops of `indices` computed from its outputs (through any of them)."""
+    inside = set(indices)
+    readers: dict[int, set[int]] = {i: set() for i in indices}
+    for i in indices:
+        for tid in trace.ops[i].inputs:
+            producer = trace.tensors[tid].producer
+            if producer in inside:
+                readers[producer].add(i)
+    descendants: dict[int, set[int]] = {}
+    for i in sorted(indices, reverse=True):
+        below = set(readers[i])
+        for reader in readers[i]:
+            below |= descendants.get(reader, set())
+        descendants[i] = below
+    return descendants
+
+
+def _holding(
+    indices: list[int], trace: Trace, computed: dict[int, np.ndarray], reference: dict[int, np.ndarray]
+) -> dict[int, bool]:
+    """For each op of a block replayed on the reference's inputs: do its outputs hold a value of the reference block
+    (or of its inputs)? An op that only moves data, whose outputs were not kept, holds what it was given."""
+    by_size: dict[int, list[np.ndarray]] = {}
+    for values in reference.values():
+        by_size.setdefault(values.size, []).append(values)
+    inside = set(indices)
+    held: dict[int, bool] = {}
+    for i in indices:
+        op = trace.ops[i]
+        outputs = [t for t in op.outputs if t in computed]
+        if not computes(op.op):
+            producers = {trace.tensors[t].producer for t in op.inputs} & inside
+            if all(held.get(p, True) for p in producers):
+                held[i] = True
+                continue
+        if (
+            outputs
+            and all(_kind(computed[t]) != "f" for t in outputs)
+            and not any(
+                _kind(values) == _kind(computed[t]) for t in outputs for values in by_size.get(computed[t].size, [])
+            )
+        ):
+            held[i] = True  # bookkeeping of its own (a mask of rows), where the reference holds nothing of its kind
+            continue
+        tolerance = max(HOLDS_VALUES, *(8 * noise_floor(trace.tensors[t].dtype) for t in outputs)) if outputs else 0.0
+        # The first output is the op's result; the rest are by-products (a batch norm's batch statistics) that may
+        # equal a reference leaf (a running mean) whatever its result holds.
+        held[i] = bool(outputs) and any(
+            same_values(computed[outputs[0]], values, tolerance)
+            for values in by_size.get(computed[outputs[0]].size, [])
+        )
+    return held
+
+
+def _kind(values: np.ndarray) -> str:
+    """ "f" for floats, "b" for booleans, "i" for integers."""
+    return "f" if values.dtype.kind in "fc" else "b" if values.dtype.kind == "b" else "i"
+
+
+def _scaled_holding(
+    index: int, trace: Trace, computed: dict[int, np.ndarray], reference: dict[int, np.ndarray]
+) -> bool:
+    """Do op `index`'s outputs hold a reference value times a constant (q scaled before its product with k, where the
+    reference scales the scores after it)?"""
+    for tid in trace.ops[index].outputs:
+        if tid not in computed or computed[tid].dtype.kind != "f":
+            continue
+        values = computed[tid].astype(np.float64)
+        norm = float(np.linalg.norm(values))
+        if norm == 0 or not np.isfinite(norm):
+            continue
+        tolerance = max(HOLDS_VALUES, 8 * noise_floor(trace.tensors[tid].dtype))
+        for held in reference.values():
+            if held.size != values.size or held.dtype.kind != "f":
+                continue
+            held_norm = float(np.linalg.norm(held.astype(np.float64)))
+            if held_norm == 0 or not np.isfinite(held_norm):
+                continue
+            for sign in (1.0, -1.0):
+                if same_values(values * (sign * held_norm / norm), held, tolerance):
+                    return True
+    return False

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Iterator
 
@@ -97,6 +97,42 @@ def pair_leaves(reference: Trace, candidate: Trace, alignment: Alignment) -> Ali
     return Alignment(
         alignment.pairs, alignment.blocks, tensors, LeafPairing(pairs, unpaired, _summary(pairs, unpaired))
     )
+
+
+def with_leaves_of(alignment: Alignment, other: Alignment, candidate: Trace) -> Alignment:
+    """`alignment` whose leaves the pairs of `other` (made on another alignment of the same runs) complete: a leaf
+    `alignment` paired by its values keeps that pair, unless `other` holds it against the same reference leaf in
+    the layout `alignment` found the same weight of the other layers in (a square weight a converter left
+    untransposed); one it paired by where it is read (in a block as coarse as a whole layer) takes `other`'s, made
+    where the ops reading it are paired more finely."""
+    by_content = {
+        name for name, tid in candidate.leaves.items() if getattr(alignment.tensors.get(tid), "how", None) == "leaf"
+    }
+    others = {pair.candidate: pair for pair in other.leaves.pairs}
+    layouts: dict[str, list[str]] = {}
+    for pair in alignment.leaves.pairs:
+        layouts.setdefault(re.sub(r"\d+", "#", pair.candidate), []).append(pair.layout)
+
+    def kept(pair: LeafPair) -> bool:
+        if pair.candidate not in others:
+            return True
+        instead = others[pair.candidate]
+        if pair.candidate not in by_content:
+            return False
+        if instead.reference != pair.reference or instead.layout == pair.layout:
+            return True
+        siblings = layouts[re.sub(r"\d+", "#", pair.candidate)]
+        return siblings.count(instead.layout) * 2 <= len(siblings)
+
+    pairs = [pair if kept(pair) else others[pair.candidate] for pair in alignment.leaves.pairs]
+    tensors = dict(alignment.tensors)
+    for pair in alignment.leaves.pairs:
+        tid = candidate.leaves[pair.candidate]
+        if pair.candidate in by_content and not kept(pair) and tid in other.tensors:
+            tensors[tid] = other.tensors[tid]  # the values a swap puts in, laid out as the layers' others are
+    paired = {pair.candidate for pair in pairs} | {pair.reference for pair in pairs}
+    unpaired = [leaf for leaf in alignment.leaves.unpaired if leaf.reason == UNREAD or leaf.name not in paired]
+    return replace(alignment, tensors=tensors, leaves=LeafPairing(pairs, unpaired, _summary(pairs, unpaired)))
 
 
 def _packed_for_the_ranks(reference: Trace, candidate: Trace, pairs: list[LeafPair]) -> list[LeafPair]:
@@ -251,7 +287,9 @@ def _ranges(positions: list[int]) -> str:
 
 def layout_name(pair: TensorPair, reference_shape: tuple[int, ...]) -> str:
     words = []
-    if pair.part is not None:
+    if pair.part is not None and pair.rows is not None:
+        words.append(f"rows {_ranges(list(pair.rows))} of axis {pair.part[0]} of {list(reference_shape)}")
+    elif pair.part is not None:
         axis, start, stop = pair.part
         words.append(f"slice {start}:{stop} of axis {axis} of {list(reference_shape)}")
     if pair.transform is not None and list(pair.transform) != sorted(pair.transform):

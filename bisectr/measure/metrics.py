@@ -63,8 +63,8 @@ def error_metrics(candidate: np.ndarray, reference: np.ndarray) -> ErrorMetrics:
     if cand.dtype != ref.dtype:
         cand, ref = cand.astype(np.float64), ref.astype(np.float64)
     diff, max_abs = _abs_difference(cand, ref)
-    if max_abs != 0.0 and (unblocked := _unblocked(cand, ref)) is not None:
-        cand, ref = unblocked
+    if max_abs != 0.0 and (both := unblocked(cand, ref)) is not None:
+        cand, ref = both
         diff, max_abs = _abs_difference(cand, ref)
     if max_abs == 0.0:  # bit-identical: common upstream of a difference, and cheap to say
         return EXACT
@@ -96,7 +96,7 @@ def blocked(values: np.ndarray) -> np.ndarray | None:
     return where
 
 
-def _unblocked(cand: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def unblocked(cand: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """Both tensors with the positions that both block set to 0 (one mask's -1e9 is another's -inf);
     None where no position is blocked on both."""
     if cand.dtype.kind != "f" or not (cand.min(initial=0.0) <= BLOCKING and ref.min(initial=0.0) <= BLOCKING):

@@ -108,6 +108,7 @@ class Culprit:
     rewired: Rewired | None = None
     placements: Placements | None = None
     compiled: InCompiled | None = None  # where inside a compiled module's call its compiled code differs from its eager
+    cause: str | None = None  # what the difference is, in words, where the search can tell (an op the candidate lacks)
 
 
 @dataclass

@@ -203,19 +203,25 @@ def _check_result_ops(result: Result, op_index: Callable[[str, int | None, str],
 
 
 def pair_outputs(
-    reference: Trace, candidate: Trace, model_file: Path, layouts: dict[str, Permutation] | None = None
+    reference: Trace,
+    candidate: Trace,
+    model_file: Path,
+    layouts: dict[str, Permutation] | None = None,
+    only: dict[str, str] | None = None,
 ) -> list[OutputPair]:
-    """Pair flattened outputs by key, then the rest by position. Sizes must agree; shapes that
+    """Pair flattened outputs by key, then the rest by position; with `only` (reference key -> candidate key), those
+    pairs alone (a decoding step's logits and the cache entries that pair whole). Sizes must agree; shapes that
     differ pair only through a layout the values confirm, or the one `layouts` gives by candidate key."""
     ref_keys, cand_keys = list(reference.outputs), list(candidate.outputs)
-    common = [k for k in ref_keys if k in candidate.outputs]
-    ref_rest = [k for k in ref_keys if k not in candidate.outputs]
-    cand_rest = [k for k in cand_keys if k not in reference.outputs]
-    if len(ref_rest) != len(cand_rest):
-        raise OutputMismatchError(
-            f"{model_file}: cannot pair the outputs: reference has {ref_keys}, candidate has {cand_keys}"
-        )
-    keyed = [(k, k) for k in common] + list(zip(ref_rest, cand_rest))
+    if only is None:
+        keyed = _keyed_outputs(ref_keys, cand_keys, model_file)
+    else:
+        keyed = list(only.items())
+        missing = [k for k in only if k not in ref_keys] + [k for k in only.values() if k not in cand_keys]
+        if missing:
+            raise OutputMismatchError(
+                f"{model_file}: cannot pair the outputs {missing}: reference has {ref_keys}, candidate has {cand_keys}"
+            )
     pairs = []
     for ref_key, cand_key in keyed:
         ref_tid, cand_tid = reference.outputs[ref_key], candidate.outputs[cand_key]
@@ -243,6 +249,28 @@ def pair_outputs(
             pair.metrics = UNKNOWN
         pairs.append(pair)
     return pairs
+
+
+def _keyed_outputs(ref_keys: list[str], cand_keys: list[str], model_file: Path) -> list[tuple[str, str]]:
+    """The outputs to pair, (reference key, candidate key): those both sides name, then the rest by position."""
+    common = [k for k in ref_keys if k in cand_keys]
+    ref_rest = [k for k in ref_keys if k not in cand_keys]
+    cand_rest = [k for k in cand_keys if k not in ref_keys]
+    if len(ref_rest) != len(cand_rest) and not (common and (not ref_rest or not cand_rest)):
+        raise OutputMismatchError(
+            f"{model_file}: cannot pair the outputs: reference has {ref_keys}, candidate has {cand_keys}"
+        )
+    # Where one side's keys are all the other's, the outputs both have are compared (`unpaired_outputs`).
+    return [(k, k) for k in common] + (list(zip(ref_rest, cand_rest)) if len(ref_rest) == len(cand_rest) else [])
+
+
+def unpaired_outputs(run: RunRecord) -> dict[str, list[str]]:
+    """Each side's output keys that no output of the other side is compared with."""
+    compared = {
+        "reference": {p.key for p in run.output_pairs},
+        "candidate": {p.candidate_key for p in run.output_pairs},
+    }
+    return {role: [k for k in trace.outputs if k not in compared[role]] for role, trace in run.traces.items()}
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:

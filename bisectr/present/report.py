@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..measure.runrecord import RunRecord
+from ..measure.runrecord import RunRecord, unpaired_outputs
 from ..measure.result import (
     BlockOps,
     Bracket,
@@ -254,6 +254,8 @@ def culprit_lines(run: RunRecord, result: Result, listed: int | None = None) -> 
                 for source in block_sources(run, culprit.block)
                 if source != culprit.candidate.source
             ]
+        if culprit.cause:
+            lines.append([(f"  why: {culprit.cause}", "")])
         if culprit.rewired:
             lines += rewired_lines(culprit.rewired)
         if culprit.placements:
@@ -473,6 +475,12 @@ def print_result(console: Console, run: RunRecord, result: Result) -> None:
         f"({ops.reference} reference ops); candidate re-runs: {result.reruns}",
         highlight=False,
     )
+    for role, keys in unpaired_outputs(run).items():
+        if keys:
+            listed = ", ".join(repr(k) for k in keys)
+            console.print(
+                f"not compared: the {role}'s output {listed} (the other side has none of its key)", highlight=False
+            )
     lines = culprit_lines(run, result)
     if result.culprit is not None:
         console.print()
@@ -684,6 +692,13 @@ PAIRED_BECAUSE = {
     "anchor": "same op, output shape and layer numbers, in order",
     "gap": "the best match in order between two anchors",
     "pin": "ALIGN_MODULES pins these modules together",
+    "flow:value": "their outputs hold the same values",
+    "flow:output": "they make the paired model outputs",
+    "flow:table": "they make the same table from no parameter",
+    "flow:weight": "they read the same weights first",
+    "flow:flow": "what they compute from paired inputs holds the same values",
+    "flow:sum": "their outputs add up to the same values",
+    "flow:frontier": "their outputs hold the same values where the first difference enters",
 }
 
 

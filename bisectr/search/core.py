@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from dataclasses import replace
 from typing import Callable, Iterator, Literal
 
-from ..measure.align import LeafPairing
+from ..measure.align import LAYOUT_OPS, LeafPairing, code_place
 from ..measure.analysis import OpEvidence
 from ..measure.metrics import OutputError
 from ..measure.numerics import NOISE_FACTOR, REACH_FRACTION, confirms, noise_floor, past_entry
@@ -58,7 +58,7 @@ from ..measure.result import (
     Recurrence,
     Result,
 )
-from ..capture.trace import OpNode
+from ..capture.trace import OpNode, is_floating
 
 MAX_REACH_TESTS = 8  # suspect groups tested for reach and confirmation
 MAX_SHARES = 24  # occurrences of a group whose own share is measured
@@ -182,6 +182,7 @@ class PassRules(ABC):
         self.searched: list[SearchPass] = []  # every search made, whose re-runs the result counts
         self.output_error: OutputError | None = None  # what `start` returned
         self.unrepeated: list[Nondeterminism] = []  # the sides `start` found do not repeat themselves
+        self.decided: Result | None = None  # the result of the search made last, where another is asked for
 
     @property
     def run(self) -> RunRecord:
@@ -209,6 +210,11 @@ class PassRules(ABC):
         """The searches to make in turn, each over the values the run holds by then; the next is made
         when one neither matches nor confirms (the forward's layer window, then every op). `float64()`
         runs the float64 check when first called (None within the tolerance)."""
+
+    def settles(self, decided: Result) -> bool:
+        """Does a confirmed result end the searches? One that a later search may name more finely asks for it, and
+        stands where that search confirms nothing."""
+        return True
 
     def obvious_cause(self, search: SearchPass, error: ErrorToExplain) -> Decided | None:
         """A cause named before the cut search where the float64 check does not say rounding (differing leaves)."""
@@ -308,7 +314,7 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
             checked.append(rules.float64_check() if full_error > tolerance else None)
         return checked[0]
 
-    decided = None
+    decided = settled = None  # the last search's result; a confirmed one that asked for the next search
     for search in rules.searches(float64_check):
         if full_error <= tolerance:
             return result("match")
@@ -345,7 +351,7 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
             float64,
             culprit=culprit,
             entry=outcome.entry,
-            recurrences=recurrences(run, finding, full_error),
+            recurrences=recurrences(run, finding, full_error, culprit.candidate.index if culprit else None),
             confirmation=finding.confirmation,
             not_blamed=finding.not_blamed,
             cuts=outcome.trail,
@@ -353,8 +359,12 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
             bracket=rules.bracket(search, outcome, unexplained) if outcome.bracketed else None,
         )
         if decided.confirmation is not None and decided.confirmation.confirmed:
-            return decided
-    return decided
+            if rules.settles(decided):
+                return decided
+            settled = decided
+        rules.decided = decided
+    confirmed = decided is not None and decided.confirmation is not None and decided.confirmation.confirmed
+    return decided if confirmed or settled is None else settled
 
 
 def search_pass(
@@ -428,6 +438,7 @@ def first_difference(search: SearchPass, cuts: list[int], entry: int | None, err
     """The first group of suspects whose own difference reaches the error and whose removal confirms
     it; else the first that reaches, unconfirmed. What does not reach, or is contradicted, is not blamed."""
     say, full_error = search.live.say, error.full
+    low = cut_before(cuts, entry)
     reach_needed = max(REACH_FRACTION * full_error, noise_floor(search.run.candidate.dtype))
     # After an exhaustive cut search the confirmations still get two re-runs.
     budget = max(math.ceil(math.log2(max(len(search.run.candidate.ops), 2))) + RERUN_SLACK, search.candidate_reruns + 2)
@@ -451,6 +462,23 @@ def first_difference(search: SearchPass, cuts: list[int], entry: int | None, err
         if len(group) > 1:
             budget += 1  # one confirmation per group beyond the search's own budget
         confirmation = confirm(search, group, error)
+        in_bracket = low is None or suspect.candidate > low
+        for wider in (
+            same_call(search, suspect, group),
+            same_line_ops(search, suspect, group),
+            same_code_blocks(search, suspect, group),
+            same_table_readers(search, suspect, group),
+        ):
+            # one class every layer uses, built in several places (a stem's norm and the blocks' norms); one line
+            # whose mistake several ops carry (a soft-cap's constant, divided by and multiplied by); the code of a
+            # block that other layers pair in other blocks: for a suspect where the cut search says the difference
+            # enters
+            if confirmation.confirmed or not wider or not in_bracket or search.candidate_reruns >= budget:
+                continue
+            budget += 1
+            widened = confirm(search, wider, error)
+            if widened.confirmed:
+                group, confirmation = wider, widened
         if not confirmation.confirmed and len(group) > 1 and search.candidate_reruns < budget:
             # an op judged different by its rounding (a false occurrence) can spoil the group's proof
             alone = confirm(search, [suspect], error)
@@ -496,6 +524,96 @@ def occurrences(search: SearchPass, suspect: OpEvidence) -> list[OpEvidence]:
     return sorted(group, key=lambda e: e.candidate)
 
 
+def same_call(search: SearchPass, suspect: OpEvidence, group: list[OpEvidence]) -> list[OpEvidence]:
+    """Every paired op of the suspect's framework call (not a block) whose own difference is semantic, where that is
+    more than `group`: the occurrences of one layer class that is built and called from several places; [] else."""
+    if suspect.block is not None:
+        return []
+    first = search.run.candidate.ops[suspect.candidate]
+    found = [
+        evidence
+        for op in search.run.candidate.ops
+        if op.framework_op == first.framework_op
+        and (evidence := search.evidence_of(op.index)) is not None
+        and evidence.block is None
+        and evidence.verdict == "different"
+    ]
+    return sorted(found, key=lambda e: e.candidate) if len(found) > len(group) else []
+
+
+def same_line_ops(search: SearchPass, suspect: OpEvidence, group: list[OpEvidence]) -> list[OpEvidence]:
+    """Every paired op called from the suspect's line of user code, whatever op it is, whose own difference is
+    semantic, where that is more than `group`; [] else."""
+    first = search.run.candidate.ops[suspect.candidate]
+    if suspect.block is not None or not first.source or first.library_source:
+        return []
+    found = [
+        evidence
+        for op in search.run.candidate.ops
+        if same_line(op, first)
+        and (evidence := search.evidence_of(op.index)) is not None
+        and evidence.block is None
+        and evidence.verdict == "different"
+    ]
+    return sorted(found, key=lambda e: e.candidate) if len(found) > len(group) else []
+
+
+def same_code_blocks(search: SearchPass, suspect: OpEvidence, group: list[OpEvidence]) -> list[OpEvidence]:
+    """`group` and every op or block whose own difference is semantic running code that the suspect's block runs,
+    where that is more: the layers whose ops pair otherwise than the first's (its scores paired, another's not), their
+    difference in blocks of other bounds; [] for a suspect that is no block."""
+    if suspect.block is None:
+        return []
+    ops = search.run.candidate.ops
+    places = {code_place(ops[i]) for i in suspect.block.candidate if ops[i].op not in LAYOUT_OPS}
+    found = {evidence.candidate: evidence for evidence in group}
+    for op in ops:
+        evidence = search.evidence_of(op.index)
+        if evidence is None or evidence.candidate in found or evidence.verdict != "different":
+            continue
+        members = evidence.block.candidate if evidence.block is not None else [evidence.candidate]
+        if any(code_place(ops[i]) in places for i in members):
+            found[evidence.candidate] = evidence
+    return sorted(found.values(), key=lambda e: e.candidate) if len(found) > len(group) else []
+
+
+def same_table_readers(search: SearchPass, suspect: OpEvidence, group: list[OpEvidence]) -> list[OpEvidence]:
+    """`group` and every op or block whose own difference is semantic reading, as it is or moved, a table the suspect
+    op reads that no reference tensor pairs with (a mask only the candidate computes, read by every layer), where
+    that is more; [] for a suspect that is a block (what it reads of a table is not told from what it computes)."""
+    if suspect.block is not None:
+        return []
+    candidate, paired = search.run.candidate, search.run.alignment.tensors
+    members = {suspect.candidate}
+    unpaired = {
+        t
+        for i in members
+        for t in candidate.ops[i].inputs
+        if (producer := candidate.tensors[t].producer) is not None
+        and producer not in members
+        and t not in paired
+        and is_floating(candidate.tensors[t].dtype)
+    }
+    if not unpaired:
+        return []
+    activations = candidate.activations()
+    tables = {t for t in unpaired if candidate.tensors[t].producer not in activations}
+    readers = set()
+    for op in candidate.ops:  # in order: what a layout op makes of a table is read as the table
+        if tables.intersection(op.inputs):
+            readers.add(op.index)
+            if op.op in LAYOUT_OPS:
+                tables.update(op.outputs)
+    found = {evidence.candidate: evidence for evidence in group}
+    for op in candidate.ops:
+        evidence = search.evidence_of(op.index)
+        if evidence is None or evidence.candidate in found or evidence.verdict != "different":
+            continue
+        if readers.intersection(evidence.block.candidate if evidence.block is not None else [evidence.candidate]):
+            found[evidence.candidate] = evidence
+    return sorted(found.values(), key=lambda e: e.candidate) if len(found) > len(group) else []
+
+
 def same_place(op: OpNode, other: OpNode) -> bool:
     """Two ops of one piece of code: the same line of user code, or the same module up to numbers
     (`blocks.0.ln1` and `blocks.3.ln2`: instances of one layer class). A library's line alone says
@@ -512,18 +630,22 @@ def _pattern(module: str) -> str:
     return re.sub(r"[0-9]+", "#", module)
 
 
-def recurrences(run: RunRecord, finding: Finding, full_error: float) -> list[Recurrence]:
-    """Every occurrence of a group of more than one, with the share of the error each makes alone."""
+def recurrences(run: RunRecord, finding: Finding, full_error: float, named: int | None = None) -> list[Recurrence]:
+    """Every occurrence of a group of more than one, with the share of the error each makes alone; each block named
+    by its op of the code the culprit's candidate op `named` runs, where it has one."""
     if len(finding.group) < 2:
         return []
     listed = []
+    place = code_place(run.candidate.ops[named]) if named is not None else None
     for evidence in finding.group:
-        op = run.candidate.ops[evidence.candidate]
+        ops = evidence.block.candidate if evidence.block is not None else [evidence.candidate]
+        op = next(
+            (run.candidate.ops[i] for i in ops if code_place(run.candidate.ops[i]) == place),
+            run.candidate.ops[evidence.candidate],
+        )
         alone = finding.alone.get(evidence.candidate)
         share = None if alone is None or not math.isfinite(full_error) or full_error == 0 else alone / full_error
-        listed.append(
-            Recurrence(evidence.candidate, evidence.op, op.module, op.source, evidence.local_error, alone, share)
-        )
+        listed.append(Recurrence(op.index, evidence.op, op.module, op.source, evidence.local_error, alone, share))
     return listed
 
 

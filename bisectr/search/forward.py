@@ -25,17 +25,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import partial
 from typing import Callable, Iterator
 
 import numpy as np
 
 from .compiled import in_compiled
 from ..measure.align import Block, LeafPairing, code_place, handed_on, settle_layouts
-from ..measure.analysis import Analysis, OpEvidence, computing_op, entering_op, external_inputs, rewired_input
+from ..measure.assignments import reassignments
+from ..measure.dataflow import align_by_dataflow
+from ..measure.analysis import Analysis, Entering, OpEvidence, computing_op, external_inputs, rewired_input
 from ..errors import TraceMismatchError
-from ..sides.runner import RerunByCode
+from ..sides.runner import InTraining, RerunByCode
 from .repeat import not_repeated
-from ..measure.leaves import leaf_causes, pair_leaves, reference_values
+from ..measure.leaves import leaf_causes, pair_leaves, reference_values, with_leaves_of
 from ..measure.numerics import NOISE_REACH_FRACTION, REACH_FRACTION, coarsest_dtype, confirms, noise_floor
 from .nonfinite import NonFiniteStart, nonfinite_culprit, nonfinite_start, nonfinite_summary
 from .precision import float64_check
@@ -43,7 +46,7 @@ from ..measure.live import LiveRun
 from ..measure.runrecord import RunRecord
 from ..engines.patched import PassOn, Shift
 from ..capture.ops import UNINITIALISED
-from ..measure.metrics import OutputError
+from ..measure.metrics import OutputError, error_metrics
 from ..measure.result import (
     BlockOps,
     Bracket,
@@ -55,6 +58,7 @@ from ..measure.result import (
     Placements,
     ProfileRow,
     Recurrence,
+    Result,
     Rewired,
 )
 from .core import (
@@ -74,6 +78,17 @@ from ..capture.store import SIDES
 from ..capture.trace import LOCAL_PART, RANKS_DIFFER, OpNode, host_dtype, is_floating
 from .window import boundaries, fetch_all, fetch_recurrences, fetch_window, missing, needs_window, window_between
 from ..leafref import leaf_kind, leaf_name
+
+# The share of the candidate's ops paired, as recorded, with an op of a module of the same name above which it runs
+# the reference's module tree.
+SAME_TREE = 0.9
+# A block spanning more candidate ops than a few layers of a small model hold: too coarse to stand for where a
+# difference enters while the recording's op pairs may name it more finely.
+COARSE_BLOCK = 256
+# Norms that keep running statistics: in training mode they normalize by the batch's own instead.
+NORMS_WITH_STATISTICS = frozenset({"batch_norm", "instance_norm"})
+# Ops that only move or select data, through which the parts of a fused projection's output are split.
+SPLITS_DATA = frozenset({"reshape", "transpose", "split", "getitem", "copy", "cast"})
 
 
 class ForwardPass(SearchPass):
@@ -231,11 +246,17 @@ class ForwardPass(SearchPass):
     def suspects(self, cuts: list[int], entry: int | None) -> Iterator[OpEvidence]:
         """Paired ops (and matched blocks) judged different up to the entry point. The cut search says
         the error enters between the cut before the entry point and the entry point, so the ones there
-        come first, then the entry region as one block (when judged different), then the earlier ones."""
+        come first (a block that starts there and hands on a checkpoint inside the bracket, a cache entry, among
+        them), then the entry region as one block (when judged different), then the earlier ones."""
         analysis = self.analysis
         limit = entry if entry is not None else len(self.run.candidate.ops)
         low = cut_before(cuts, entry)
-        different = [e for e in analysis.in_order() if e.verdict == "different" and e.candidate <= limit]
+        different = [
+            e
+            for e in analysis.in_order()
+            if e.verdict == "different"
+            and (e.candidate <= limit or (e.block is not None and min(e.block.candidate) <= limit))
+        ]
         yield from (e for e in different if low is None or e.candidate > low)
         region = entry_region(analysis, entry)
         if region is not None:
@@ -258,17 +279,27 @@ class ForwardPass(SearchPass):
 
     def reach(self, group: list[OpEvidence]) -> float:
         """The outputs' error when only these ops' (or blocks') own differences enter the reference run."""
-        patches = {}
+        values: dict[int, np.ndarray] = {}  # reference tid -> its values with the group's own differences in
         for evidence in group:
             local = self.analysis.local_outputs(evidence.candidate, evidence.reference, evidence.block)
             for cand_tid, ref_tid in self.analysis.compared_outputs(
                 evidence.candidate, evidence.reference, evidence.block
             ):
+                if self.run.reference.tensors[ref_tid].dtype == "bool":
+                    continue  # a mask is structure, never patched
                 dtype = host_dtype(self.run.reference.tensors[ref_tid].dtype)
-                values = self.analysis.in_reference_layout(cand_tid, ref_tid, local[cand_tid]).astype(dtype, copy=False)
-                with np.errstate(invalid="ignore", over="ignore"):  # as own_difference_patches: shifted for many
-                    patches[ref_tid] = Shift(values - self.run.reference.value(ref_tid)) if len(group) > 1 else values
-        return self.reference_error(patches)
+                pair = self.analysis.alignment.tensors.get(cand_tid)
+                if pair is not None and pair.reference == ref_tid and pair.part is not None:
+                    base = values.get(ref_tid, self.run.reference.value(ref_tid))
+                    values[ref_tid] = pair.candidate_into_reference(local[cand_tid], base).astype(dtype, copy=False)
+                else:
+                    values[ref_tid] = self.analysis.in_reference_layout(cand_tid, ref_tid, local[cand_tid]).astype(
+                        dtype, copy=False
+                    )
+        if len(group) == 1:
+            return self.reference_error(values)
+        with np.errstate(invalid="ignore", over="ignore"):  # as own_difference_patches: shifted for many
+            return self.reference_error({tid: Shift(v - self.run.reference.value(tid), v) for tid, v in values.items()})
 
     def error_without(self, group: list[OpEvidence]) -> float:
         return self.candidate_error(own_difference_patches(self.analysis, self.run, group))
@@ -288,6 +319,7 @@ class ForwardRules(PassRules):
         self.analysis: Analysis | None = None
         self.tested_causes: set[tuple] = set()  # the differing leaves whose reference values were tried
         self.nonfinite_from: NonFiniteStart | None = None  # where the candidate's NaN/Inf start (`nonfinite`)
+        self.on_flow = False  # searching over the data-flow pairing
 
     def start(self) -> OutputError:
         self.live.say("re-running each side unpatched" + (" (and keeping its layer outputs)" if self.windowed else ""))
@@ -302,7 +334,10 @@ class ForwardRules(PassRules):
 
     def searches(self, float64: Callable[[], Float64Check | None]) -> Iterator[ForwardPass]:
         """The layer window first (rounding is judged over every op: none for a float64 check that
-        agrees), then every op's values."""
+        agrees), then every op's values: paired by the data that flows through them (`measure.dataflow`), where
+        each side ran in one process, the model file pins no modules, the candidate has a module tree of its own (a
+        port, not the reference's code changed) and rounding does not explain the outputs' error, then op by op as
+        they were recorded (`measure.align`)."""
         check = float64() if self.windowed else None
         if self.windowed and (check is None or check.status != "agree"):
             self.narrow = True
@@ -311,7 +346,29 @@ class ForwardRules(PassRules):
             self.live.say("keeping the values of every op")
             fetch_all(self.live)
         self.narrow = False
+        run = self.run
+        recorded = run.alignment
+        pinned = any(pair.evidence.how == "pin" for pair in recorded.pairs)  # the model file's ALIGN_MODULES
+        one_process = run.traced.candidate_nproc == 1 and run.traced.reference_nproc == 1
+        if one_process and not pinned and not _runs_the_reference_tree(run) and not _rounding_explains(float64()):
+            self.live.say("pairing the two passes by the data that flows through them")
+            outputs = [(pair.candidate, pair.reference) for pair in run.output_pairs]
+            replay = partial(self.live.replay, "candidate")
+            flow = align_by_dataflow(run.reference, run.candidate, outputs, replay)
+            run.alignment = with_leaves_of(pair_leaves(run.reference, run.candidate, flow), recorded, run.candidate)
+            self.on_flow = True
+            yield self._search()
+            self.on_flow = False
+            if self.decided is not None and self.decided.verdict != "divergent":
+                return  # rounding, or a match: the op pairs of the recording would say no more
+            run.alignment = recorded
         yield self._search()
+
+    def settles(self, decided: Result) -> bool:
+        """A culprit the data-flow pairing confirms as a block spanning more ops than `COARSE_BLOCK` (a decoding
+        loop's steps run by the same code, paired as one block) is searched again over the recording's op pairs."""
+        block = decided.culprit.block if decided.culprit is not None else None
+        return not (self.on_flow and block is not None and block.candidate[-1] - block.candidate[0] >= COARSE_BLOCK)
 
     def _search(self) -> ForwardPass:
         self.live.say("replaying ops")
@@ -322,7 +379,9 @@ class ForwardRules(PassRules):
 
     def obvious_cause(self, search: ForwardPass, error: ErrorToExplain) -> Decided | None:
         self.live.say("comparing parameters and buffers")
-        return _differing_leaves(search, error, self.tested_causes)
+        return _differing_leaves(search, error, self.tested_causes) or _misplaced_leaves(
+            search, error, self.tested_causes
+        )
 
     def refined(self, search: ForwardPass, error: ErrorToExplain) -> ForwardPass:
         if not self.narrow:
@@ -342,6 +401,13 @@ class ForwardRules(PassRules):
         if culprit.verdict == "different":
             culprit.compiled = in_compiled(
                 self.live, culprit.block.candidate if culprit.block else [culprit.candidate.index]
+            )
+        op = self.run.candidate.ops[culprit.candidate.index]
+        if op.op in NORMS_WITH_STATISTICS and self.live.ask("candidate", InTraining(op.module)):
+            culprit.cause = (
+                f"{op.module or 'the model'} is in training mode: it normalizes by each batch's own statistics "
+                "(and updates its running statistics) where the reference's uses its running statistics; put the "
+                "candidate model in eval mode (model.eval())"
             )
         return culprit
 
@@ -373,6 +439,18 @@ class ForwardRules(PassRules):
     @property
     def leaves(self) -> LeafPairing:
         return self.run.alignment.leaves
+
+
+def _runs_the_reference_tree(run: RunRecord) -> bool:
+    """Does the candidate run the reference's module tree: most of its ops paired, as recorded, with an op of a
+    module of the same name (the reference's code with a mistake in it, or run otherwise)?"""
+    same = sum(pair.evidence.candidate_module == pair.evidence.reference_module for pair in run.alignment.pairs)
+    return same >= SAME_TREE * len(run.candidate.ops)
+
+
+def _rounding_explains(check: Float64Check | None) -> bool:
+    """Does the float64 check leave nothing to find: the outputs within the tolerance (None) or rounding?"""
+    return check is None or check.status == "agree"
 
 
 def _window_search(coarse: ForwardPass, error: ErrorToExplain) -> ForwardPass:
@@ -433,6 +511,119 @@ def _differing_leaves(search: ForwardPass, error: ErrorToExplain, tested: set[tu
         )
         return Decided(culprit, Confirmation(readers, after, error.full, True, leaves=len(cause)), occurrences)
     return None
+
+
+def _misplaced_leaves(search: ForwardPass, error: ErrorToExplain, tested: set[tuple]) -> Decided | None:
+    """The first reassignment of values among the candidate's leaves (`measure.assignments`: key rows in the value
+    projection, per-head rows split as blocks, a running variance in the running mean) that takes the outputs'
+    error down to rounding, as a leaf culprit: its first leaf, every leaf it moves listed."""
+    run = search.run
+    first_reads = run.candidate.first_reads()
+    for hypothesis in reassignments(run.reference, run.candidate, run.alignment, partial(_roles, search.live)):
+        key = tuple(sorted((tid, values.tobytes()) for tid, values in hypothesis.values.items()))
+        if key in tested:
+            continue
+        tested.add(key)
+        if not _reproduces_the_candidate(search, hypothesis.mistaken, error):
+            continue
+        after = search.candidate_error(hypothesis.values)
+        if not confirms(after, error.full, error.rounding):
+            continue
+        tids = sorted(hypothesis.values, key=lambda t: first_reads.get(t, 1 << 62))
+        first = run.candidate.tensors[tids[0]]
+        name, reference_leaf, rows, now = next(m for m in hypothesis.moves if m[0] == leaf_name(first.leaf))
+        reference_tid = (
+            run.reference.leaves[f"param:{reference_leaf}"]
+            if f"param:{reference_leaf}" in (run.reference.leaves)
+            else run.reference.leaves[f"buffer:{reference_leaf}"]
+        )
+        cand_op = run.candidate.ops[first_reads[tids[0]]]
+        ref_op = run.reference.ops[run.reference.first_reads()[reference_tid]]
+        culprit = culprit_without_evidence("leaf", cand_op, ref_op, name)
+        culprit.reference_leaf, culprit.layout = reference_leaf, f"{now} of {reference_leaf}"
+        culprit.description = f"holds {now} where its ops read {rows} of {reference_leaf}"
+        readers = sorted({first_reads[t] for t in tids if t in first_reads})
+        occurrences = [
+            Recurrence(i, run.candidate.ops[i].op, run.candidate.ops[i].module, run.candidate.ops[i].source, None)
+            for i in readers
+        ]
+        return Decided(
+            culprit,
+            Confirmation(readers, after, error.full, True, leaves=len(tids)),
+            occurrences if len(occurrences) > 1 else [],
+        )
+    return None
+
+
+def _reproduces_the_candidate(search: ForwardPass, mistaken: dict[int, np.ndarray], error: ErrorToExplain) -> bool:
+    """Does the reference, re-run with the candidate's mistake made on its leaves (`mistaken`), give the candidate's
+    outputs (within what takes the error to rounding)? A reference re-run, which the candidate's budget does not pay."""
+    if not mistaken:
+        return True
+    search.reference_reruns += 1
+    outputs = search.live.rerun("reference", mistaken).outputs
+    run = search.run
+    worst = 0.0
+    for pair in run.output_pairs:
+        candidate = pair.in_reference_layout(
+            run.candidate.value(pair.candidate), run.reference.tensors[pair.reference].shape
+        )
+        worst = max(worst, error_metrics(outputs[pair.key], candidate).max_rel)
+    return confirms(worst, error.full, error.rounding)
+
+
+def _roles(live: LiveRun, fused: int) -> list[np.ndarray]:
+    """The rows of reference leaf `fused` each part of what the reference computes from it is made of: its reader's
+    output (with a bias added) replayed, on the number of each output feature, through the ops that only move data
+    that split it (view, transpose, chunk, getitem), up to what the ops that compute read."""
+    reference = live.run.reference
+    readers = reference.consumers()
+    start = reference.ops[min(readers[fused])].outputs[0]
+    while reference.ops[reference.tensors[start].producer].op in SPLITS_DATA and len(readers.get(start, [])) == 1:
+        start = reference.ops[readers[start][0]].outputs[0]  # the weight transposed, then multiplied
+    while True:
+        after = readers.get(start, [])
+        if (
+            len(after) == 1
+            and reference.ops[after[0]].op == "add"
+            and reference.tensors[reference.ops[after[0]].outputs[0]].shape == reference.tensors[start].shape
+        ):
+            start = reference.ops[after[0]].outputs[0]
+            continue
+        break
+    moving, tid = [], start
+    while len(readers.get(tid, [])) == 1 and reference.ops[readers[tid][0]].op in (
+        "reshape",
+        "transpose",
+        "copy",
+        "cast",
+    ):
+        moving.append(readers[tid][0])
+        tid = reference.ops[readers[tid][0]].outputs[0]
+    splitting = [r for r in readers.get(tid, []) if reference.ops[r].op in ("split", "getitem")]
+    if not splitting or (reference.ops[splitting[0]].op == "getitem" and len(splitting) < 2):
+        return []
+    if reference.ops[splitting[0]].op == "split":
+        splitting = splitting[:1]
+    moving += splitting
+    terminal = [t for r in splitting for t in reference.ops[r].outputs]
+    if not moving:
+        return []
+    shape = reference.tensors[start].shape
+    axis = max(k for k, n in enumerate(shape) if n in reference.tensors[fused].shape)
+    features = np.broadcast_to(
+        np.arange(shape[axis], dtype=np.float64).reshape([-1 if k == axis else 1 for k in range(len(shape))]), shape
+    )
+    computed = live.replay("reference", sorted(moving), {start: np.ascontiguousarray(features)})
+    roles = []
+    for tid in sorted(terminal, key=lambda t: (reference.tensors[t].producer, t)):
+        values = computed[tid]
+        varying = [
+            k for k in range(values.ndim) if values.shape[k] > 1 and not np.all(np.take(values, [0], axis=k) == values)
+        ]
+        index = tuple(slice(None) if k in varying else 0 for k in range(values.ndim))
+        roles.append(np.rint(values[index]).astype(np.int64).reshape(-1))
+    return roles
 
 
 def check_reproducible(live: LiveRun, keep: dict[str, set[int]] | None = None) -> list[Nondeterminism]:
@@ -527,8 +718,8 @@ def own_difference_patches(
         local = analysis.local_outputs(evidence.candidate, evidence.reference, replayed)
         for cand_tid, _ in analysis.compared_outputs(evidence.candidate, evidence.reference, evidence.block):
             reference = analysis.reference_values_for(cand_tid)
-            if reference is None:
-                continue
+            if reference is None or run.candidate.tensors[cand_tid].dtype == "bool":
+                continue  # a mask is structure, never patched
             dtype = host_dtype(run.candidate.tensors[cand_tid].dtype)
             with np.errstate(invalid="ignore", over="ignore"):
                 shift = Shift(
@@ -651,12 +842,23 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence, nonfinite
         analysis.leaves[t] for t in cand_op.inputs if t in analysis.leaves and analysis.leaves[t].verdict == "different"
     ]
     leaf = leaf_name(different_leaves[0].candidate) if different_leaves else None
-    cand_index, ref_index = evidence.candidate, evidence.reference
+    cand_index, ref_index, cause = evidence.candidate, evidence.reference, None
     if evidence.block is not None:  # shown where its difference enters, against the reference op it is named after
         inside = nonfinite_from is not None and nonfinite_from in evidence.block.candidate
-        cand_index = nonfinite_from if inside else entering_op(run.alignment, run.candidate, evidence.block)
-        if evidence.block.reference:
+        entering = (
+            Entering(nonfinite_from, analysis.counterpart(nonfinite_from, evidence.block))
+            if inside
+            else analysis.entering_op(evidence.block, evidence.candidate, evidence.reference)
+        )
+        cand_index, cause = entering.candidate, entering.cause
+        if entering.reference is not None:
+            ref_index = entering.reference
+        elif evidence.block.reference:
             ref_index = computing_op(run.reference, evidence.block.reference)
+    else:
+        table = analysis.table_read(evidence.candidate)
+        if table is not None:  # the op is right; what it reads is not (a mask only the candidate computes)
+            cand_index, cause = table.candidate, table.cause
     block = evidence.block or Block([evidence.candidate], [evidence.reference], matched=True)
     return Culprit(
         "leaf" if leaf else "op",
@@ -676,6 +878,7 @@ def _culprit(run: RunRecord, analysis: Analysis, evidence: OpEvidence, nonfinite
         fp64_unavailable=evidence.fp64_unavailable,
         rewired=_rewired(run, block),
         placements=_placements(run, block),
+        cause=cause,
     )
 
 

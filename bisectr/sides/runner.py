@@ -18,6 +18,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from ..adapters import Determinism
 from ..adapters.base import CompiledProbe
 from ..engines.decoding import Decoder, StepOutputs
 from ..engines.compiled import CloseCompiled, CompiledQuestion, OpenCompiled, answer_compiled, probe_compiled
@@ -187,6 +188,13 @@ class DrawsRandom:
 
 
 @dataclass
+class InTraining:
+    """Is the module at `module` in training mode? -> bool (False where the side's framework cannot say)"""
+
+    module: str
+
+
+@dataclass
 class RerunByCode:
     """From now on re-run the model's own code, not its recorded calls: its forward repeats itself only as a
     whole (it seeds its own generator). -> None"""
@@ -223,12 +231,26 @@ Request = (
     | OpenStep
     | RecordAgain
     | DrawsRandom
+    | InTraining
     | RerunByCode
     | Fix
     | EachRank
     | OpenCompiled
     | CloseCompiled
     | CompiledQuestion
+)
+
+
+# Requests that run the recorded pass (or ops of it) again: each starts from the state the pass was recorded in.
+RUNS_THE_RECORDED_PASS = (
+    Rerun,
+    Replay,
+    ReplayVJP,
+    Backward,
+    Float64Outputs,
+    Float64Gradients,
+    RecordAgain,
+    DrawsRandom,
 )
 
 
@@ -325,16 +347,45 @@ class LocalSide:
         self.trainers: dict[int, Trainer] = {}  # by width (`TrainStep`)
         self.decoders: dict[int, Decoder] = {}  # by width (`DecodeStep`)
         self.compiled: CompiledProbe | None = None  # the compiled call `OpenCompiled` made ready
+        self.state: list[tuple[Any, np.ndarray]] = []  # the buffers as the pass was recorded (`_restore_state`)
 
     def record(self, writer: TensorWriter | None, options: RecordOptions, watch: Watch | None = None) -> Trace:
-        self.trace, self.recorded = record_side(self.side, writer, options, watch)
+        self.state = self._buffers()
+        try:
+            self.trace, self.recorded = record_side(self.side, writer, options, watch)
+        finally:
+            self._restore_state()
         return self.trace
 
     def run(self, request: Request) -> Any:
         answer = self.ANSWERS.get(type(request))
         if answer is None:
             raise TypeError(f"not a side request: {request!r}")
-        return answer(self, request)
+        if not isinstance(request, RUNS_THE_RECORDED_PASS):
+            return answer(self, request)
+        self._restore_state()
+        try:
+            return answer(self, request)
+        finally:
+            self._restore_state()
+
+    def _buffers(self) -> list[tuple[Any, np.ndarray]]:
+        """The model's state with its values now: its buffers, and the parameters no gradient reaches (paddle keeps a
+        norm's running statistics as such), before the pass updates them."""
+        adapter = self.side.adapter
+        return [
+            (tensor, np.array(adapter.to_numpy(tensor), copy=True))
+            for name, tensor in adapter.named_leaves(self.side.model)
+            if leaf_kind(name) == "buffer" or not adapter.requires_grad(tensor)
+        ]
+
+    def _restore_state(self) -> None:
+        """Give back the buffers the values they had when the pass was recorded: a forward that updates its own
+        state (a BatchNorm in training mode) then runs again as it was recorded."""
+        adapter = self.side.adapter
+        for tensor, values in self.state:
+            if not np.array_equal(adapter.to_numpy(tensor), values, equal_nan=True):
+                adapter.assign(tensor, values)
 
     def _rerun(self, request: Rerun) -> RerunResult:
         return rerun(self.side, self.trace, self.recorded, request.patches, request.capture, request.every_op)
@@ -408,6 +459,10 @@ class LocalSide:
         repeats = all(np.array_equal(runs[0][tid], runs[1][tid], equal_nan=True) for tid in runs[0])
         return repeats, adapter.in_training(self.side.model, self.trace.ops[request.index].module)
 
+    def _in_training(self, request: InTraining) -> bool:
+        adapter = self.side.adapter
+        return isinstance(adapter, Determinism) and adapter.in_training(self.side.model, request.module)
+
     def _rerun_by_code(self, request: RerunByCode) -> None:
         self.recorded.faithful = False
 
@@ -451,6 +506,7 @@ class LocalSide:
         OpenStep: _open_step,
         RecordAgain: _record_again,
         DrawsRandom: _draws_random,
+        InTraining: _in_training,
         RerunByCode: _rerun_by_code,
         Fix: _fix,
         EachRank: _each_rank,

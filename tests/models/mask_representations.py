@@ -27,9 +27,10 @@ magnitude 0.51: the correct ports bit-identical (0), the pooling bugs 8.3e-02 (0
 1.9e-02 (0.037 relative).
 
 bisectr should conclude: `match` (or `noise`) for the correct ports; `divergent` for the pooling bugs,
-culprit the pooling's division (at the top level, the line tagged `@full_length`), confirmed; for the scale,
-the mask's add and the scale compared as one block at `@scale_after_mask` in `blocks.0`, both blocks listed,
-confirmed; the masks' values must not steer the search.
+culprit the pooling's division (at the top level, the line tagged `@full_length`; the reference's count of kept
+positions, which the candidate lacks, compared with it), confirmed; for the scale, the attention compared as one
+block, entered at the candidate's add at `@scale_after_mask` in `blocks.0` (against the reference's mask add),
+both blocks listed, confirmed; the masks' values must not steer the search.
 """
 import os
 import sys
