@@ -37,6 +37,31 @@ fuses) loaded from the copy's checkpoint with a converter's mistake (`weight` op
 between the projections), with the converter's mistakes. `--forms decode` runs both sides of the causal
 LMs inside a port's greedy decoding loop with a KV cache (`benchmarks/models/decoding.py`), the candidate's
 loop with a `decode` operator's mistake in it.
+`--forms port` (not a default form) runs each family of `benchmarks/models/ports/` (twelve: the decoders Llama,
+Qwen2, Mixtral, Gemma-2, GPT-NeoX, GPT-2, Bloom and Falcon, BERT, ViT, T5 and ResNet) against a port written by
+hand's rules (`ports/writer.py`): torch or paddle, its own module tree and names, fusions, rotary convention, masks,
+norms and attention drawn from the case's seed, loaded through its own converter. Its operators are of kind `port`,
+the mutation kinds of `ports/mutate.py`, planted in the port's forward code or its converter at a site drawn by the
+seed among those that give a valid mutant (`ports/cases.py`, which checks validity as `check` does); such a
+mutant is right when its culprit's candidate source is the mutated line, its leaf one the mistake changes, or its
+module one the mutated line runs in (or under it, the root aside). Its rows carry the framework and the choices, and
+the table adds the share right by structural choice. Its controls are the correct port and its converter's weights
+rounded to bfloat16, one per seed drawn.
+`--forms decode_port` (not a default form) decodes each decoder of the ports package (Llama, Qwen2, Mixtral,
+Gemma-2 with a sliding window of 8, GPT-NeoX, GPT-2, Bloom, Falcon) with `bisectr generate` (`bisectr.generate`, the
+prompt and `DECODE_STEPS` tokens): the reference is the Hugging Face causal LM with its own `DynamicCache`, the
+candidate the port extended with its own cache class and a forward for cached decoding (`ports/decoding.py`), its
+choices drawn too: the cache's layout, positions from the cache's length or from `position_ids`, the step's mask
+offset by the cache's length or the attention_mask's width, a sliding layer keeping `window - 1` or `window`
+positions. Its operators are the `port` kinds at the lines that run at decode steps and the `decode_port` kinds
+(`mutations.py`), planted at a site drawn among those giving a valid mutant (`ports/decode_cases.py`: it runs every
+step, repeats itself, and its float64 logits at some step differ from the reference's by at least 10x the pair's
+float32 rounding). Such a mutant is right when the verdict is `divergent`, `first_divergent_step` is the first step
+its logits show it, the culprit is confirmed and at its site (as the port form judges), and `culprit_step` is the
+step at which the mutated code first runs with an effect (0 for a cache written wrong at the prefill). The table
+adds the shares with the first divergent step right and with the culprit's step right. Its controls are the port's:
+noise or match at every step; its `cache_bfloat16` kind (the cache made in bfloat16) is judged as a control too: by
+bisectr's contract a cache kept in a coarser dtype is rounding, noise, not a mistake (`ROUNDING_KINDS`).
 `--device cuda` runs every candidate on the GPU (the reference stays on the CPU): the controls are then CPU against
 GPU rounding.
 """
@@ -60,10 +85,17 @@ from pathlib import Path
 MODELS = Path(__file__).resolve().parent / "models"
 sys.path.insert(0, str(MODELS))
 MODEL_FILE = MODELS / "mutant_pair.py"
+PORT_MODEL_FILE = MODELS / "ports" / "pair.py"
+DECODE_PORT_MODEL_FILE = MODELS / "ports" / "decode_pair.py"
+PORT_FORMS = ("port", "decode_port")  # the forms whose candidates are hand-style ports (`ports/`)
 CASE_TIMEOUT = 600  # seconds for one case
 DEFAULT_FORMS = "copy,sdpa,kv_widened"
-VISIBLE = 10.0  # a mutant's float64 error must be this many times the pair's float32 rounding
+# The kinds a form plants that bisectr's contract counts as rounding, judged as controls: noise or match expected.
+ROUNDING_KINDS = {"decode_port": ("cache_bfloat16",)}
 PADDLE_PYTHON = "BISECTR_PADDLE_PYTHON"  # the interpreter of an environment with PaddleFormers (form `paddle`)
+# A mutant's float64 error must be this many times the pair's float32 rounding (the port form's cases share it).
+from ports.cases import VISIBLE  # noqa: E402
+from ports.decode_cases import STEPS as DECODE_STEPS  # noqa: E402  (the tokens the decode_port form decodes)
 
 
 @dataclass(frozen=True)
@@ -84,9 +116,10 @@ class Case:
 
     @property
     def is_control(self) -> bool:
+        """Nothing planted, or what the form plants is rounding (`ROUNDING_KINDS`)."""
         from mutant_pair import CONTROLS
 
-        return self.operator in CONTROLS
+        return self.operator in CONTROLS or self.operator in ROUNDING_KINDS.get(self.form, ())
 
 
 @dataclass
@@ -112,6 +145,15 @@ class Row:
     right: bool = False
     problem: str | None = None
     seconds: float = 0.0
+    framework: str | None = None  # the port form's: the port's framework and structural choices
+    choices: dict | None = None
+    expected_source: str | None = None  # the port form's: "<port file>:<line>" of the mistake
+    expected_modules: list | None = None  # the modules the mistaken line runs in (or holding the changed leaves)
+    expected_leaves: list | None = None  # the converted leaves the mistake changes
+    expected_first_step: int | None = None  # the decode_port form's: the first step whose logits show the mistake
+    expected_culprit_step: int | None = None  # the step at which the mutated code first runs with an effect
+    first_divergent_step: int | None = None  # what `bisectr generate` said
+    culprit_step: int | None = None
 
 
 # The kind of operator each form holds: the compiler's bugs for the compiled form, the widening
@@ -125,6 +167,8 @@ FORM_KINDS = {
     "tp": ("weight", "tp"),
     "sp": ("weight",),
     "decode": ("decode",),
+    "port": ("port",),
+    "decode_port": ("port", "decode_port"),
 }
 OTHER_KINDS = ("weight", "op", "repeat")
 
@@ -135,16 +179,20 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
     where it has grouped key-value heads, the `paddle` form where PaddleFormers has the family, the `tp` form
     where its layers shard as Megatron's; each form holds the operators of its kind (`FORM_KINDS`)."""
     from decoding import decodes
-    from families import build, has_grouped_kv_heads, runs_attention, shards_over_ranks, splits_sequence
+    from families import FAMILIES, build, has_grouped_kv_heads, runs_attention, shards_over_ranks, splits_sequence
     from mutant_pair import CONTROLS
     from mutations import OPERATORS
     from paddle_ports import PORTED
 
     cases = []
     for form in forms:
+        if form in PORT_FORMS:
+            cases += _port_cases(families, operators, sites, seed, form)
+            continue
         for family in families:
             if (
-                (form == "sdpa" and not runs_attention(family, "sdpa"))
+                family not in FAMILIES  # one the ports package adds
+                or (form == "sdpa" and not runs_attention(family, "sdpa"))
                 or (form == "paddle" and family not in PORTED)
                 or (form == "kv_widened" and not has_grouped_kv_heads(family))
                 or (form == "tp" and not shards_over_ranks(family))
@@ -160,6 +208,31 @@ def plant(families: list[str], operators: list[str], sites: int, seed: int, form
                 for case_seed in _sites(family, operator, sites, seed, form)
             ]
     return cases
+
+
+def _port_cases(families: list[str], operators: list[str], sites: int, seed: int, form: str) -> list[Case]:
+    """The port form's (or the decode_port form's) cases: per family of the ports package (its decoders), `sites`
+    seeds of each operator of the form's kinds its ports have valid mutants of (`ports.cases.kind_applies`,
+    `ports.decode_cases.kind_applies`), and of each control (every seed draws its own framework and choices; the site
+    is drawn, valid, when the case is checked)."""
+    from mutant_pair import CONTROLS
+    from mutations import OPERATORS
+    from ports import cases, decode_cases
+    from ports.architectures import DECODERS
+    from ports.references import PORT_FAMILIES
+
+    covered, kind_applies = (
+        (PORT_FAMILIES, cases.kind_applies) if form == "port" else (DECODERS, decode_cases.kind_applies)
+    )
+    kinds = [o for o in operators if OPERATORS[o].kind in FORM_KINDS[form]] + list(CONTROLS)
+    return [
+        Case(family, kind, random.Random(f"{seed}:{form}:{family}:{kind}:{draw}").randrange(10**6), form)
+        for family in families
+        if family in covered
+        for kind in kinds
+        if kind in CONTROLS or kind_applies(family, kind)
+        for draw in range(sites)
+    ]
 
 
 def _sites(family: str, operator: str, sites: int, seed: int, form: str) -> list[int]:
@@ -225,6 +298,10 @@ def _relative(a, b) -> float:
 
 def check(case: Case, row: Row) -> None:
     """Fill `row`'s site and validity: deterministic, and visible above float32 rounding."""
+    if case.form == "port":
+        return _check_port(case, row)
+    if case.form == "decode_port":
+        return _check_decode_port(case, row)
     import torch
     from mutant_pair import built_reference, mutant, on_candidate_device
     from mutations import OPERATORS
@@ -274,6 +351,28 @@ def check(case: Case, row: Row) -> None:
     _exclude_if_invisible(row)
 
 
+def _check_port(case: Case, row: Row) -> None:
+    """The port form's case drawn (`ports.cases`), valid by construction: its site, where it is, its validity."""
+    from ports.cases import drawn
+
+    port = drawn(case.family, case.operator, case.seed)
+    row.framework, row.choices, row.excluded = port.framework, port.choices, port.excluded
+    row.site, row.rounding, row.float64_error = port.site, port.rounding, port.float64_error
+    row.expected_source, row.expected_modules, row.expected_leaves = port.source_line, port.modules, port.leaves
+
+
+def _check_decode_port(case: Case, row: Row) -> None:
+    """The decode_port form's case drawn (`ports.decode_cases`), valid by construction: its site, where it is, the
+    steps it shows at, its validity."""
+    from ports.decode_cases import drawn
+
+    port = drawn(case.family, case.operator, case.seed)
+    row.framework, row.choices, row.excluded = port.framework, port.choices, port.excluded
+    row.site, row.rounding, row.float64_error = port.site, port.rounding, port.float64_error
+    row.expected_source, row.expected_modules = port.source_line, port.modules
+    row.expected_first_step, row.expected_culprit_step = port.first_step, port.culprit_step
+
+
 def _exclude_if_invisible(row: Row) -> None:
     if not row.float64_error >= VISIBLE * row.rounding:
         row.excluded = f"float64 error {row.float64_error:.2g} < {VISIBLE:g}x float32 rounding {row.rounding:.2g}"
@@ -308,7 +407,9 @@ def judge(row: Row, result: dict) -> None:
         return
     module = (culprit.get("candidate") or {}).get("module")
     compiled = culprit.get("compiled") or {}
-    if row.expected_aten is not None:  # a wrong decomposition: named as the compiler step applied to that op
+    if row.form == "port":
+        at_site = culprit and _at_port_site(row, culprit)
+    elif row.expected_aten is not None:  # a wrong decomposition: named as the compiler step applied to that op
         at_site = f"aten.{row.expected_aten}" in (compiled.get("step_detail") or "")
     else:
         at_site = culprit and (
@@ -338,8 +439,58 @@ def judge(row: Row, result: dict) -> None:
     row.right = row.problem is None
 
 
+def judge_generation(row: Row, result: dict) -> None:
+    """Fill `row` from `bisectr.generate`'s result (`GenerationResult.to_dict()`): a mutant is right when divergent,
+    first divergent at the step its logits first show it, its culprit confirmed and at its site, searched at the step
+    its code first has an effect; a control when noise or match."""
+    culprit, search = result.get("culprit") or {}, result.get("step_search") or {}
+    row.verdict, row.confirmed = result["verdict"], bool((result.get("confirmation") or {}).get("confirmed"))
+    row.first_divergent_step, row.culprit_step = result.get("first_divergent_step"), result.get("culprit_step")
+    row.reruns = search.get("reruns", 0)
+    row.budget = math.ceil(math.log2(max(search["ops"]["candidate"], 2))) + 3 if search else 0
+    if culprit:
+        row.culprit = (
+            f"{culprit.get('leaf') or culprit['op']} at {culprit['candidate'].get('module')!r}, step "
+            f"{culprit.get('step')}"
+        )
+    if row.control:
+        row.right = row.verdict in ("match", "noise")
+        row.problem = None if row.right else f"{row.verdict} on a control"
+        return
+    if row.verdict != "divergent":
+        row.problem = f"{row.verdict} on a mutant"
+    elif row.first_divergent_step != row.expected_first_step:
+        row.problem = f"first divergent step {row.first_divergent_step}, not {row.expected_first_step}"
+    elif not culprit:
+        row.problem = "no culprit"
+    elif not _at_port_site(row, culprit):
+        row.problem = "culprit elsewhere"
+    elif not row.confirmed:
+        row.problem = "not confirmed"
+    elif row.culprit_step != row.expected_culprit_step:
+        row.problem = f"culprit step {row.culprit_step}, not {row.expected_culprit_step}"
+    row.right = row.problem is None
+
+
 def _under(module: str, prefix: str) -> bool:
     return prefix == "" or module == prefix or module.startswith(prefix + ".")
+
+
+def _at_port_site(row: Row, culprit: dict) -> bool:
+    """A port's mistake is found where the culprit's candidate source is the mutated line, its leaf one the mistake
+    changes, or its module one the mutated line runs in (or under it, the root only as itself)."""
+    candidate = culprit.get("candidate") or {}
+    source, module, leaf = candidate.get("source"), candidate.get("module"), culprit.get("leaf")
+    modules, leaves = row.expected_modules or [], row.expected_leaves or []
+    in_module = module is not None and any(module == m or (m and module.startswith(m + ".")) for m in modules)
+    at_line = source is not None and _source_line(source) == _source_line(row.expected_source)
+    return at_line or (leaf is not None and leaf in leaves) or in_module
+
+
+def _source_line(source: str) -> tuple[Path, str]:
+    """`(file, line)` of a "<path>:<line>" source, the path resolved from this directory."""
+    path, _, line = source.rpartition(":")
+    return Path(path).resolve(), line
 
 
 def _alarm(signum, frame):
@@ -357,11 +508,16 @@ def evaluate(key: str) -> dict:
     signal.alarm(CASE_TIMEOUT)
     try:
         check(case, row)
-        if row.excluded is None:
+        if row.excluded is None and case.form == "decode_port":
+            os.environ["BISECTR_MUTANT"] = case.key
+            judge_generation(row, bisectr.generate(DECODE_PORT_MODEL_FILE, tokens=DECODE_STEPS).to_dict())
+        elif row.excluded is None:
             os.environ["BISECTR_MUTANT"] = case.key
             with tempfile.TemporaryDirectory() as out:
                 if case.form == "paddle":
                     run = _traced_against_paddle(case, Path(out))
+                elif case.form == "port":
+                    run = bisectr.trace(PORT_MODEL_FILE, out=Path(out) / "run")
                 elif case.form in ("tp", "sp"):
                     run = bisectr.trace(MODEL_FILE, "reference", "candidate_tp", out=Path(out) / "run")
                 else:
@@ -443,6 +599,9 @@ def table(rows: list[dict]) -> tuple[str, bool]:
         width = max((len(k) for k in groups), default=8)
         for name in sorted(groups):
             lines.append(f"  {name:<{width}}  {_share(groups[name])}")
+    for form in PORT_FORMS:
+        lines += _by_choice([r for r in mutants if r["form"] == form], form)
+    lines += _steps_right([r for r in mutants if r["form"] == "decode_port"])
     noise_on_mutants = [r for r in mutants if r["verdict"] in ("noise", "match")]
     divergent_controls = [r for r in controls if r["verdict"] == "divergent"]
     over_budget = [r for r in mutants if r["reruns"] > r["budget"]]
@@ -474,17 +633,49 @@ def table(rows: list[dict]) -> tuple[str, bool]:
     return "\n".join(lines), holds
 
 
+def _by_choice(rows: list[dict], form: str) -> list[str]:
+    """A port form's share right by structural choice: one line per choice, each of its values' share."""
+    if not rows:
+        return []
+    groups = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        for name, value in {"framework": r["framework"], **(r["choices"] or {})}.items():
+            groups[name][value].append(r)
+    width = max(len(name) for name in groups)
+    lines = [f"\nright by structural choice ({form}):"]
+    for name in sorted(groups, key=lambda n: (n != "framework", n)):
+        shares = ", ".join(f"{value} {_share(group)}" for value, group in sorted(groups[name].items()))
+        lines.append(f"  {name:<{width}}  {shares}")
+    return lines
+
+
+def _steps_right(rows: list[dict]) -> list[str]:
+    """The decode_port form's shares of mutants whose first divergent step, and whose culprit's step, are right."""
+    if not rows:
+        return []
+    first = [dict(r, right=r["first_divergent_step"] == r["expected_first_step"]) for r in rows]
+    culprit = [dict(r, right=r["culprit_step"] == r["expected_culprit_step"]) for r in rows]
+    return [
+        "",
+        f"first divergent step right (decode_port): {_share(first)}",
+        f"culprit step right (decode_port): {_share(culprit)}",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     from families import FAMILIES
     from mutant_pair import DEVICE, FORMS
     from mutations import OPERATORS
+    from ports.references import PORT_FAMILIES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sites", type=int, default=2, help="random sites per family and operator")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--families", help="default: every family of the forms asked for")
     parser.add_argument("--operators", default=",".join(OPERATORS))
-    parser.add_argument("--forms", default=DEFAULT_FORMS, help=f"how candidates are built: {', '.join(FORMS)}")
+    parser.add_argument(
+        "--forms", default=DEFAULT_FORMS, help=f"how candidates are built: {', '.join(FORMS + PORT_FORMS)}"
+    )
     parser.add_argument("--sample", type=int, default=0, help="a stratified sample of this many cases")
     parser.add_argument("--workers", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     parser.add_argument("--json", type=Path, help="write every row here")
@@ -509,7 +700,8 @@ def main(argv: list[str] | None = None) -> int:
         row = evaluate(args.only)
         print(json.dumps(row, indent=1))
         return 0 if row["right"] else 1
-    cases = plant(args.families.split(","), args.operators.split(","), args.sites, args.seed, forms)
+    families = args.families.split(",") if args.families else list(dict.fromkeys([*FAMILIES, *PORT_FAMILIES]))
+    cases = plant(families, args.operators.split(","), args.sites, args.seed, forms)
     if args.sample:
         cases = sample(cases, args.sample, args.seed)
     print(

@@ -40,7 +40,9 @@ def test_a_stratified_sample_meets_the_targets(tmp_path):
     assert "right by operator:" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     rows = json.loads(rows_file.read_text())
     assert {r["operator"] for r in rows} >= {
-        name for name, operator in OPERATORS.items() if operator.kind not in ("compile", "tp", "decode")
+        name
+        for name, operator in OPERATORS.items()
+        if operator.kind not in ("compile", "tp", "decode", "port", "decode_port")
     }
     assert {r["form"] for r in rows} == {"copy", "sdpa", "kv_widened"}
     counted = [r for r in rows if r["excluded"] is None]
@@ -256,3 +258,48 @@ def test_converter_mistakes_under_sequence_parallel_are_named_at_their_weight(tm
     assert set(rows) == {"none", "bfloat16", "transposed", "norm_plus_one"}
     assert [(r["case"], r["problem"], r["culprit"]) for r in rows.values() if not r["right"] or r["excluded"]] == []
     assert rows["norm_plus_one"]["culprit"].startswith(rows["norm_plus_one"]["expected_leaf"])
+
+
+@pytest.mark.once  # the benchmarks' code: the first CI environment only
+def test_a_port_case_is_drawn_valid_and_judged_at_its_site(tmp_path):
+    """The port form: a hand-style port of GPT-2 (torch or paddle, its structure drawn), one mistake planted in its
+    source and the two controls. Each row carries the port's framework and choices; the mutant's is valid (its
+    float64 error at least 10x the pair's rounding) and says where its mistake is (the mutated line and the modules
+    it runs in, or the leaves it changes), and the table gives the share right by structural choice."""
+    rows_file = tmp_path / "rows.json"
+    done = mutants(
+        "--forms", "port", "--families", "gpt2", "--operators", "call_dropped", "--sites", "1", "--json", str(rows_file)
+    )
+    assert "right by structural choice (port):" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {r["operator"]: r for r in json.loads(rows_file.read_text())}
+    assert set(rows) == {"none", "bfloat16", "call_dropped"}
+    assert all(r["framework"] in ("torch", "paddle") and r["choices"] and r["verdict"] for r in rows.values())
+    mutant = rows["call_dropped"]
+    assert mutant["excluded"] is None and mutant["float64_error"] >= 10 * mutant["rounding"], mutant
+    assert mutant["expected_source"].endswith(f":{mutant['site'].split()[1]}")
+    assert mutant["expected_modules"] or mutant["expected_leaves"]
+
+
+@pytest.mark.once  # the benchmarks' code: the first CI environment only
+def test_a_decode_port_case_is_drawn_valid_and_judged_by_its_steps(tmp_path):
+    """The decode_port form: Hugging Face Llama decoding with its own cache against a hand-style decoding port with its
+    own cache class (torch or paddle, its structure and cache drawn), k cached before the rotary in it, and the two
+    controls, each through `bisectr generate`. The mutant's row is valid and says the steps it shows at: its logits
+    first at the first decode step, its code's effect at the prefill (the cache it writes); the table gives the shares
+    with the first divergent step and the culprit's step right."""
+    rows_file = tmp_path / "rows.json"
+    case = ("--forms", "decode_port", "--families", "llama", "--operators", "cached_before_rotary", "--sites", "1")
+    done = mutants(*case, "--json", str(rows_file))
+    assert "culprit step right (decode_port):" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "right by structural choice (decode_port):" in done.stdout
+    rows = {r["operator"]: r for r in json.loads(rows_file.read_text())}
+    assert set(rows) == {"none", "bfloat16", "cached_before_rotary"}
+    assert all(
+        r["framework"] in ("torch", "paddle") and r["choices"]["cache_layout"] and (r["verdict"] or r["problem"])
+        for r in rows.values()
+    )
+    mutant = rows["cached_before_rotary"]
+    assert mutant["excluded"] is None and mutant["float64_error"] >= 10 * mutant["rounding"], mutant
+    assert (mutant["expected_first_step"], mutant["expected_culprit_step"]) == (1, 0)
+    line = mutant["site"].split()[1].rstrip(":")
+    assert mutant["expected_source"].endswith(f":{line}") and mutant["expected_modules"]

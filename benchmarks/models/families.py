@@ -79,12 +79,17 @@ def build(name: str, attention: str = "eager", kv_heads: int | None = None):
     """`(model, inputs)` of family `name`: seeded, trained-scale weights, eval, inputs from `default_rng(0)`;
     its attention run by `attention` ("eager": matmul and softmax ops, "sdpa": one fused call), with
     `kv_heads` key-value heads where given."""
+    return built(FAMILIES[name], attention, kv_heads)
+
+
+def built(family: Family, attention: str = "eager", kv_heads: int | None = None):
+    """`build` of a family given whole (one that is not in `FAMILIES`, or one with other settings)."""
     hide_broken_torchcodec()
     import numpy as np
     import torch
     import transformers
 
-    family = FAMILIES[name]
+    name = family.name
     widened = {} if kv_heads is None else {"num_key_value_heads": kv_heads}
     config = getattr(transformers, family.config)(**{**COMMON, "attn_implementation": attention, **family.settings, **widened})
     torch.manual_seed(0)

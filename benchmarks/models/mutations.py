@@ -30,6 +30,13 @@ it changed, or raises `NotApplicable` when the family has no such site. Two kind
   decode step drawn at random on: the position id stuck (the rotary offset not advanced), the new token
   masked from itself, one layer's cache written with keys and values swapped. The site is the loop's positions or mask module, or
   the layer's attention (where the cache is written).
+- `port` operators are the mutation kinds of `ports/mutate.py` (arguments swapped, a constant changed, a split
+  reordered, a dimension permuted, a call dropped, a slice off by one): they change a hand-style port's source
+  (the `port` form, `ports/cases.py` draws their sites), never a model, so that `apply` has no site to change.
+- `decode_port` operators are the decoding mistakes of `ports/decoding.py` (an offset not advanced, k cached before
+  the rotary, the step's mask off by one, the cache in bfloat16, k and v concatenated in the wrong order or axis,
+  or kept swapped), written into a decoding port's source (the `decode_port` form, `ports/decode_cases.py` draws
+  their sites, with the `port` operators' at the lines that run at decode steps); `apply` has no site either.
 
 Every operator draws its layer (head, expert, block) at random: a bug is never always in layer 0.
 """
@@ -43,6 +50,8 @@ from typing import Callable, Literal
 
 from decoding import STEPS
 from families import HEAD_DIM, HEADS, HIDDEN, tensor_parallel_layout
+from ports.decoding import KINDS as DECODING_PORT_KINDS
+from ports.mutate import KINDS as PORT_KINDS
 
 LAYER = re.compile(r"\.(\d+)\.")
 FUSED_QKV = ("qkv_proj", "query_key_value", "c_attn")
@@ -65,7 +74,7 @@ class Site:
 @dataclass(frozen=True)
 class Operator:
     name: str
-    kind: Literal["weight", "op", "widen", "tp", "compile", "decode", "repeat"]
+    kind: Literal["weight", "op", "widen", "tp", "compile", "decode", "repeat", "port", "decode_port"]
     apply: Callable[[object, random.Random], Site]
     cause: str | None = None  # a `repeat` operator's: the cause bisectr must name
 
@@ -715,6 +724,12 @@ def cache_kv_swapped(model, rng):
     return Site(f"lm.{layers[layer]}", None, f"lm.{layers[layer]}: cache written with keys and values swapped from decode step {step}")
 
 
+def _in_a_port_source(model, rng):
+    """A `port` or `decode_port` operator's site is in a port's source (`ports/cases.py`, `ports/decode_cases.py`),
+    not in a model."""
+    raise NotApplicable
+
+
 OPERATORS = {operator.name: operator for operator in [
     Operator("rows_permuted", "weight", rows_permuted),
     Operator("transposed", "weight", transposed),
@@ -753,4 +768,6 @@ OPERATORS = {operator.name: operator for operator in [
     Operator("self_blocked", "decode", self_blocked),
     Operator("cache_kv_swapped", "decode", cache_kv_swapped),
     *(Operator(f"decomposition_{aten.split('.')[0].strip('_')}", "compile", _decomposition(aten)) for aten in WRONG_DECOMPOSITIONS),
+    *(Operator(kind, "port", _in_a_port_source) for kind in PORT_KINDS),
+    *(Operator(kind, "decode_port", _in_a_port_source) for kind in DECODING_PORT_KINDS),
 ]}
