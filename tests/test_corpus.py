@@ -26,6 +26,8 @@ def test_the_pair_keeps_its_verdict_and_culprit(pair: Pair, request):
     missing = pair.missing()
     if missing:
         pytest.skip(f"needs {', '.join(missing)}")
+    if pair.known_miss:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=pair.known_miss))
     reference_python = request.getfixturevalue("hf_python") if "paddleformers" in pair.needs else None
     row, result = measure(pair, reference_python)
     if result is not None:  # a generation pair with no step searched has no search result
