@@ -128,8 +128,8 @@ def with_leaves_of(alignment: Alignment, other: Alignment, candidate: Trace) -> 
     tensors = dict(alignment.tensors)
     for pair in alignment.leaves.pairs:
         tid = candidate.leaves[pair.candidate]
-        if pair.candidate in by_content and not kept(pair) and tid in other.tensors:
-            tensors[tid] = other.tensors[tid]  # the values a swap puts in, laid out as the layers' others are
+        if not kept(pair) and tid in other.tensors:
+            tensors[tid] = other.tensors[tid]  # the values a swap puts in, laid out as the pair taken says
     paired = {pair.candidate for pair in pairs} | {pair.reference for pair in pairs}
     unpaired = [leaf for leaf in alignment.leaves.unpaired if leaf.reason == UNREAD or leaf.name not in paired]
     return replace(alignment, tensors=tensors, leaves=LeafPairing(pairs, unpaired, _summary(pairs, unpaired)))
