@@ -448,6 +448,11 @@ def _sharded_leaves(reference: Trace, candidate: Trace) -> dict[int, tuple[str, 
     return found
 
 
+def up_to_numbers(name: str) -> str:
+    """`name` with every number as `#`: the same parameter or module of every layer (`h.#.attn`, `blocks.#.ln#`)."""
+    return re.sub(r"\d+", "#", name)
+
+
 def layerless(name: str) -> str:
     """`name` up to layer numbers: `model.layers.#.mlp.gate_up_proj.weight`."""
     return re.sub(r"\.\d+\.", ".#.", name)

@@ -445,7 +445,7 @@ class Analysis:
             if not op.outputs or not self.candidate.has_value(op.outputs[0]):
                 continue
             values = self.candidate.value(op.outputs[0])
-            constant = bool(np.all(values == values.reshape(-1)[0])) if values.size else True
+            constant = not values.size or is_constant(values)
             if constant or not any(same_values(values, held) for held in tables.get(values.size, [])):
                 return i
         return computing[0]
@@ -689,6 +689,12 @@ HOLDS_VALUES = 1e-4
 MAX_PERMUTED_AXES = 5  # tensors of more axes are compared as stored only
 MAX_PERMUTED_COLUMNS = 4096
 ONLY_MOVES_DATA = LAYOUT_OPS | {"getitem", "cast", "dropout", "split", "chunk", "unbind"}
+
+
+def is_constant(values: np.ndarray) -> bool:
+    """Does a tensor hold one value everywhere (a norm's weight at one, a one-position step's angle 0)? Such values
+    tell nothing of where they come from."""
+    return values.size > 0 and bool(np.all(values == values.reshape(-1)[0]))
 
 
 def same_values(values: np.ndarray, reference: np.ndarray, tolerance: float = HOLDS_VALUES) -> bool:

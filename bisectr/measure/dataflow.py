@@ -43,7 +43,7 @@ from .align import (
     layout_of,
     leaf_transform,
 )
-from .analysis import axis_order, same_values
+from .analysis import axis_order, is_constant, same_values
 from .metrics import BLOCKING, rounded_to
 from .numerics import noise_floor
 
@@ -165,7 +165,7 @@ class _Flow:
             if info.producer is not None or not _is_weight(info) or not self.candidate.has_value(info.tid):
                 continue
             values = self.candidate.value(info.tid)
-            if values.size > 1 and np.all(values == values.reshape(-1)[0]):
+            if values.size > 1 and is_constant(values):
                 continue  # a constant tells nothing by its values (a norm's weight at one)
             found = {hit for hit in index.get(_key(values), []) if self.reference.tensors[hit[0]].size == info.size}
             if len({tid for tid, _ in found}) == 1:
@@ -429,7 +429,7 @@ class _Flow:
         values = self.candidate.value(info.tid)
         # A constant (the zeros of a one-position step's angles or mask) tells nothing by its values: only a
         # reference op of its own kind making them pairs with it.
-        constant = values.size > 0 and bool(np.all(values == values.reshape(-1)[0]))
+        constant = is_constant(values)
         for ref_info in self.by_size_tables():
             if not self.reference.has_value(ref_info.tid):
                 continue

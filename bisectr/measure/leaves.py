@@ -40,6 +40,7 @@ from .align import (
     UnpairedLeaf,
     consecutive_runs,
     layerless,
+    up_to_numbers,
     packed_orders,
     row_order,
 )
@@ -111,7 +112,7 @@ def with_leaves_of(alignment: Alignment, other: Alignment, candidate: Trace) -> 
     others = {pair.candidate: pair for pair in other.leaves.pairs}
     layouts: dict[str, list[str]] = {}
     for pair in alignment.leaves.pairs:
-        layouts.setdefault(re.sub(r"\d+", "#", pair.candidate), []).append(pair.layout)
+        layouts.setdefault(up_to_numbers(pair.candidate), []).append(pair.layout)
 
     def kept(pair: LeafPair) -> bool:
         if pair.candidate not in others:
@@ -121,7 +122,7 @@ def with_leaves_of(alignment: Alignment, other: Alignment, candidate: Trace) -> 
             return False
         if instead.reference != pair.reference or instead.layout == pair.layout:
             return True
-        siblings = layouts[re.sub(r"\d+", "#", pair.candidate)]
+        siblings = layouts[up_to_numbers(pair.candidate)]
         return siblings.count(instead.layout) * 2 <= len(siblings)
 
     pairs = [pair if kept(pair) else others[pair.candidate] for pair in alignment.leaves.pairs]
@@ -465,7 +466,7 @@ class _Pairer:
         by_pattern: dict[str, list[int]] = {}
         for tid, match in matches.items():
             if match.how != "op":
-                by_pattern.setdefault(re.sub(r"\d+", "#", candidate.tensors[tid].leaf), []).append(tid)
+                by_pattern.setdefault(up_to_numbers(candidate.tensors[tid].leaf), []).append(tid)
         decided = [
             (m.transform, m.part)
             for t, m in matches.items()
@@ -576,7 +577,7 @@ class _Pairer:
 
         rules = (
             (lambda a, b: _parent(a) == _parent(b), held_alike),
-            (lambda a, b: re.sub(r"\d+", "#", a) == re.sub(r"\d+", "#", b), sized_alike),
+            (lambda a, b: up_to_numbers(a) == up_to_numbers(b), sized_alike),
         )
         filled = True
         while filled:  # a read order taken by one rule may be the one another rule gives on

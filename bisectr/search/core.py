@@ -31,13 +31,12 @@ culprit and bracket); everything else is here.
 from __future__ import annotations
 
 import math
-import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from dataclasses import replace
 from typing import Callable, Iterator, Literal
 
-from ..measure.align import LAYOUT_OPS, LeafPairing, code_place
+from ..measure.align import LAYOUT_OPS, LeafPairing, code_place, up_to_numbers
 from ..measure.analysis import OpEvidence
 from ..measure.metrics import OutputError
 from ..measure.numerics import NOISE_FACTOR, REACH_FRACTION, confirms, noise_floor, past_entry
@@ -618,16 +617,12 @@ def same_place(op: OpNode, other: OpNode) -> bool:
     """Two ops of one piece of code: the same line of user code, or the same module up to numbers
     (`blocks.0.ln1` and `blocks.3.ln2`: instances of one layer class). A library's line alone says
     nothing: it serves every model built from the library."""
-    return same_line(op, other) or (bool(op.module) and _pattern(op.module) == _pattern(other.module))
+    return same_line(op, other) or (bool(op.module) and up_to_numbers(op.module) == up_to_numbers(other.module))
 
 
 def same_line(op: OpNode, other: OpNode) -> bool:
     """Called from the same line of user code (a library's line serves every model built from the library)."""
     return bool(op.source) and op.source == other.source and not op.library_source
-
-
-def _pattern(module: str) -> str:
-    return re.sub(r"[0-9]+", "#", module)
 
 
 def recurrences(run: RunRecord, finding: Finding, full_error: float, named: int | None = None) -> list[Recurrence]:
