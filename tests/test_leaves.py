@@ -181,11 +181,6 @@ def test_paddleformers_qwen2_whose_k_bias_was_not_copied_is_that_slice_of_the_fu
 
 
 @needs_paddleformers
-@pytest.mark.xfail(
-    strict=True,
-    reason="paired by data flow, each fused qkv's parts are found by content and equal; the attention is named, not "
-    "the leaf whose blocks its ops read in another order",
-)
 def test_paddleformers_qwen2_with_q_k_v_concatenated_naively_is_every_fused_qkv_with_its_blocks_permuted(hf_python):
     result = bisect_qwen2(hf_python, "candidate_naive_qkv_order")
     # the grouped layout its split reads

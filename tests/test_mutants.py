@@ -32,6 +32,7 @@ def mutants(*args: str, timeout: int = 900, python: str = sys.executable) -> sub
     )
 
 
+@pytest.mark.once  # the benchmarks' code: the first CI environment only
 def test_a_stratified_sample_meets_the_targets(tmp_path):
     from mutations import OPERATORS
 
@@ -55,6 +56,7 @@ def test_a_stratified_sample_meets_the_targets(tmp_path):
     assert all(r["reruns"] <= r["budget"] for r in mutated)
 
 
+@pytest.mark.once  # the benchmarks' code: the first CI environment only
 def test_mistakes_in_a_decoding_loop_are_named_at_their_code_and_confirmed_after_the_tokens_part(tmp_path):
     """The decode form: both sides inside a port's greedy decoding loop with a KV cache. From a decode step drawn
     at random, the position id stuck, the new token masked from itself, or one layer's cache written with keys and
@@ -92,11 +94,14 @@ def only(case: str, *options: str, python: str = sys.executable) -> dict:
         ("qwen2_moe:extra_scale:451749:copy", "model.layers.0.self_attn"),
         # Gemma-2's final logit soft-cap left out: ops only the reference has, at the tail (once bracketed only).
         ("gemma2:soft_cap:373723:copy", ""),
+        # Attention's output scaled in a copy run through sdpa: the data-flow pairing leaves the outputs' error
+        # unaccounted for (it once spent 17 re-runs there before the recording's op pairs named it).
+        ("qwen2_moe:extra_scale:284638:sdpa", "model.layers.1.self_attn"),
     ],
 )
 def test_cases_once_missed_are_named_and_confirmed(case, module):
     row = only(case)
-    assert row["right"], row
+    assert row["right"] and row["reruns"] <= row["budget"], row
     assert row["expected_module"] == module
 
 

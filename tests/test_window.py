@@ -55,7 +55,10 @@ def finding(result):
 
 
 @pytest.mark.parametrize(
-    "model_file, candidate, reference, backward", PAIRS, ids=[f"{p[0].stem}:{p[2]}/{p[1]}" for p in PAIRS]
+    "model_file, candidate, reference, backward",
+    # the blind ports, as in the corpus's own test, in the first CI environment only
+    [pytest.param(*p, marks=pytest.mark.once) if p[0].stem.startswith("blind_") else p for p in PAIRS],
+    ids=[f"{p[0].stem}:{p[2]}/{p[1]}" for p in PAIRS],
 )
 def test_a_run_without_op_values_names_what_a_stored_run_names(model_file, candidate, reference, backward, request):
     if (model_file.stem, candidate) in NAMED_OTHERWISE:

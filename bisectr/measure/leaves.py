@@ -109,7 +109,9 @@ def with_leaves_of(alignment: Alignment, other: Alignment, candidate: Trace) -> 
     by_content = {
         name for name, tid in candidate.leaves.items() if getattr(alignment.tensors.get(tid), "how", None) == "leaf"
     }
-    others = {pair.candidate: pair for pair in other.leaves.pairs}
+    others: dict[str, list[LeafPair]] = {}
+    for pair in other.leaves.pairs:
+        others.setdefault(pair.candidate, []).append(pair)
     layouts: dict[str, list[str]] = {}
     for pair in alignment.leaves.pairs:
         layouts.setdefault(up_to_numbers(pair.candidate), []).append(pair.layout)
@@ -117,19 +119,25 @@ def with_leaves_of(alignment: Alignment, other: Alignment, candidate: Trace) -> 
     def kept(pair: LeafPair) -> bool:
         if pair.candidate not in others:
             return True
-        instead = others[pair.candidate]
         if pair.candidate not in by_content:
             return False
-        if instead.reference != pair.reference or instead.layout == pair.layout:
+        instead = next((p for p in others[pair.candidate] if p.reference == pair.reference), None)
+        if instead is None or instead.layout == pair.layout:
             return True
         siblings = layouts[up_to_numbers(pair.candidate)]
         return siblings.count(instead.layout) * 2 <= len(siblings)
 
-    pairs = [pair if kept(pair) else others[pair.candidate] for pair in alignment.leaves.pairs]
-    tensors = dict(alignment.tensors)
+    replaced = {pair.candidate for pair in alignment.leaves.pairs if not kept(pair)}
+    pairs: list[LeafPair] = []
     for pair in alignment.leaves.pairs:
-        tid = candidate.leaves[pair.candidate]
-        if not kept(pair) and tid in other.tensors:
+        if pair.candidate not in replaced:
+            pairs.append(pair)
+        elif pair.candidate in others:  # a leaf's pairs (a fused one has one per part) are taken together
+            pairs.extend(others.pop(pair.candidate))
+    tensors = dict(alignment.tensors)
+    for name in replaced:
+        tid = candidate.leaves[name]
+        if tid in other.tensors:
             tensors[tid] = other.tensors[tid]  # the values a swap puts in, laid out as the pair taken says
     paired = {pair.candidate for pair in pairs} | {pair.reference for pair in pairs}
     unpaired = [leaf for leaf in alignment.leaves.unpaired if leaf.reason == UNREAD or leaf.name not in paired]
@@ -443,6 +451,10 @@ class _Pairer:
         matches = self.matches = {}
         for cand_tid, pair in self.alignment.tensors.items():
             if cand_tid in self.candidate_leaves and pair.reference in self.reference_leaves:
+                if self._by_values(cand_tid, pair.reference, "op") is None and self._rows_reordered(
+                    cand_tid, pair.reference
+                ):
+                    continue
                 matches[cand_tid] = _Match(pair.reference, pair.transform, pair.part, "op")
         for finder in (self._at_place_by_values, self._at_place_by_size, self._anywhere_by_values, self._by_name):
             taken = {m.reference for m in matches.values() if m.part is None}
@@ -695,7 +707,7 @@ class _Pairer:
             and self.traces["reference"].tensors[ref_tid].size == cand_info.size
             and _same_kind(self.traces["reference"].tensors[ref_tid].leaf, cand_info.leaf)
         ]
-        if len(options) != 1:
+        if len(options) != 1 or self._rows_reordered(cand_tid, options[0]):
             return None
         return _Match(
             options[0],
@@ -704,9 +716,19 @@ class _Pairer:
             "block",
         )
 
+    def _rows_reordered(self, cand_tid: int, ref_tid: int) -> bool:
+        """Does the candidate leaf hold the reference leaf's rows in another order (a fused qkv laid out per head):
+        a layout `fused_parts` reads off its ops, not a leaf of other values."""
+        candidate, reference = self.traces["candidate"], self.traces["reference"]
+        if not (candidate.has_value(cand_tid) and reference.has_value(ref_tid)):
+            return False
+        values = candidate.value(cand_tid)
+        return _rows_of(values, {ref_tid: reference.value(ref_tid)}, candidate.tensors[cand_tid].dtype) is not None
+
     def _anywhere_by_values(self, cand_tid: int, taken: set[int]) -> _Match | None:
-        """A reference leaf anywhere holding the same values in some order (its layout then decided by
-        shape), else one a slice of which they are (a rank's rows of a vocabulary-parallel embedding)."""
+        """A reference leaf anywhere holding the same values in some order, or those rounded as `_roundings` says
+        (its layout then decided by shape, unless its rows are the reference's in another order: `fused_parts`), else
+        one a slice of which they are (a rank's rows of a vocabulary-parallel embedding)."""
         candidate, reference = self.traces["candidate"], self.traces["reference"]
         cand_info = candidate.tensors[cand_tid]
         if not candidate.has_value(cand_tid):
@@ -718,8 +740,11 @@ class _Pairer:
             ref_info = reference.tensors[ref_tid]
             if ref_tid in taken or ref_info.size != cand_info.size or not reference.has_value(ref_tid):
                 continue
-            if np.array_equal(np.sort(reference.value(ref_tid), axis=None), wanted):
+            ordered = np.sort(reference.value(ref_tid), axis=None)
+            if any(np.array_equal(rounded_to(ordered, dtype), wanted) for dtype in _roundings(cand_info.dtype)):
                 match = self._by_values(cand_tid, ref_tid, "values")
+                if match is None and self._rows_reordered(cand_tid, ref_tid):
+                    return None
                 return match or _Match(ref_tid, _shape_transform(ref_info.shape, cand_info.shape), None, "values")
         for ref_tid in self.reference_leaves:
             if (
@@ -898,11 +923,17 @@ def _rows_of(
     """Where the reference leaves' rows are in the candidate's (of `dtype`), as `_rows_among` finds them:
     the reference's values rounded to `dtype` where it is narrower, else rounded to bfloat16 or float16
     (a checkpoint saved narrower, loaded into a wider dtype)."""
-    for rounding in (dtype, *(("bfloat16", "float16") if _finer(dtype, "float16") else ())):
+    for rounding in _roundings(dtype):
         laid_out = _rows_among(values, {tid: rounded_to(ref_values, rounding) for tid, ref_values in options.items()})
         if laid_out is not None:
             return laid_out
     return None
+
+
+def _roundings(dtype: str) -> tuple[str, ...]:
+    """The dtypes a candidate leaf of `dtype` may hold the reference's values rounded to: its own, and where it is
+    wider, bfloat16 or float16 (a checkpoint saved narrower, loaded into a wider dtype)."""
+    return (dtype, *(("bfloat16", "float16") if _finer(dtype, "float16") else ()))
 
 
 def _rows_among(values: np.ndarray, options: dict[int, np.ndarray]) -> tuple[int, bool, dict[int, Placed]] | None:

@@ -215,6 +215,11 @@ class PassRules(ABC):
         stands where that search confirms nothing."""
         return True
 
+    def accounts_for(self, search: SearchPass, error: ErrorToExplain) -> bool:
+        """Can the search's pairing account for the outputs' error at all? One that cannot gives way to the next
+        search unsearched."""
+        return True
+
     def obvious_cause(self, search: SearchPass, error: ErrorToExplain) -> Decided | None:
         """A cause named before the cut search where the float64 check does not say rounding (differing leaves)."""
         return None
@@ -336,6 +341,8 @@ def decide(rules: PassRules, tolerance: float = 0.0, exhaustive: bool = False) -
                 nonfinite=nonfinite_found,
                 unreduced_gradient=cause.unreduced_gradient,
             )
+        if not error.is_rounding and not rules.accounts_for(search, error):
+            continue
         say("searching")
         outcome = search_pass(search, error, float64, nonfinite, exhaustive)
         finding = outcome.finding

@@ -370,6 +370,18 @@ class ForwardRules(PassRules):
         block = decided.culprit.block if decided.culprit is not None else None
         return not (self.on_flow and block is not None and block.candidate[-1] - block.candidate[0] >= COARSE_BLOCK)
 
+    def accounts_for(self, search: ForwardPass, error: ErrorToExplain) -> bool:
+        """The data-flow pairing accounts for the outputs' error where the reference's values put in at every pair up
+        to the last cut take it down to rounding; where they do not (outputs handed on by ops it left unpaired), the
+        recording's op pairs are searched instead. The re-run is the cut search's first."""
+        if not self.on_flow:
+            return True
+        cuts = search.cuts()
+        if not cuts:
+            return False
+        last = search.known_cuts[cuts[-1]] = search.error_at_cut(cuts[-1])
+        return confirms(last[0], error.full, error.rounding)
+
     def _search(self) -> ForwardPass:
         self.live.say("replaying ops")
         self.analysis = Analysis(self.live).compute()

@@ -172,6 +172,8 @@ def reference():
     config = GPTNeoXConfig(attn_implementation="eager", **_CFG)
     model = GPTNeoXForCausalLM(config)
     sd = {k: torch.from_numpy(v) for k, v in _reference_state_dict().items()}
+    if "embed_out.weight" in model.state_dict():  # transformers before 5.4 names the head so
+        sd["embed_out.weight"] = sd.pop("lm_head.weight")
     model.load_state_dict(sd, strict=True)
     model.eval()
     ids, mask = _numpy_inputs()
