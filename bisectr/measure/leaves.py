@@ -623,10 +623,13 @@ class _Pairer:
         rows = {t: _row_count(reference.tensors[t].shape, axis, transposed) for t in held}
         part_outs = {t: _output_columns(reference, self.readers["reference"], t, rows[t]) for t in held}
         read: dict[int, Placed] = {}
+        positions = candidate.tensors[cand_tid].shape[axis]
         for copy in self._copies(fused_out):
             pair = self.alignment.tensors.get(copy.tid)
             if pair is None or pair.part is not None or not reference.has_value(pair.reference):
                 continue
+            if np.unique(copy.columns[copy.columns >= 0]).size == positions:
+                continue  # the whole output rearranged: paired as recorded, it assumes the reference's column order
             ref_values = pair.reference_in_candidate_layout(
                 reference.value(pair.reference), candidate.tensors[copy.tid].shape
             )
@@ -642,13 +645,9 @@ class _Pairer:
                     read[ref_tid] = votes
         if not read:
             return None
-        read = _with_the_rest(
-            read,
-            {t: len(placed) for t, placed in held.items() if t not in read},
-            candidate.tensors[cand_tid].shape[axis],
-        )
-        positions = [p for placed in read.values() for p in placed]
-        if len(read) != len(held) or len(set(positions)) != len(positions):
+        read = _with_the_rest(read, {t: len(placed) for t, placed in held.items() if t not in read}, positions)
+        taken = [p for placed in read.values() for p in placed]
+        if len(read) != len(held) or len(set(taken)) != len(taken):
             return None
         return {t: read[t] for t in held}
 
