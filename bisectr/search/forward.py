@@ -103,7 +103,8 @@ class ForwardPass(SearchPass):
     ):
         super().__init__(live)
         self.bounds = bounds  # the first and last cut searched (None: the first, the last)
-        self.known_cuts = known_cuts or {}  # cut -> `error_at_cut`, evaluated by an earlier search of the run
+        # cut -> `error_at_cut`, evaluated by this search or an earlier one of the run (its layer window)
+        self.known_cuts = dict(known_cuts or {})
         self.alignment = live.run.alignment
         self.analysis = analysis
         self.patchable = self._patchable_tensors()
@@ -190,7 +191,9 @@ class ForwardPass(SearchPass):
         ):  # the patches change nothing: the re-run would reproduce the candidate's own outputs
             return self.run.output_error().max_rel, 0.0
         outputs = self.candidate_outputs(self.patches_up_to(cut))
-        return self.run.candidate_output_error(outputs), self.run.candidate_output_change(outputs)
+        error = self.run.candidate_output_error(outputs), self.run.candidate_output_change(outputs)
+        self.known_cuts[cut] = error
+        return error
 
     def likely_entry(self, cuts: list[int]) -> int | None:
         """The first cut at an op whose own difference the evidence judges semantic; where no op's
@@ -373,14 +376,11 @@ class ForwardRules(PassRules):
     def accounts_for(self, search: ForwardPass, error: ErrorToExplain) -> bool:
         """The data-flow pairing accounts for the outputs' error where the reference's values put in at every pair up
         to the last cut take it down to rounding; where they do not (outputs handed on by ops it left unpaired), the
-        recording's op pairs are searched instead. The re-run is the cut search's first."""
+        recording's op pairs are searched instead. The re-run is the cut search's first (`known_cuts` keeps it)."""
         if not self.on_flow:
             return True
         cuts = search.cuts()
-        if not cuts:
-            return False
-        last = search.known_cuts[cuts[-1]] = search.error_at_cut(cuts[-1])
-        return confirms(last[0], error.full, error.rounding)
+        return bool(cuts) and confirms(search.error_at_cut(cuts[-1])[0], error.full, error.rounding)
 
     def _search(self) -> ForwardPass:
         self.live.say("replaying ops")
